@@ -1,0 +1,47 @@
+"""eatta: effortless active test-time adaptation for any PyTorch classifier.
+
+Wrap a model in two lines::
+
+    params = eatta.configure(model)
+    adapted = eatta.EATTA(model, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9), oracle=ask)
+    logits = adapted(x)  # predicts, asks for at most one label, adapts in place
+"""
+
+from eatta.budget import Budget
+from eatta.buffer import LabelBuffer
+from eatta.configure import collect_params, configure, configure_model
+from eatta.debias import GradNormDebiaser
+from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
+from eatta.methods import EATTA, AdaptiveMethod, InvalidInputError
+from eatta.noise import GaussianNoise, RecordedNoise
+from eatta.oracle import ABSTAIN, GroundTruthOracle, ModelOracle, OracleError
+from eatta.selection import PerturbationSelector
+from eatta.split import ModelSplit, SplitNotFoundError, split_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ABSTAIN",
+    "EATTA",
+    "AdaptiveMethod",
+    "Budget",
+    "GaussianNoise",
+    "GradNormDebiaser",
+    "GroundTruthOracle",
+    "InvalidInputError",
+    "LabelBuffer",
+    "LastKClasses",
+    "ModelOracle",
+    "ModelSplit",
+    "NoClassBalance",
+    "OracleError",
+    "PerturbationSelector",
+    "RecordedNoise",
+    "ReferenceClassHistory",
+    "SplitNotFoundError",
+    "__version__",
+    "collect_params",
+    "configure",
+    "configure_model",
+    "split_model",
+]

@@ -1,0 +1,63 @@
+"""Labelling budgets: k labels per batch, one label every N batches, an optional total cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Budget"]
+
+
+class Budget:
+    """How many labels the next batch may ask for, and how many have been used.
+
+    ``per_batch`` labels on every ``every``-th batch (the first batch included), never more than
+    ``total`` labels overall. ``Budget(1)`` is the paper's one label per batch (``*``),
+    ``Budget(3)`` its ``†`` setting, ``Budget(1, every=3)`` one label per three batches.
+    """
+
+    def __init__(self, per_batch: int = 1, every: int = 1, total: int | None = None) -> None:
+        for name, value, low in (("per_batch", per_batch, 0), ("every", every, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"budget {name} must be an integer >= {low}, got {value!r}")
+        if total is not None and (not isinstance(total, int) or total < 0):
+            raise ValueError(f"budget total must be None or an integer >= 0, got {total!r}")
+        self.per_batch = per_batch
+        self.every = every
+        self.total = total
+        self.labels_used = 0
+        self.batches_seen = 0
+
+    @classmethod
+    def coerce(cls, budget: int | Budget) -> Budget:
+        """A Budget from an int (labels per batch) or a Budget."""
+        return budget if isinstance(budget, Budget) else cls(per_batch=budget)
+
+    def allowance(self) -> int:
+        """Labels the next batch may use."""
+        if self.batches_seen % self.every:
+            return 0
+        k = self.per_batch
+        if self.total is not None:
+            k = min(k, self.total - self.labels_used)
+        return max(k, 0)
+
+    def commit(self, labels: int) -> None:
+        """Record a finished batch that used ``labels`` labels."""
+        if labels > self.allowance():
+            raise RuntimeError(f"{labels} labels exceed this batch's allowance {self.allowance()}")
+        self.labels_used += labels
+        self.batches_seen += 1
+
+    def reset(self) -> None:
+        self.labels_used = 0
+        self.batches_seen = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"labels_used": self.labels_used, "batches_seen": self.batches_seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.labels_used = int(state["labels_used"])
+        self.batches_seen = int(state["batches_seen"])
+
+    def __repr__(self) -> str:
+        return f"Budget(per_batch={self.per_batch}, every={self.every}, total={self.total})"

@@ -1,0 +1,153 @@
+"""Put a model into test-time-adaptation mode and choose its trainable parameters.
+
+Follows TENT's convention (method.md §1): the whole model in eval mode (no dropout or stochastic
+depth), every BatchNorm normalizing with the statistics of the current batch, and only the chosen
+parameters trainable. The model is modified in place, as in TENT: BatchNorm running statistics are
+dropped (``track_running_stats=False``); keep a copy of the model if you need them later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from torch import nn
+
+__all__ = [
+    "NORM_TYPES",
+    "ParamFilter",
+    "collect_params",
+    "configure",
+    "configure_model",
+    "norm_params",
+    "reference_params",
+]
+
+#: Normalization layers whose affine parameters are adapted by default.
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+#: A callable choosing parameters: ``(qualified_name, module, param_name) -> bool``.
+ParamFilter = Callable[[str, nn.Module, str], bool]
+
+
+def configure_model(model: nn.Module) -> nn.Module:
+    """Eval mode everywhere; BatchNorm on batch statistics (in place; returns ``model``)."""
+    model.eval()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.track_running_stats = False
+            module.running_mean = None
+            module.running_var = None
+    return model
+
+
+def _unique(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
+    seen: set[int] = set()
+    out = []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def _named_selected(model: nn.Module, keep: ParamFilter) -> list[tuple[str, nn.Parameter]]:
+    chosen: list[tuple[str, nn.Parameter]] = []
+    seen: set[int] = set()
+    for mod_name, module in model.named_modules():
+        for p_name, p in module.named_parameters(recurse=False):
+            if id(p) in seen or not keep(mod_name, module, p_name):
+                continue
+            seen.add(id(p))
+            chosen.append((f"{mod_name}.{p_name}" if mod_name else p_name, p))
+    return chosen
+
+
+def _is_norm_affine(mod_name: str, module: nn.Module, p_name: str) -> bool:
+    return isinstance(module, NORM_TYPES) and p_name in ("weight", "bias")
+
+
+def norm_params(model: nn.Module) -> tuple[list[nn.Parameter], list[str]]:
+    """Affine weight and bias of every BatchNorm / LayerNorm / GroupNorm / InstanceNorm."""
+    named = _named_selected(model, _is_norm_affine)
+    return [p for _, p in named], [n for n, _ in named]
+
+
+def _in(prefix: str, name: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _reference_filter(mod_name: str, module: nn.Module, p_name: str) -> bool:
+    if _in("layer1", mod_name) or _in("model.layer1", mod_name):
+        return True
+    if _in("layer4", mod_name) or _in("model.layer4", mod_name):
+        return False
+    return _is_norm_affine(mod_name, module, p_name)
+
+
+def reference_params(model: nn.Module) -> tuple[list[nn.Parameter], list[str]]:
+    """The authors' ImageNet choice (method.md §4).
+
+    Norm affine parameters outside ``layer4`` plus every parameter of modules under ``layer1``
+    (convolution weights too), each parameter once. Only meaningful for ResNet-style models.
+    """
+    if not any(_in("layer1", n) or _in("model.layer1", n) for n, _ in model.named_modules()):
+        raise ValueError(
+            "the 'reference' preset selects parameters under 'layer1' and outside 'layer4' "
+            "(ResNet naming); this model has no 'layer1' module"
+        )
+    named = _named_selected(model, _reference_filter)
+    return [p for _, p in named], [n for n, _ in named]
+
+
+def _all_params(model: nn.Module) -> tuple[list[nn.Parameter], list[str]]:
+    named = _named_selected(model, lambda *_: True)
+    return [p for _, p in named], [n for n, _ in named]
+
+
+_PRESETS: dict[str, Callable[[nn.Module], tuple[list[nn.Parameter], list[str]]]] = {
+    "norm": norm_params,
+    "reference": reference_params,
+    "all": _all_params,
+}
+
+
+def collect_params(
+    model: nn.Module, select: str | ParamFilter = "norm"
+) -> tuple[list[nn.Parameter], list[str]]:
+    """Parameters to adapt and their qualified names, by preset name or filter callable.
+
+    Presets: ``"norm"`` (default; affine parameters of normalization layers), ``"reference"``
+    (the authors' ImageNet set, method.md §4) and ``"all"``. A callable receives
+    ``(module_name, module, param_name)`` and returns whether to adapt that parameter.
+    """
+    if callable(select):
+        named = _named_selected(model, select)
+        params, names = [p for _, p in named], [n for n, _ in named]
+    elif select in _PRESETS:
+        params, names = _PRESETS[select](model)
+    else:
+        raise ValueError(f"unknown parameter preset {select!r}; choose one of {sorted(_PRESETS)}")
+    if not params:
+        raise ValueError(
+            f"parameter selection {select!r} matched no parameter of {type(model).__name__}"
+        )
+    return params, names
+
+
+def configure(model: nn.Module, select: str | ParamFilter = "norm") -> list[nn.Parameter]:
+    """Configure ``model`` for adaptation in place and return the parameters to optimize.
+
+    Eval mode, BatchNorm on batch statistics, ``requires_grad`` only for the selection
+    (see :func:`collect_params`).
+    """
+    params, _ = collect_params(model, select)
+    configure_model(model)
+    model.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    return params

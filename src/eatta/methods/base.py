@@ -1,0 +1,171 @@
+"""The base of every adaptation method: wrap a model, predict, adapt in place, reset, save."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from eatta.split import ModelSplit, split_model
+
+__all__ = ["AdaptiveMethod", "InvalidInputError"]
+
+
+class InvalidInputError(ValueError):
+    """The batch cannot be adapted on (wrong dtype, rank, device, size, or non-finite values)."""
+
+
+def _expected_rank(model: nn.Module) -> int | None:
+    for m in model.modules():
+        if isinstance(m, nn.Conv1d):
+            return 3
+        if isinstance(m, nn.Conv2d):
+            return 4
+        if isinstance(m, nn.Conv3d):
+            return 5
+        if isinstance(m, nn.Linear):
+            return None
+    return None
+
+
+class AdaptiveMethod(nn.Module):
+    """A test-time adaptation method around ``model``: ``forward(x)`` predicts and adapts.
+
+    Holds the model (as submodule ``model``) and its optimizer. ``reset()`` restores the model,
+    the optimizer and all method state as they were when the method was created.
+    ``state_dict()`` holds the model's state plus, as extra state, the optimizer's and the
+    method's, so ``load_state_dict`` resumes a stream exactly. Subclasses implement
+    :meth:`forward_and_adapt` and, if they keep state, :meth:`method_state`,
+    :meth:`load_method_state` and :meth:`reset_method_state`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.optimizer = optimizer
+        self.check_finite = check_finite
+        self._split = ModelSplit(*split) if split is not None else None
+        if optimizer is not None:
+            owned = {id(p) for p in model.parameters()}
+            foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in owned]
+            if foreign:
+                raise ValueError(
+                    f"the optimizer holds {len(foreign)} parameter(s) that are not the model's"
+                )
+        self._has_batchnorm = any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
+        )
+        self._rank = _expected_rank(model)
+        self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self._initial_optimizer = (
+            copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+        )
+
+    # -- structure ---------------------------------------------------------------------------
+    @property
+    def split(self) -> ModelSplit:
+        """The model's feature extractor and head (found automatically unless given)."""
+        if self._split is None:
+            self._split = split_model(self.model)
+        return self._split
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        """Parameters the optimizer updates."""
+        if self.optimizer is None:
+            return []
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    @property
+    def labels_used(self) -> int:
+        """Labels requested from the oracle so far (0 for non-active methods)."""
+        return 0
+
+    # -- prediction ------------------------------------------------------------------------
+    def forward(self, x: Tensor) -> Tensor:
+        """Predict on ``x`` (logits, computed before this batch's update) and adapt."""
+        self.check_input(x)
+        with torch.enable_grad():
+            return self.forward_and_adapt(x)
+
+    def forward_and_adapt(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def check_input(self, x: Tensor) -> None:
+        """Raise :class:`InvalidInputError` for a batch that cannot be adapted on."""
+        if not isinstance(x, Tensor):
+            raise InvalidInputError(f"input must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise InvalidInputError(f"input must be a floating-point tensor, got dtype {x.dtype}")
+        if x.dim() < 2 or (self._rank is not None and x.dim() != self._rank):
+            want = f"{self._rank}-d [batch, ...]" if self._rank else "at least 2-d [batch, ...]"
+            raise InvalidInputError(f"input must be {want}, got shape {tuple(x.shape)}")
+        if x.shape[0] == 0:
+            raise InvalidInputError("input batch is empty")
+        if x.shape[0] == 1 and self._has_batchnorm:
+            raise InvalidInputError(
+                "a batch of 1 cannot be adapted on: the model's BatchNorm layers normalize with "
+                "the statistics of the batch"
+            )
+        ref = next(self.model.parameters(), None)
+        if ref is not None:
+            if x.device != ref.device:
+                raise InvalidInputError(f"input is on {x.device}, the model on {ref.device}")
+            if x.dtype != ref.dtype:
+                raise InvalidInputError(
+                    f"input dtype {x.dtype} differs from the model's {ref.dtype}"
+                )
+        if self.check_finite and not bool(torch.isfinite(x).all()):
+            raise InvalidInputError("input contains NaN or infinite values")
+
+    # -- state -------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Restore model, optimizer and method state to their values at creation."""
+        self.model.load_state_dict(self._initial_model)
+        if self.optimizer is not None and self._initial_optimizer is not None:
+            self.optimizer.load_state_dict(copy.deepcopy(self._initial_optimizer))
+        self.reset_method_state()
+
+    def reset_method_state(self) -> None:
+        """Clear method-specific state (override)."""
+
+    def method_state(self) -> dict[str, Any]:
+        """Method-specific state to save (override)."""
+        return {}
+
+    def load_method_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`method_state` returned (override)."""
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+            "method": self.method_state(),
+        }
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.load_method_state(state.get("method", {}))
+
+
+def unique_params(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
+    """Parameters in order, each once."""
+    seen: set[int] = set()
+    out = []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out

@@ -1,0 +1,307 @@
+"""EATTA: effortless active test-time adaptation (CVPR 2025), one label per batch at most."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eatta.budget import Budget
+from eatta.buffer import LabelBuffer
+from eatta.debias import GradNormDebiaser, LossWeights
+from eatta.history import ClassHistory, Selection, make_history
+from eatta.losses import default_entropy_margin, entropy, masked_mean
+from eatta.methods.base import AdaptiveMethod, unique_params
+from eatta.oracle import ABSTAIN, Oracle, OracleError, validate_labels
+from eatta.selection.base import SelectionContext, Selector
+from eatta.selection.perturbation import PerturbationSelector
+from eatta.split import ModelSplit
+
+__all__ = ["EATTA", "StepRecord"]
+
+
+@dataclass
+class StepRecord:
+    """What one adaptation step did; tensors stay on the device (reading them syncs)."""
+
+    logits: Tensor
+    pseudo_labels: Tensor
+    scores: Tensor | None = None
+    selected: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    labels: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    class_history: list[int] = field(default_factory=list)
+    loss_sup: Tensor | None = None
+    loss_unsup: Tensor | None = None
+    num_unsup: Tensor | None = None
+    grad_norm_sup: Tensor | None = None
+    grad_norm_unsup: Tensor | None = None
+    weights: LossWeights | None = None
+    loss: Tensor | None = None
+
+
+def _global_norm(grads: Sequence[Tensor | None]) -> Tensor:
+    present = [g for g in grads if g is not None]
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in present]))
+
+
+class EATTA(AdaptiveMethod):
+    """Wraps a classifier; ``forward(x)`` predicts, labels at most ``budget`` samples, adapts.
+
+    Each step (method.md §1): features ``z`` and logits ``o``; the selector scores the batch
+    (perturbation difference by default), the class history picks up to ``k`` samples, the oracle
+    labels them; ``L_sup`` = cross-entropy on the labelled samples (plus a replayed mini-batch
+    when a buffer is used), ``L_unsup`` = mean entropy of the confident (``H < margin``) unlabelled
+    samples; the debiaser weights the two by their gradient norms (EMA-smoothed) and the optimizer
+    takes one step. The returned logits are those computed before the update.
+
+    Args:
+        model: a classifier prepared with :func:`eatta.configure` (in place).
+        optimizer: optimizes the trainable parameters (SGD lr 2.5e-4, momentum 0.9 in the paper).
+        oracle: ``oracle(selected_inputs, indices) -> labels`` (see :mod:`eatta.oracle`).
+        budget: labels per batch (int) or a :class:`~eatta.budget.Budget`.
+        selector: sample selector; default :class:`PerturbationSelector` (σ = 0.01).
+        history: class balancing: ``"reference"`` (the authors' code, default), ``"last-k"``
+            (the paper's text), ``None`` (none), or a :class:`~eatta.history.ClassHistory`.
+        debiaser: loss weighting; default :class:`GradNormDebiaser` (α = 0.8).
+        buffer: a :class:`LabelBuffer`, or an int capacity (the paper's BFS = 300), or None.
+        entropy_margin: confidence threshold; default ``0.4 ln C``.
+        steps: optimization steps per batch, each re-selecting (the reference ImageNet-C preset
+            uses 2); the budget is consulted per step.
+        grad_norm_params: parameters over which the two gradient norms are measured, if not the
+            optimizer's (the reference preset measures all norm layers); they are set to
+            ``requires_grad=True`` but not updated.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        oracle: Oracle,
+        budget: int | Budget = 1,
+        selector: Selector | None = None,
+        history: str | ClassHistory | None = "reference",
+        debiaser: GradNormDebiaser | None = None,
+        buffer: LabelBuffer | int | None = None,
+        entropy_margin: float | None = None,
+        steps: int = 1,
+        grad_norm_params: Sequence[nn.Parameter] | None = None,
+        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+        check_finite: bool = True,
+    ) -> None:
+        if optimizer is None:
+            raise TypeError("EATTA needs an optimizer over the trainable parameters")
+        if not callable(oracle):
+            raise TypeError(f"oracle must be callable, got {type(oracle).__name__}")
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        super().__init__(model, optimizer, split=split, check_finite=check_finite)
+        self.oracle = oracle
+        self.budget = Budget.coerce(budget)
+        self.selector: Selector = selector if selector is not None else PerturbationSelector()
+        self.history = make_history(history)
+        self.debiaser = debiaser if debiaser is not None else GradNormDebiaser()
+        self.buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
+        self.entropy_margin = entropy_margin
+        self.steps = steps
+        self._train = unique_params(self.params)
+        if not self._train:
+            raise ValueError("the optimizer holds no parameters")
+        owned = {id(p) for p in model.parameters()}
+        measure = self._train if grad_norm_params is None else unique_params(grad_norm_params)
+        if any(id(p) not in owned for p in measure):
+            raise ValueError("grad_norm_params must be parameters of the model")
+        for p in measure:
+            p.requires_grad_(True)
+        train_ids = {id(p) for p in self._train}
+        self._all = self._train + [p for p in measure if id(p) not in train_ids]
+        measure_ids = {id(p) for p in measure}
+        self._measure_pos = [i for i, p in enumerate(self._all) if id(p) in measure_ids]
+        self.last_step: StepRecord | None = None
+
+    @property
+    def labels_used(self) -> int:
+        return self.budget.labels_used
+
+    # -- the step ----------------------------------------------------------------------------
+    def forward_and_adapt(self, x: Tensor) -> Tensor:
+        logits = self._step(x)
+        for _ in range(self.steps - 1):
+            self._step(x)
+        return logits
+
+    def _ask(self, x: Tensor, selection: Selection, num_classes: int) -> Tensor | None:
+        idx = selection.indices
+        try:
+            answer = self.oracle(x[idx.to(x.device)], idx.clone())
+        except Exception as err:  # the annotator's own failure, reported as such
+            raise OracleError(f"the oracle raised {type(err).__name__}: {err}") from err
+        return validate_labels(answer, len(idx), num_classes)
+
+    def _select(
+        self, x: Tensor, z: Tensor, o: Tensor, k: int
+    ) -> tuple[SelectionContext, Selection, Tensor | None]:
+        ctx = SelectionContext(inputs=x, features=z, logits=o, head=self.split.head)
+        saved = self.selector.state_dict()
+        try:
+            selection = self.selector.select(ctx, k, self.history)
+            idx = selection.indices
+            if idx.dim() != 1 or len(idx) > k or len(set(idx.tolist())) != len(idx):
+                raise RuntimeError(f"selector returned invalid indices {idx.tolist()} for k={k}")
+            if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= x.shape[0]):
+                raise RuntimeError(f"selector returned out-of-range indices {idx.tolist()}")
+            labels = self._ask(x, selection, o.shape[1]) if len(idx) else None
+        except BaseException:
+            self.selector.load_state_dict(saved)
+            raise
+        return ctx, selection, labels
+
+    def _step(self, x: Tensor) -> Tensor:
+        backbone, head = self.split
+        z = backbone(x)
+        o = head(z)
+        if o.dim() != 2:
+            raise RuntimeError(
+                f"the head must return [batch, classes] logits, got {tuple(o.shape)}"
+            )
+        num_classes = o.shape[1]
+        record = StepRecord(logits=o.detach(), pseudo_labels=o.detach().argmax(1))
+
+        # 1. select and ask (no state changes until the oracle's answer is validated)
+        k = self.budget.allowance()
+        ctx = selection = labels = None
+        if k > 0:
+            ctx, selection, labels = self._select(x, z, o, k)
+            record.scores = selection.update.get("scores")
+        if labels is not None:
+            answered = labels != ABSTAIN
+            lab_idx, lab_y = selection.indices[answered], labels[answered]
+        else:
+            answered = torch.zeros(
+                0 if selection is None else len(selection.indices), dtype=torch.bool
+            )
+            lab_idx = lab_y = torch.empty(0, dtype=torch.long)
+        n_lab = len(lab_idx)
+
+        # 2. losses and gradients (parameters untouched)
+        h = entropy(o)
+        margin = (
+            self.entropy_margin
+            if self.entropy_margin is not None
+            else default_entropy_margin(num_classes)
+        )
+        unsup_mask = h.detach() < margin
+        lab_dev = lab_idx.to(o.device)
+        if n_lab:
+            unsup_mask = unsup_mask.index_fill(0, lab_dev, False)
+        loss_unsup, n_unsup = masked_mean(h, unsup_mask)
+        undo = rng = None
+        if self.buffer is not None:
+            rng = self.buffer.generator.get_state()
+            if n_lab:
+                undo = self.buffer.add(x[lab_dev], lab_y.to(o.device))
+        try:
+            terms = []
+            if n_lab:
+                terms.append(F.cross_entropy(o[lab_dev], lab_y.to(o.device)))
+            if self.buffer is not None and len(self.buffer):
+                bx, by = self.buffer.sample()
+                terms.append(F.cross_entropy(head(backbone(bx)), by))
+            loss_sup = sum(terms[1:], terms[0]) if terms else None
+            grads, weights, g_sup, g_unsup = self._gradients(loss_sup, loss_unsup, n_unsup)
+        except BaseException:
+            if self.buffer is not None:
+                if undo is not None:
+                    self.buffer.undo(undo)
+                self.buffer.generator.set_state(rng)
+            raise
+
+        # 3. commit: budget, history, selector, debiaser EMA, optimizer
+        self.budget.commit(n_lab)
+        if selection is not None and n_lab:
+            self.history.commit(selection, answered.tolist())
+            assert ctx is not None
+            self.selector.commit(ctx, selection, labels)
+        for p, g in zip(self._train, grads, strict=False):
+            p.grad = g
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        record.selected, record.labels = lab_idx, lab_y
+        record.class_history = list(getattr(self.history, "classes", []))
+        record.loss_unsup, record.num_unsup = loss_unsup.detach(), n_unsup
+        if loss_sup is not None:
+            assert weights is not None
+            record.loss_sup = loss_sup.detach()
+            record.grad_norm_sup, record.grad_norm_unsup = g_sup, g_unsup
+            record.weights = weights
+            record.loss = (weights.sup * loss_sup + weights.unsup * loss_unsup).detach()
+        else:
+            record.loss = loss_unsup.detach()
+        self.last_step = record
+        return o.detach()
+
+    def _gradients(
+        self, loss_sup: Tensor | None, loss_unsup: Tensor, n_unsup: Tensor
+    ) -> tuple[list[Tensor], LossWeights | None, Tensor | None, Tensor | None]:
+        """Gradients for the trainable parameters, using at most two backward passes."""
+        params = self._all
+        if loss_sup is None:  # no label: plain confident-entropy step, weight 1
+            g = torch.autograd.grad(loss_unsup, self._train, allow_unused=True)
+            return (
+                [self._zero_if_none(t, p) for t, p in zip(g, self._train, strict=True)],
+                None,
+                None,
+                None,
+            )
+        if not self.debiaser.needs_grad_norms:
+            g = torch.autograd.grad(loss_sup + loss_unsup, self._train, allow_unused=True)
+            one = torch.ones((), device=loss_sup.device)
+            grads = [self._zero_if_none(t, p) for t, p in zip(g, self._train, strict=True)]
+            return grads, LossWeights(one, one, one, one), None, None
+        gs = torch.autograd.grad(loss_sup, params, retain_graph=True, allow_unused=True)
+        gu = torch.autograd.grad(loss_unsup, params, allow_unused=True)
+        g_sup = _global_norm([gs[i] for i in self._measure_pos] + [loss_sup.new_zeros(())])
+        g_unsup = _global_norm([gu[i] for i in self._measure_pos] + [loss_sup.new_zeros(())])
+        weights = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
+        grads = []
+        for a, b, p in zip(gs, gu, self._train, strict=False):
+            a, b = self._zero_if_none(a, p), self._zero_if_none(b, p)
+            grads.append(weights.sup * a + weights.unsup * b)
+        return grads, weights, g_sup, g_unsup
+
+    @staticmethod
+    def _zero_if_none(g: Tensor | None, p: nn.Parameter) -> Tensor:
+        return torch.zeros_like(p) if g is None else g
+
+    # -- state -------------------------------------------------------------------------------
+    def reset_method_state(self) -> None:
+        self.budget.reset()
+        self.selector.reset()
+        self.history.reset()
+        self.debiaser.reset()
+        if self.buffer is not None:
+            self.buffer.reset()
+        self.last_step = None
+
+    def method_state(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget.state_dict(),
+            "selector": self.selector.state_dict(),
+            "history": self.history.state_dict(),
+            "debiaser": self.debiaser.state_dict(),
+            "buffer": None if self.buffer is None else self.buffer.state_dict(),
+        }
+
+    def load_method_state(self, state: dict[str, Any]) -> None:
+        self.budget.load_state_dict(state["budget"])
+        self.selector.load_state_dict(state["selector"])
+        self.history.load_state_dict(state["history"])
+        self.debiaser.load_state_dict(state["debiaser"])
+        if self.buffer is not None and state.get("buffer") is not None:
+            self.buffer.load_state_dict(state["buffer"])
