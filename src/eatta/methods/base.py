@@ -156,7 +156,9 @@ class AdaptiveMethod(nn.Module):
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         if self.optimizer is not None and state.get("optimizer") is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+            # deep copy: torch shares same-device tensors with the source dict, so a state taken
+            # from a live method would otherwise keep moving with it
+            self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.load_method_state(state.get("method", {}))
 
 

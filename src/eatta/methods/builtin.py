@@ -6,6 +6,13 @@ from typing import Any
 
 from torch import nn
 
+import eatta.methods.baseline  # registers on import
+import eatta.methods.cema  # registers on import
+import eatta.methods.cotta  # registers on import
+import eatta.methods.eta  # registers on import
+import eatta.methods.sar  # registers on import
+import eatta.methods.simatta  # registers on import
+import eatta.methods.tent  # noqa: F401  (registers on import)
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params, configure
@@ -15,7 +22,7 @@ from eatta.methods.eatta import EATTA
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.source import Source
 from eatta.oracle import Oracle
-from eatta.selection.perturbation import PerturbationSelector
+from eatta.selection import make_selector
 
 # Learning rates per dataset shared by TENT-like methods (paper supplementary).
 SGD_LR = {
@@ -49,13 +56,18 @@ def _build_eatta(
     if hp.get("params") == "reference":
         norm_params, _ = collect_params(model, "norm")
     assert oracle is not None
+    selector = hp.get("selector") or "perturbation"  # a Selector, or a name (Table 7)
+    if isinstance(selector, str):
+        kw = dict(hp.get("selector_kwargs") or {})
+        if selector == "perturbation":
+            kw.setdefault("std", hp.get("noise_std", 0.01))
+        selector = make_selector(selector, seed=hp.get("seed", 0), **kw)
     return EATTA(
         model,
         make_optimizer(params, hp),
         oracle=oracle,
         budget=budget,
-        selector=hp.get("selector")
-        or PerturbationSelector(std=hp.get("noise_std", 0.01), seed=hp.get("seed", 0)),
+        selector=selector,
         history=hp.get("history", "reference"),
         debiaser=GradNormDebiaser(
             alpha=hp.get("ema_alpha", 0.8), normalize=hp.get("gnd", True), ema=hp.get("ema", True)

@@ -146,7 +146,8 @@ class EATTA(AdaptiveMethod):
     def _select(
         self, x: Tensor, z: Tensor, o: Tensor, k: int
     ) -> tuple[SelectionContext, Selection, Tensor | None]:
-        ctx = SelectionContext(inputs=x, features=z, logits=o, head=self.split.head)
+        backbone, head = self.split
+        ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
         saved = self.selector.state_dict()
         try:
             selection = self.selector.select(ctx, k, self.history)

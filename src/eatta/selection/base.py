@@ -17,16 +17,18 @@ __all__ = ["ScoreSelector", "SelectionContext", "Selector"]
 
 @dataclass
 class SelectionContext:
-    """What a selector may look at: the batch, its features and logits, and the head.
+    """What a selector may look at: the batch, its features and logits, and the model's parts.
 
     ``features`` and ``logits`` carry the autograd graph of the step; selectors must only read them
-    (use ``.detach()``).
+    (use ``.detach()``). ``backbone`` is the feature extractor, for selectors that re-run the model
+    on transformed inputs (e.g. PLPD); None when the method does not provide it.
     """
 
     inputs: Tensor
     features: Tensor
     logits: Tensor
     head: nn.Module
+    backbone: nn.Module | None = None
 
     @cached_property
     def probs(self) -> Tensor:

@@ -1,0 +1,1 @@
+"""Benchmark harness: backbones (:mod:`eatta.bench.models`) and experiment tooling for §6."""

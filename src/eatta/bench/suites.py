@@ -1,0 +1,287 @@
+"""Ready-to-run benchmarks (:class:`~eatta.bench.runner.BenchmarkData`) for each dataset of §6.
+
+* ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model from
+  :mod:`eatta.bench.digits_model`; EATA's Fisher data is the clean source split.
+* ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
+  ``imagenet-r`` / ``imagenet-a`` (``<root>/<wnid>/*``, 200 classes, scored on the 200 matching
+  logits: the 1000-way head is cut down to those rows, so prediction, entropy and EATTA's split all
+  see 200 classes), ``imagenet-k`` (Sketch, ``<root>/<wnid>/*``); backbones from
+  :mod:`eatta.bench.models`. EATA needs ``fisher_root`` (clean ImageNet images, ``<wnid>/*``).
+* ``pacs`` (``<root>/<domain>/<class>/*``): one benchmark per sequence, adapting on all domains
+  but the first; the source model (ResNet-18 trained on the first domain) comes from a checkpoint
+  path that may contain ``{source}`` (replaced by the first domain's letter, e.g. ``P``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from eatta.bench.runner import BenchmarkData
+from eatta.oracle import ModelOracle, Oracle
+from eatta.split import split_model
+
+__all__ = [
+    "DATASETS",
+    "LAYOUTS",
+    "digits_c_benchmark",
+    "imagenet_benchmark",
+    "pacs_benchmark",
+    "restrict_classes",
+]
+
+#: Datasets the CLI knows, in the order ``--list`` shows them.
+DATASETS = ("digits-c", "imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a", "pacs")
+
+#: Expected folder layout per dataset (for ``--list`` and error messages).
+LAYOUTS = {
+    "digits-c": "built in (scikit-learn digits, corrupted with corrupt-tta; cached)",
+    "imagenet-c": "<root>/<corruption>/<severity>/<wnid>/*.JPEG",
+    "imagenet-r": "<root>/<wnid>/*.jpg (200 ImageNet-R classes)",
+    "imagenet-k": "<root>/<wnid>/*.JPEG (ImageNet-Sketch, 1000 classes)",
+    "imagenet-a": "<root>/<wnid>/*.jpg (200 ImageNet-A classes)",
+    "pacs": "<root>/<domain>/<class>/*.jpg, domain in art_painting|cartoon|photo|sketch",
+}
+
+
+def _copier(model: nn.Module) -> Callable[[], nn.Module]:
+    base = model.cpu().eval()
+    return lambda: copy.deepcopy(base)
+
+
+def _seeded_subset(ds: Dataset[Any], n: int, seed: int) -> Dataset[Any]:
+    size = len(ds)  # type: ignore[arg-type]
+    if size <= n:
+        return ds
+    g = torch.Generator().manual_seed(seed)
+    return Subset(ds, sorted(torch.randperm(size, generator=g)[:n].tolist()))
+
+
+def _fisher_loader(ds: Dataset[Any], batch_size: int, workers: int) -> Callable[[torch.device], Any]:
+    def make(device: torch.device) -> Any:
+        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=workers)
+
+    return make
+
+
+def _model_oracle(model: nn.Module | None) -> Callable[[torch.device], Oracle] | None:
+    if model is None:
+        return None
+    base = model.cpu().eval()
+    return lambda device: ModelOracle(base.to(device))
+
+
+# ----------------------------------------------------------------------------- digits-C
+
+
+def digits_c_benchmark(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> BenchmarkData:
+    """The embedded digits-C benchmark (model trained and data corrupted on first use, cached)."""
+    from eatta.bench.digits_model import DIGITS_MODEL_VERSION, load_digits_source
+    from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
+
+    model, report = load_digits_source(cache_dir)
+    if log is not None:
+        how = "loaded from cache" if report["cached"] else f"trained in {report['train_seconds']:.1f} s"
+        log(
+            f"digits-C source model ({how}, {report['path']}): clean test accuracy "
+            f"{100 * report['clean_test_accuracy']:.1f}%"
+        )
+    domains = digits_c_domains(cache_dir=cache_dir)
+    source = digits_source()
+    return BenchmarkData(
+        name="digits-c",
+        defaults_key="digits-c",
+        domains=domains,
+        model_fn=_copier(model),
+        fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
+        config={"model": f"digits-cnn v{DIGITS_MODEL_VERSION}", "data": f"v{DIGITS_C_VERSION}"},
+    )
+
+
+# ----------------------------------------------------------------------------- ImageNet
+
+
+def restrict_classes(model: nn.Module, indices: Sequence[int]) -> nn.Module:
+    """Cut ``model``'s final ``nn.Linear`` down to the rows ``indices`` (in place; returns it).
+
+    Same logits as selecting those columns of the full output, but the model stays a plain
+    classifier, so every method (and EATTA's backbone/head split) sees only these classes.
+    """
+    head = split_model(model).head
+    linear = head
+    if isinstance(head, nn.Sequential) and len(head) and isinstance(head[-1], nn.Linear):
+        linear = head[-1]
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"cannot restrict classes: the head is a {type(head).__name__}")
+    idx = torch.as_tensor(list(indices), dtype=torch.long)
+    if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= linear.out_features:
+        raise ValueError(f"class indices must lie in [0, {linear.out_features})")
+    new = nn.Linear(linear.in_features, len(idx), bias=linear.bias is not None)
+    new = new.to(device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(linear.weight[idx])
+        if linear.bias is not None:
+            new.bias.copy_(linear.bias[idx])
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if child is linear:
+                setattr(parent, name, new)
+                return model
+    raise RuntimeError("the classifier layer was not found among the model's submodules")
+
+
+def _imagenet_model(
+    backbone: str,
+    checkpoint: str | os.PathLike[str] | None,
+    pretrained: bool,
+    subset_wnids: Sequence[str] | None,
+) -> nn.Module:
+    from eatta.bench.models import load_model
+    from eatta.data.imagenet import class_indices
+
+    model = load_model(backbone, checkpoint=checkpoint, pretrained=pretrained)
+    if subset_wnids is not None:
+        restrict_classes(model, class_indices(subset_wnids))
+    return model
+
+
+def imagenet_benchmark(
+    dataset: str,
+    root: str | os.PathLike[str],
+    *,
+    backbone: str = "resnet50_bn",
+    checkpoint: str | os.PathLike[str] | None = None,
+    pretrained: bool = True,
+    severity: int = 5,
+    subset: int | str | None = None,
+    image_size: int = 224,
+    fisher_root: str | os.PathLike[str] | None = None,
+    fisher_images: int = 2000,
+    oracle_backbone: str | None = None,
+    oracle_checkpoint: str | os.PathLike[str] | None = None,
+    workers: int = 0,
+) -> BenchmarkData:
+    """ImageNet-C (15 corruptions at ``severity``), -R, -K (Sketch) or -A with a §6 backbone.
+
+    ``subset`` (ImageNet-C): None for all 50,000 images per corruption (the paper), an image
+    count such as 5000, or a file list. ``image_size``: crop of the R/K/A preprocessing (resize
+    ``size·256/224``, center crop), 224 as in the paper (smaller only for smoke tests).
+    ``oracle_backbone``: a model annotator (paper Tab. 8) instead of the ground truth.
+    """
+    from eatta.data import imagenet as inet
+
+    if dataset not in ("imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a"):
+        raise ValueError(f"not an ImageNet benchmark: {dataset!r}")
+    wnids = {"imagenet-r": inet.imagenet_r_wnids, "imagenet-a": inet.imagenet_a_wnids}.get(dataset)
+    sub = wnids() if wnids is not None else None
+    transform = inet.EvalTransform(resize=round(image_size * 256 / 224), crop=image_size)
+    domains: list[tuple[str, Dataset[Any]]]
+    if dataset == "imagenet-c":
+        domains = list(inet.imagenet_c_domains(root, severity=severity, subset=subset))
+    elif dataset == "imagenet-r":
+        domains = [("imagenet-r", inet.ImageNetR(root, transform=transform))]
+    elif dataset == "imagenet-a":
+        domains = [("imagenet-a", inet.ImageNetA(root, transform=transform))]
+    else:
+        domains = [("imagenet-k", inet.ImageNetSketch(root, transform=transform))]
+    model = _imagenet_model(backbone, checkpoint, pretrained, sub)
+    oracle = None
+    if oracle_backbone is not None:
+        oracle = _imagenet_model(oracle_backbone, oracle_checkpoint, True, sub)
+    fisher = None
+    if fisher_root is not None:
+        clean = inet.ImageNetSketch(fisher_root, transform=inet.EvalTransform())
+        fisher = _fisher_loader(_seeded_subset(clean, fisher_images, 0), 64, workers)
+    return BenchmarkData(
+        name=dataset,
+        defaults_key=dataset,
+        domains=domains,
+        model_fn=_copier(model),
+        fisher_data=fisher,
+        oracle_fn=_model_oracle(oracle),
+        config={
+            "root": str(root),
+            "backbone": backbone,
+            "checkpoint": None if checkpoint is None else str(checkpoint),
+            "pretrained": pretrained,
+            "severity": severity if dataset == "imagenet-c" else None,
+            "subset": None if subset is None else str(subset),
+            "image_size": image_size,
+            "fisher_root": None if fisher_root is None else str(fisher_root),
+            "oracle": oracle_backbone,
+            "oracle_checkpoint": None if oracle_checkpoint is None else str(oracle_checkpoint),
+        },
+    )
+
+
+# ----------------------------------------------------------------------------- PACS
+
+
+def pacs_benchmark(
+    root: str | os.PathLike[str],
+    sequence: str | Sequence[str],
+    *,
+    backbone: str = "resnet18",
+    checkpoint: str | None = None,
+    pretrained: bool = True,
+    image_size: int = 224,
+    oracle_backbone: str | None = None,
+    oracle_checkpoint: str | None = None,
+    workers: int = 0,
+) -> BenchmarkData:
+    """One PACS sequence (e.g. ``"P-A-C-S"``): adapt on the domains after the first.
+
+    ``checkpoint``: the source model trained on the first domain
+    (``examples/train_pacs_source.py``); ``{source}`` in the path becomes that domain's letter.
+    """
+    from eatta.bench.models import load_model
+    from eatta.data.pacs import PACS, PACS_LETTERS, ResizeTransform, parse_pacs_sequence
+
+    names = parse_pacs_sequence(sequence)
+    letter = {v: k for k, v in PACS_LETTERS.items()}
+    letters = "-".join(letter[n] for n in names)
+    transform = ResizeTransform(image_size)
+    domains = [(n, PACS(root, n, transform=transform)) for n in names[1:]]
+    ckpt = None if checkpoint is None else str(checkpoint).replace("{source}", letter[names[0]])
+    if backbone == "resnet18":
+        model = load_model(backbone, num_classes=7, checkpoint=ckpt, pretrained=pretrained)
+    else:
+        model = load_model(backbone, checkpoint=ckpt, pretrained=pretrained)
+    oracle = None
+    if oracle_backbone is not None:
+        o_ckpt = (
+            None
+            if oracle_checkpoint is None
+            else str(oracle_checkpoint).replace("{source}", letter[names[0]])
+        )
+        kw: dict[str, Any] = {"num_classes": 7} if oracle_backbone == "resnet18" else {}
+        oracle = load_model(oracle_backbone, checkpoint=o_ckpt, **kw)
+    source = PACS(root, names[0], transform=transform)
+    return BenchmarkData(
+        name=f"pacs:{letters}",
+        defaults_key="pacs",
+        domains=domains,
+        model_fn=_copier(model),
+        fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, workers),
+        oracle_fn=_model_oracle(oracle),
+        config={
+            "root": str(root),
+            "sequence": letters,
+            "backbone": backbone,
+            "checkpoint": ckpt,
+            "pretrained": pretrained,
+            "image_size": image_size,
+            "oracle": oracle_backbone,
+            "oracle_checkpoint": oracle_checkpoint,
+        },
+    )

@@ -1,0 +1,87 @@
+"""Benchmark data: ImageNet-C/R/Sketch/A, PACS, digits-C and seeded CTTA test streams (paper §6).
+
+Datasets check their folder layout when built and raise :class:`DatasetLayoutError` (a
+``ValueError``) naming the expected pattern and what was found. Images are decoded with PIL and
+returned as float tensors in ``[0, 1]``; input normalization belongs to the model wrapper
+(:class:`eatta.bench.models.Normalized`).
+"""
+
+from __future__ import annotations
+
+from eatta.data._layout import DatasetLayoutError, FolderDataset
+from eatta.data.digits import (
+    DIGITS_C_CORRUPTIONS,
+    DIGITS_C_VERSION,
+    digits_c,
+    digits_c_cache_dir,
+    digits_c_domains,
+    digits_source,
+    digits_split,
+    digits_test,
+)
+from eatta.data.imagenet import (
+    CORRUPTIONS,
+    EvalTransform,
+    ImageNetA,
+    ImageNetC,
+    ImageNetR,
+    ImageNetSketch,
+    SubsetLogits,
+    class_indices,
+    imagenet_a_wnids,
+    imagenet_c_domains,
+    imagenet_r_wnids,
+    imagenet_wnids,
+    select_logits,
+    select_subset,
+)
+from eatta.data.pacs import (
+    PACS,
+    PACS_CLASSES,
+    PACS_DOMAINS,
+    PACS_LETTERS,
+    PACS_SEQUENCES,
+    ResizeTransform,
+    pacs_domain,
+    pacs_domains,
+    parse_pacs_sequence,
+)
+from eatta.data.stream import Domain, TestStream
+
+__all__ = [
+    "CORRUPTIONS",
+    "DIGITS_C_CORRUPTIONS",
+    "DIGITS_C_VERSION",
+    "PACS",
+    "PACS_CLASSES",
+    "PACS_DOMAINS",
+    "PACS_LETTERS",
+    "PACS_SEQUENCES",
+    "DatasetLayoutError",
+    "Domain",
+    "EvalTransform",
+    "FolderDataset",
+    "ImageNetA",
+    "ImageNetC",
+    "ImageNetR",
+    "ImageNetSketch",
+    "ResizeTransform",
+    "SubsetLogits",
+    "TestStream",
+    "class_indices",
+    "digits_c",
+    "digits_c_cache_dir",
+    "digits_c_domains",
+    "digits_source",
+    "digits_split",
+    "digits_test",
+    "imagenet_a_wnids",
+    "imagenet_c_domains",
+    "imagenet_r_wnids",
+    "imagenet_wnids",
+    "pacs_domain",
+    "pacs_domains",
+    "parse_pacs_sequence",
+    "select_logits",
+    "select_subset",
+]

@@ -1,0 +1,112 @@
+"""Shared fixtures: tiny BatchNorm classifiers and batches, deterministic."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: no oversubscription on 2 cores
+    torch.set_num_threads(1)
+
+
+def tiny_cnn(num_classes: int = 5, width: int = 8, seed: int = 0) -> nn.Sequential:
+    """conv-BN-ReLU ×2, pool, Linear: a Sequential so eatta's split is automatic."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, padding=1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+        nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(2 * width),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(2 * width, num_classes),
+    )
+
+
+def confident_cnn(num_classes: int = 5, seed: int = 0) -> nn.Sequential:
+    """A tiny CNN whose head is scaled up so many predictions pass the 0.4 ln C entropy margin."""
+    model = tiny_cnn(num_classes, seed=seed)
+    with torch.no_grad():
+        model[-1].weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture
+def make_model():
+    return tiny_cnn
+
+
+@pytest.fixture
+def make_confident_model():
+    return confident_cnn
+
+
+@pytest.fixture
+def batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(16, 3, 8, 8, generator=g), torch.randint(0, 5, (16,), generator=g)
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
+
+
+def image_batches(n: int, size: int = 8, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` batches of ``size`` random 3×8×8 images in [0, 1] (CoTTA's input range)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(size, 3, 8, 8, generator=g) for _ in range(n)]
+
+
+def nested_equal(a: object, b: object) -> bool:
+    """Exact equality of nested dicts / lists / tuples of tensors and plain values."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(nested_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(nested_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@pytest.fixture
+def make_image_batches():
+    return image_batches
+
+
+@pytest.fixture
+def assert_nested_equal():
+    def check(a: object, b: object) -> None:
+        assert nested_equal(a, b)
+
+    return check
+
+
+def bytes_round_trip(state: dict) -> dict:
+    """``state`` through ``torch.save`` / ``torch.load(weights_only=True)``, as a checkpoint."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.fixture
+def checkpoint_round_trip():
+    return bytes_round_trip

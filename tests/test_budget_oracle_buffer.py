@@ -1,0 +1,113 @@
+"""Budgets, oracles, the label buffer and noise sources."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eatta
+from conftest import confident_cnn
+from eatta import Budget, GaussianNoise, GroundTruthOracle, LabelBuffer, RecordedNoise
+from eatta.oracle import OracleError, validate_labels
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 6), st.integers(1, 5), st.none() | st.integers(0, 20), st.integers(1, 40))
+def test_budget_never_exceeded(per_batch, every, total, batches):
+    b = Budget(per_batch, every=every, total=total)
+    for t in range(batches):
+        k = b.allowance()
+        assert k <= per_batch and (t % every == 0 or k == 0)
+        b.commit(k)
+    expected = per_batch * len(range(0, batches, every))
+    assert b.labels_used == (expected if total is None else min(total, expected))
+    with pytest.raises(RuntimeError):
+        Budget(1).commit(2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6))
+def test_eatta_never_exceeds_its_budget(per_batch, every, batches):
+    model = confident_cnn()
+    oracle = GroundTruthOracle()
+    m = eatta.EATTA(
+        model,
+        torch.optim.SGD(eatta.configure(model), lr=0.01),
+        oracle=oracle,
+        budget=Budget(per_batch, every=every),
+    )
+    g = torch.Generator().manual_seed(per_batch * 7 + every)
+    for t in range(batches):
+        oracle.set_labels(torch.randint(0, 5, (12,), generator=g))
+        used = m.labels_used
+        m(torch.randn(12, 3, 8, 8, generator=g))
+        assert m.labels_used - used <= (per_batch if t % every == 0 else 0)
+    assert oracle.revealed == m.labels_used
+
+
+@pytest.mark.parametrize("bad", [None, -1, 1.5, True])
+def test_budget_rejects_bad_values(bad):
+    with pytest.raises(ValueError, match="per_batch"):
+        Budget(bad)
+
+
+def test_ground_truth_oracle_reveals_only_selected():
+    o = GroundTruthOracle()
+    with pytest.raises(RuntimeError, match="set_labels"):
+        o(torch.zeros(1), torch.tensor([0]))
+    with o.labels(torch.tensor([4, 5, 6])):
+        assert o(torch.zeros(2), torch.tensor([2, 0])).tolist() == [6, 4]
+    assert o.revealed == 2 and o._labels is None
+
+
+def test_model_oracle_labels_by_argmax():
+    net = torch.nn.Linear(3, 4)
+    x = torch.randn(5, 3)
+    assert torch.equal(eatta.ModelOracle(net)(x, torch.arange(5)), net(x).argmax(1))
+
+
+def test_validate_labels():
+    assert validate_labels(None, 2, 5) is None
+    assert validate_labels([1, -1], 2, 5).tolist() == [1, -1]
+    for bad, msg in (
+        ([1.0, 2.0], "integers"),
+        ([1], "shape"),
+        ([1, 5], r"\[0, 5\)"),
+        ("x", "not labels"),
+    ):
+        with pytest.raises(OracleError, match=msg):
+            validate_labels(bad, 2, 5)
+
+
+def test_buffer_is_fifo_and_undo_restores():
+    buf = LabelBuffer(capacity=3, batch_size=2)
+    for i in range(4):
+        buf.add(torch.full((1, 2), float(i)), torch.tensor([i]))
+    x, y = buf.contents()
+    assert y.tolist() == [1, 2, 3] and x[:, 0].tolist() == [1.0, 2.0, 3.0]
+    token = buf.add(torch.full((2, 2), 9.0), torch.tensor([8, 9]))
+    assert buf.contents()[1].tolist() == [3, 8, 9]
+    buf.undo(token)
+    assert buf.contents()[1].tolist() == [1, 2, 3]
+    _bx, by = buf.sample()
+    assert len(by) == 2 and len(set(by.tolist())) == 2 and set(by.tolist()) <= {1, 2, 3}
+    other = LabelBuffer(capacity=3, batch_size=2)
+    other.load_state_dict(buf.state_dict())
+    assert torch.equal(other.sample()[1], buf.sample()[1])
+
+
+def test_noise_sources_replay_and_restore():
+    g = GaussianNoise(std=0.01, seed=5)
+    state = g.state_dict()
+    a = g(torch.Size([4, 3]), torch.device("cpu"), torch.float32)
+    g.load_state_dict(state)
+    assert torch.equal(a, g(torch.Size([4, 3]), torch.device("cpu"), torch.float32))
+    assert 0.001 < float(a.std()) < 0.05
+    r = RecordedNoise([a])
+    assert torch.equal(r(a.shape, a.device, a.dtype), a)
+    with pytest.raises(IndexError, match="exhausted"):
+        r(a.shape, a.device, a.dtype)
+    with pytest.raises(ValueError, match="shape"):
+        RecordedNoise([a])(torch.Size([2, 3]), a.device, a.dtype)

@@ -1,0 +1,119 @@
+"""Property tests of selection under the class histories (hypothesis)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
+
+batches = st.integers(1, 24).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.floats(0, 1, allow_nan=False, width=32), min_size=n, max_size=n, unique=True),
+        st.lists(st.integers(0, 5), min_size=n, max_size=n),
+        st.integers(1, 6),
+    )
+)
+streams = st.lists(batches, min_size=1, max_size=6)
+
+
+def as_tensors(scores, labels):
+    return torch.tensor(scores, dtype=torch.float32), torch.tensor(labels)
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams)
+def test_indices_unique_in_range_and_within_k(stream):
+    for history in (NoClassBalance(), LastKClasses(2), ReferenceClassHistory()):
+        for scores, labels, k in stream:
+            s, y = as_tensors(scores, labels)
+            sel = history.plan(s, y, k)
+            idx = sel.indices.tolist()
+            assert len(idx) == len(set(idx)) <= min(k, len(scores))
+            assert all(0 <= i < len(scores) for i in idx)
+            assert len(idx) >= 1  # every rule labels something when a label is allowed
+            history.commit(sel, [True] * len(idx))
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams)
+def test_last_k_chooses_the_best_allowed_sample(stream):
+    history = LastKClasses(2)
+    for scores, labels, _ in stream:
+        s, y = as_tensors(scores, labels)
+        recent = set(history.classes)
+        (i,) = history.plan(s, y, 1).indices.tolist()
+        allowed = [j for j in range(len(scores)) if labels[j] not in recent]
+        pool = allowed or list(range(len(scores)))
+        assert scores[i] == max(scores[j] for j in pool)
+        history.commit(history.plan(s, y, 1), [True])
+        assert history.classes[-1] == labels[i] and len(history.classes) <= 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams)
+def test_reference_history_invariants(stream):
+    history = ReferenceClassHistory()
+    for scores, labels, k in stream:
+        s, y = as_tensors(scores, labels)
+        before = list(history.classes)
+        sel = history.plan(s, y, k)
+        assert history.classes == before  # planning changes nothing
+        order = sorted(range(len(scores)), key=lambda j: -scores[j])
+        positions = [order.index(i) for i in sel.indices.tolist()]
+        assert positions == sorted(positions)  # sorted-position order
+        if not before:  # empty history: the top-m
+            assert positions == list(range(min(k, len(scores))))
+        history.commit(sel, [True] * len(positions))
+        if before:  # a balancing step trims to the last class; a fallback leaves it as it was
+            assert len(history.classes) <= 2 or history.classes == before
+        picked = sel.indices.tolist()
+        for c, d in history.stored_diff.items():  # a class labelled now stores a diff of this batch
+            if c in [labels[j] for j in picked]:
+                assert any(labels[j] == c and abs(scores[j] - d) < 1e-6 for j in picked)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches)
+def test_no_class_balance_is_top_k(batch):
+    scores, labels, k = batch
+    s, y = as_tensors(scores, labels)
+    got = NoClassBalance().plan(s, y, k).indices.tolist()
+    assert got == sorted(range(len(scores)), key=lambda j: -scores[j])[: min(k, len(scores))]
+
+
+def test_reference_rule_replacement_branch():
+    h = ReferenceClassHistory()
+    y = torch.tensor([0, 1, 2, 0])
+    first = h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1)
+    h.commit(first, [True])  # labels class 0 with diff 0.9
+    assert h.classes == [0] and h.stored_diff == {0: torch.tensor(0.9).item()}
+    # top candidate is class 0 again but with a smaller diff: replaced by the next unseen class
+    second = h.plan(torch.tensor([0.5, 0.1, 0.2, 0.3]), y, 1)
+    assert second.indices.tolist() == [2]
+    # a larger diff than stored keeps the candidate even though its class is recent
+    third = h.plan(torch.tensor([0.95, 0.1, 0.2, 0.3]), y, 1)
+    assert third.indices.tolist() == [0]
+
+
+def test_abstained_samples_do_not_enter_history():
+    h = LastKClasses(3)
+    sel = h.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 2)
+    h.commit(sel, [False, True])
+    assert h.classes == [1]
+
+
+def test_history_state_round_trip():
+    for cls in (LastKClasses, ReferenceClassHistory):
+        h = cls()
+        sel = h.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 2)
+        h.commit(sel, [True, True])
+        g = cls()
+        g.load_state_dict(h.state_dict())
+        assert g.state_dict() == h.state_dict()
+        s2 = torch.tensor([0.3, 0.8, 0.7])
+        assert torch.equal(
+            g.plan(s2, torch.tensor([2, 1, 0]), 1).indices,
+            h.plan(s2, torch.tensor([2, 1, 0]), 1).indices,
+        )
