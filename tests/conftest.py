@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 from torch import nn
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
+
+# Derandomized property tests: CI and every developer explore the same examples.
+settings.register_profile("eatta", derandomize=True, deadline=None)
+settings.load_profile("eatta")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one thread per worker: no oversubscription on 2 cores

@@ -104,3 +104,17 @@ def test_eatta_adapts_a_torchvision_resnet():
     before = model.bn1.weight.clone()
     assert m(torch.randn(4, 3, 32, 32)).shape == (4, 4)
     assert not torch.equal(before, model.bn1.weight)
+
+
+def test_normalized_and_subset_wrappers_from_the_data_and_bench_modules():
+    from eatta.bench.models import Normalized
+    from eatta.data import SubsetLogits
+
+    model = SubsetLogits(Normalized(tiny_cnn(num_classes=9), [0.5] * 3, [0.25] * 3), [1, 4, 7])
+    model.eval()
+    backbone, head = split_model(model)
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        out = head(backbone(x))
+        assert out.shape == (4, 3)
+        torch.testing.assert_close(out, model(x))

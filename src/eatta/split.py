@@ -3,7 +3,7 @@
 EATTA perturbs the features and runs only the head twice, so it needs the split. It is found
 automatically for torchvision ResNets and ViTs, timm models (ResNets with BN or GN, ViTs, anything
 with ``forward_features`` / ``forward_head`` / ``get_classifier``), an ``nn.Sequential`` ending in a
-``Linear``, and eatta's input-normalization wrapper around any of these. For other models pass
+``Linear``, and eatta's input-normalization and logit-subset wrappers around any of these. For other models pass
 ``split=(backbone, head)`` to the method, with ``head(backbone(x)) == model(x)``.
 """
 
@@ -73,6 +73,20 @@ class _Normalize(nn.Module):
         return (x - w.normalize_mean) / w.normalize_std
 
 
+class _SelectLogits(nn.Module):
+    def __init__(self, head: nn.Module, wrapper: nn.Module) -> None:
+        super().__init__()
+        self.head = head
+        self.wrapper = wrapper
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.head(z).index_select(1, self.wrapper.indices)
+
+
+def _is_subset_wrapper(model: nn.Module) -> bool:
+    return hasattr(model, "model") and isinstance(getattr(model, "indices", None), Tensor)
+
+
 def _is_normalized_wrapper(model: nn.Module) -> bool:
     return all(hasattr(model, a) for a in ("model", "normalize_mean", "normalize_std"))
 
@@ -88,6 +102,9 @@ def split_model(model: nn.Module) -> ModelSplit:
     if _is_normalized_wrapper(model):
         inner = split_model(model.model)
         return ModelSplit(nn.Sequential(_Normalize(model), inner.backbone), inner.head)
+    if _is_subset_wrapper(model):  # e.g. ImageNet-R/A: 200 of a 1000-class model's logits
+        inner = split_model(model.model)
+        return ModelSplit(inner.backbone, _SelectLogits(inner.head, model))
     resnet = _torchvision_class("ResNet")
     if resnet is not None and isinstance(model, resnet):
         return ModelSplit(_TorchvisionResNetFeatures(model), model.fc)

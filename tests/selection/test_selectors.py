@@ -386,3 +386,21 @@ def test_eatta_runs_with_each_selector_by_name(name, batch):
     m(x)
     assert m.labels_used == 4
     assert len(m.last_step.selected) == 2
+
+
+def test_eatta_restores_the_dynamic_margin_statistics_when_the_oracle_fails(batch):
+    x, y = batch
+    state = {"ok": True}
+
+    def oracle(inputs, idx):
+        if not state["ok"]:
+            raise RuntimeError("annotator offline")
+        return y[idx]
+
+    m = create("eatta", confident_cnn(), oracle=oracle, selector="dynamic-margin")
+    m(x)
+    before = m.selector.state_dict()
+    state["ok"] = False
+    with pytest.raises(eatta.OracleError):
+        m(x)
+    assert m.selector.state_dict() == before

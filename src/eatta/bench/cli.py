@@ -122,6 +122,9 @@ def run_parser() -> argparse.ArgumentParser:
     g.add_argument("--name", default=None, help="run name for the default output folder")
     g.add_argument("--workers", type=int, default=0, help="data-loading worker processes")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: 1 for digits-C, whose tiny convolutions only "
+                   "lose from intra-op parallelism, else torch's default)")
     g.add_argument("--checkpoint-every", type=int, default=100, metavar="BATCHES",
                    help="save a resumable checkpoint every this many batches (0: never)")
     g.add_argument("--cache-dir", default=None,
@@ -306,6 +309,13 @@ def _run(argv: Sequence[str]) -> int:
         progress=not args.no_progress,
     )
     shard_ix = parse_shard(args.shard) if args.shard else (0, 1)
+    threads = args.threads
+    if threads is None and options.device == "cpu" and _csv(args.dataset) == ["digits-c"]:
+        threads = 1
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
     data = build_benchmarks(args)
     if "eata" in methods:
         missing = [n for n, b in data.items() if b.fisher_data is None]

@@ -382,15 +382,24 @@ class ImageNetC(FolderDataset):
 def imagenet_c_domains(
     root: str | os.PathLike[str],
     severity: int = 5,
-    subset: int | str | os.PathLike[str] | None = "5000",
+    subset: int | str | os.PathLike[str] | None = None,
     corruptions: Sequence[str] = CORRUPTIONS,
     transform: Callable[[Any], Tensor] | None = None,
+    subset_seed: int = 0,
 ) -> list[Domain]:
     """ImageNet-C domains in CTTA order, ready for :class:`eatta.data.stream.TestStream`.
+
+    ``subset=None`` (default) keeps all 50,000 images per corruption as in the paper; ``"5000"``
+    gives the fixed 5,000-image subset (see :class:`ImageNetC`).
 
     All folders are checked up front, so a missing corruption fails before any adaptation runs.
     """
     return [
-        Domain(c, ImageNetC(root, c, severity=severity, subset=subset, transform=transform))
+        Domain(
+            c,
+            ImageNetC(
+                root, c, severity, subset=subset, transform=transform, subset_seed=subset_seed
+            ),
+        )
         for c in corruptions
     ]
