@@ -327,3 +327,24 @@ def test_resume_in_a_new_process_is_bit_identical(tmp_path):
     outs = run_stream(m, xs, ys)[3:]
     assert all(torch.equal(p, q) for p, q in zip(outs, got["outs"], strict=True))
     assert all(torch.equal(p, q) for p, q in zip(m.params, got["params"], strict=True))
+
+
+def test_reference_preset_trains_the_authors_set_and_measures_all_norms():
+    from eatta.golden import TinyResNetLike
+    from eatta.methods.registry import create
+
+    model = TinyResNetLike(4, 3)
+    with torch.no_grad():
+        model.fc.weight.mul_(10)
+    oracle = GroundTruthOracle()
+    split = (eatta.golden._Features(model), model.fc)
+    m = create("eatta", model, dataset="imagenet-c", oracle=oracle, preset="reference", split=split)
+    trained = {n for n, p in model.named_parameters() if any(p is q for q in m.params)}
+    assert trained == {"bn1.weight", "bn1.bias", "layer1.0.weight", "layer1.1.weight", "layer1.1.bias"}
+    assert m.steps == 2 and model.layer4[1].weight.requires_grad  # measured, not trained
+    layer4 = model.layer4[1].weight.clone()
+    oracle.set_labels(torch.randint(0, 3, (8,)))
+    m(torch.randn(8, 3, 8, 8))
+    assert m.labels_used == 2 and torch.equal(layer4, model.layer4[1].weight)
+    with pytest.raises(ValueError, match="preset"):
+        create("eatta", TinyResNetLike(4, 3), oracle=oracle, preset="bogus")

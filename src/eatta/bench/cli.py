@@ -47,7 +47,9 @@ def _ints(text: str) -> list[int]:
     try:
         return [int(t) for t in _csv(text)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}"
+        ) from None
 
 
 def _buffers(text: str) -> list[int | None]:
@@ -59,7 +61,7 @@ def _buffers(text: str) -> list[int | None]:
             try:
                 out.append(int(t))
             except ValueError:
-                raise argparse.ArgumentTypeError(f"buffer sizes are integers, got {t!r}")
+                raise argparse.ArgumentTypeError(f"buffer sizes are integers, got {t!r}") from None
     return out
 
 
@@ -75,60 +77,139 @@ def run_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = p.add_argument_group("what to run")
-    g.add_argument("--dataset", default="digits-c",
-                   help=f"dataset(s), comma-separated, from {', '.join(DATASETS)}")
-    g.add_argument("--root", action="append", default=[], metavar="[DATASET=]PATH",
-                   help="dataset folder; repeat as NAME=PATH for several datasets")
-    g.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help="registered methods, comma-separated, or 'all' (see --list)")
-    g.add_argument("--setting", default="ctta",
-                   help="ctta (never reset), ftta (reset at each domain change), or both: ctta,ftta")
-    g.add_argument("--labels", type=_ints, default=[1], metavar="K[,K]",
-                   help="labels per batch for active methods")
-    g.add_argument("--every", type=_ints, default=[1], metavar="N[,N]",
-                   help="label only every N-th batch")
-    g.add_argument("--buffer", type=_buffers, default=[None], metavar="N[,N]",
-                   help="labelled-sample buffer size for active methods (default: the method's)")
-    g.add_argument("--sequence", default="P-A-C-S",
-                   help="PACS sequence(s), comma-separated (P-A-C-S, A-C-P-S, C-A-S-P, S-C-P-A)")
+    g.add_argument(
+        "--dataset",
+        default="digits-c",
+        help=f"dataset(s), comma-separated, from {', '.join(DATASETS)}",
+    )
+    g.add_argument(
+        "--root",
+        action="append",
+        default=[],
+        metavar="[DATASET=]PATH",
+        help="dataset folder; repeat as NAME=PATH for several datasets",
+    )
+    g.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help="registered methods, comma-separated, or 'all' (see --list)",
+    )
+    g.add_argument(
+        "--setting",
+        default="ctta",
+        help="ctta (never reset), ftta (reset at each domain change), or both: ctta,ftta",
+    )
+    g.add_argument(
+        "--labels",
+        type=_ints,
+        default="1",
+        metavar="K[,K]",
+        help="labels per batch for active methods",
+    )
+    g.add_argument(
+        "--every", type=_ints, default="1", metavar="N[,N]", help="label only every N-th batch"
+    )
+    g.add_argument(
+        "--buffer",
+        type=_buffers,
+        default="default",
+        metavar="N[,N]",
+        help="labelled-sample buffer size for active methods ('default': the method's own)",
+    )
+    g.add_argument(
+        "--sequence",
+        default="P-A-C-S",
+        help="PACS sequence(s), comma-separated (P-A-C-S, A-C-P-S, C-A-S-P, S-C-P-A)",
+    )
     g.add_argument("--severity", type=int, default=5, help="ImageNet-C severity")
-    g.add_argument("--subset", default="all",
-                   help="ImageNet-C images per corruption: all (the paper), a count, or a list file")
+    g.add_argument(
+        "--subset",
+        default="all",
+        help="ImageNet-C images per corruption: all (the paper), a count, or a list file",
+    )
     g = p.add_argument_group("models and annotator")
-    g.add_argument("--backbone", default=None,
-                   help="resnet50_bn (ImageNet default), resnet50_gn, vit_b_16, resnet18 (PACS)")
-    g.add_argument("--checkpoint", default=None,
-                   help="local weights; for PACS '{source}' becomes the source domain letter")
-    g.add_argument("--random-init", action="store_true",
-                   help="no pretrained weights (smoke tests only)")
-    g.add_argument("--oracle", choices=("gt", "model"), default="gt",
-                   help="annotator: ground truth, or a model (--oracle-backbone)")
+    g.add_argument(
+        "--backbone",
+        default=None,
+        help="resnet50_bn (ImageNet default), resnet50_gn, vit_b_16, resnet18 (PACS)",
+    )
+    g.add_argument(
+        "--checkpoint",
+        default=None,
+        help="local weights; for PACS '{source}' becomes the source domain letter",
+    )
+    g.add_argument(
+        "--random-init", action="store_true", help="no pretrained weights (smoke tests only)"
+    )
+    g.add_argument(
+        "--oracle",
+        choices=("gt", "model"),
+        default="gt",
+        help="annotator: ground truth, or a model (--oracle-backbone)",
+    )
     g.add_argument("--oracle-backbone", default=None, help="the annotating model's backbone")
     g.add_argument("--oracle-checkpoint", default=None, help="the annotating model's weights")
-    g.add_argument("--fisher-root", default=None,
-                   help="clean ImageNet images (<wnid>/*) for EATA's Fisher regularizer")
-    g.add_argument("--hp", action="append", default=[], metavar="[METHOD.]KEY=VALUE",
-                   help="hyperparameter override (Python literal), for all or one method")
+    g.add_argument(
+        "--fisher-root",
+        default=None,
+        help="clean ImageNet images (<wnid>/*) for EATA's Fisher regularizer",
+    )
+    g.add_argument(
+        "--hp",
+        action="append",
+        default=[],
+        metavar="[METHOD.]KEY=VALUE",
+        help="hyperparameter override (Python literal), for all or one method",
+    )
     g = p.add_argument_group("execution")
-    g.add_argument("--batch-size", type=int, default=64)
+    g.add_argument("--batch-size", type=int, default=64, help="images per batch (64 in the paper)")
     g.add_argument("--seed", type=int, default=0, help="stream order and method randomness")
-    g.add_argument("--limit", type=int, default=None,
-                   help="at most this many images per domain (seeded subset; smoke runs)")
-    g.add_argument("--image-size", type=int, default=224,
-                   help="input size for ImageNet-R/K/A and PACS (224; smaller for smoke tests)")
-    g.add_argument("--shard", default=None, metavar="i/n",
-                   help="run only grid cells j with j mod n == i (0 <= i < n)")
+    g.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="at most this many images per domain (seeded subset; smoke runs)",
+    )
+    g.add_argument(
+        "--image-size",
+        type=int,
+        default=224,
+        help="input size for ImageNet-R/K/A and PACS (224; smaller for smoke tests)",
+    )
+    g.add_argument(
+        "--shard",
+        default=None,
+        metavar="i/n",
+        help="run only grid cells j with j mod n == i (0 <= i < n)",
+    )
     g.add_argument("--out", default=None, help="output folder (default ./runs/<name>)")
     g.add_argument("--name", default=None, help="run name for the default output folder")
     g.add_argument("--workers", type=int, default=0, help="data-loading worker processes")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto")
-    g.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: 1 for digits-C, whose tiny convolutions only "
-                   "lose from intra-op parallelism, else torch's default)")
-    g.add_argument("--checkpoint-every", type=int, default=100, metavar="BATCHES",
-                   help="save a resumable checkpoint every this many batches (0: never)")
-    g.add_argument("--cache-dir", default=None,
-                   help="digits-C cache (default $EATTA_CACHE/digits-c or ~/.cache/eatta/digits-c)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: 1 for digits-C, whose tiny convolutions only "
+        "lose from intra-op parallelism, else torch's default)",
+    )
+    g.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=100,
+        metavar="BATCHES",
+        help="save a resumable checkpoint every this many batches (0: never)",
+    )
+    g.add_argument(
+        "--cache-dir",
+        default=None,
+        help="digits-C cache (default $EATTA_CACHE/digits-c or ~/.cache/eatta/digits-c)",
+    )
+    g.add_argument(
+        "--rerun",
+        action="store_true",
+        help="ignore finished cells and checkpoints in the output folder",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     g.add_argument("--list", action="store_true", help="list methods and datasets, then exit")
@@ -269,8 +350,8 @@ def _list() -> str:
 
 
 def _methods(text: str) -> list[str]:
-    if text.strip().lower() == "all":
-        return registry.available()
+    if text.strip().lower() == "all":  # source first (the reference row), then by name
+        return sorted(registry.available(), key=lambda m: (m != "source", m))
     names = [m.lower() for m in _csv(text)]
     known = set(registry.available())
     bad = [m for m in names if m not in known]
@@ -283,7 +364,6 @@ def _methods(text: str) -> list[str]:
 
 
 def _run(argv: Sequence[str]) -> int:
-    from eatta.bench.report import markdown_table, write_outputs
 
     args = run_parser().parse_args(argv)
     if args.list:
@@ -307,15 +387,35 @@ def _run(argv: Sequence[str]) -> int:
         checkpoint_every=args.checkpoint_every,
         hparams=_parse_hparams(args.hp, methods),
         progress=not args.no_progress,
+        reuse=not args.rerun,
     )
     shard_ix = parse_shard(args.shard) if args.shard else (0, 1)
     threads = args.threads
     if threads is None and options.device == "cpu" and _csv(args.dataset) == ["digits-c"]:
         threads = 1
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    before = torch.get_num_threads()
     if threads is not None:
-        if threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    try:
+        return _run_grid(args, argv, options, methods, settings, budgets, shard_ix, started)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_grid(
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    options: RunOptions,
+    methods: list[str],
+    settings: list[str],
+    budgets: list[tuple[int, int]],
+    shard_ix: tuple[int, int],
+    started: float,
+) -> int:
+    from eatta.bench.report import markdown_table, write_outputs
+
     data = build_benchmarks(args)
     if "eata" in methods:
         missing = [n for n, b in data.items() if b.fisher_data is None]
@@ -340,6 +440,7 @@ def _run(argv: Sequence[str]) -> int:
         "seed": options.seed,
         "limit": options.limit,
         "device": options.device,
+        "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
     paths = write_outputs(results, out, meta, plot=not args.no_plot)

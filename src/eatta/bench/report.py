@@ -82,8 +82,16 @@ def markdown_table(results: Sequence[CellResult]) -> str:
     blocks = []
     for dataset, rows in _groups(results).items():
         domains = rows[0].domains
-        head = ["Method", "Set.", *(_short(d) for d in domains), "Avg. Err.", "Labels",
-                "img/s", "Wall s", "Peak MB"]
+        head = [
+            "Method",
+            "Set.",
+            *(_short(d) for d in domains),
+            "Avg. Err.",
+            "Labels",
+            "img/s",
+            "Wall s",
+            "Peak MB",
+        ]
         lines = [
             f"**{dataset}**: error % (lower is better), {rows[0].images} images in "
             f"{len(domains)} domains",
@@ -113,9 +121,25 @@ def markdown_table(results: Sequence[CellResult]) -> str:
 
 
 _CSV_FIXED = [
-    "dataset", "method", "setting", "labels_per_batch", "every", "buffer", "label",
-    "average_error", "overall_error", "labels_used", "images", "images_per_s", "wall_time_s",
-    "peak_mem_mb", "max_rss_mb", "device", "fingerprint", "model_digest", "grid_index",
+    "dataset",
+    "method",
+    "setting",
+    "labels_per_batch",
+    "every",
+    "buffer",
+    "label",
+    "average_error",
+    "overall_error",
+    "labels_used",
+    "images",
+    "images_per_s",
+    "wall_time_s",
+    "peak_mem_mb",
+    "max_rss_mb",
+    "device",
+    "fingerprint",
+    "model_digest",
+    "grid_index",
 ]
 
 
@@ -179,7 +203,7 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
 
     groups = _groups(results)
     fig, axes = plt.subplots(
-        len(groups), 1, figsize=(11, 3.4 * len(groups)), squeeze=False, constrained_layout=True
+        len(groups), 1, figsize=(13, 3.4 * len(groups)), squeeze=False, constrained_layout=True
     )
     for ax, (dataset, rows) in zip(axes[:, 0], groups.items(), strict=True):
         ref = rows[0]
@@ -194,15 +218,28 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
         for s, e, d in zip(starts, ends, ref.domains, strict=True):
             if s:
                 ax.axvline(s, color="0.6", linestyle=":", linewidth=1)
-            ax.text((s + e) / 2, 1.01, _short(d), transform=ax.get_xaxis_transform(),
-                    ha="center", va="bottom", fontsize=7, rotation=45)
+            ax.text(
+                (s + e) / 2,
+                1.01,
+                _short(d),
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                rotation=45,
+            )
         ax.set_xlim(0, max(1, int(cum[-1])))
         ax.set_ylim(0, 100)
         ax.set_xlabel("images seen")
         ax.set_ylabel(f"error % (last ~{window} batches)")
         ax.set_title(dataset, loc="left", fontsize=10, pad=22)
-        ax.legend(fontsize=7, loc="upper right", ncol=2, title="method: avg. err.",
-                  title_fontsize=7)
+        ax.legend(
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.005, 1.0),
+            title="method: avg. err. %",
+            title_fontsize=7,
+        )
         ax.grid(alpha=0.3)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -134,7 +134,10 @@ class BenchmarkData:
 
 @dataclass
 class RunOptions:
-    """How cells are run (identical options give identical results)."""
+    """How cells are run (identical options give identical results).
+
+    ``reuse=False`` ignores finished results and checkpoints in the output folder (runs afresh).
+    """
 
     batch_size: int = 64
     seed: int = 0
@@ -144,11 +147,13 @@ class RunOptions:
     checkpoint_every: int = 100
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress: bool = True
+    reuse: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 2:
-            raise ValueError(f"batch size must be >= 2 (BatchNorm adapts on batches), got "
-                             f"{self.batch_size}")
+            raise ValueError(
+                f"batch size must be >= 2 (BatchNorm adapts on batches), got {self.batch_size}"
+            )
         if self.limit is not None and self.limit < 2:
             raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
         if self.checkpoint_every < 0 or self.workers < 0:
@@ -295,9 +300,12 @@ class CellResult:
     hparams: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     sessions: int = 1
+    #: True when this result was read back from an earlier finished run (not stored).
+    reused: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d.pop("reused")
         d["spec"] = dataclasses.asdict(self.spec)
         d["key"] = self.spec.key
         d["label"] = self.spec.label
@@ -366,7 +374,8 @@ def _model_digest(model: nn.Module) -> str:
     for name, t in model.state_dict().items():
         if isinstance(t, Tensor):
             h.update(name.encode())
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+            h.update(str(t.dtype).encode())
+            h.update(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -468,15 +477,18 @@ def run_cell(
     fp = fingerprint(spec, data, options)
     result_path = out / "cells" / f"{spec.slug()}-{fp}.json"
     ckpt_path = out / "checkpoints" / f"{spec.slug()}-{fp}.pt"
-    if result_path.is_file():
+    if result_path.is_file() and options.reuse:
         done = CellResult.load(result_path)
-        if done.grid_index != grid_index:
-            done.grid_index = grid_index
+        done.grid_index = grid_index
+        done.reused = True
         return done
 
     device = torch.device(options.device)
     stream = TestStream(
-        domains, options.batch_size, seed=options.seed, num_workers=options.workers,
+        domains,
+        options.batch_size,
+        seed=options.seed,
+        num_workers=options.workers,
         pin_memory=device.type == "cuda",
     )
     _seed_all(options.seed)
@@ -487,7 +499,7 @@ def run_cell(
 
     start, online, wall, sessions, peak_prev = 0, [], 0.0, 1, None
     saved = None
-    if ckpt_path.is_file():
+    if ckpt_path.is_file() and options.reuse:
         # written by run_cell itself into this output folder: trusted, holds RNG states and
         # optimizer state that the weights-only unpickler rejects
         saved = torch.load(ckpt_path, map_location=device, weights_only=False)
@@ -510,8 +522,13 @@ def run_cell(
         from tqdm.auto import tqdm
 
         bar = tqdm(
-            total=total, initial=start, desc=spec.label, unit="batch", leave=False,
-            dynamic_ncols=True, file=sys.stderr,
+            total=total,
+            initial=start,
+            desc=spec.label,
+            unit="batch",
+            leave=False,
+            dynamic_ncols=True,
+            file=sys.stderr,
         )
     prev_domain = stream.locate(start - 1)[0] if start > 0 else None
     t0 = time.perf_counter()
@@ -537,7 +554,11 @@ def run_cell(
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(err=f"{100 * n_wrong / n_seen:.1f}%", domain=domains[k].name[:12])
-            if options.checkpoint_every and (t + 1) % options.checkpoint_every == 0 and t + 1 < total:
+            if (
+                options.checkpoint_every
+                and (t + 1) % options.checkpoint_every == 0
+                and t + 1 < total
+            ):
                 c0 = time.perf_counter()
                 _atomic_save(
                     {
@@ -644,10 +665,11 @@ def run_grid(
             raise KeyError(f"cell {spec.key} names dataset {spec.dataset!r}, which is not loaded")
         r = run_cell(spec, data[spec.dataset], options, out_dir, grid_index=j, callback=callback)
         if log is not None:
+            how = " (finished earlier: read back)" if r.reused else ""
             log(
                 f"[{i + 1}/{len(cells)}] {spec.dataset} {spec.setting} {spec.label}: "
                 f"avg error {r.average_error:.1f}%, {r.labels_used} labels, "
-                f"{r.wall_time_s:.1f} s"
+                f"{r.wall_time_s:.1f} s{how}"
             )
         results.append(r)
     return results

@@ -50,6 +50,16 @@ LAYOUTS = {
 }
 
 
+def _seeded_load(name: str, **kwargs: Any) -> nn.Module:
+    """:func:`eatta.bench.models.load_model` with torch's RNG seeded (so a random init, used in
+    smoke tests, is the same in every run and a resumed run continues the same model)."""
+    from eatta.bench.models import load_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return load_model(name, **kwargs)
+
+
 def _copier(model: nn.Module) -> Callable[[], nn.Module]:
     base = model.cpu().eval()
     return lambda: copy.deepcopy(base)
@@ -63,7 +73,9 @@ def _seeded_subset(ds: Dataset[Any], n: int, seed: int) -> Dataset[Any]:
     return Subset(ds, sorted(torch.randperm(size, generator=g)[:n].tolist()))
 
 
-def _fisher_loader(ds: Dataset[Any], batch_size: int, workers: int) -> Callable[[torch.device], Any]:
+def _fisher_loader(
+    ds: Dataset[Any], batch_size: int, workers: int
+) -> Callable[[torch.device], Any]:
     def make(device: torch.device) -> Any:
         return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=workers)
 
@@ -91,7 +103,11 @@ def digits_c_benchmark(
 
     model, report = load_digits_source(cache_dir)
     if log is not None:
-        how = "loaded from cache" if report["cached"] else f"trained in {report['train_seconds']:.1f} s"
+        how = (
+            "loaded from cache"
+            if report["cached"]
+            else f"trained in {report['train_seconds']:.1f} s"
+        )
         log(
             f"digits-C source model ({how}, {report['path']}): clean test accuracy "
             f"{100 * report['clean_test_accuracy']:.1f}%"
@@ -146,10 +162,10 @@ def _imagenet_model(
     pretrained: bool,
     subset_wnids: Sequence[str] | None,
 ) -> nn.Module:
-    from eatta.bench.models import load_model
     from eatta.data.imagenet import class_indices
 
-    model = load_model(backbone, checkpoint=checkpoint, pretrained=pretrained)
+    kw: dict[str, Any] = {"num_classes": 1000} if backbone == "resnet18" else {}
+    model = _seeded_load(backbone, checkpoint=checkpoint, pretrained=pretrained, **kw)
     if subset_wnids is not None:
         restrict_classes(model, class_indices(subset_wnids))
     return model
@@ -244,7 +260,6 @@ def pacs_benchmark(
     ``checkpoint``: the source model trained on the first domain
     (``examples/train_pacs_source.py``); ``{source}`` in the path becomes that domain's letter.
     """
-    from eatta.bench.models import load_model
     from eatta.data.pacs import PACS, PACS_LETTERS, ResizeTransform, parse_pacs_sequence
 
     names = parse_pacs_sequence(sequence)
@@ -254,9 +269,9 @@ def pacs_benchmark(
     domains = [(n, PACS(root, n, transform=transform)) for n in names[1:]]
     ckpt = None if checkpoint is None else str(checkpoint).replace("{source}", letter[names[0]])
     if backbone == "resnet18":
-        model = load_model(backbone, num_classes=7, checkpoint=ckpt, pretrained=pretrained)
+        model = _seeded_load(backbone, num_classes=7, checkpoint=ckpt, pretrained=pretrained)
     else:
-        model = load_model(backbone, checkpoint=ckpt, pretrained=pretrained)
+        model = _seeded_load(backbone, checkpoint=ckpt, pretrained=pretrained)
     oracle = None
     if oracle_backbone is not None:
         o_ckpt = (
@@ -265,7 +280,7 @@ def pacs_benchmark(
             else str(oracle_checkpoint).replace("{source}", letter[names[0]])
         )
         kw: dict[str, Any] = {"num_classes": 7} if oracle_backbone == "resnet18" else {}
-        oracle = load_model(oracle_backbone, checkpoint=o_ckpt, **kw)
+        oracle = _seeded_load(oracle_backbone, checkpoint=o_ckpt, **kw)
     source = PACS(root, names[0], transform=transform)
     return BenchmarkData(
         name=f"pacs:{letters}",

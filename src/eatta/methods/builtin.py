@@ -51,6 +51,10 @@ def _build_source(
 def _build_eatta(
     model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
+    if hp.get("preset") == "reference":  # the authors' ImageNet-C configuration (method.md §4)
+        hp = {"params": "reference", "steps": 2, **hp}
+    elif hp.get("preset") is not None:
+        raise ValueError(f"unknown EATTA preset {hp['preset']!r}; the only preset is 'reference'")
     params = configure(model, hp.get("params", "norm"))
     norm_params = None
     if hp.get("params") == "reference":
@@ -76,6 +80,7 @@ def _build_eatta(
         entropy_margin=hp.get("entropy_margin"),
         steps=hp.get("steps", 1),
         grad_norm_params=norm_params,
+        split=hp.get("split"),
     )
 
 

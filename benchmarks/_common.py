@@ -1,0 +1,185 @@
+"""Shared helpers of the benchmark scripts: timing, peak memory, machine facts, the summary file.
+
+Not part of the package; imported by ``step_benchmark.py`` and ``loader_benchmark.py`` (run them
+as scripts, so this folder is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """A function that waits for the device's queued work (a no-op on the CPU)."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], object]],
+    *,
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+) -> dict[str, list[float]]:
+    """Wall seconds of each call, the variants interleaved round by round.
+
+    Every round runs each variant once, the starting variant rotating, so a change in machine load
+    (other processes on a shared machine) hits all variants alike and per-round ratios stay
+    meaningful. The device is synchronised before and after each timed call; the garbage
+    collector runs between calls, not inside them.
+    """
+    sync = synchronizer(device)
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+            sync()
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            gc.collect()
+            gc.disable()
+            try:
+                sync()
+                t0 = time.perf_counter()
+                fns[name]()
+                sync()
+                samples[name].append(time.perf_counter() - t0)
+            finally:
+                gc.enable()
+    return samples
+
+
+def stats_ms(samples: list[float]) -> dict[str, Any]:
+    """Median, min, quartiles (ms) of a list of seconds."""
+    ms = sorted(1e3 * s for s in samples)
+    q = statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3
+    return {
+        "median_ms": statistics.median(ms),
+        "min_ms": ms[0],
+        "q1_ms": q[0],
+        "q3_ms": q[2],
+        "n": len(ms),
+        "samples_ms": [round(v, 3) for v in ms],
+    }
+
+
+def ratio(samples: dict[str, list[float]], num: str, den: str) -> dict[str, float]:
+    """``num / den`` three ways: of the medians, median of per-round ratios, of the minima."""
+    a, b = samples[num], samples[den]
+    paired = [x / y for x, y in zip(a, b, strict=True)]
+    return {
+        "median": statistics.median(a) / statistics.median(b),
+        "paired": statistics.median(paired),
+        "min": min(a) / min(b),
+    }
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Peak bytes allocated by one call of ``fn`` above what was allocated before it.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak, minus the allocation at
+    the start. CPU: torch's CPU allocator keeps no statistics, so the call runs under
+    ``torch.profiler`` with ``profile_memory=True``, which records every allocation and free made
+    through the allocator (tensor storage, autograd buffers) with a timestamp; the running sum of
+    those events, in time order, is the memory the call holds above its starting point, and its
+    maximum the peak. Tensors that existed before (weights, the input batch, optimizer state after
+    warm-up) are the baseline, exactly as for the CUDA figure, so TENT's and EATTA's peaks compare
+    like for like. Allocator-internal scratch of oneDNN and the allocator's own caching are not
+    counted on either device. Returns None if the profiler's event list is not available.
+    """
+    sync = synchronizer(device)
+    gc.collect()
+    if device.type == "cuda":
+        sync()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        sync()
+        return int(torch.cuda.max_memory_allocated(device) - base)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    try:
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    except AttributeError:
+        return None
+    events.sort(key=lambda e: e.start_ns())
+    current = peak = 0
+    for e in events:
+        current += e.nbytes()
+        peak = max(peak, current)
+    return int(peak)
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """Facts that make timings comparable: versions, CPU, threads, load, GPU."""
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "loadavg_start": _loadavg(),
+        "device": str(device),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def finish_meta(meta: dict[str, Any], started: float) -> None:
+    meta["loadavg_end"] = _loadavg()
+    meta["wall_s"] = round(time.perf_counter() - started, 1)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,223 @@
+#!/usr/bin/env python
+"""Can the ImageNet-C loader feed the adaptation step? Loader images/s against step images/s.
+
+Writes a miniature ImageNet-C tree of generated 224 px JPEGs into a temporary folder
+(``<root>/gaussian_noise/5/<wnid>/*.JPEG``, smooth random images plus Gaussian noise, saved at
+JPEG quality 85 as ImageNet-C is), reads it through the benchmark pipeline
+(:class:`eatta.data.imagenet.ImageNetC` and :class:`eatta.data.stream.TestStream`, as
+``eatta.bench.runner`` does) with 0, 1 and 2 worker processes (persistent workers, pinned memory
+when the device is a GPU), and times a first epoch (worker start-up included) and a second,
+steady-state epoch of the same loader. A variant whose workers return uint8 tensors (converted to
+float after the transfer) shows what moving 4-byte floats between processes costs.
+
+The step side: images/s of inference, a TENT step and an EATTA step (budget 1) on the model the
+ImageNet-C benchmark uses (ResNet-50 at 224 px; ``--quick``: ResNet-18, batch 16).
+
+Usage::
+
+    python benchmarks/loader_benchmark.py [--device cpu|cuda] [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common
+import _summary
+
+import eatta
+from eatta._compat import TorchvisionOpsWarning, import_torchvision
+from eatta.data.imagenet import ImageNetC, imagenet_wnids
+from eatta.data.stream import TestStream
+from eatta.methods.tent import Tent
+
+
+def make_tree(root: Path, images: int, classes: int = 10, size: int = 224, seed: int = 0) -> float:
+    """Write ``images`` JPEGs in ImageNet-C's layout; returns the mean file size in KB."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    total = 0
+    for i in range(images):
+        wnid = imagenet_wnids()[i % classes]
+        folder = root / "gaussian_noise" / "5" / wnid
+        folder.mkdir(parents=True, exist_ok=True)
+        coarse = torch.rand(1, 3, 7, 7, generator=g)
+        smooth = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bicubic")[0]
+        noisy = (smooth + 0.15 * torch.randn(3, size, size, generator=g)).clamp(0, 1)
+        pixels = (noisy * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+        path = folder / f"ILSVRC2012_val_{i + 1:08d}.JPEG"
+        Image.fromarray(pixels).save(path, quality=85)
+        total += path.stat().st_size
+    return total / images / 1024
+
+
+def pil_to_uint8(img: Any) -> Tensor:
+    """PIL RGB image -> uint8 tensor ``[3, H, W]`` (a quarter of the float bytes to transfer)."""
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    w, h = img.size
+    data = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
+    return data.view(h, w, 3).permute(2, 0, 1)
+
+
+def time_loader(
+    root: Path, *, workers: int, batch: int, device: torch.device, uint8: bool
+) -> dict[str, Any]:
+    """images/s of a first and a second epoch of one loader, batches moved to ``device``."""
+    dataset = ImageNetC(root, "gaussian_noise", 5, transform=pil_to_uint8 if uint8 else None)
+    stream = TestStream(
+        [("gaussian_noise", dataset)],
+        batch,
+        seed=0,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+    )
+    loader = stream.loader()
+    sync = _common.synchronizer(device)
+    epochs = []
+    for _ in range(2):
+        n = 0
+        t0 = time.perf_counter()
+        for x, _ in loader:
+            x = x.to(device, non_blocking=True)
+            if uint8:
+                x = x.float().div_(255.0)
+            n += len(x)
+        sync()
+        epochs.append(n / (time.perf_counter() - t0))
+    del loader
+    name = f"{workers} worker{'s' if workers != 1 else ''}"
+    name += ", persistent" if workers else ", main process"
+    name += ", pinned" if device.type == "cuda" else ""
+    name += ", uint8 transfer" if uint8 else ", float transfer (pil_to_tensor)"
+    return {
+        "name": name,
+        "workers": workers,
+        "uint8": uint8,
+        "first_epoch_images_per_s": epochs[0],
+        "images_per_s": epochs[1],
+    }
+
+
+def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
+    """images/s of inference, TENT and EATTA on the ImageNet-C model at 224 px."""
+    tv = import_torchvision()
+    arch = "resnet18" if args.quick else "resnet50"
+    batch = args.step_batch or (16 if args.quick else args.batch)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(batch, 3, 224, 224, generator=g).to(device)
+    y = torch.randint(0, 1000, (batch,), generator=g)
+
+    def build() -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
+        torch.manual_seed(0)
+        model = getattr(tv.models, arch)(num_classes=1000).to(device)
+        return model, eatta.configure(model)
+
+    model, _ = build()
+
+    def inference() -> object:
+        with torch.no_grad():
+            return model(x)
+
+    tent_model, params = build()
+    tent = Tent(tent_model, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9))
+    eatta_model, params = build()
+    oracle = eatta.GroundTruthOracle()
+    oracle.set_labels(y)
+    method = eatta.EATTA(
+        eatta_model, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9), oracle=oracle
+    )
+    fns = {"inference": inference, "tent": lambda: tent(x), "eatta": lambda: method(x)}
+    samples = _common.time_interleaved(fns, repeats=args.step_repeats, warmup=1, device=device)
+    rows = []
+    for name, s in samples.items():
+        st = _common.stats_ms(s)
+        rows.append(
+            {
+                "name": f"{name} ({arch}, 224 px, batch {batch})",
+                "median_ms": st["median_ms"],
+                "images_per_s": batch / (st["median_ms"] / 1e3),
+            }
+        )
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--images", type=int, default=None, help="JPEGs to generate (default 320)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--step-batch", type=int, default=None)
+    p.add_argument("--step-repeats", type=int, default=None)
+    p.add_argument("--workers", type=int, nargs="+", default=None)
+    args = p.parse_args(argv)
+    args.images = args.images or (96 if args.quick else 320)
+    args.step_repeats = args.step_repeats or (2 if args.quick else 3)
+    if args.workers is None:
+        args.workers = [0, 2] if args.quick else [0, 1, 2]
+    if args.out is None:
+        args.out = _common.RESULTS / "quick" if args.quick else _common.RESULTS
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.simplefilter("ignore", TorchvisionOpsWarning)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device available", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    started = time.perf_counter()
+    meta = _common.machine(device)
+    result: dict[str, Any] = {"meta": meta, "batch": args.batch, "image_size": 224}
+    with tempfile.TemporaryDirectory(prefix="mini-imagenet-c-") as tmp:
+        root = Path(tmp)
+        result["mean_file_kb"] = make_tree(root, args.images)
+        result["images"] = args.images
+        loaders = []
+        for w in args.workers:
+            for uint8 in (False, True):
+                row = time_loader(root, workers=w, batch=args.batch, device=device, uint8=uint8)
+                print(f"  {row['name']}: {row['images_per_s']:.0f} images/s", flush=True)
+                loaders.append(row)
+        result["loaders"] = loaders
+    result["steps"] = time_steps(args, device)
+    for row in result["steps"]:
+        print(f"  {row['name']}: {row['images_per_s']:.1f} images/s", flush=True)
+    best = max(result["loaders"], key=lambda r: r["images_per_s"])
+    eatta_row = next(r for r in result["steps"] if r["name"].startswith("eatta"))
+    ratio = best["images_per_s"] / eatta_row["images_per_s"]
+    result["notes"] = [
+        f"Best loader ({best['name']}) delivers {ratio:.1f}× the images/s the EATTA step consumes "
+        f"on this device; with {os.cpu_count()} cores the workers compete with the step's "
+        "threads for the same CPUs, so on a CPU-only machine the loader's share adds to the "
+        "step time rather than overlapping it.",
+    ]
+    _common.finish_meta(meta, started)
+    path = args.out / "loader_benchmark.json"
+    _common.write_json(path, result)
+    summary = _summary.render(args.out)
+    print(f"wrote {path} and {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

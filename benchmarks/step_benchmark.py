@@ -1,0 +1,577 @@
+#!/usr/bin/env python
+"""What one adaptation step costs over plain inference: TENT, EATTA, reference-style EATTA.
+
+For each model, on one batch and in one run, the variants below are timed interleaved (median
+of ``--repeats`` after ``--warmup``; see ``_common.time_interleaved``) and their peak memory is
+measured in a separate, untimed call (``_common.peak_bytes``):
+
+* ``inference``: ``torch.no_grad`` forward of the configured model (BatchNorm on batch statistics).
+* ``tent``: :class:`eatta.methods.tent.Tent` (entropy, one backward pass, SGD step on the norm
+  parameters).
+* ``eatta``: :class:`eatta.EATTA`, budget 1, a :class:`~eatta.GroundTruthOracle`, defaults
+  (``grad_mode="auto"``, i.e. segmented two-pass gradients).
+* ``eatta-two-pass``: the same with ``grad_mode="two-pass"`` (first pass retains the whole graph).
+* ``eatta-batched``: the same with ``grad_mode="batched"`` (one vmapped pass; full runs only).
+* ``reference-style``: :class:`ReferenceStyleStep`, the step structure of the authors' code: a
+  backward pass for the supervised norm, one for the unsupervised norm, one for the weighted loss.
+* ``two-backward floor``: forward, both losses, two plain ``autograd.grad`` passes and the
+  optimizer step, nothing else: the least any exact EATTA step can cost.
+
+Then the growth of the EATTA step (and TENT's, for the ratio) with the batch size (16, 32, 64,
+128, budget 1) and with the labels per batch (1, 3, 5, batch 64), and a ``torch.profiler``
+breakdown of where an EATTA and a TENT step spend their time.
+
+Models: ``resnet18-64`` (torchvision ResNet-18, random init, 1000 classes, 64 px) and ``digits-32``
+(the digits-C CNN, 32 px) everywhere; ``resnet50-224`` and ``vit_b_16-224`` too with
+``--device cuda``. The heads are scaled so that part of the batch passes EATTA's entropy margin
+(a random network is uniformly unsure, which would make every step degenerate).
+
+Usage::
+
+    python benchmarks/step_benchmark.py                 # CPU, writes benchmarks/results/
+    python benchmarks/step_benchmark.py --quick         # smoke run, benchmarks/results/quick/
+    python benchmarks/step_benchmark.py --device cuda   # adds ResNet-50 and ViT-B/16
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common
+import _summary
+
+import eatta
+from eatta._compat import TorchvisionOpsWarning, import_torchvision
+from eatta.losses import default_entropy_margin, entropy
+from eatta.methods.tent import Tent
+
+LR = 2.5e-4
+
+
+# -- models ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelCase:
+    name: str
+    build: Callable[[], nn.Module]
+    resolution: int
+    num_classes: int
+
+
+def _torchvision(arch: str, num_classes: int) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        tv = import_torchvision()
+        return getattr(tv.models, arch)(num_classes=num_classes)
+
+    return build
+
+
+def _digits() -> nn.Module:
+    from eatta.bench.digits_model import digits_cnn
+
+    return digits_cnn()
+
+
+MODELS: dict[str, ModelCase] = {
+    "resnet18-64": ModelCase("resnet18-64", _torchvision("resnet18", 1000), 64, 1000),
+    "digits-32": ModelCase("digits-32", _digits, 32, 10),
+    "resnet50-224": ModelCase("resnet50-224", _torchvision("resnet50", 1000), 224, 1000),
+    "vit_b_16-224": ModelCase("vit_b_16-224", _torchvision("vit_b_16", 1000), 224, 1000),
+}
+DEFAULT_MODELS = {
+    "cpu": ["resnet18-64", "digits-32"],
+    "cuda": ["resnet18-64", "digits-32", "resnet50-224", "vit_b_16-224"],
+}
+
+
+def _head(model: nn.Module) -> nn.Linear:
+    head = eatta.split_model(model).head
+    while not isinstance(head, nn.Linear):  # torchvision ViT: heads = Sequential(head=Linear)
+        head = list(head.children())[-1]
+    return head
+
+
+def make_source(case: ModelCase, x: Tensor, seed: int = 0) -> dict[str, Tensor]:
+    """Initial weights: random init, head scaled until at least half the batch is confident."""
+    torch.manual_seed(seed)
+    model = case.build().to(x.device)
+    eatta.configure_model(model)
+    margin = default_entropy_margin(case.num_classes)
+    head = _head(model)
+    with torch.no_grad():
+        for _ in range(12):
+            if float((entropy(model(x).float()) < margin).float().mean()) >= 0.5:
+                break
+            head.weight.mul_(2.0)
+            if head.bias is not None:
+                head.bias.mul_(2.0)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def fresh(case: ModelCase, state: dict[str, Tensor], device: torch.device, channels_last: bool):
+    """A configured copy of the source model and its norm parameters."""
+    model = case.build()
+    eatta.configure_model(model)
+    model.load_state_dict(state)
+    model.to(device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    return model, eatta.configure(model)
+
+
+def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=LR, momentum=0.9, nesterov=True)
+
+
+# -- the reference-style step ----------------------------------------------------------------------
+class ReferenceStyleStep:
+    """The authors' EATTA step structure, re-implemented locally for the cost comparison.
+
+    As in the reference code (method.md §1, §3, §4): perturbation differences from CPU noise, the
+    reference class-balancing rule, ``L_unsup`` by boolean indexing, then three backward passes
+    through ``.grad``: ``L_sup`` (retain graph) for its gradient norm, ``L_unsup`` (retain graph)
+    for its norm, and the weighted sum for the update; the weights and their EMA are host floats.
+    With the same noise seed its first update equals :class:`eatta.EATTA`'s (checked in the run).
+    The reference's empty-``U`` NaN is left alone: the benchmark's heads keep ``U`` non-empty.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        params: list[nn.Parameter],
+        labels: Tensor,
+        budget: int = 1,
+        alpha: float = 0.8,
+        std: float = 0.01,
+        seed: int = 0,
+    ) -> None:
+        self.backbone, self.head = eatta.split_model(model)
+        self.optimizer = optimizer
+        self.params = params
+        self.labels = labels  # the oracle's ground truth (CPU)
+        self.budget = budget
+        self.alpha = alpha
+        self.std = std
+        self.generator = torch.Generator().manual_seed(seed)
+        self.history: list[int] = []
+        self.stored_diff: dict[int, float] = {}
+        self.ema: tuple[float, float] | None = None
+
+    def _select(self, diff: Tensor, pseudo: Tensor) -> list[int]:
+        order = torch.argsort(diff, descending=True).tolist()
+        classes = pseudo[order].tolist()
+        diffs = diff[order].tolist()
+        m = self.budget
+        if not self.history:
+            taken, extend, trim = list(range(m)), True, False
+        else:
+            recent, chosen = set(self.history), []
+            for j in range(m):
+                if classes[j] in recent and diffs[j] < self.stored_diff.get(classes[j], -math.inf):
+                    j = next((q for q in range(m, len(order)) if classes[q] not in recent), -1)
+                    if j < 0:
+                        continue
+                if j not in chosen:
+                    chosen.append(j)
+            taken, extend, trim = (
+                (sorted(chosen), True, True) if chosen else (list(range(m)), False, True)
+            )
+        for q in taken:
+            self.stored_diff[classes[q]] = diffs[q]
+        if extend:
+            self.history.extend(classes[q] for q in taken)
+            if trim and len(self.history) > 2:
+                self.history = self.history[-1:]
+        return [order[q] for q in taken]
+
+    def _norm(self) -> Tensor:
+        return torch.norm(torch.stack([p.grad.detach().norm(2) for p in self.params]), 2)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        with torch.enable_grad():
+            z = self.backbone(x)
+            o = self.head(z)
+            probs = o.softmax(1)
+            conf, pseudo = probs.max(1)
+            ent = -(probs * o.log_softmax(1)).sum(1)
+            noise = torch.randn(z.shape, generator=self.generator) * self.std
+            with torch.no_grad():
+                moved = self.head(z.detach() + noise.to(z.device)).softmax(1)
+            diff = (conf.detach() - moved.gather(1, pseudo[:, None]).squeeze(1)).abs()
+            picked = self._select(diff, pseudo)
+            idx = torch.tensor(picked, device=x.device)
+            loss_sup = F.cross_entropy(o[idx], self.labels[picked].to(x.device))
+            keep = ent.detach() < default_entropy_margin(o.shape[1])
+            keep[idx] = False
+            loss_unsup = ent[keep].mean()
+            self.optimizer.zero_grad()
+            loss_sup.backward(retain_graph=True)
+            g_sup = self._norm()
+            self.optimizer.zero_grad()
+            loss_unsup.backward(retain_graph=True)
+            g_unsup = self._norm()
+            self.optimizer.zero_grad()
+            total = float(g_sup + g_unsup)
+            raw = (2 * float(g_unsup) / total, 2 * float(g_sup) / total)
+            a = self.alpha
+            self.ema = (
+                raw
+                if self.ema is None
+                else tuple(  # type: ignore[assignment]
+                    a * e + (1 - a) * r for e, r in zip(self.ema, raw, strict=True)
+                )
+            )
+            w_sup, w_unsup = self.ema
+            (w_sup * loss_sup + w_unsup * loss_unsup).backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        return o.detach()
+
+
+# -- variants --------------------------------------------------------------------------------------
+def build_variants(
+    case: ModelCase,
+    state: dict[str, Tensor],
+    x: Tensor,
+    y: Tensor,
+    device: torch.device,
+    *,
+    channels_last: bool,
+    batched: bool,
+    budget: int = 1,
+) -> dict[str, Callable[[], object]]:
+    """One callable per variant, each with its own copy of the model and optimizer."""
+    variants: dict[str, Callable[[], object]] = {}
+
+    model, _ = fresh(case, state, device, channels_last)
+
+    def inference(m: nn.Module = model) -> object:
+        with torch.no_grad():
+            return m(x)
+
+    variants["inference"] = inference
+
+    model, params = fresh(case, state, device, channels_last)
+    tent = Tent(model, sgd(params))
+    variants["tent"] = lambda: tent(x)
+
+    modes = ["auto", "two-pass"] + (["batched"] if batched else [])
+    for mode in modes:
+        model, params = fresh(case, state, device, channels_last)
+        oracle = eatta.GroundTruthOracle()
+        oracle.set_labels(y)
+        method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, grad_mode=mode)
+        name = "eatta" if mode == "auto" else f"eatta-{mode}"
+        variants[name] = lambda method=method: method(x)
+
+    model, params = fresh(case, state, device, channels_last)
+    reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)
+    variants["reference-style"] = lambda: reference(x)
+
+    model, params = fresh(case, state, device, channels_last)
+    variants["two-backward floor"] = _floor_step(model, sgd(params), params, x, y.to(device))
+    return variants
+
+
+def _floor_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    x: Tensor,
+    y: Tensor,
+) -> Callable[[], object]:
+    margin = None
+
+    def step() -> object:
+        nonlocal margin
+        with torch.enable_grad():
+            o = model(x)
+            margin = default_entropy_margin(o.shape[1]) if margin is None else margin
+            h = entropy(o)
+            mask = h.detach() < margin
+            loss_unsup = torch.where(mask, h, torch.zeros_like(h)).sum() / mask.sum().clamp_min(1)
+            loss_sup = F.cross_entropy(o[:1], y[:1])
+            gs = torch.autograd.grad(loss_sup, params, retain_graph=True)
+            gu = torch.autograd.grad(loss_unsup, params)
+            for p, a, b in zip(params, gs, gu, strict=True):
+                p.grad = a + b
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return o.detach()
+
+    return step
+
+
+def parity(
+    case: ModelCase, state: dict[str, Tensor], x: Tensor, y: Tensor, device: torch.device
+) -> dict[str, float]:
+    """Max |Δθ| after one step between EATTA (auto) and the other exact variants."""
+    after: dict[str, list[Tensor]] = {}
+    for name in ("eatta", "eatta-two-pass", "eatta-batched", "reference-style"):
+        model, params = fresh(case, state, device, False)
+        if name == "reference-style":
+            ReferenceStyleStep(model, sgd(params), params, y)(x)
+        else:
+            mode = "auto" if name == "eatta" else name.removeprefix("eatta-")
+            oracle = eatta.GroundTruthOracle()
+            oracle.set_labels(y)
+            eatta.EATTA(model, sgd(params), oracle=oracle, grad_mode=mode)(x)
+        after[name] = [p.detach().clone() for p in params]
+    base = after.pop("eatta")
+    return {
+        name: max(float((a - b).abs().max()) for a, b in zip(ps, base, strict=True))
+        for name, ps in after.items()
+    }
+
+
+# -- profile ---------------------------------------------------------------------------------------
+CATEGORIES = (
+    ("conv backward", ("convolution_backward",)),
+    ("conv forward", ("convolution", "conv2d")),
+    ("norm backward", ("batch_norm_backward", "layer_norm_backward")),
+    ("norm forward", ("batch_norm", "layer_norm")),
+    ("activation backward", ("threshold_backward", "gelu_backward")),
+    ("activation forward", ("relu", "clamp_min", "gelu")),
+    ("pooling", ("pool",)),
+    ("matmul / attention", ("addmm", "aten::mm", "bmm", "linear", "matmul", "attention")),
+    ("copies / fills", ("copy_", "fill_", "zero_", "cat", "stack", "empty", "clone", "index")),
+    ("elementwise", ("add", "mul", "div", "sub", "where", "sum", "mean", "norm", "exp", "log")),
+)
+
+
+def _category(name: str) -> str:
+    for cat, keys in CATEGORIES:
+        if any(k in name for k in keys):
+            return cat
+    return "other"
+
+
+def profile_steps(
+    fns: dict[str, Callable[[], object]], device: torch.device, steps: int = 3
+) -> dict[str, Any]:
+    """Self time per op category (ms per step) and the top ops, from ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync = _common.synchronizer(device)
+    out: dict[str, Any] = {}
+    for name, fn in fns.items():
+        fn()
+        sync()
+        with profile(activities=acts) as prof:
+            for _ in range(steps):
+                fn()
+            sync()
+        rows = []
+        for e in prof.key_averages():
+            if (
+                e.key.startswith(("autograd::", "Optimizer", "ProfilerStep"))
+                or "evaluate_function" in e.key
+            ):
+                continue
+            dev = getattr(e, "self_device_time_total", None)
+            if dev is None:
+                dev = getattr(e, "self_cuda_time_total", 0)
+            t = dev if device.type == "cuda" else e.self_cpu_time_total
+            rows.append((e.key, t / 1e3 / steps, e.count // steps))
+        rows.sort(key=lambda r: -r[1])
+        cats: dict[str, float] = {}
+        for key, ms, _ in rows:
+            cat = _category(key)
+            cats[cat] = cats.get(cat, 0.0) + ms
+        out[name] = {
+            "total_ms": sum(r[1] for r in rows),
+            "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+            "top_ops": [{"op": k, "ms": round(ms, 3), "calls": n} for k, ms, n in rows[:15]],
+        }
+    return out
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def batch_for(
+    case: ModelCase, batch: int, device: torch.device, channels_last: bool, seed: int = 1
+):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 3, case.resolution, case.resolution, generator=g).to(device)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, case.num_classes, (batch,), generator=g)
+    return x, y
+
+
+def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    x, y = batch_for(case, args.batch, device, args.channels_last)
+    state = make_source(case, x)
+    variants = build_variants(
+        case, state, x, y, device, channels_last=args.channels_last, batched=not args.quick
+    )
+    print(f"[{case.name}] timing {len(variants)} variants, batch {args.batch}", flush=True)
+    samples = _common.time_interleaved(
+        variants, repeats=args.repeats, warmup=args.warmup, device=device
+    )
+    result: dict[str, Any] = {
+        "batch": args.batch,
+        "resolution": case.resolution,
+        "num_classes": case.num_classes,
+        "variants": {n: _common.stats_ms(s) for n, s in samples.items()},
+    }
+    for name, fn in variants.items():
+        peak = _common.peak_bytes(fn, device)
+        result["variants"][name]["peak_mb"] = None if peak is None else peak / 2**20
+    ratios: dict[str, Any] = {}
+    for name in samples:
+        if name != "tent":
+            ratios[f"{name}/tent"] = _common.ratio(samples, name, "tent")
+    ratios["tent/inference"] = _common.ratio(samples, "tent", "inference")
+    result["time_ratios"] = ratios
+    tent_peak = result["variants"]["tent"]["peak_mb"]
+    if tent_peak:
+        result["memory_ratios"] = {
+            f"{n}/tent": v["peak_mb"] / tent_peak
+            for n, v in result["variants"].items()
+            if n not in ("tent", "inference") and v["peak_mb"] is not None
+        }
+    result["parity_max_abs_diff"] = parity(case, state, x, y, device)
+    for name in ("eatta", "tent", "two-backward floor"):
+        r = ratios.get(f"{name}/tent")
+        if r:
+            med, pair, low = r["median"], r["paired"], r["min"]
+            print(f"  {name}/tent: median {med:.3f} paired {pair:.3f} min {low:.3f}")
+    if args.profile:
+        keep = {n: variants[n] for n in ("tent", "eatta", "reference-style")}
+        result["profile"] = profile_steps(keep, device)
+    return result
+
+
+def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """EATTA and TENT step time against batch size and labels per batch."""
+    batches = (16, 32) if args.quick else (16, 32, 64, 128)
+    labels = (1, 3) if args.quick else (1, 3, 5)
+    out: dict[str, Any] = {"model": case.name, "batch_size": [], "labels": []}
+    x, y = batch_for(case, max(batches), device, args.channels_last)
+    state = make_source(case, x[:64])
+    for b in batches:
+        xb, yb = x[:b], y[:b]
+        fns = _pair(case, state, xb, yb, device, args, budget=1)
+        s = _common.time_interleaved(fns, repeats=args.growth_repeats, warmup=1, device=device)
+        out["batch_size"].append(_growth_row({"batch": b, "labels": 1}, s))
+        print(f"  growth batch {b}: eatta/tent {out['batch_size'][-1]['ratio']:.3f}", flush=True)
+    xb, yb = x[:64], y[:64]
+    for k in labels:
+        fns = _pair(case, state, xb, yb, device, args, budget=k)
+        s = _common.time_interleaved(fns, repeats=args.growth_repeats, warmup=1, device=device)
+        out["labels"].append(_growth_row({"batch": len(xb), "labels": k}, s))
+        print(f"  growth labels {k}: eatta/tent {out['labels'][-1]['ratio']:.3f}", flush=True)
+    return out
+
+
+def _pair(case, state, x, y, device, args, budget):
+    model, params = fresh(case, state, device, args.channels_last)
+    tent = Tent(model, sgd(params))
+    model, params = fresh(case, state, device, args.channels_last)
+    oracle = eatta.GroundTruthOracle()
+    oracle.set_labels(y)
+    method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget)
+    return {"tent": lambda: tent(x), "eatta": lambda: method(x)}
+
+
+def _growth_row(row: dict[str, Any], s: dict[str, list[float]]) -> dict[str, Any]:
+    e, t = _common.stats_ms(s["eatta"]), _common.stats_ms(s["tent"])
+    r = _common.ratio(s, "eatta", "tent")
+    row.update(
+        eatta_median_ms=e["median_ms"],
+        tent_median_ms=t["median_ms"],
+        eatta_ms_per_image=e["median_ms"] / row["batch"],
+        ratio=r["median"],
+        ratio_paired=r["paired"],
+        ratio_min=r["min"],
+    )
+    return row
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--quick", action="store_true", help="smoke run: few repeats, small growth")
+    p.add_argument(
+        "--out", type=Path, default=None, help="results folder (default benchmarks/results)"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: cores)")
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 25, quick 3)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 3, quick 1)")
+    p.add_argument("--growth-repeats", type=int, default=None)
+    p.add_argument("--no-growth", action="store_true")
+    p.add_argument("--no-profile", dest="profile", action="store_false")
+    p.add_argument("--channels-last", action="store_true", help="channels-last model and input")
+    args = p.parse_args(argv)
+    args.repeats = args.repeats or (3 if args.quick else 25)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    args.growth_repeats = args.growth_repeats or (2 if args.quick else 11)
+    if args.quick:
+        args.profile = False
+    if args.out is None:
+        args.out = _common.RESULTS / "quick" if args.quick else _common.RESULTS
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    warnings.simplefilter("ignore", TorchvisionOpsWarning)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print("--device cuda: no CUDA device available", file=sys.stderr)
+            return 2
+        torch.backends.cudnn.benchmark = True
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    models = args.models or (DEFAULT_MODELS["cuda" if device.type == "cuda" else "cpu"])
+    if args.quick and args.models is None:
+        models = models[:2]
+    started = time.perf_counter()
+    meta = _common.machine(device)
+    meta.update(
+        quick=args.quick,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        batch=args.batch,
+        channels_last=args.channels_last,
+        optimizer=f"SGD lr {LR}, momentum 0.9, nesterov",
+        memory_method=(
+            "torch.cuda.max_memory_allocated above the allocation at the step's start"
+            if device.type == "cuda"
+            else "torch.profiler profile_memory: running sum of allocator events, max above start"
+        ),
+    )
+    results: dict[str, Any] = {"meta": meta, "models": {}}
+    for name in models:
+        results["models"][name] = bench_model(MODELS[name], args, device)
+    if not args.no_growth:
+        results["growth"] = growth(MODELS[models[0]], args, device)
+    _common.finish_meta(meta, started)
+    suffix = device.type
+    path = args.out / f"step_benchmark_{suffix}.json"
+    _common.write_json(path, results)
+    summary = _summary.render(args.out)
+    print(f"wrote {path} and {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Shared machinery of the reproduction scripts (``examples/reproduce_*.py``).
+
+A paper table is a list of :class:`Row` (a method with its label budget and buffer, and the
+published numbers per setting). :func:`row_cells` turns rows into grid cells, :func:`run_rows`
+runs them (sharded, checkpointed and resumable like ``eatta-bench``), and
+:func:`comparison_table` prints the published number beside the measured one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eatta.bench.report import markdown_table, write_outputs
+from eatta.bench.runner import (
+    BenchmarkData,
+    CellResult,
+    CellSpec,
+    RunOptions,
+    parse_shard,
+    run_grid,
+    shard,
+)
+
+__all__ = [
+    "Row",
+    "add_common_args",
+    "comparison_table",
+    "options_from_args",
+    "row_cells",
+    "run_rows",
+]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a paper table.
+
+    ``method`` None marks a method that is not implemented here (its published number is shown
+    alone). ``published`` maps a setting (``"ctta"``/``"ftta"``) to the published number, or to a
+    sequence of numbers (e.g. per domain, average last) for tables with several columns.
+    """
+
+    label: str
+    method: str | None
+    labels: int = 0
+    buffer: int | None = None
+    published: Mapping[str, Any] = field(default_factory=dict)
+
+
+def row_cells(rows: Sequence[Row], dataset: str, setting: str) -> list[tuple[Row, CellSpec]]:
+    """The cell that measures each implemented row in ``setting`` (source: setting ``"-"``)."""
+    out = []
+    for row in rows:
+        if row.method is None or setting not in row.published:
+            continue
+        if row.method == "source":
+            spec = CellSpec(dataset, "source", "-")
+        elif row.labels or row.method in ("baseline", "eatta", "simatta", "cema"):
+            spec = CellSpec(dataset, row.method, setting, row.labels, 1, row.buffer)
+        else:
+            spec = CellSpec(dataset, row.method, setting)
+        out.append((row, spec))
+    return out
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """Options every reproduction script shares with ``eatta-bench``."""
+    p.add_argument("--setting", default="ctta,ftta", help="ctta, ftta or ctta,ftta")
+    p.add_argument(
+        "--rows",
+        default=None,
+        help="only rows of these methods, comma-separated (e.g. source,tent,eatta)",
+    )
+    p.add_argument("--checkpoint", default=None, help="local model weights")
+    p.add_argument(
+        "--random-init", action="store_true", help="no pretrained weights (smoke tests only)"
+    )
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="at most this many images per domain")
+    p.add_argument("--image-size", type=int, default=224, help="input size (224 in the paper)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--shard", default=None, metavar="i/n")
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-plot", action="store_true")
+
+
+def options_from_args(args: argparse.Namespace, hparams: dict[str, dict[str, Any]]) -> RunOptions:
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return RunOptions(
+        batch_size=args.batch_size,
+        seed=args.seed,
+        limit=args.limit,
+        device=device,
+        workers=args.workers,
+        checkpoint_every=args.checkpoint_every,
+        hparams=hparams,
+        progress=not args.no_progress,
+    )
+
+
+def run_rows(
+    rows: Sequence[Row],
+    data: Mapping[str, BenchmarkData],
+    settings: Sequence[str],
+    options: RunOptions,
+    out: str | os.PathLike[str],
+    *,
+    shard_text: str | None = None,
+    plot: bool = True,
+    meta: Mapping[str, Any] | None = None,
+    callback: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[tuple[Row, CellResult]]:
+    """Run every implemented row on every dataset in every setting (this shard's part)."""
+    pairs: list[tuple[Row, CellSpec]] = []
+    seen: set[CellSpec] = set()
+    for name in data:
+        for setting in settings:
+            for row, spec in row_cells(rows, name, setting):
+                if spec not in seen:  # source appears in both settings but runs once
+                    seen.add(spec)
+                    pairs.append((row, spec))
+    grid = [spec for _, spec in pairs]
+    index = parse_shard(shard_text) if shard_text else (0, 1)
+    mine = shard(grid, *index)
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if options.progress else None
+    results = run_grid(mine, data, options, out, log=log, callback=callback)
+    write_outputs(results, out, dict(meta or {}), plot=plot)
+    by_spec = {r.spec: r for r in results}
+    return [(row, by_spec[spec]) for row, spec in pairs if spec in by_spec]
+
+
+def comparison_table(
+    rows: Sequence[Row],
+    measured: Sequence[tuple[Row, CellResult]],
+    settings: Sequence[str],
+    datasets: Sequence[str],
+    *,
+    value: Callable[[CellResult], Sequence[float]],
+    published: Callable[[Row, str, str], Sequence[float] | None],
+    columns: Sequence[str],
+    unit: str,
+) -> str:
+    """Markdown: for each row, setting and dataset, published and measured values side by side.
+
+    ``value(result)`` gives the measured numbers for ``columns``; ``published(row, setting,
+    dataset)`` the paper's (None when not reported).
+    """
+    by_key = {(row.label, r.spec.dataset, r.spec.setting): r for row, r in measured}
+    head = ["Method", "Set.", "Dataset", *[f"{c} paper / ours" for c in columns]]
+    lines = [
+        f"{unit}: published / measured",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|",
+    ]
+    for setting in settings:
+        for dataset in datasets:
+            for row in rows:
+                pub = published(row, setting, dataset)
+                if pub is None:
+                    continue
+                res = by_key.get((row.label, dataset, "-" if row.method == "source" else setting))
+                ours = value(res) if res is not None else [None] * len(columns)
+                if row.method is None:
+                    ours = [None] * len(columns)
+                cells = [
+                    f"{p:.1f} / " + ("–" if o is None else f"{o:.1f}")
+                    for p, o in zip(pub, ours, strict=True)
+                ]
+                lines.append(
+                    "| " + " | ".join([row.label, setting.upper()[0], dataset, *cells]) + " |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def print_results(results: Sequence[CellResult]) -> None:
+    """The full per-domain table of what was measured."""
+    if results:
+        print(markdown_table(results))
+
+
+def ensure_dir(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    return p

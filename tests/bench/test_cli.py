@@ -1,0 +1,376 @@
+"""``eatta-bench``: default run, datasets, shards + merge, resume, errors (miniature data)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from bench_fixtures import (
+    assert_png,
+    make_imagenet_c,
+    make_pacs,
+    make_wnid_folders,
+    one_thread,  # noqa: F401  (autouse fixture)
+    tiny_benchmark,
+)
+
+import eatta.bench.cli as cli
+from eatta.bench import suites
+from eatta.data.imagenet import imagenet_r_wnids, imagenet_wnids
+
+QUIET = ["--no-progress"]
+
+
+@pytest.fixture
+def toy_digits(monkeypatch):
+    """Replace the digits-C benchmark by a tiny stand-in (the real one: test_digits_model)."""
+    calls = []
+
+    def fake(cache_dir=None, *, log=None):
+        calls.append(cache_dir)
+        b = tiny_benchmark(name="digits-c")
+        b.defaults_key = "digits-c"
+        return b
+
+    monkeypatch.setattr(suites, "digits_c_benchmark", fake)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def mini_imagenet_c(tmp_path_factory):
+    return make_imagenet_c(tmp_path_factory.mktemp("inc"), imagenet_wnids()[:3], per_class=2)
+
+
+def table_rows(text: str) -> list[list[str]]:
+    return [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith("| Method")
+    ]
+
+
+def test_list_shows_methods_and_datasets(capsys):
+    assert cli.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("source", "tent", "baseline", "eatta", "digits-c", "imagenet-c", "pacs"):
+        assert name in out
+    assert "<root>/<corruption>/<severity>/<wnid>/*.JPEG" in out
+    everything = cli._methods("all")
+    assert everything[0] == "source" and {"tent", "eatta", "baseline"} <= set(everything)
+
+
+def test_default_run_is_digits_c_with_four_methods(tmp_path, capsys, toy_digits, monkeypatch):
+    out = tmp_path / "run"
+    threads = []
+    real_set = torch.set_num_threads
+    real_set(2)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (threads.append(n), real_set(n)))
+    before = torch.get_num_threads()
+    assert cli.main(["--out", str(out), "--batch-size", "8", *QUIET]) == 0
+    assert toy_digits == [None]
+    text = capsys.readouterr().out
+    rows = table_rows(text)
+    assert [r[0] for r in rows] == ["source", "tent", "baseline (1/batch)", "eatta (1/batch)"]
+    assert [r[1] for r in rows] == ["-", "C", "C", "C"]
+    assert "**digits-c**" in text
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["meta"]["batch_size"] == 8 and doc["meta"]["grid_size"] == 4
+    assert [r["labels_used"] for r in doc["results"]] == [0, 0, 9, 9]
+    assert (out / "results.md").read_text() == text
+    assert_png(out / "online_error.png")
+    assert threads == [1, before]  # digits-C runs single-threaded, then the count is restored
+
+
+def test_methods_settings_budgets_and_hparams(tmp_path, capsys, toy_digits):
+    out = tmp_path / "run"
+    argv = [
+        "--methods",
+        "tent,eatta",
+        "--setting",
+        "ctta,ftta",
+        "--labels",
+        "1,2",
+        "--every",
+        "1",
+        "--buffer",
+        "4",
+        "--hp",
+        "eatta.lr=0.01",
+        "--hp",
+        "momentum=0.5",
+        "--batch-size",
+        "8",
+        "--out",
+        str(out),
+        "--no-plot",
+        *QUIET,
+    ]
+    assert cli.main(argv) == 0
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["method"], r["setting"], r["labels_per_batch"], r["buffer"]) for r in rows] == [
+        ("tent", "ctta", "0", ""),
+        ("eatta", "ctta", "1", "4"),
+        ("eatta", "ctta", "2", "4"),
+        ("tent", "ftta", "0", ""),
+        ("eatta", "ftta", "1", "4"),
+        ("eatta", "ftta", "2", "4"),
+    ]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["results"][1]["hparams"]["lr"] == 0.01
+    assert doc["results"][0]["hparams"]["lr"] != 0.01
+    assert {r["hparams"]["momentum"] for r in doc["results"]} == {0.5}
+    assert not (out / "online_error.png").exists()
+
+
+def test_shards_merge_into_the_full_table(tmp_path, capsys, toy_digits):
+    common = [
+        "--methods",
+        "source,tent,baseline,eatta,sar",
+        "--setting",
+        "ctta,ftta",
+        "--batch-size",
+        "8",
+        "--no-plot",
+        *QUIET,
+    ]
+    assert cli.main([*common, "--out", str(tmp_path / "full")]) == 0
+    full = capsys.readouterr().out
+    sizes = []
+    for i in range(3):
+        assert cli.main([*common, "--shard", f"{i}/3", "--out", str(tmp_path / f"s{i}")]) == 0
+        sizes.append(len(table_rows(capsys.readouterr().out)))
+    assert sizes == [3, 3, 3] and len(table_rows(full)) == 9
+    dirs = [str(tmp_path / f"s{i}") for i in range(3)]
+    assert cli.main(["merge", *dirs, "--out", str(tmp_path / "merged")]) == 0
+    merged = capsys.readouterr().out
+    strip = lambda rows: [r[:-3] for r in rows]  # noqa: E731 - drop img/s, wall time, memory
+    assert strip(table_rows(merged)) == strip(table_rows(full))
+    a = json.loads((tmp_path / "full" / "results.json").read_text())["results"]
+    b = json.loads((tmp_path / "merged" / "results.json").read_text())["results"]
+    assert [(x["key"], x["online"], x["model_digest"]) for x in a] == [
+        (x["key"], x["online"], x["model_digest"]) for x in b
+    ]
+    assert_png(tmp_path / "merged" / "online_error.png")
+
+
+def test_interrupted_cli_run_resumes_to_the_same_result(tmp_path, capsys, toy_digits, monkeypatch):
+    argv = [
+        "--methods",
+        "eatta,tent",
+        "--batch-size",
+        "8",
+        "--checkpoint-every",
+        "2",
+        "--no-plot",
+        *QUIET,
+    ]
+    assert cli.main([*argv, "--out", str(tmp_path / "full")]) == 0
+    real = cli.run_grid
+
+    class Stop(Exception):
+        pass
+
+    def interrupting(*args, **kwargs):
+        def callback(t, info):
+            if t == 6:
+                raise Stop
+
+        return real(*args, **kwargs, callback=callback)
+
+    monkeypatch.setattr(cli, "run_grid", interrupting)
+    with pytest.raises(Stop):
+        cli.main([*argv, "--out", str(tmp_path / "cut")])
+    assert len(list((tmp_path / "cut" / "checkpoints").glob("*.pt"))) == 1
+    monkeypatch.setattr(cli, "run_grid", real)
+    assert cli.main([*argv, "--out", str(tmp_path / "cut")]) == 0
+    a = json.loads((tmp_path / "full" / "results.json").read_text())["results"]
+    b = json.loads((tmp_path / "cut" / "results.json").read_text())["results"]
+    assert [(x["online"], x["model_digest"]) for x in a] == [
+        (x["online"], x["model_digest"]) for x in b
+    ]
+    assert [x["sessions"] for x in b] == [2, 1]
+
+
+def test_imagenet_c_folder_with_a_random_init_backbone(tmp_path, capsys, mini_imagenet_c):
+    out = tmp_path / "inc"
+    argv = [
+        "--dataset",
+        "imagenet-c",
+        "--root",
+        str(mini_imagenet_c),
+        "--backbone",
+        "resnet18",
+        "--random-init",
+        "--methods",
+        "source,eatta",
+        "--limit",
+        "4",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *QUIET,
+    ]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if line.startswith("| Method"))
+    assert "| Gauss. | Shot |" in header and "| JPEG |" in header
+    rows = table_rows(text)
+    assert [r[0] for r in rows] == ["source", "eatta (1/batch)"]
+    doc = json.loads((out / "results.json").read_text())
+    eatta_row = doc["results"][1]
+    assert eatta_row["images"] == 60 and eatta_row["labels_used"] == 15
+    assert eatta_row["domains"][0] == "gaussian_noise" and len(eatta_row["domains"]) == 15
+    assert_png(out / "online_error.png")
+
+
+def test_model_annotator_from_a_checkpoint(tmp_path, capsys, mini_imagenet_c):
+    from eatta.bench.models import resnet18
+
+    torch.manual_seed(3)
+    ckpt = tmp_path / "annotator.pt"
+    torch.save(resnet18(num_classes=1000, pretrained=False).state_dict(), ckpt)
+    common = [
+        "--dataset",
+        "imagenet-c",
+        "--root",
+        str(mini_imagenet_c),
+        "--backbone",
+        "resnet18",
+        "--random-init",
+        "--methods",
+        "eatta",
+        "--limit",
+        "4",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--no-plot",
+        *QUIET,
+    ]
+    assert cli.main([*common, "--out", str(tmp_path / "gt")]) == 0
+    argv = [
+        *common,
+        "--oracle",
+        "model",
+        "--oracle-backbone",
+        "resnet18",
+        "--oracle-checkpoint",
+        str(ckpt),
+        "--out",
+        str(tmp_path / "model"),
+    ]
+    assert cli.main(argv) == 0
+    gt = json.loads((tmp_path / "gt" / "results.json").read_text())["results"][0]
+    by_model = json.loads((tmp_path / "model" / "results.json").read_text())["results"][0]
+    assert by_model["labels_used"] == gt["labels_used"] == 15
+    assert by_model["fingerprint"] != gt["fingerprint"]
+    assert by_model["model_digest"] != gt["model_digest"]
+
+
+def test_imagenet_r_scores_the_200_classes(tmp_path, capsys):
+    root = make_wnid_folders(tmp_path / "inr", imagenet_r_wnids()[:3])
+    bench = suites.imagenet_benchmark(
+        "imagenet-r", root, backbone="resnet18", pretrained=False, image_size=32
+    )
+    model = bench.model_fn()
+    assert model(torch.rand(2, 3, 32, 32)).shape == (2, 200)
+    argv = [
+        "--dataset",
+        "imagenet-r",
+        "--root",
+        str(root),
+        "--backbone",
+        "resnet18",
+        "--random-init",
+        "--image-size",
+        "32",
+        "--methods",
+        "tent,eatta",
+        "--batch-size",
+        "3",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-plot",
+        *QUIET,
+    ]
+    assert cli.main(argv) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert [r[0] for r in rows] == ["tent", "eatta (1/batch)"]
+
+
+def test_pacs_sequences(tmp_path, capsys):
+    root = make_pacs(tmp_path / "pacs")
+    argv = [
+        "--dataset",
+        "pacs",
+        "--root",
+        str(root),
+        "--sequence",
+        "P-A-C-S,S-C-P-A",
+        "--random-init",
+        "--image-size",
+        "32",
+        "--methods",
+        "source,baseline",
+        "--batch-size",
+        "7",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-plot",
+        *QUIET,
+    ]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "**pacs:P-A-C-S**" in text and "**pacs:S-C-P-A**" in text
+    headers = [line for line in text.splitlines() if line.startswith("| Method")]
+    assert "| A | C | S |" in headers[0] and "| C | P | A |" in headers[1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--methods", "nope"], "unknown method"),
+        (["--dataset", "imagenet-c"], "needs --root"),
+        (["--dataset", "mnist"], "unknown dataset"),
+        (["--shard", "3/3"], "shard"),
+        (["--setting", "sometimes"], "unknown setting"),
+        (["--hp", "lr"], "KEY=VALUE"),
+        (["--oracle", "model"], "--oracle-backbone"),
+    ],
+)
+def test_bad_arguments_exit_with_a_message(argv, message, capsys, toy_digits):
+    assert cli.main([*argv, *QUIET]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_layout_is_reported(tmp_path, capsys):
+    argv = ["--dataset", "imagenet-c", "--root", str(tmp_path), "--random-init", *QUIET]
+    assert cli.main(argv) == 2
+    assert "gaussian_noise" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_digits_c_default_smoke(tmp_path, capsys, monkeypatch):
+    """The embedded benchmark for real (builds digits-C and trains the model in a fresh cache)."""
+    monkeypatch.setenv("EATTA_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    assert cli.main(["--limit", "64", "--out", str(out), *QUIET]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert [r[0] for r in rows] == ["source", "tent", "baseline (1/batch)", "eatta (1/batch)"]
+    doc = json.loads((out / "results.json").read_text())
+    source, tent = doc["results"][0], doc["results"][1]
+    assert source["images"] == 15 * 64
+    assert tent["average_error"] < source["average_error"]
+    assert (Path(os.environ["EATTA_CACHE"]) / "digits-c").is_dir()

@@ -1,0 +1,330 @@
+"""The benchmark runner: settings, budgets, oracles, checkpoint/resume, grids, shards, outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from typing import Any
+
+import pytest
+import torch
+from bench_fixtures import (
+    assert_png,
+    one_thread,  # noqa: F401  (autouse fixture)
+    tiny_benchmark,
+    tiny_net,
+)
+from torch import Tensor
+
+from eatta import ModelOracle
+from eatta.bench.report import csv_text, load_results, markdown_table, write_outputs
+from eatta.bench.runner import (
+    CellResult,
+    CellSpec,
+    RunOptions,
+    make_grid,
+    parse_shard,
+    prepare_domains,
+    run_cell,
+    run_grid,
+    shard,
+)
+from eatta.methods import registry
+from eatta.methods.base import AdaptiveMethod
+
+EVENTS: list[tuple[str, int]] = []
+
+
+class _Spy(AdaptiveMethod):
+    """Records resets and batch sizes; predicts with the model (no adaptation)."""
+
+    def forward_and_adapt(self, x: Tensor) -> Tensor:
+        EVENTS.append(("batch", x.shape[0]))
+        with torch.no_grad():
+            return self.model(x)
+
+    def reset_method_state(self) -> None:
+        EVENTS.append(("reset", 0))
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """A method named ``spy-reset`` in the registry for one test (removed afterwards)."""
+    registry.available()  # load the built-in methods first
+    spec = registry.MethodSpec("spy-reset", lambda model, hp, oracle, budget: _Spy(model))
+    monkeypatch.setitem(registry._REGISTRY, "spy-reset", spec)
+    EVENTS.clear()
+    return EVENTS
+
+
+def opts(**kw: Any) -> RunOptions:
+    base = {"batch_size": 8, "progress": False, "checkpoint_every": 2}
+    base.update(kw)
+    return RunOptions(**base)
+
+
+def same_result(a: CellResult, b: CellResult) -> None:
+    assert a.online == b.online
+    assert a.domain_errors == b.domain_errors
+    assert a.domain_labels == b.domain_labels
+    assert a.model_digest == b.model_digest and a.model_digest
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_at(batch: int):
+    def callback(t: int, info: dict[str, Any]) -> None:
+        if t == batch:
+            raise Stop
+
+    return callback
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize(
+    ("method", "setting", "labels", "stop"),
+    [("eatta", "ctta", 1, 5), ("baseline", "ftta", 1, 4), ("tent", "ftta", 0, 7)],
+)
+def test_interrupted_run_resumes_to_the_identical_result(tmp_path, method, setting, labels, stop):
+    data = tiny_benchmark()  # 3 domains x 20 images, batches of 8: 3 batches per domain
+    spec = CellSpec("toy", method, setting, labels, 1)
+    full = run_cell(spec, data, opts(), tmp_path / "full")
+    with pytest.raises(Stop):
+        run_cell(spec, data, opts(), tmp_path / "cut", callback=stop_at(stop))
+    ckpts = list((tmp_path / "cut" / "checkpoints").glob("*.pt"))
+    assert len(ckpts) == 1
+    saved = torch.load(ckpts[0], weights_only=False)
+    # saved after batch t when (t + 1) is a multiple of checkpoint_every, before the callback
+    assert saved["position"] == ((stop + 1) // 2) * 2
+    assert len(saved["online"]) == saved["position"]
+    resumed = run_cell(spec, data, opts(), tmp_path / "cut")
+    same_result(resumed, full)
+    assert resumed.sessions == 2 and full.sessions == 1
+    assert not list((tmp_path / "cut" / "checkpoints").glob("*.pt"))  # removed when finished
+    assert resumed.labels_used == full.labels_used
+
+
+def test_resume_at_a_domain_boundary_resets_in_ftta(tmp_path):
+    data = tiny_benchmark()
+    spec = CellSpec("toy", "eatta", "ftta", 1, 1)
+    full = run_cell(spec, data, opts(checkpoint_every=3), tmp_path / "full")
+    with pytest.raises(Stop):  # checkpoint after batch 2 = end of the first domain
+        run_cell(spec, data, opts(checkpoint_every=3), tmp_path / "cut", callback=stop_at(4))
+    same_result(run_cell(spec, data, opts(checkpoint_every=3), tmp_path / "cut"), full)
+
+
+def test_finished_cell_is_loaded_not_rerun(tmp_path):
+    data = tiny_benchmark()
+    spec = CellSpec("toy", "tent", "ctta")
+    first = run_cell(spec, data, opts(), tmp_path)
+    calls = []
+    again = run_cell(spec, data, opts(), tmp_path, callback=lambda t, i: calls.append(t))
+    assert calls == [] and again.to_dict() == first.to_dict()
+    assert again.reused and not first.reused
+    fresh = run_cell(spec, data, opts(reuse=False), tmp_path, callback=lambda t, i: calls.append(t))
+    assert calls == list(range(9)) and not fresh.reused
+    assert fresh.online == first.online
+
+
+def test_changed_arguments_start_fresh(tmp_path):
+    data = tiny_benchmark()
+    spec = CellSpec("toy", "eatta", "ctta", 1, 1)
+    with pytest.raises(Stop):
+        run_cell(spec, data, opts(seed=0), tmp_path, callback=stop_at(5))
+    other = run_cell(spec, data, opts(seed=1), tmp_path)
+    assert other.sessions == 1
+    assert other.fingerprint != run_cell(spec, data, opts(seed=0), tmp_path).fingerprint
+
+
+# ----------------------------------------------------------------------------- settings, budgets
+
+
+def test_ftta_resets_at_every_domain_change_and_ctta_never(tmp_path, spy):
+    data = tiny_benchmark()
+    run_cell(CellSpec("toy", "spy-reset", "ftta"), data, opts(), tmp_path / "f")
+    kinds = [e[0] for e in EVENTS]
+    assert kinds == ["batch"] * 3 + ["reset"] + ["batch"] * 3 + ["reset"] + ["batch"] * 3
+    assert [e[1] for e in EVENTS if e[0] == "batch"] == [8, 8, 4] * 3
+    EVENTS.clear()
+    run_cell(CellSpec("toy", "spy-reset", "ctta"), data, opts(), tmp_path / "c")
+    assert [e[0] for e in EVENTS] == ["batch"] * 9
+
+
+@pytest.mark.parametrize(
+    ("setting", "per_batch"),
+    [("ctta", [1, 0, 1, 0, 1, 0, 1, 0, 1]), ("ftta", [1, 0, 1, 1, 0, 1, 1, 0, 1])],
+)
+def test_labels_every_n_batches_counted_across_resets(tmp_path, setting, per_batch):
+    data = tiny_benchmark()
+    r = run_cell(CellSpec("toy", "eatta", setting, 1, 2), data, opts(), tmp_path)
+    assert [b[2] for b in r.online] == per_batch  # FTTA's reset restarts the budget's count
+    assert r.domain_labels == [sum(per_batch[3 * k : 3 * k + 3]) for k in range(3)]
+    assert r.labels_used == sum(per_batch)
+
+
+def test_k_labels_per_batch_and_buffer(tmp_path):
+    r = run_cell(CellSpec("toy", "baseline", "ctta", 3, 1, 5), tiny_benchmark(), opts(), tmp_path)
+    assert r.labels_used == 27 and r.spec.label == "baseline (3/batch, BFS=5)"
+    assert r.hparams["buffer"] == 5
+    # EATTA's class balancing may take fewer than k per batch, never more
+    e = run_cell(CellSpec("toy", "eatta", "ctta", 3, 1), tiny_benchmark(), opts(), tmp_path)
+    assert 9 < e.labels_used <= 27 and max(b[2] for b in e.online) == 3
+
+
+def test_model_oracle_annotates_instead_of_the_ground_truth(tmp_path):
+    annotator = tiny_net(seed=7)
+    data = tiny_benchmark(oracle_fn=lambda device: ModelOracle(annotator))
+    spec = CellSpec("toy", "eatta", "ctta", 1, 1)
+    by_model = run_cell(spec, data, opts(), tmp_path / "m")
+    by_truth = run_cell(spec, tiny_benchmark(), opts(), tmp_path / "t")
+    assert by_model.labels_used == by_truth.labels_used == 9
+    assert by_model.model_digest != by_truth.model_digest
+    assert by_model.fingerprint != by_truth.fingerprint
+
+
+def test_source_never_changes_the_model_and_metrics_are_consistent(tmp_path):
+    data = tiny_benchmark()
+    r = run_cell(CellSpec("toy", "source", "-"), data, opts(), tmp_path)
+    assert r.images == 60 and r.domain_images == [20, 20, 20] and r.labels_used == 0
+    wrong = [sum(b[1] for b in r.online[3 * k : 3 * k + 3]) for k in range(3)]
+    assert r.domain_errors == pytest.approx([100 * w / 20 for w in wrong])
+    assert r.average_error == pytest.approx(sum(r.domain_errors) / 3)
+    assert r.wall_time_s > 0 and r.images_per_s > 0
+    assert r.peak_mem_mb is None or r.peak_mem_mb >= 0
+    # the source model's predictions, recomputed by hand, give the same error
+    model = data.model_fn()
+    total = sum(
+        int((model(ds.tensors[0]).argmax(1) != ds.tensors[1]).sum()) for _, ds in data.domains
+    )
+    assert sum(b[1] for b in r.online) == total
+
+
+def test_eata_gets_fisher_data_or_fails_clearly(tmp_path):
+    data = tiny_benchmark()
+    r = run_cell(CellSpec("toy", "eata", "ctta"), data, opts(), tmp_path / "ok")
+    assert r.images == 60
+    data.fisher_data = None
+    with pytest.raises(ValueError, match="Fisher"):
+        run_cell(CellSpec("toy", "eata", "ctta"), data, opts(), tmp_path / "bad")
+
+
+# ----------------------------------------------------------------------------- data preparation
+
+
+def test_limit_takes_a_seeded_subset_and_no_batch_holds_one_image():
+    domains = tiny_benchmark(n=20).domains
+    out, notes = prepare_domains(domains, batch_size=8, limit=9, seed=0)
+    assert [len(ds) for _, ds in out] == [8, 8, 8] and len(notes) == 3
+    again, _ = prepare_domains(domains, batch_size=8, limit=9, seed=0)
+    assert out[0][1].indices == again[0][1].indices
+    other, _ = prepare_domains(domains, batch_size=8, limit=9, seed=1)
+    assert out[0][1].indices != other[0][1].indices
+    odd, notes = prepare_domains(tiny_benchmark(n=17).domains, batch_size=8)
+    assert [len(ds) for _, ds in odd] == [16, 16, 16] and "single image" in notes[0]
+    same, notes = prepare_domains(domains, batch_size=8)
+    assert same[0][1] is domains[0][1] and notes == []
+
+
+def test_bad_options_are_rejected():
+    with pytest.raises(ValueError, match="batch size"):
+        RunOptions(batch_size=1)
+    with pytest.raises(ValueError, match="limit"):
+        RunOptions(limit=1)
+    with pytest.raises(ValueError, match="setting"):
+        CellSpec("toy", "tent", "sometimes")
+    with pytest.raises(ValueError):
+        CellSpec("toy", "eatta", "ctta", 1, 0)
+
+
+# ----------------------------------------------------------------------------- grids and shards
+
+
+def test_grid_skips_what_a_method_ignores():
+    grid = make_grid(["toy"], ["source", "tent", "eatta"], ["ctta", "ftta"], [(1, 1), (3, 1)])
+    keys = [c.key for c in grid]
+    assert keys == [
+        "toy/source/-/k0-n1",
+        "toy/tent/ctta/k0-n1",
+        "toy/eatta/ctta/k1-n1",
+        "toy/eatta/ctta/k3-n1",
+        "toy/tent/ftta/k0-n1",
+        "toy/eatta/ftta/k1-n1",
+        "toy/eatta/ftta/k3-n1",
+    ]
+    with pytest.raises(ValueError, match="setting"):
+        make_grid(["toy"], ["tent"], ["sometimes"])
+    with pytest.raises(KeyError):
+        make_grid(["toy"], ["no-such-method"])
+
+
+def test_shards_partition_the_grid_deterministically():
+    grid = make_grid(["a", "b"], ["source", "tent", "eatta", "baseline"], ["ctta", "ftta"])
+    parts = [shard(grid, i, 3) for i in range(3)]
+    indices = sorted(j for p in parts for j, _ in p)
+    assert indices == list(range(len(grid)))
+    assert parts == [shard(grid, i, 3) for i in range(3)]
+    assert [c for _, c in parts[1]] == [grid[j] for j in range(1, len(grid), 3)]
+    assert parse_shard("1/4") == (1, 4)
+    for bad in ("4/4", "-1/2", "1", "a/b", "0/0"):
+        with pytest.raises(ValueError):
+            parse_shard(bad)
+
+
+def test_merged_shards_equal_the_full_run(tmp_path):
+    data = {"toy": tiny_benchmark()}
+    grid = make_grid(["toy"], ["source", "tent", "eatta"], ["ctta", "ftta"])
+    full = run_grid(shard(grid, 0, 1), data, opts(), tmp_path / "full")
+    for i in range(2):
+        run_grid(shard(grid, i, 2), data, opts(), tmp_path / f"part{i}")
+    merged = load_results([tmp_path / "part0", tmp_path / "part1"])
+    assert [r.spec for r in merged] == [r.spec for r in full] == grid
+    for a, b in zip(merged, full, strict=True):
+        same_result(a, b)
+
+    def strip(text: str) -> list[list[str]]:  # drop the timing and memory columns
+        return [line.split("|")[:-5] for line in text.splitlines()]
+
+    assert strip(markdown_table(merged)) == strip(markdown_table(full))
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def test_outputs_json_csv_markdown_and_png(tmp_path):
+    data = {"toy": tiny_benchmark()}
+    grid = make_grid(["toy"], ["source", "eatta"], ["ctta"])
+    results = run_grid(shard(grid, 0, 1), data, opts(), tmp_path)
+    paths = write_outputs(results, tmp_path, {"note": "test"})
+    doc = json.loads(paths["json"].read_text())
+    assert doc["meta"] == {"note": "test"} and len(doc["results"]) == 2
+    row = doc["results"][1]
+    for key in (
+        "domain_errors",
+        "average_error",
+        "labels_used",
+        "images_per_s",
+        "wall_time_s",
+        "peak_mem_mb",
+        "online",
+        "domains",
+        "key",
+        "label",
+        "fingerprint",
+    ):
+        assert key in row
+    assert row["key"] == "toy/eatta/ctta/k1-n1" and len(row["online"]) == 9
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert [r["method"] for r in rows] == ["source", "eatta"]
+    assert rows[1]["labels_used"] == "9"
+    assert float(rows[1]["err:b"]) == pytest.approx(results[1].domain_errors[1], abs=1e-4)
+    table = paths["markdown"].read_text()
+    assert table == markdown_table(results)
+    header = next(line for line in table.splitlines() if line.startswith("| Method"))
+    for col in ("a", "b", "c", "Avg. Err.", "Labels", "img/s", "Wall s", "Peak MB"):
+        assert f" {col} " in header
+    assert csv_text(results).splitlines()[0].startswith("dataset,method,setting")
+    assert_png(paths["plot"])
