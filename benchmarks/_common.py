@@ -29,19 +29,30 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+def _minor_faults() -> int:
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    except (ImportError, OSError):
+        return 0
+
+
 def time_interleaved(
     fns: dict[str, Callable[[], object]],
     *,
     repeats: int,
     warmup: int,
     device: torch.device,
+    faults: dict[str, list[int]] | None = None,
 ) -> dict[str, list[float]]:
     """Wall seconds of each call, the variants interleaved round by round.
 
     Every round runs each variant once, the starting variant rotating, so a change in machine load
     (other processes on a shared machine) hits all variants alike and per-round ratios stay
     meaningful. The device is synchronised before and after each timed call; the garbage
-    collector runs between calls, not inside them.
+    collector runs between calls, not inside them. If ``faults`` is given, it receives each
+    call's minor page faults (memory the process had to map afresh), per variant.
     """
     sync = synchronizer(device)
     for _ in range(warmup):
@@ -57,10 +68,13 @@ def time_interleaved(
             gc.disable()
             try:
                 sync()
+                f0 = _minor_faults()
                 t0 = time.perf_counter()
                 fns[name]()
                 sync()
                 samples[name].append(time.perf_counter() - t0)
+                if faults is not None:
+                    faults.setdefault(name, []).append(_minor_faults() - f0)
             finally:
                 gc.enable()
     return samples
@@ -140,6 +154,9 @@ def machine(device: torch.device) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "mkldnn": torch.backends.mkldnn.is_available(),
+        "malloc_env": {
+            k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "LD_PRELOAD"))
+        },
         "loadavg_start": _loadavg(),
         "device": str(device),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

@@ -33,14 +33,25 @@ def _meta_line(meta: dict[str, Any]) -> str:
 
 def _step_section(data: dict[str, Any]) -> list[str]:
     meta = data["meta"]
+    tag = f", {meta['tag']}" if meta.get("tag") else ""
+    env = meta.get("malloc_env") or {}
     lines = [
-        f"## Step cost ({meta['device']})",
+        f"## Step cost ({meta['device']}{tag})",
         "",
-        _meta_line(meta),
+        _meta_line(meta) + (f" Environment: {env}." if env else ""),
         "",
         f"Median of {meta['repeats']} interleaved rounds after {meta['warmup']} warm-up rounds; "
         "ratios to TENT as median / median of per-round ratios / min. Peak memory: "
         f"{meta['memory_method']}.",
+        "",
+        "How to read it: `two-backward floor` is a forward pass, both losses and two plain "
+        "`autograd.grad` passes: no exact EATTA step can cost less, since the two gradient norms "
+        "need two vector-Jacobian products through the whole network (batching them, "
+        "`eatta-batched`, does not save arithmetic). `reference-style` adds the authors' third "
+        "pass. `eatta` is `eatta.EATTA` with its defaults (segmented two-pass gradients); "
+        "`eatta-two-pass` keeps the whole graph alive through the first pass. Page faults: "
+        "median minor faults per step (memory newly mapped from the OS; glibc returns freed "
+        "memory to the OS between steps unless told otherwise).",
         "",
         "### Ratio table",
         "",
@@ -68,8 +79,8 @@ def _step_section(data: dict[str, Any]) -> list[str]:
             f"{res['num_classes']} classes",
             "",
             "| variant | median ms | min ms | IQR ms | × inference | × TENT | peak MB "
-            "| × TENT memory |",
-            "|---|---|---|---|---|---|---|---|",
+            "| × TENT memory | page faults |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         v = res["variants"]
         inf, tent = v["inference"]["median_ms"], v["tent"]["median_ms"]
@@ -81,7 +92,8 @@ def _step_section(data: dict[str, Any]) -> list[str]:
                 f"| {key} | {s['median_ms']:.1f} | {s['min_ms']:.1f} "
                 f"| {s['q1_ms']:.1f}–{s['q3_ms']:.1f} | {s['median_ms'] / inf:.2f} "
                 f"| {s['median_ms'] / tent:.2f} | {_f(mb, 1)} "
-                f"| {_f(None if mb is None or not tent_mb else mb / tent_mb)} |"
+                f"| {_f(None if mb is None or not tent_mb else mb / tent_mb)} "
+                f"| {s.get('minor_faults_median', '–')} |"
             )
         par = res.get("parity_max_abs_diff", {})
         if par:

@@ -421,8 +421,9 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
         case, state, x, y, device, channels_last=args.channels_last, batched=not args.quick
     )
     print(f"[{case.name}] timing {len(variants)} variants, batch {args.batch}", flush=True)
+    faults: dict[str, list[int]] = {}
     samples = _common.time_interleaved(
-        variants, repeats=args.repeats, warmup=args.warmup, device=device
+        variants, repeats=args.repeats, warmup=args.warmup, device=device, faults=faults
     )
     result: dict[str, Any] = {
         "batch": args.batch,
@@ -430,6 +431,8 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
         "num_classes": case.num_classes,
         "variants": {n: _common.stats_ms(s) for n, s in samples.items()},
     }
+    for name, f in faults.items():
+        result["variants"][name]["minor_faults_median"] = sorted(f)[len(f) // 2]
     for name, fn in variants.items():
         peak = _common.peak_bytes(fn, device)
         result["variants"][name]["peak_mb"] = None if peak is None else peak / 2**20
@@ -520,6 +523,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-growth", action="store_true")
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--channels-last", action="store_true", help="channels-last model and input")
+    p.add_argument("--tag", default="", help="suffix of the JSON file name (e.g. an env setting)")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (3 if args.quick else 25)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
@@ -565,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_growth:
         results["growth"] = growth(MODELS[models[0]], args, device)
     _common.finish_meta(meta, started)
-    suffix = device.type
+    suffix = device.type + (f"_{args.tag}" if args.tag else "")
+    meta["tag"] = args.tag
     path = args.out / f"step_benchmark_{suffix}.json"
     _common.write_json(path, results)
     summary = _summary.render(args.out)

@@ -8,7 +8,7 @@ dropped (``track_running_stats=False``); keep a copy of the model if you need th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from torch import nn
 
@@ -43,16 +43,6 @@ def configure_model(model: nn.Module) -> nn.Module:
             module.running_mean = None
             module.running_var = None
     return model
-
-
-def _unique(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
-    seen: set[int] = set()
-    out = []
-    for p in params:
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append(p)
-    return out
 
 
 def _named_selected(model: nn.Module, keep: ParamFilter) -> list[tuple[str, nn.Parameter]]:

@@ -21,7 +21,7 @@ from eatta.methods._grads import (
     two_pass_grads,
 )
 
-MODES = ("two-pass", "segmented", "batched")
+MODES = ("auto", "segmented", "batched")
 
 
 @pytest.fixture(autouse=True)
@@ -68,10 +68,13 @@ def tiny_resnet(num_classes: int = 5, width: int = 8, seed: int = 0) -> nn.Seque
     return model
 
 
-def make(model: nn.Module, **kw) -> EATTA:
+def make(model: nn.Module, segment_min_bytes: int | None = None, **kw) -> EATTA:
     params = eatta.configure(model)
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True)
-    return EATTA(model, opt, oracle=GroundTruthOracle(), **kw)
+    method = EATTA(model, opt, oracle=GroundTruthOracle(), **kw)
+    if segment_min_bytes is not None:
+        method.segment_min_bytes = segment_min_bytes
+    return method
 
 
 def run(method: EATTA, xs, ys) -> list[torch.Tensor]:
@@ -107,8 +110,8 @@ def assert_same_run(a: EATTA, b: EATTA, atol: float) -> None:
 @pytest.mark.parametrize("build", [tiny_resnet, confident_cnn], ids=["resnet", "cnn"])
 def test_grad_modes_give_the_same_updates(mode, build):
     xs, ys = stream()
-    ref = make(build(), grad_mode="auto")
-    other = make(build(), grad_mode=mode)
+    ref = make(build(), grad_mode="two-pass")
+    other = make(build(), grad_mode=mode, segment_min_bytes=0)  # "auto" segments too
     outs_ref, outs = run(ref, xs, ys), run(other, xs, ys)
     for a, b in zip(outs_ref, outs, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
@@ -120,18 +123,27 @@ def test_grad_modes_give_the_same_updates(mode, build):
 def test_grad_modes_agree_with_a_label_buffer(mode):
     xs, ys = stream(n=4)
     ref = make(tiny_resnet(), grad_mode="two-pass", buffer=LabelBuffer(capacity=5, batch_size=3))
-    other = make(tiny_resnet(), grad_mode=mode, buffer=LabelBuffer(capacity=5, batch_size=3))
+    other = make(
+        tiny_resnet(),
+        grad_mode=mode,
+        buffer=LabelBuffer(capacity=5, batch_size=3),
+        segment_min_bytes=0,
+    )
     run(ref, xs, ys), run(other, xs, ys)
     assert_same_run(ref, other, atol=1e-6)
 
 
-def test_auto_plans_segments_from_the_logits_and_two_pass_does_not():
-    x, _ = stream(n=1)
-    auto, two = make(tiny_resnet()), make(tiny_resnet(), grad_mode="two-pass")
-    o = auto.model(x[0])
-    plan = auto._plan(o)
-    assert plan is not None and len(plan.cuts) >= 1
-    assert two._plan(two.model(x[0])) is None
+def test_auto_plans_segments_from_the_logits_for_large_graphs_only():
+    x = stream(n=1)[0][0]
+    auto, seg = make(tiny_resnet()), make(tiny_resnet(), grad_mode="segmented")
+    two = make(tiny_resnet(), grad_mode="two-pass")
+    small = auto._plan(auto.model(x))  # a few KiB of activations: not worth segmenting
+    assert small is not None and not small.cuts
+    assert 0 < small.graph_bytes < auto.segment_min_bytes
+    assert len(seg._plan(seg.model(x)).cuts) >= 1  # asked for explicitly: segmented anyway
+    auto.segment_min_bytes = 0
+    assert len(auto._plan(auto.model(x)).cuts) >= 1
+    assert two._plan(two.model(x)) is None
 
 
 def test_invalid_grad_mode_is_rejected():
@@ -140,7 +152,7 @@ def test_invalid_grad_mode_is_rejected():
 
 
 def test_grad_modes_reproduce_the_golden_traces(monkeypatch):
-    for mode in ("two-pass", "batched"):
+    for mode in ("segmented", "batched"):  # "auto" (two passes here) is test_golden.py
         monkeypatch.setattr(eatta.golden, "EATTA", functools.partial(EATTA, grad_mode=mode))
         for path in sorted(GOLDEN_DIR.glob("*.pt")):
             report = eatta.golden.replay_trace(path)
@@ -350,7 +362,7 @@ def test_finite_check_is_deferred_only_off_the_cpu_and_for_side_effect_free_forw
 
 def test_auto_keeps_two_plain_passes_when_the_model_has_hooks():
     xs, ys = stream(n=1)
-    method = make(tiny_resnet())
+    method = make(tiny_resnet(), segment_min_bytes=0)  # would segment, were it not for hooks
     assert method._segmenting()
     calls = []
 

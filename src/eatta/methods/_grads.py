@@ -61,21 +61,25 @@ class SegmentPlan:
 
     cuts: tuple[object, ...]
     segment_of: tuple[int, ...]
+    graph_bytes: float = 0.0
 
     @property
     def num_segments(self) -> int:
         return len(self.cuts) + 1
 
 
-def _grad_elements(node: object) -> float:
-    """Elements of the gradient a node receives: a cheap proxy for the memory it handles."""
+def _grad_bytes(node: object) -> float:
+    """Bytes of the gradient a node receives: a cheap proxy for the memory it handles."""
     try:
-        return float(sum(math.prod(m.shape) for m in node._input_metadata))  # type: ignore[attr-defined]
+        meta = node._input_metadata  # type: ignore[attr-defined]
+        return float(sum(math.prod(m.shape) * m.dtype.itemsize for m in meta))
     except (AttributeError, TypeError, RuntimeError):
         return 1.0
 
 
-def plan_segments(roots: Sequence[object], params: Sequence[Tensor], segments: int) -> SegmentPlan:
+def plan_segments(
+    roots: Sequence[object], params: Sequence[Tensor], segments: int, min_bytes: float = 0.0
+) -> SegmentPlan:
     """Find up to ``segments - 1`` cut points of the backward graph below ``roots``.
 
     A node is a cut when, in a topological order of the graph (Kahn's algorithm from the roots),
@@ -86,7 +90,8 @@ def plan_segments(roots: Sequence[object], params: Sequence[Tensor], segments: i
     receive, a cheap proxy for the activation memory each part holds). Shared parameters, skip
     connections around a candidate, or a second forward pass through the same weights simply
     leave no cut there, so a plan is always exact; with no cut it degenerates to the plain
-    two-pass computation.
+    two-pass computation, as it does for graphs whose gradients total less than ``min_bytes``
+    (where little memory is at stake and the extra ``autograd.grad`` calls cost relatively more).
     """
     roots = [r for r in dict.fromkeys(roots) if r is not None]
     top = _VirtualRoot(roots)  # one entry point, so no cut is taken before every root is seen
@@ -125,7 +130,7 @@ def plan_segments(roots: Sequence[object], params: Sequence[Tensor], segments: i
             candidates.append(len(order))
         order.append(node)
         mass_before.append(mass)
-        mass += _grad_elements(node)
+        mass += _grad_bytes(node)
         pending -= incoming
         for child, _ in node.next_functions:  # type: ignore[attr-defined]
             if child is None:
@@ -135,7 +140,7 @@ def plan_segments(roots: Sequence[object], params: Sequence[Tensor], segments: i
             if left[child] == 0:
                 ready.append(child)
     chosen: list[int] = []
-    if candidates and segments > 1:
+    if candidates and segments > 1 and mass >= min_bytes:
         for k in range(1, segments):
             target = k * mass / segments
             best = min(candidates, key=lambda pos: abs(mass_before[pos] - target))
@@ -153,7 +158,7 @@ def plan_segments(roots: Sequence[object], params: Sequence[Tensor], segments: i
         torch.autograd.graph.GradientEdge(order[pos], next(iter(slots[order[pos]])))
         for pos in chosen
     )
-    return SegmentPlan(cuts, tuple(segment_by_leaf.get(id(p), -1) for p in params))
+    return SegmentPlan(cuts, tuple(segment_by_leaf.get(id(p), -1) for p in params), mass)
 
 
 def two_pass_grads(first: Tensor, second: Tensor, params: Sequence[Tensor]) -> tuple[Grads, Grads]:
@@ -169,6 +174,7 @@ def segmented_grads(
     params: Sequence[Tensor],
     segments: int = 4,
     plan: SegmentPlan | None = None,
+    min_bytes: float = 0.0,
 ) -> tuple[Grads, Grads]:
     """As :func:`two_pass_grads`, segment by segment so activations are freed early.
 
@@ -177,13 +183,13 @@ def segmented_grads(
     may come from :func:`plan_segments` run earlier on a node that every path from both losses
     to the parameters passes through (EATTA plans from the logits right after the forward pass,
     while an accelerator is still busy); by default the losses themselves are planned from. Falls
-    back to :func:`two_pass_grads` when PyTorch cannot address graph edges (< 2.4) or there is
-    no cut.
+    back to :func:`two_pass_grads` when PyTorch cannot address graph edges (< 2.4) or the plan
+    has no cut (see ``min_bytes`` in :func:`plan_segments`).
     """
     if not EDGES_SUPPORTED or segments < 2:
         return two_pass_grads(first, second, params)
     if plan is None:
-        plan = plan_segments([first.grad_fn, second.grad_fn], params, segments)
+        plan = plan_segments([first.grad_fn, second.grad_fn], params, segments, min_bytes)
     if not plan.cuts:
         return two_pass_grads(first, second, params)
     grads_a: Grads = [None] * len(params)

@@ -138,15 +138,41 @@ class AdaptiveMethod(nn.Module):
             self.optimizer.load_state_dict(copy.deepcopy(self._initial_optimizer))
         self.reset_method_state()
 
-    def reset_method_state(self) -> None:
-        """Clear method-specific state (override)."""
-
-    def method_state(self) -> dict[str, Any]:
-        """Method-specific state to save (override)."""
+    def state_parts(self) -> dict[str, Any]:
+        """Named stateful components (budget, selector, buffer, ...), each with ``reset()``,
+        ``state_dict()`` and ``load_state_dict()``; None entries are skipped. Override to list
+        them, and the three methods below handle them."""
         return {}
 
+    def reset_method_state(self) -> None:
+        """Clear method-specific state: reset every part (extend for other state)."""
+        for part in self.state_parts().values():
+            if part is not None:
+                part.reset()
+
+    def method_state(self) -> dict[str, Any]:
+        """Method-specific state to save: every part's state dict (extend for other state)."""
+        return {
+            name: None if part is None else part.state_dict()
+            for name, part in self.state_parts().items()
+        }
+
     def load_method_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`method_state` returned (override)."""
+        """Restore what :meth:`method_state` returned."""
+        for name, part in self.state_parts().items():
+            if part is not None and state.get(name) is not None:
+                part.load_state_dict(state[name])
+
+    def features_and_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(z, o)``: the backbone's features and the head's ``[batch, classes]`` logits."""
+        backbone, head = self.split
+        z = backbone(x)
+        o = head(z)
+        if o.dim() != 2:
+            raise RuntimeError(
+                f"the head must return [batch, classes] logits, got {tuple(o.shape)}"
+            )
+        return z, o
 
     def get_extra_state(self) -> dict[str, Any]:
         return {

@@ -36,9 +36,9 @@ from torch import Tensor, nn
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
-from eatta.history import NoClassBalance
+from eatta.history import NoClassBalance, Selection
 from eatta.losses import entropy
-from eatta.methods._active import ask_oracle, split_answer
+from eatta.methods._active import select_and_ask, split_answer
 from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.oracle import Oracle
@@ -135,32 +135,23 @@ class CEMA(AdaptiveMethod):
 
     # -- the step ----------------------------------------------------------------------------
     def forward_and_adapt(self, x: Tensor) -> Tensor:
-        backbone, head = self.split
         with torch.no_grad():
-            z = backbone(x)
-            o = head(z)
-        if o.dim() != 2:
-            raise RuntimeError(
-                f"the head must return [batch, classes] logits, got {tuple(o.shape)}"
-            )
+            z, o = self.features_and_logits(x)
         num_classes = o.shape[1]
+        backbone, head = self.split
         ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
 
         # 1. band and selection, then the oracle; state restored if anything fails
-        k = self.budget.allowance()
-        saved = self.selector.state_dict()
-        try:
-            selection = self.selector.select(ctx, k, self.history)
-            idx = selection.indices
-            if len(idx) > k or len(set(idx.tolist())) != len(idx):
-                raise RuntimeError(f"selector returned invalid indices {idx.tolist()} for k={k}")
-            band = selection.update["band"]
+        def inside_band(selection: Selection) -> None:
+            idx, band = selection.indices, selection.update["band"]
             if len(idx) and not bool(band[idx.to(band.device)].all()):
                 raise RuntimeError("CEMA labels only samples inside the entropy band")
-            labels = ask_oracle(self.oracle, x, idx, num_classes)
-        except BaseException:
-            self.selector.load_state_dict(saved)
-            raise
+
+        k = self.budget.allowance()
+        selection, labels = select_and_ask(
+            self.selector, self.history, ctx, k, self.oracle, check=inside_band
+        )
+        idx, band = selection.indices, selection.update["band"]
         lab_idx, lab_y, _ = split_answer(idx, labels)
         record = CEMAStep(
             logits=o.detach(),
@@ -223,25 +214,12 @@ class CEMA(AdaptiveMethod):
         record.loss_entropy, record.loss = loss_ent.detach(), loss.detach()
 
     # -- state -------------------------------------------------------------------------------
+    def state_parts(self) -> dict[str, Any]:
+        return {"budget": self.budget, "selector": self.selector, "buffer": self.buffer}
+
     def reset_method_state(self) -> None:
-        self.budget.reset()
-        self.selector.reset()
-        if self.buffer is not None:
-            self.buffer.reset()
+        super().reset_method_state()
         self.last_step = None
-
-    def method_state(self) -> dict[str, Any]:
-        return {
-            "budget": self.budget.state_dict(),
-            "selector": self.selector.state_dict(),
-            "buffer": None if self.buffer is None else self.buffer.state_dict(),
-        }
-
-    def load_method_state(self, state: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state["budget"])
-        self.selector.load_state_dict(state["selector"])
-        if self.buffer is not None and state.get("buffer") is not None:
-            self.buffer.load_state_dict(state["buffer"])
 
 
 # -- registry ------------------------------------------------------------------------------------

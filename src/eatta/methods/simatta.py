@@ -37,7 +37,7 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.history import NoClassBalance
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods._active import ask_oracle, split_answer
+from eatta.methods._active import select_and_ask, split_answer
 from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.oracle import Oracle
@@ -161,26 +161,17 @@ class SimATTA(AdaptiveMethod):
 
     # -- the step ----------------------------------------------------------------------------
     def forward_and_adapt(self, x: Tensor) -> Tensor:
-        backbone, head = self.split
         with torch.no_grad():
-            z = backbone(x)
-            o = head(z)
-        if o.dim() != 2:
-            raise RuntimeError(
-                f"the head must return [batch, classes] logits, got {tuple(o.shape)}"
-            )
+            z, o = self.features_and_logits(x)
         num_classes = o.shape[1]
+        backbone, head = self.split
         ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
 
         # 1. select and ask; nothing changes before the oracle's answer is validated
         k = self.budget.allowance()
         selection = labels = None
         if k > 0:
-            selection = self.selector.select(ctx, k, self.history)
-            idx = selection.indices
-            if len(idx) > k or len(set(idx.tolist())) != len(idx):
-                raise RuntimeError(f"selector returned invalid indices {idx.tolist()} for k={k}")
-            labels = ask_oracle(self.oracle, x, idx, num_classes)
+            selection, labels = select_and_ask(self.selector, self.history, ctx, k, self.oracle)
         lab_idx, lab_y, _ = split_answer(
             torch.empty(0, dtype=torch.long) if selection is None else selection.indices, labels
         )
@@ -261,26 +252,17 @@ class SimATTA(AdaptiveMethod):
         return [self.model(px) for px, _ in parts]
 
     # -- state -------------------------------------------------------------------------------
-    def reset_method_state(self) -> None:
-        self.budget.reset()
-        self.selector.reset()
-        self.labelled.reset()
-        self.source_buffer.reset()
-        self.last_step = None
-
-    def method_state(self) -> dict[str, Any]:
+    def state_parts(self) -> dict[str, Any]:
         return {
-            "budget": self.budget.state_dict(),
-            "selector": self.selector.state_dict(),
-            "labelled": self.labelled.state_dict(),
-            "source_like": self.source_buffer.state_dict(),
+            "budget": self.budget,
+            "selector": self.selector,
+            "labelled": self.labelled,
+            "source_like": self.source_buffer,
         }
 
-    def load_method_state(self, state: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state["budget"])
-        self.selector.load_state_dict(state["selector"])
-        self.labelled.load_state_dict(state["labelled"])
-        self.source_buffer.load_state_dict(state["source_like"])
+    def reset_method_state(self) -> None:
+        super().reset_method_state()
+        self.last_step = None
 
 
 # -- registry ------------------------------------------------------------------------------------
