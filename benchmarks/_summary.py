@@ -48,8 +48,11 @@ def _step_section(data: dict[str, Any]) -> list[str]:
         "`autograd.grad` passes: no exact EATTA step can cost less, since the two gradient norms "
         "need two vector-Jacobian products through the whole network (batching them, "
         "`eatta-batched`, does not save arithmetic). `reference-style` adds the authors' third "
-        "pass. `eatta` is `eatta.EATTA` with its defaults (segmented two-pass gradients); "
-        "`eatta-two-pass` keeps the whole graph alive through the first pass. Page faults: "
+        'pass. `eatta` is `eatta.EATTA` with its defaults (`grad_mode="auto"`: two passes run '
+        "segment by segment, or plain two passes for graphs under 32 MiB such as the digits "
+        "CNN's); `eatta-two-pass` keeps the whole graph alive through the first pass. Profile "
+        "tables: torch.profiler self time per op category over a few profiled steps "
+        "(profiling inflates small ops). Page faults: "
         "median minor faults per step (memory newly mapped from the OS; glibc returns freed "
         "memory to the OS between steps unless told otherwise).",
         "",
@@ -148,8 +151,8 @@ def _loader_section(data: dict[str, Any]) -> list[str]:
         "",
         f"{data['images']} generated {data['image_size']} px JPEGs "
         f"({data['mean_file_kb']:.0f} KB on average), batch {data['batch']}, "
-        "images/s over the steady-state epoch (the first epoch, worker start-up included, "
-        "in brackets).",
+        "images/s over a steady-state (second) epoch of the same loader, and over the first "
+        "epoch, worker start-up included.",
         "",
         "| loader | images/s | first epoch images/s |",
         "|---|---|---|",

@@ -106,13 +106,16 @@ def _head(model: nn.Module) -> nn.Linear:
 
 
 def make_source(case: ModelCase, x: Tensor, seed: int = 0) -> dict[str, Tensor]:
-    """Initial weights: random init, head scaled until at least half the batch is confident."""
+    """Initial weights: random init (a zero head replaced), head scaled until at least half the
+    batch is confident."""
     torch.manual_seed(seed)
     model = case.build().to(x.device)
     eatta.configure_model(model)
     margin = default_entropy_margin(case.num_classes)
     head = _head(model)
     with torch.no_grad():
+        if not head.weight.any():  # torchvision's ViT starts from a zero head: no gradient at all
+            nn.init.normal_(head.weight, std=0.02)
         for _ in range(12):
             if float((entropy(model(x).float()) < margin).float().mean()) >= 0.5:
                 break

@@ -34,13 +34,15 @@ def main() -> None:
 
     source, report = load_digits_source()
     print(f"source model: clean test accuracy {100 * report['clean_test_accuracy']:.1f}%")
-    stream = TestStream(digits_c_domains(args.corruptions), batch_size=args.batch_size, seed=args.seed)
+    domains = digits_c_domains(args.corruptions)
+    stream = TestStream(domains, batch_size=args.batch_size, seed=args.seed)
 
     # the two lines
     model = copy.deepcopy(source)
     params = eatta.configure(model)
     oracle = eatta.GroundTruthOracle()
-    adapted = eatta.EATTA(model, torch.optim.SGD(params, lr=5e-3, momentum=0.9), oracle=oracle, budget=1)
+    optimizer = torch.optim.SGD(params, lr=5e-3, momentum=0.9)
+    adapted = eatta.EATTA(model, optimizer, oracle=oracle, budget=1)
 
     errors: dict[str, list[int]] = {}
     for x, y, domain in stream:

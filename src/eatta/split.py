@@ -3,8 +3,8 @@
 EATTA perturbs the features and runs only the head twice, so it needs the split. It is found
 automatically for torchvision ResNets and ViTs, timm models (ResNets with BN or GN, ViTs, anything
 with ``forward_features`` / ``forward_head`` / ``get_classifier``), an ``nn.Sequential`` ending in a
-``Linear``, and eatta's input-normalization and logit-subset wrappers around any of these. For other models pass
-``split=(backbone, head)`` to the method, with ``head(backbone(x)) == model(x)``.
+``Linear``, and eatta's input-normalization and logit-subset wrappers around any of these. For
+other models pass ``split=(backbone, head)`` to the method, with ``head(backbone(x)) == model(x)``.
 """
 
 from __future__ import annotations

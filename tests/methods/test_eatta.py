@@ -340,7 +340,13 @@ def test_reference_preset_trains_the_authors_set_and_measures_all_norms():
     split = (eatta.golden._Features(model), model.fc)
     m = create("eatta", model, dataset="imagenet-c", oracle=oracle, preset="reference", split=split)
     trained = {n for n, p in model.named_parameters() if any(p is q for q in m.params)}
-    assert trained == {"bn1.weight", "bn1.bias", "layer1.0.weight", "layer1.1.weight", "layer1.1.bias"}
+    assert trained == {
+        "bn1.weight",
+        "bn1.bias",
+        "layer1.0.weight",
+        "layer1.1.weight",
+        "layer1.1.bias",
+    }
     assert m.steps == 2 and model.layer4[1].weight.requires_grad  # measured, not trained
     layer4 = model.layer4[1].weight.clone()
     oracle.set_labels(torch.randint(0, 3, (8,)))

@@ -373,3 +373,25 @@ def test_auto_keeps_two_plain_passes_when_the_model_has_hooks():
     assert not method._segmenting()
     run(method, xs, ys)
     assert len(calls) == 2  # one per backward pass, none repeated at a cut
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grad_modes_agree_when_norms_are_measured_over_more_parameters(mode):
+    """The reference preset's shape: train some layers (conv weights too), measure all norms."""
+
+    def build(grad_mode: str) -> EATTA:
+        model = tiny_resnet()
+        norms, _ = eatta.collect_params(model, "norm")
+        train = list(model[3].parameters()) + list(model[1].parameters())  # block 1 and stem BN
+        eatta.configure(model, lambda mod, m, p: mod.startswith(("3.", "1")))
+        opt = torch.optim.SGD(train, lr=0.05, momentum=0.9)
+        method = EATTA(
+            model, opt, oracle=GroundTruthOracle(), grad_norm_params=norms, grad_mode=grad_mode
+        )
+        method.segment_min_bytes = 0
+        return method
+
+    xs, ys = stream()
+    ref, other = build("two-pass"), build(mode)
+    run(ref, xs, ys), run(other, xs, ys)
+    assert_same_run(ref, other, atol=1e-6)

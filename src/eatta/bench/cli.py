@@ -184,7 +184,12 @@ def run_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--out", default=None, help="output folder (default ./runs/<name>)")
     g.add_argument("--name", default=None, help="run name for the default output folder")
-    g.add_argument("--workers", type=int, default=0, help="data-loading worker processes")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="data-loading worker processes (default: 0 on the CPU, up to 8 on a GPU)",
+    )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto")
     g.add_argument(
         "--threads",
@@ -314,7 +319,7 @@ def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
                     image_size=args.image_size,
                     oracle_backbone=oracle_backbone,
                     oracle_checkpoint=args.oracle_checkpoint,
-                    workers=args.workers,
+                    workers=args.workers or 0,
                 )
                 out[b.name] = b
         else:
@@ -330,7 +335,7 @@ def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
                 fisher_root=args.fisher_root,
                 oracle_backbone=oracle_backbone,
                 oracle_checkpoint=args.oracle_checkpoint,
-                workers=args.workers,
+                workers=args.workers or 0,
             )
             out[b.name] = b
     return out

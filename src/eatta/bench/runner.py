@@ -143,7 +143,7 @@ class RunOptions:
     seed: int = 0
     limit: int | None = None
     device: str = "cpu"
-    workers: int = 0
+    workers: int | None = None  # None: 0 on the CPU, up to 8 worker processes on a GPU
     checkpoint_every: int = 100
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress: bool = True
@@ -156,7 +156,7 @@ class RunOptions:
             )
         if self.limit is not None and self.limit < 2:
             raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
-        if self.checkpoint_every < 0 or self.workers < 0:
+        if self.checkpoint_every < 0 or (self.workers is not None and self.workers < 0):
             raise ValueError("checkpoint_every and workers must be >= 0")
 
     def overrides(self, method: str) -> dict[str, Any]:
@@ -484,12 +484,16 @@ def run_cell(
         return done
 
     device = torch.device(options.device)
+    workers = options.workers
+    if workers is None:  # keep an accelerator fed; on the CPU decoding competes with the step
+        workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
     stream = TestStream(
         domains,
         options.batch_size,
         seed=options.seed,
-        num_workers=options.workers,
+        num_workers=workers,
         pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
     )
     _seed_all(options.seed)
     rss_before = _max_rss_mb()

@@ -56,7 +56,7 @@ class SegmentPlan:
 
     Segment ``s`` lies between cut ``s - 1`` (or the losses) and cut ``s`` (or the graph's end);
     ``segment_of[i]`` is the segment holding parameter ``i``'s gradient accumulator, or ``-1`` if
-    the losses do not depend on it.
+    the losses do not depend on it. ``graph_bytes``: the gradient bytes all nodes receive.
     """
 
     cuts: tuple[object, ...]
@@ -86,8 +86,8 @@ def plan_segments(
     every edge leaving the nodes already visited points at it: then everything below it is reached
     only through it, and the gradient flowing into it is all the lower part needs. The node must
     receive gradient for one forward output only, and must not be a leaf accumulator. Cuts are
-    chosen nearest to equal shares of the graph's "mass" (the gradient elements its nodes
-    receive, a cheap proxy for the activation memory each part holds). Shared parameters, skip
+    chosen nearest to equal shares of the graph's "mass" (the gradient bytes its nodes receive,
+    a cheap proxy for the activation memory each part holds). Shared parameters, skip
     connections around a candidate, or a second forward pass through the same weights simply
     leave no cut there, so a plan is always exact; with no cut it degenerates to the plain
     two-pass computation, as it does for graphs whose gradients total less than ``min_bytes``
@@ -112,7 +112,7 @@ def plan_segments(
     left = dict(indeg)
     ready: list[object] = [top]
     order: list[object] = []
-    mass_before: list[float] = []  # gradient elements flowing into the nodes before each position
+    mass_before: list[float] = []  # gradient bytes received by the nodes before each position
     mass = 0.0
     candidates: list[int] = []
     is_root = set(roots)

@@ -81,6 +81,9 @@ def _build_eatta(
         steps=hp.get("steps", 1),
         grad_norm_params=norm_params,
         split=hp.get("split"),
+        grad_mode=hp.get("grad_mode", "auto"),
+        autocast=hp.get("autocast", False),
+        channels_last=hp.get("channels_last", False),
     )
 
 

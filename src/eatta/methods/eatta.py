@@ -15,6 +15,7 @@ from eatta.buffer import LabelBuffer
 from eatta.debias import GradNormDebiaser, LossWeights
 from eatta.history import ClassHistory, Selection, make_history
 from eatta.losses import default_entropy_margin, entropy, masked_mean
+from eatta.methods._active import select_and_ask, split_answer
 from eatta.methods._grads import (
     EDGES_SUPPORTED,
     SegmentPlan,
@@ -24,7 +25,7 @@ from eatta.methods._grads import (
     two_pass_grads,
 )
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
-from eatta.oracle import ABSTAIN, Oracle, OracleError, validate_labels
+from eatta.oracle import Oracle
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
 from eatta.split import ModelSplit
@@ -244,32 +245,20 @@ class EATTA(AdaptiveMethod):
             self._step(x)
         return logits
 
-    def _ask(self, x: Tensor, selection: Selection, num_classes: int) -> Tensor | None:
-        idx = selection.indices
-        try:
-            answer = self.oracle(x[idx.to(x.device)], idx.clone())
-        except Exception as err:  # the annotator's own failure, reported as such
-            raise OracleError(f"the oracle raised {type(err).__name__}: {err}") from err
-        return validate_labels(answer, len(idx), num_classes)
-
     def _select(
         self, x: Tensor, z: Tensor, o: Tensor, k: int
     ) -> tuple[SelectionContext, Selection, Tensor | None]:
         backbone, head = self.split
         ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
-        saved = self.selector.state_dict()
-        try:
-            selection = self.selector.select(ctx, k, self.history)
-            self._raise_if_not_finite()  # the selection synchronised: reading the flag is free
-            idx = selection.indices
-            if idx.dim() != 1 or len(idx) > k or len(set(idx.tolist())) != len(idx):
-                raise RuntimeError(f"selector returned invalid indices {idx.tolist()} for k={k}")
-            if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= x.shape[0]):
-                raise RuntimeError(f"selector returned out-of-range indices {idx.tolist()}")
-            labels = self._ask(x, selection, o.shape[1]) if len(idx) else None
-        except BaseException:
-            self.selector.load_state_dict(saved)
-            raise
+        # the selection synchronised with the device: reading a deferred finiteness flag is free
+        selection, labels = select_and_ask(
+            self.selector,
+            self.history,
+            ctx,
+            k,
+            self.oracle,
+            check=lambda _: self._raise_if_not_finite(),
+        )
         return ctx, selection, labels
 
     def _step(self, x: Tensor) -> Tensor:
@@ -293,14 +282,8 @@ class EATTA(AdaptiveMethod):
         if k > 0:
             ctx, selection, labels = self._select(x, z, o, k)
             record.scores = selection.update.get("scores")
-        if labels is not None:
-            answered = labels != ABSTAIN
-            lab_idx, lab_y = selection.indices[answered], labels[answered]
-        else:
-            answered = torch.zeros(
-                0 if selection is None else len(selection.indices), dtype=torch.bool
-            )
-            lab_idx = lab_y = torch.empty(0, dtype=torch.long)
+        asked = torch.empty(0, dtype=torch.long) if selection is None else selection.indices
+        lab_idx, lab_y, answered = split_answer(asked, labels)
         n_lab = len(lab_idx)
         self._raise_if_not_finite()  # no-op unless deferred and not yet read (no selection)
 
@@ -445,28 +428,15 @@ class EATTA(AdaptiveMethod):
         return torch.zeros_like(p) if g is None else g
 
     # -- state -------------------------------------------------------------------------------
-    def reset_method_state(self) -> None:
-        self.budget.reset()
-        self.selector.reset()
-        self.history.reset()
-        self.debiaser.reset()
-        if self.buffer is not None:
-            self.buffer.reset()
-        self.last_step = None
-
-    def method_state(self) -> dict[str, Any]:
+    def state_parts(self) -> dict[str, Any]:
         return {
-            "budget": self.budget.state_dict(),
-            "selector": self.selector.state_dict(),
-            "history": self.history.state_dict(),
-            "debiaser": self.debiaser.state_dict(),
-            "buffer": None if self.buffer is None else self.buffer.state_dict(),
+            "budget": self.budget,
+            "selector": self.selector,
+            "history": self.history,
+            "debiaser": self.debiaser,
+            "buffer": self.buffer,
         }
 
-    def load_method_state(self, state: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state["budget"])
-        self.selector.load_state_dict(state["selector"])
-        self.history.load_state_dict(state["history"])
-        self.debiaser.load_state_dict(state["debiaser"])
-        if self.buffer is not None and state.get("buffer") is not None:
-            self.buffer.load_state_dict(state["buffer"])
+    def reset_method_state(self) -> None:
+        super().reset_method_state()
+        self.last_step = None
