@@ -68,6 +68,7 @@ class AdaptiveMethod(nn.Module):
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
         )
         self._rank = _expected_rank(model)
+        self.last_step: Any = None  # what the last step did (method-specific record)
         self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._initial_optimizer = (
             copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
@@ -145,7 +146,8 @@ class AdaptiveMethod(nn.Module):
         return {}
 
     def reset_method_state(self) -> None:
-        """Clear method-specific state: reset every part (extend for other state)."""
+        """Clear method-specific state: reset every part and the step record (extend for more)."""
+        self.last_step = None
         for part in self.state_parts().values():
             if part is not None:
                 part.reset()

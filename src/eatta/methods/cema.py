@@ -217,10 +217,6 @@ class CEMA(AdaptiveMethod):
     def state_parts(self) -> dict[str, Any]:
         return {"budget": self.budget, "selector": self.selector, "buffer": self.buffer}
 
-    def reset_method_state(self) -> None:
-        super().reset_method_state()
-        self.last_step = None
-
 
 # -- registry ------------------------------------------------------------------------------------
 

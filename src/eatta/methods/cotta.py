@@ -266,9 +266,9 @@ class CoTTA(AdaptiveMethod):
 
     # -- state -------------------------------------------------------------------------------
     def reset_method_state(self) -> None:
+        super().reset_method_state()
         self.teacher.load_state_dict(self._initial_model)
         self.generator.manual_seed(self.seed)
-        self.last_step = None
 
     def method_state(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state()}

@@ -436,7 +436,3 @@ class EATTA(AdaptiveMethod):
             "debiaser": self.debiaser,
             "buffer": self.buffer,
         }
-
-    def reset_method_state(self) -> None:
-        super().reset_method_state()
-        self.last_step = None

@@ -150,10 +150,10 @@ class ETA(AdaptiveMethod):
 
     # -- state -------------------------------------------------------------------------------
     def reset_method_state(self) -> None:
+        super().reset_method_state()
         self.model_probs = None
         self.num_reliable = 0
         self.num_kept = 0
-        self.last_step = None
 
     def method_state(self) -> dict[str, Any]:
         return {

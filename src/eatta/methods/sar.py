@@ -284,9 +284,9 @@ class SAR(AdaptiveMethod):
 
     # -- state -------------------------------------------------------------------------------
     def reset_method_state(self) -> None:
+        super().reset_method_state()
         self.ema = None
         self.num_recoveries = 0
-        self.last_step = None
 
     def method_state(self) -> dict[str, Any]:
         return {"ema": self.ema, "num_recoveries": self.num_recoveries}

@@ -260,10 +260,6 @@ class SimATTA(AdaptiveMethod):
             "source_like": self.source_buffer,
         }
 
-    def reset_method_state(self) -> None:
-        super().reset_method_state()
-        self.last_step = None
-
 
 # -- registry ------------------------------------------------------------------------------------
 
