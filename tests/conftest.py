@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 from pathlib import Path
@@ -115,3 +116,22 @@ def bytes_round_trip(state: dict) -> dict:
 @pytest.fixture
 def checkpoint_round_trip():
     return bytes_round_trip
+
+
+#: Batches every method must reject (for 3x8x8 inputs), built fresh per use.
+BAD_BATCHES = {
+    "empty": lambda: torch.rand(0, 3, 8, 8),
+    "int": lambda: torch.zeros(8, 3, 8, 8, dtype=torch.long),
+    "nan": lambda: torch.full((8, 3, 8, 8), float("nan")),
+}
+
+
+def check_rejects_without_change(method: nn.Module, warmup: torch.Tensor, bad: str) -> None:
+    """After one good batch, ``method(BAD_BATCHES[bad]())`` raises and changes no state."""
+    from eatta.methods.base import InvalidInputError
+
+    method(warmup)
+    before = copy.deepcopy(method.state_dict())
+    with pytest.raises(InvalidInputError):
+        method(BAD_BATCHES[bad]())
+    assert nested_equal(method.state_dict(), before)

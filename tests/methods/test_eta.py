@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import BAD_BATCHES, check_rejects_without_change
 from eatta import configure
 from eatta.losses import entropy
 from eatta.methods.base import InvalidInputError
@@ -227,24 +228,9 @@ def test_state_dict_round_trip_continues_identically(
     assert (a.num_reliable, a.num_kept) == (b.num_reliable, b.num_kept)
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        torch.rand(0, 3, 8, 8),
-        torch.zeros(8, 3, 8, 8, dtype=torch.long),
-        torch.full((8, 3, 8, 8), float("nan")),
-    ],
-    ids=["empty", "int", "nan"],
-)
-def test_bad_input_raises_and_changes_nothing(
-    make_confident_model, make_image_batches, assert_nested_equal, bad
-):
-    eta = build_eta(make_confident_model)
-    eta(make_image_batches(1)[0])
-    before = copy.deepcopy(eta.state_dict())
-    with pytest.raises(InvalidInputError):
-        eta(bad)
-    assert_nested_equal(eta.state_dict(), before)
+@pytest.mark.parametrize("bad", sorted(BAD_BATCHES))
+def test_bad_input_raises_and_changes_nothing(make_confident_model, make_image_batches, bad):
+    check_rejects_without_change(build_eta(make_confident_model), make_image_batches(1)[0], bad)
 
 
 def test_compute_fishers_rejects_bad_data(make_confident_model):

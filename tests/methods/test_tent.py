@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import BAD_BATCHES, check_rejects_without_change
 from eatta import configure
 from eatta.losses import entropy
-from eatta.methods.base import InvalidInputError
 from eatta.methods.registry import create
 from eatta.methods.tent import Tent
 
@@ -87,24 +87,9 @@ def test_state_dict_round_trip_continues_identically(
     assert len(a.optimizer.state_dict()["state"]) == len(b.optimizer.state_dict()["state"])
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        torch.rand(0, 3, 8, 8),
-        torch.zeros(8, 3, 8, 8, dtype=torch.long),
-        torch.full((8, 3, 8, 8), float("nan")),
-    ],
-    ids=["empty", "int", "nan"],
-)
-def test_bad_input_raises_and_changes_nothing(
-    make_confident_model, make_image_batches, assert_nested_equal, bad
-):
-    tent = build(make_confident_model)
-    tent(make_image_batches(1)[0])
-    before = copy.deepcopy(tent.state_dict())
-    with pytest.raises(InvalidInputError):
-        tent(bad)
-    assert_nested_equal(tent.state_dict(), before)
+@pytest.mark.parametrize("bad", sorted(BAD_BATCHES))
+def test_bad_input_raises_and_changes_nothing(make_confident_model, make_image_batches, bad):
+    check_rejects_without_change(build(make_confident_model), make_image_batches(1)[0], bad)
 
 
 def test_registry_defaults(make_model):
