@@ -5,15 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _active_method_checks import (
-    BAD_INPUTS,
-    BAD_ORACLES,
     Answers,
-    check_bad_input,
-    check_bad_oracle,
-    check_budget,
-    check_only_optimizer_params_change,
-    check_reset_is_exact,
-    check_state_dict_round_trip,
     stream,
 )
 
@@ -34,32 +26,6 @@ def make(oracle, budget=1, lr=0.02, params="norm", **kw):
     kw.setdefault("low_entropy_bound", 1.0)
     opt = torch.optim.SGD(chosen, lr=lr, momentum=0.9)
     return SimATTA(model, opt, oracle=oracle, budget=budget, **kw)
-
-
-def test_only_optimizer_params_change():
-    check_only_optimizer_params_change(make)
-
-
-def test_reset_is_exact():
-    check_reset_is_exact(make)
-
-
-def test_state_dict_round_trip(tmp_path):
-    check_state_dict_round_trip(make, tmp_path)
-
-
-def test_budget_every_other_batch():
-    check_budget(make)
-
-
-@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input(case):
-    check_bad_input(make, case)
-
-
-@pytest.mark.parametrize("case", sorted(BAD_ORACLES))
-def test_bad_oracle(case):
-    check_bad_oracle(make, case)
 
 
 def test_anchors_and_buffers_stay_bounded():
