@@ -1,16 +1,30 @@
 """Find a classifier's feature extractor and head (features = what enters the final classifier).
 
-EATTA perturbs the features and runs only the head twice, so it needs the split. It is found
-automatically for torchvision ResNets and ViTs, timm models (ResNets with BN or GN, ViTs, anything
-with ``forward_features`` / ``forward_head`` / ``get_classifier``), an ``nn.Sequential`` ending in a
-``Linear``, and eatta's input-normalization and logit-subset wrappers around any of these. For
-other models pass ``split=(backbone, head)`` to the method, with ``head(backbone(x)) == model(x)``.
+EATTA perturbs the features and runs only the head twice, so it needs ``head(backbone(x)) ==
+model(x)`` with both sharing the model's parameters. :func:`split_model` tries, in order:
+
+1. eatta's input-normalization and logit-subset wrappers: split the model inside;
+2. precise rules by class: torchvision ResNet (ResNeXt, Wide ResNet) and ViT (features = the
+   class token before the head), timm models with ``forward_features`` / ``forward_head`` and an
+   ``nn.Linear`` from ``get_classifier()``, an ``nn.Sequential`` ending in ``nn.Linear``;
+3. discovery on an example batch (the methods pass their first batch): one forward pass, under
+   ``torch.no_grad`` and with the model's state restored afterwards, observes which ``nn.Linear``
+   produced the output. If that layer ran once and ``layer(its input)`` equals the output exactly,
+   the head is that layer and the features are its input; the backbone runs the model and stops
+   as the head is entered (a hook lives on the head only during each backbone call). Models whose
+   output comes from a convolution, from several layers combined, from a layer run twice, or that
+   return a tuple get :class:`SplitNotFoundError`.
+
+Otherwise pass ``split=(backbone, head)`` to the method.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import NamedTuple
+import threading
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -97,13 +111,176 @@ def _torchvision_class(name: str) -> type | None:
     return getattr(models, name, None)
 
 
-def split_model(model: nn.Module) -> ModelSplit:
-    """Return ``(backbone, head)`` sharing ``model``'s parameters, or raise SplitNotFoundError."""
+class _FeaturesReady(BaseException):
+    """Private control flow: the head was entered, the features are captured, stop the pass.
+
+    A BaseException so that an ``except Exception`` inside a model's forward cannot swallow it.
+    """
+
+    def __init__(self, token: object) -> None:
+        super().__init__()
+        self.token = token
+
+
+def _first_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else kwargs.get("input")
+
+
+class _LinearInputFeatures(nn.Module):
+    """The input of ``model``'s final ``nn.Linear``: runs ``model`` and stops as that layer starts.
+
+    During each call (only) a forward pre-hook on the head records its input, with its autograd
+    graph, and raises a private exception that ends the pass, so the head and what follows it
+    never run and the model carries no hook between calls. The hook is prepended and tagged per
+    call and per thread, so nested calls and other threads' forward passes are left alone.
+    """
+
+    def __init__(self, model: nn.Module, head: nn.Linear) -> None:
+        super().__init__()
+        self.model = model
+        self._head = (head,)  # inside ``model`` already: a tuple, so it is not registered twice
+
+    def forward(self, x: Tensor) -> Tensor:
+        head = self._head[0]
+        token = object()
+        thread = threading.get_ident()
+        found: list[Any] = []
+
+        def capture(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if threading.get_ident() != thread:
+                return None
+            found.append(_first_input(args, kwargs))
+            raise _FeaturesReady(token)
+
+        handle = head.register_forward_pre_hook(capture, prepend=True, with_kwargs=True)
+        try:
+            self.model(x)
+        except _FeaturesReady as stop:
+            if stop.token is not token:
+                raise
+        finally:
+            handle.remove()
+        if not found:
+            raise SplitNotFoundError(
+                f"{type(self.model).__name__}'s forward pass returned without calling the head "
+                "found when the split was discovered (does it take another path now?); pass "
+                "split=(backbone, head) explicitly"
+            )
+        return found[0]
+
+
+def _not_found(model: nn.Module, why: str) -> SplitNotFoundError:
+    return SplitNotFoundError(
+        f"cannot find the feature extractor / classifier head of {type(model).__name__}: {why}. "
+        "Automatic splits need the output to come from one final nn.Linear (see "
+        "eatta.split). Pass it explicitly: split=(backbone, head), two modules sharing the "
+        "model's parameters with head(backbone(x)) == model(x)."
+    )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+@contextlib.contextmanager
+def _state_restored(model: nn.Module) -> Iterator[None]:
+    """Undo what a forward pass may change: buffers (BatchNorm statistics and counters), the
+    modules' training flags and the torch CPU and CUDA random number generators."""
+    buffers = [
+        (module, name, buf, None if buf is None else buf.clone())
+        for module in model.modules()
+        for name, buf in list(module._buffers.items())
+    ]
+    modes = [(module, module.training) for module in model.modules()]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for module, name, buf, saved in buffers:
+                module._buffers[name] = buf
+                if buf is not None and saved is not None and not torch.equal(buf, saved):
+                    buf.copy_(saved)
+        for module, training in modes:
+            module.training = training
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _same_tensor(a: Any, b: Tensor) -> bool:
+    return isinstance(a, Tensor) and a.shape == b.shape and torch.equal(a, b)
+
+
+def _autocast_off(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _discover(model: nn.Module, example: Tensor) -> ModelSplit:
+    """Find the final ``nn.Linear`` by observing one forward pass on ``example`` (state kept)."""
+    if not isinstance(example, Tensor):
+        raise TypeError(f"example must be a torch.Tensor, got {type(example).__name__}")
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise _not_found(model, "it has no nn.Linear layer")
+    calls: list[tuple[nn.Module, Any, Any]] = []
+
+    def record(
+        module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        calls.append((module, _first_input(args, kwargs), output))
+
+    with _state_restored(model), torch.no_grad(), _autocast_off(example.device):
+        handles = [m.register_forward_hook(record, with_kwargs=True) for m in linears]
+        try:
+            out = model(example)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if not isinstance(out, Tensor) or out.dim() != 2:
+            raise _not_found(model, f"it returns {_describe(out)}, not [batch, classes] logits")
+        match = next((c for c in reversed(calls) if c[2] is out), None)
+        if match is None:  # the output passed through no-op modules (flatten, dropout in eval)
+            match = next((c for c in reversed(calls) if _same_tensor(c[2], out)), None)
+        if match is None:
+            raise _not_found(
+                model,
+                "no nn.Linear produced its output (a convolutional or functional head, several "
+                "layers' outputs combined, or the logits changed after the last nn.Linear)",
+            )
+        head, features, _ = match
+        runs = sum(1 for c in calls if c[0] is head)
+        if runs != 1:
+            raise _not_found(model, f"its final nn.Linear runs {runs} times per forward pass")
+        if not isinstance(features, Tensor) or not torch.equal(head(features), out):
+            raise _not_found(model, "its final nn.Linear does not reproduce the output alone")
+    return ModelSplit(_LinearInputFeatures(model, head), head)
+
+
+def _normalized_example(wrapper: nn.Module, example: Tensor | None) -> Tensor | None:
+    if example is None:
+        return None
+    with torch.no_grad():
+        return (example - wrapper.normalize_mean) / wrapper.normalize_std
+
+
+def split_model(model: nn.Module, example: Tensor | None = None) -> ModelSplit:
+    """Return ``(backbone, head)`` sharing ``model``'s parameters, or raise SplitNotFoundError.
+
+    ``example`` (an input batch, e.g. the first batch of the stream) lets models that no rule by
+    class covers be split by observing one forward pass; the model's buffers, training flags and
+    the random number generators are left as they were. Methods pass their first batch.
+    """
     if _is_normalized_wrapper(model):
-        inner = split_model(model.model)
+        inner = split_model(model.model, _normalized_example(model, example))
         return ModelSplit(nn.Sequential(_Normalize(model), inner.backbone), inner.head)
     if _is_subset_wrapper(model):  # e.g. ImageNet-R/A: 200 of a 1000-class model's logits
-        inner = split_model(model.model)
+        inner = split_model(model.model, example)
         return ModelSplit(inner.backbone, _SelectLogits(inner.head, model))
     resnet = _torchvision_class("ResNet")
     if resnet is not None and isinstance(model, resnet):
@@ -112,12 +289,18 @@ def split_model(model: nn.Module) -> ModelSplit:
     if vit is not None and isinstance(model, vit):
         return ModelSplit(_TorchvisionViTFeatures(model), model.heads)
     if all(hasattr(model, a) for a in ("forward_features", "forward_head", "get_classifier")):
-        return ModelSplit(_TimmFeatures(model), model.get_classifier())
+        classifier = model.get_classifier()
+        if isinstance(classifier, nn.Linear):  # a conv or tuple classifier: discovery decides
+            return ModelSplit(_TimmFeatures(model), classifier)
     if isinstance(model, nn.Sequential) and len(model) > 1 and isinstance(model[-1], nn.Linear):
         return ModelSplit(nn.Sequential(*list(model)[:-1]), model[-1])
+    if example is not None:
+        return _discover(model, example)
     raise SplitNotFoundError(
-        f"cannot find the feature extractor / classifier head of {type(model).__name__}; "
-        "automatic splits cover torchvision ResNet/ViT, timm models and nn.Sequential ending in "
-        "nn.Linear. Pass it explicitly: split=(backbone, head), two modules sharing the model's "
-        "parameters with head(backbone(x)) == model(x)."
+        f"cannot find the feature extractor / classifier head of {type(model).__name__} without "
+        "an example batch: rules by class cover torchvision ResNet/ViT, timm models and "
+        "nn.Sequential ending in nn.Linear; any model whose output comes from one final "
+        "nn.Linear is split on an example (split_model(model, example=x); the methods use their "
+        "first batch). Or pass it explicitly: split=(backbone, head), two modules sharing the "
+        "model's parameters with head(backbone(x)) == model(x)."
     )

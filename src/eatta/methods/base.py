@@ -57,6 +57,7 @@ class AdaptiveMethod(nn.Module):
         self.optimizer = optimizer
         self.check_finite = check_finite
         self._split = ModelSplit(*split) if split is not None else None
+        self._split_example: Tensor | None = None  # the batch in progress, to find the split on
         if optimizer is not None:
             owned = {id(p) for p in model.parameters()}
             foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in owned]
@@ -77,9 +78,13 @@ class AdaptiveMethod(nn.Module):
     # -- structure ---------------------------------------------------------------------------
     @property
     def split(self) -> ModelSplit:
-        """The model's feature extractor and head (found automatically unless given)."""
+        """The model's feature extractor and head (found automatically unless given).
+
+        Found on first use, on the batch in progress when there is one (see
+        :func:`eatta.split.split_model`), and kept.
+        """
         if self._split is None:
-            self._split = split_model(self.model)
+            self._split = split_model(self.model, example=self._split_example)
         return self._split
 
     @property
@@ -98,8 +103,13 @@ class AdaptiveMethod(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Predict on ``x`` (logits, computed before this batch's update) and adapt."""
         self.check_input(x)
-        with torch.enable_grad():
-            return self.forward_and_adapt(x)
+        if self._split is None:
+            self._split_example = x
+        try:
+            with torch.enable_grad():
+                return self.forward_and_adapt(x)
+        finally:
+            self._split_example = None
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         raise NotImplementedError
@@ -167,7 +177,9 @@ class AdaptiveMethod(nn.Module):
 
     def features_and_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(z, o)``: the backbone's features and the head's ``[batch, classes]`` logits."""
-        backbone, head = self.split
+        if self._split is None:
+            self._split = split_model(self.model, example=x)
+        backbone, head = self._split
         z = backbone(x)
         o = head(z)
         if o.dim() != 2:
