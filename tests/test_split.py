@@ -404,3 +404,19 @@ def test_the_split_is_found_once(monkeypatch):
     m(x)
     m(x)
     assert len(calls) == 1 and calls[0] is x
+
+
+def test_the_split_is_found_inside_eattas_autocast_region():
+    model = ResidualNet()
+    params = eatta.configure(model)
+    before = [p.detach().clone() for p in params]
+    m = eatta.EATTA(
+        model,
+        torch.optim.SGD(params, lr=0.1),
+        oracle=lambda inputs, idx: torch.zeros(len(idx), dtype=torch.long),
+        autocast=True,  # the first backbone call, which finds the split, runs under autocast
+    )
+    assert m(torch.randn(4, 3, 8, 8)).dtype == torch.float32
+    assert m.split.head is model.fc and m.labels_used == 1
+    assert any(not torch.equal(b, p) for b, p in zip(before, params, strict=True))
+    assert not _hooked(model)

@@ -216,7 +216,8 @@ def _same_tensor(a: Any, b: Tensor) -> bool:
 
 
 def _autocast_off(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    if torch.amp.is_autocast_available(device.type):
+    available = getattr(torch.amp, "is_autocast_available", None)  # torch >= 2.4
+    if available(device.type) if available else device.type in ("cpu", "cuda"):
         return torch.autocast(device_type=device.type, enabled=False)
     return contextlib.nullcontext()
 
