@@ -133,8 +133,19 @@ def _describe_value(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
-def check_keys(method: str, given: Iterable[str], known: Iterable[str]) -> None:
-    """Raise :class:`TypeError` naming every key of ``given`` that is not in ``known``."""
+def check_keys(
+    method: str,
+    given: Iterable[str],
+    known: Iterable[str],
+    *,
+    subject: str = "",
+    whose: str = "its",
+) -> None:
+    """Raise :class:`TypeError` naming every key of ``given`` that is not in ``known``.
+
+    The message starts with ``subject`` (default ``"method 'NAME' has no"``), names each unknown
+    key with its closest known key, and lists the known keys (``whose`` keys).
+    """
     known = sorted(known)
     unknown = [k for k in given if k not in known]
     if not unknown:
@@ -144,9 +155,10 @@ def check_keys(method: str, given: Iterable[str], known: Iterable[str]) -> None:
         close = difflib.get_close_matches(key, known, n=1)
         hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     noun = "hyperparameter" if len(unknown) == 1 else "hyperparameters"
+    subject = subject or f"method {method!r} has no"
     raise TypeError(
-        f"method {method!r} has no {noun} {', '.join(hints)}; "
-        f"its keys are: {', '.join(known) if known else '(none)'}"
+        f"{subject} {noun} {', '.join(hints)}; "
+        f"{whose} keys are: {', '.join(known) if known else '(none)'}"
     )
 
 

@@ -208,7 +208,10 @@ def merge_overrides(
     for key in common:
         if not any(key in s.keys for s in specs.values()):
             union = sorted({k for s in specs.values() for k in s.keys})
-            check_keys(f"any of {', '.join(methods)}", [key], union)
+            names = ", ".join(methods)
+            check_keys(
+                names, [key], union, subject=f"none of the methods {names} has", whose="their"
+            )
     out: dict[str, dict[str, Any]] = {}
     for m, spec in specs.items():
         mine = {k: v for k, v in common.items() if k in spec.keys}
