@@ -50,6 +50,7 @@ def hparam(default: Any, doc: str, *, min: float | None = None, max: float | Non
 
 
 def type_name(tp: Any) -> str:
+    """A type annotation as error messages and :func:`~eatta.methods.registry.describe` show it."""
     if tp is Any:
         return "any"
     if tp is type(None):
@@ -103,6 +104,8 @@ def _convert(value: Any, tp: Any) -> Any:
         if not isinstance(value, tuple | list):
             return _NO
         args = get_args(tp)
+        if not args:
+            return tuple(value)
         if len(args) == 2 and args[1] is Ellipsis:
             args = (args[0],) * len(value)
         if len(args) != len(value):
