@@ -5,6 +5,11 @@ Wrap a model in two lines::
     params = eatta.configure(model)
     adapted = eatta.EATTA(model, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9), oracle=ask)
     logits = adapted(x)  # predicts, asks for at most one label, adapts in place
+
+or build any registered method by name with the paper's per-dataset hyperparameters::
+
+    method = eatta.create("tent", model, dataset="imagenet-c")
+    eatta.available()  # the names; eatta.describe("tent") lists its keys and defaults
 """
 
 from eatta.budget import Budget
@@ -13,6 +18,7 @@ from eatta.configure import collect_params, configure, configure_model
 from eatta.debias import GradNormDebiaser
 from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
 from eatta.methods import EATTA, AdaptiveMethod, InvalidInputError
+from eatta.methods.registry import available, create, describe
 from eatta.noise import GaussianNoise, RecordedNoise
 from eatta.oracle import ABSTAIN, GroundTruthOracle, ModelOracle, OracleError
 from eatta.selection import PerturbationSelector
@@ -40,8 +46,11 @@ __all__ = [
     "ReferenceClassHistory",
     "SplitNotFoundError",
     "__version__",
+    "available",
     "collect_params",
     "configure",
     "configure_model",
+    "create",
+    "describe",
     "split_model",
 ]

@@ -236,20 +236,32 @@ def merge_parser() -> argparse.ArgumentParser:
 
 
 def _parse_hparams(items: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+    """``--hp`` items as validated overrides per method (see :func:`registry.merge_overrides`).
+
+    ``METHOD.KEY=VALUE`` must be a key of that method; ``KEY=VALUE`` (or ``*.KEY=VALUE``) applies
+    to every selected method that declares the key and is an error only if none does. An unknown
+    key or a value of the wrong type is a usage error (exit status 2), raised before any data is
+    loaded.
+    """
+    common: dict[str, Any] = {}
+    own: dict[str, dict[str, Any]] = {}
     for item in items:
         if "=" not in item:
             raise ValueError(f"--hp expects [METHOD.]KEY=VALUE, got {item!r}")
         lhs, text = item.split("=", 1)
         method, key = lhs.split(".", 1) if "." in lhs else ("*", lhs)
+        method = method.strip().lower()
         if method != "*" and method not in methods:
             raise ValueError(f"--hp {item!r}: method {method!r} is not among {list(methods)}")
         try:
             value: Any = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             value = text  # a bare word such as sgd or adam
-        out.setdefault(method, {})[key.strip()] = value
-    return out
+        (common if method == "*" else own.setdefault(method, {}))[key.strip()] = value
+    try:
+        return registry.merge_overrides(methods, common, own)
+    except (TypeError, ValueError) as err:  # unknown key, wrong type or value: a usage error
+        raise ValueError(f"--hp: {err}") from None
 
 
 def _roots(items: Sequence[str], datasets: Sequence[str]) -> dict[str, str]:
@@ -344,10 +356,12 @@ def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
 def _list() -> str:
     from eatta.bench.suites import DATASETS, LAYOUTS
 
-    lines = ["methods (name, active = asks for labels, summary):"]
+    lines = [
+        "methods (name, active = asks for labels, summary) and their --hp keys "
+        "(KEY: type = default [per-dataset values]  meaning):"
+    ]
     for name in registry.available():
-        spec = registry.get_spec(name)
-        lines.append(f"  {name:<10} {'active' if spec.active else '      '}  {spec.summary}")
+        lines.extend("  " + line for line in registry.describe(name).splitlines())
     lines.append("datasets (layout under --root):")
     for d in DATASETS:
         lines.append(f"  {d:<11} {LAYOUTS[d]}")

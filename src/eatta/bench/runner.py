@@ -437,7 +437,8 @@ def _build_method(
     spec_ = registry.get_spec(spec.method)
     model = data.model_fn().to(device)
     hp = options.overrides(spec.method)
-    hp.setdefault("seed", options.seed)
+    if "seed" in spec_.keys:  # only methods that draw random numbers declare a seed
+        hp.setdefault("seed", options.seed)
     if spec.buffer is not None:
         hp["buffer"] = spec.buffer
     if spec.method == "eata" and "fishers" not in hp and "fisher_data" not in hp:

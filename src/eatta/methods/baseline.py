@@ -9,7 +9,7 @@ components switched off: random selection, no class balancing, no gradient-norm 
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,9 +19,10 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
 from eatta.methods.base import AdaptiveMethod
+from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
+from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.methods.tent import TENT_DEFAULTS
 from eatta.oracle import Oracle
 from eatta.selection.uncertainty import RandomSelector
 from eatta.split import ModelSplit
@@ -71,20 +72,31 @@ class Baseline(EATTA):
         )
 
 
+@dataclass(frozen=True)
+class BaselineConfig(OptimizerConfig):
+    """The ATTA baseline's keys (TENT's optimizer settings, Nesterov momentum)."""
+
+    nesterov: bool = hparam(True, "SGD Nesterov momentum")
+    params: ParamSelection = hparam("norm", "parameters to adapt (eatta.configure preset)")
+    seed: int = hparam(0, "seed of the random selection and the buffer")
+    buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
+    entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
+
+
 def _build_baseline(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: BaselineConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
     assert oracle is not None
-    params = configure(model, hp.get("params", "norm"))
-    seed = hp.get("seed", 0)
+    params = configure(model, cfg.params)
     return Baseline(
         model,
-        make_optimizer(params, hp),
+        make_optimizer(params, cfg),
         oracle=oracle,
         budget=budget,
-        seed=seed,
-        buffer=LabelBuffer(hp["buffer"], seed=seed) if hp.get("buffer") else None,
-        entropy_margin=hp.get("entropy_margin"),
+        seed=cfg.seed,
+        buffer=LabelBuffer(cfg.buffer, seed=cfg.seed) if cfg.buffer else None,
+        entropy_margin=cfg.entropy_margin,
+        split=cfg.split,
     )
 
 
@@ -93,7 +105,8 @@ register(
         "baseline",
         _build_baseline,
         active=True,
-        defaults=TENT_DEFAULTS,
+        config=BaselineConfig,
+        datasets=DATASET_PRESETS["baseline"],
         summary="ATTA baseline: TENT + randomly selected labels, supervised and entropy terms 1:1",
     )
 )

@@ -1,8 +1,10 @@
-"""Registers the built-in methods with their per-dataset defaults (method.md §5)."""
+"""Registers the built-in methods with their configs and per-dataset defaults (method.md §5)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from torch import nn
 
@@ -17,73 +19,91 @@ from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params, configure
 from eatta.debias import GradNormDebiaser
+from eatta.history import ClassHistory
 from eatta.methods.base import AdaptiveMethod
-from eatta.methods.eatta import EATTA
+from eatta.methods.config import MethodConfig, OptimizerConfig, ParamSelection, hparam
+from eatta.methods.eatta import EATTA, GradMode
+from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.source import Source
 from eatta.oracle import Oracle
-from eatta.selection import make_selector
+from eatta.selection import SELECTORS, Selector, make_selector
 
-# Learning rates per dataset shared by TENT-like methods (paper supplementary).
-SGD_LR = {
-    "default": {"optimizer": "sgd", "lr": 2.5e-4, "momentum": 0.9},
-    "imagenet-c": {"lr": 2.5e-4},
-    "imagenet-r": {"lr": 1e-3},
-    "imagenet-k": {"lr": 1e-3},
-    "imagenet-a": {"lr": 5e-3},
-    "pacs": {"optimizer": "adam", "lr": 5e-3},
-    "digits-c": {"optimizer": "sgd", "lr": 5e-3, "momentum": 0.9},
-}
+#: Selector names ``selector=`` takes (Table 7).
+SelectorName = Literal[tuple(SELECTORS)]  # type: ignore[valid-type]
+#: Class-history names ``history=`` takes (see :func:`eatta.history.make_history`).
+HistoryName = Literal["reference", "last-k", "paper", "none"]
 
 
-def _with(base: dict[str, dict[str, Any]], **extra: Any) -> dict[str, dict[str, Any]]:
-    out = {k: dict(v) for k, v in base.items()}
-    out["default"].update(extra)
-    return out
+@dataclass(frozen=True)
+class EATTAConfig(OptimizerConfig):
+    """EATTA's keys: the wrapper's switches plus the optimizer's (paper defaults)."""
+
+    EXPANSIONS: ClassVar[Mapping[str, Mapping[Any, Mapping[str, Any]]]] = {
+        "preset": {"reference": {"params": "reference", "steps": 2}}
+    }
+
+    nesterov: bool = hparam(True, "SGD Nesterov momentum")
+    preset: Literal["reference"] | None = hparam(
+        None, "'reference': the authors' ImageNet-C set (params='reference', steps=2)"
+    )
+    params: ParamSelection = hparam("norm", "parameters to adapt (eatta.configure preset)")
+    selector: SelectorName | Selector | None = hparam(
+        "perturbation", "sample selector, by name or instance (None: perturbation)"
+    )
+    selector_kwargs: Mapping[str, Any] | None = hparam(
+        None, "keyword arguments of a named selector"
+    )
+    noise_std: float = hparam(0.01, "std of the perturbation selector's feature noise", min=0.0)
+    seed: int = hparam(0, "seed of the selector's and the buffer's random draws")
+    history: HistoryName | ClassHistory | None = hparam("reference", "class-balancing history")
+    ema_alpha: float = hparam(0.8, "EMA factor of the gradient-norm debiaser", min=0.0, max=1.0)
+    gnd: bool = hparam(True, "weight the losses by gradient norm (GND)")
+    ema: bool = hparam(True, "smooth the gradient norms with an EMA")
+    buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
+    entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
+    steps: int = hparam(1, "optimizer steps per batch", min=1)
+    grad_mode: GradMode = hparam("auto", "how the two backward passes are run")
+    autocast: bool = hparam(False, "bf16 autocast of the feature extractor")
+    channels_last: bool = hparam(False, "channels-last memory format")
 
 
 def _build_source(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: MethodConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
-    return Source(model)
+    return Source(model, split=cfg.split)
 
 
 def _build_eatta(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: EATTAConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
-    if hp.get("preset") == "reference":  # the authors' ImageNet-C configuration (method.md §4)
-        hp = {"params": "reference", "steps": 2, **hp}
-    elif hp.get("preset") is not None:
-        raise ValueError(f"unknown EATTA preset {hp['preset']!r}; the only preset is 'reference'")
-    params = configure(model, hp.get("params", "norm"))
+    params = configure(model, cfg.params)
     norm_params = None
-    if hp.get("params") == "reference":
+    if cfg.params == "reference":
         norm_params, _ = collect_params(model, "norm")
     assert oracle is not None
-    selector = hp.get("selector") or "perturbation"  # a Selector, or a name (Table 7)
+    selector = cfg.selector or "perturbation"  # a Selector, or a name (Table 7)
     if isinstance(selector, str):
-        kw = dict(hp.get("selector_kwargs") or {})
+        kw = dict(cfg.selector_kwargs or {})
         if selector == "perturbation":
-            kw.setdefault("std", hp.get("noise_std", 0.01))
-        selector = make_selector(selector, seed=hp.get("seed", 0), **kw)
+            kw.setdefault("std", cfg.noise_std)
+        selector = make_selector(selector, seed=cfg.seed, **kw)
     return EATTA(
         model,
-        make_optimizer(params, hp),
+        make_optimizer(params, cfg),
         oracle=oracle,
         budget=budget,
         selector=selector,
-        history=hp.get("history", "reference"),
-        debiaser=GradNormDebiaser(
-            alpha=hp.get("ema_alpha", 0.8), normalize=hp.get("gnd", True), ema=hp.get("ema", True)
-        ),
-        buffer=LabelBuffer(hp["buffer"], seed=hp.get("seed", 0)) if hp.get("buffer") else None,
-        entropy_margin=hp.get("entropy_margin"),
-        steps=hp.get("steps", 1),
+        history=cfg.history,
+        debiaser=GradNormDebiaser(alpha=cfg.ema_alpha, normalize=cfg.gnd, ema=cfg.ema),
+        buffer=LabelBuffer(cfg.buffer, seed=cfg.seed) if cfg.buffer else None,
+        entropy_margin=cfg.entropy_margin,
+        steps=cfg.steps,
         grad_norm_params=norm_params,
-        split=hp.get("split"),
-        grad_mode=hp.get("grad_mode", "auto"),
-        autocast=hp.get("autocast", False),
-        channels_last=hp.get("channels_last", False),
+        split=cfg.split,
+        grad_mode=cfg.grad_mode,
+        autocast=cfg.autocast,
+        channels_last=cfg.channels_last,
     )
 
 
@@ -93,7 +113,8 @@ register(
         "eatta",
         _build_eatta,
         active=True,
-        defaults=_with(SGD_LR, nesterov=True),
+        config=EATTAConfig,
+        datasets=DATASET_PRESETS["eatta"],
         summary="EATTA: perturbation selection, class balancing, gradient-norm debiasing",
     )
 )

@@ -40,6 +40,8 @@ from eatta.history import NoClassBalance, Selection
 from eatta.losses import entropy
 from eatta.methods._active import select_and_ask, split_answer
 from eatta.methods.base import AdaptiveMethod, unique_params
+from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.oracle import Oracle
 from eatta.selection.base import SelectionContext
@@ -220,48 +222,50 @@ class CEMA(AdaptiveMethod):
 
 # -- registry ------------------------------------------------------------------------------------
 
-#: EATTA supplementary: SGD 2.5e-4 (momentum 0.9) on every ImageNet variant; entropy thresholds
-#: 0.4 ln C / 0.02 ln C, decreasing factor 1.0, buffer 300. PACS is not given for CEMA: Adam 5e-3
-#: as for the other active baselines. Digits-C (not in the paper): 5e-3.
-CEMA_DEFAULTS: dict[str, dict[str, Any]] = {
-    "default": {
-        "optimizer": "sgd",
-        "lr": 2.5e-4,
-        "momentum": 0.9,
-        "high_factor": 0.4,
-        "low_factor": 0.02,
-        "decreasing_factor": 1.0,
-        "buffer": 300,
-    },
-    "pacs": {"optimizer": "adam", "lr": 5e-3},
-    "digits-c": {"lr": 5e-3},
-}
+
+@dataclass(frozen=True)
+class CEMAConfig(OptimizerConfig):
+    """CEMA's keys. EATTA supplementary: SGD 2.5e-4 (momentum 0.9); entropy thresholds
+    0.4 ln C / 0.02 ln C, decreasing factor 1.0, buffer 300. PACS is not given for CEMA: Adam 5e-3
+    as for the other active baselines (:mod:`eatta.methods.presets`)."""
+
+    params: ParamSelection = hparam("norm", "parameters to adapt (eatta.configure preset)")
+    high_factor: float = hparam(0.4, "upper entropy bound, times ln C", min=0.0)
+    low_factor: float = hparam(0.02, "lower entropy bound, times ln C", min=0.0)
+    decreasing_factor: float = hparam(1.0, "decay of the upper bound", min=0.0)
+    warmup_samples: int = hparam(1, "samples seen before the bounds adapt", min=0)
+    buffer: int | None = hparam(300, "replay buffer size (None or 0: no buffer)", min=0)
+    alpha: float = hparam(3.0, "weight of the entropy term")
+    beta: float = hparam(3.0, "weight of the cross-entropy term")
+    gamma: float = hparam(1.0, "weight of the replay term")
+    entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
+    seed: int = hparam(0, "seed of the buffer's draws")
 
 
 def _build_cema(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: CEMAConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
     assert oracle is not None
-    params = configure(model, hp.get("params", "norm"))
+    params = configure(model, cfg.params)
     selector = DynamicMarginSelector(
-        high_factor=hp.get("high_factor", 0.4),
-        low_factor=hp.get("low_factor", 0.02),
-        decreasing_factor=hp.get("decreasing_factor", 1.0),
-        warmup_samples=hp.get("warmup_samples", 1),
+        high_factor=cfg.high_factor,
+        low_factor=cfg.low_factor,
+        decreasing_factor=cfg.decreasing_factor,
+        warmup_samples=cfg.warmup_samples,
         strict=True,
     )
-    buffer = hp.get("buffer", 300)
     return CEMA(
         model,
-        make_optimizer(params, hp),
+        make_optimizer(params, cfg),
         oracle=oracle,
         budget=budget,
         selector=selector,
-        buffer=LabelBuffer(buffer, seed=hp.get("seed", 0)) if buffer else None,
-        alpha=hp.get("alpha", 3.0),
-        beta=hp.get("beta", 3.0),
-        gamma=hp.get("gamma", 1.0),
-        entropy_margin=hp.get("entropy_margin"),
+        buffer=LabelBuffer(cfg.buffer, seed=cfg.seed) if cfg.buffer else None,
+        alpha=cfg.alpha,
+        beta=cfg.beta,
+        gamma=cfg.gamma,
+        entropy_margin=cfg.entropy_margin,
+        split=cfg.split,
     )
 
 
@@ -270,7 +274,8 @@ register(
         "cema",
         _build_cema,
         active=True,
-        defaults=CEMA_DEFAULTS,
+        config=CEMAConfig,
+        datasets=DATASET_PRESETS["cema"],
         summary="CEMA: dynamic entropy band, oracle labels, entropy + CE with replay buffer 300",
     )
 )

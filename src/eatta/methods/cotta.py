@@ -36,6 +36,7 @@ matters for models with dropout; the anchor runs without autograd.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,8 @@ from eatta._compat import import_torchvision
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.methods.base import AdaptiveMethod
+from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
 from eatta.oracle import Oracle
@@ -280,38 +283,38 @@ class CoTTA(AdaptiveMethod):
 
 # -- registry ------------------------------------------------------------------------------------
 
-#: Paper supplementary: SGD lr 0.01 (momentum 0.9; Nesterov as in CoTTA's configuration) on all
-#: ImageNet variants, Adam 0.01 on PACS; restore 0.01, EMA 0.999, 32 augmentations, anchor
-#: threshold 0.1 (0.72 on PACS). Digits-C is not in the paper (ImageNet settings).
-COTTA_DEFAULTS: dict[str, dict[str, Any]] = {
-    "default": {
-        "optimizer": "sgd",
-        "lr": 0.01,
-        "momentum": 0.9,
-        "nesterov": True,
-        "ema_momentum": 0.999,
-        "restore_prob": 0.01,
-        "ap_threshold": 0.1,
-        "num_augmentations": 32,
-        "seed": 0,
-    },
-    "pacs": {"optimizer": "adam", "lr": 0.01, "ap_threshold": 0.72},
-}
+
+@dataclass(frozen=True)
+class CoTTAConfig(OptimizerConfig):
+    """CoTTA's keys (paper supplementary: SGD lr 0.01, momentum 0.9 with Nesterov as in CoTTA's
+    configuration; restore 0.01, EMA 0.999, 32 augmentations, anchor threshold 0.1); per-dataset
+    values in :mod:`eatta.methods.presets`."""
+
+    lr: float = hparam(0.01, "learning rate", min=0.0)
+    nesterov: bool = hparam(True, "SGD Nesterov momentum")
+    params: ParamSelection = hparam(cotta_param_filter, "parameters to adapt")
+    ema_momentum: float = hparam(0.999, "EMA factor of the teacher", min=0.0, max=1.0)
+    restore_prob: float = hparam(0.01, "probability of restoring a weight", min=0.0, max=1.0)
+    ap_threshold: float = hparam(0.1, "anchor confidence below which to augment", min=0.0)
+    num_augmentations: int = hparam(32, "augmented copies averaged when unsure", min=1)
+    augment: Callable[[Tensor], Tensor] | None = hparam(None, "augmentation (None: TTAAugment)")
+    seed: int = hparam(0, "seed of the augmentations and restores")
 
 
 def _build_cotta(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: CoTTAConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
-    params = configure(model, hp.get("params", cotta_param_filter))
+    params = configure(model, cfg.params)
     return CoTTA(
         model,
-        make_optimizer(params, hp),
-        ema_momentum=hp.get("ema_momentum", 0.999),
-        restore_prob=hp.get("restore_prob", 0.01),
-        ap_threshold=hp.get("ap_threshold", 0.1),
-        num_augmentations=hp.get("num_augmentations", 32),
-        augment=hp.get("augment"),
-        seed=hp.get("seed", 0),
+        make_optimizer(params, cfg),
+        ema_momentum=cfg.ema_momentum,
+        restore_prob=cfg.restore_prob,
+        ap_threshold=cfg.ap_threshold,
+        num_augmentations=cfg.num_augmentations,
+        augment=cfg.augment,
+        seed=cfg.seed,
+        split=cfg.split,
     )
 
 
@@ -319,7 +322,8 @@ register(
     MethodSpec(
         "cotta",
         _build_cotta,
-        defaults=COTTA_DEFAULTS,
+        config=CoTTAConfig,
+        datasets=DATASET_PRESETS["cotta"],
         summary="CoTTA: mean teacher, augmentation averaging, stochastic restore",
     )
 )

@@ -35,6 +35,8 @@ from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.base import AdaptiveMethod, InvalidInputError
+from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
 from eatta.oracle import Oracle
@@ -322,58 +324,66 @@ class EATAFisher(ETA):
 
 # -- registry ------------------------------------------------------------------------------------
 
-#: Paper supplementary: SGD 2.5e-4 (momentum 0.9, no Nesterov as in EATA's code) on ImageNet,
-#: Adam 1e-3 on PACS; E0 = 0.4 ln C, cosine threshold 0.05, EMA 0.9. Digits-C is not in the paper
-#: (project rate for TENT-like methods).
-ETA_DEFAULTS: dict[str, dict[str, Any]] = {
-    "default": {
-        "optimizer": "sgd",
-        "lr": 2.5e-4,
-        "momentum": 0.9,
-        "d_margin": 0.05,
-        "prob_momentum": 0.9,
-    },
-    "pacs": {"optimizer": "adam", "lr": 1e-3},
-    "digits-c": {"lr": 5e-3},
-}
-EATA_DEFAULTS: dict[str, dict[str, Any]] = {k: dict(v) for k, v in ETA_DEFAULTS.items()}
-EATA_DEFAULTS["default"]["fisher_alpha"] = 2000.0
+
+@dataclass(frozen=True)
+class ETAConfig(OptimizerConfig):
+    """ETA's keys (paper supplementary: SGD 2.5e-4, momentum 0.9 without Nesterov as in EATA's
+    code; E0 = 0.4 ln C, cosine threshold 0.05, EMA 0.9); per-dataset rates in
+    :mod:`eatta.methods.presets`."""
+
+    params: ParamSelection = hparam("norm", "parameters to adapt (eatta.configure preset)")
+    entropy_margin: float | None = hparam(
+        None, "reliability threshold E0 (None: 0.4 ln C)", min=0.0
+    )
+    d_margin: float = hparam(0.05, "cosine-similarity threshold for redundant samples")
+    prob_momentum: float = hparam(0.9, "EMA factor of the mean prediction", min=0.0, max=1.0)
 
 
-def _eta_kwargs(hp: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EATAConfig(ETAConfig):
+    """EATA's keys: ETA's plus the Fisher regularizer's (clean data or precomputed Fishers)."""
+
+    fisher_alpha: float = hparam(2000.0, "weight of the Fisher regularizer", min=0.0)
+    fisher_data: Iterable[Any] | None = hparam(None, "batches of clean source inputs")
+    fishers: Mapping[str, tuple[Tensor, Tensor]] | None = hparam(
+        None, "precomputed Fishers (eatta.methods.eta.compute_fishers)"
+    )
+
+
+def _eta_kwargs(cfg: ETAConfig) -> dict[str, Any]:
     return {
-        "entropy_margin": hp.get("entropy_margin"),
-        "d_margin": hp.get("d_margin", 0.05),
-        "prob_momentum": hp.get("prob_momentum", 0.9),
+        "entropy_margin": cfg.entropy_margin,
+        "d_margin": cfg.d_margin,
+        "prob_momentum": cfg.prob_momentum,
+        "split": cfg.split,
     }
 
 
 def _build_eta(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: ETAConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
-    params = configure(model, hp.get("params", "norm"))
-    return ETA(model, make_optimizer(params, hp), **_eta_kwargs(hp))
+    params = configure(model, cfg.params)
+    return ETA(model, make_optimizer(params, cfg), **_eta_kwargs(cfg))
 
 
 def _build_eata(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: EATAConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
-    fishers = hp.get("fishers")
-    data = hp.get("fisher_data")
+    fishers, data = cfg.fishers, cfg.fisher_data
     if fishers is None and data is None:
         raise ValueError(
             "EATA needs clean source data for its Fisher regularizer: pass fisher_data= "
             "(batches of clean inputs) or fishers= (from eatta.methods.eta.compute_fishers)"
         )
-    params = configure(model, hp.get("params", "norm"))
+    params = configure(model, cfg.params)
     if fishers is None:
         fishers = compute_fishers(model, data, params)
     return EATAFisher(
         model,
-        make_optimizer(params, hp),
+        make_optimizer(params, cfg),
         fishers=fishers,
-        fisher_alpha=hp.get("fisher_alpha", 2000.0),
-        **_eta_kwargs(hp),
+        fisher_alpha=cfg.fisher_alpha,
+        **_eta_kwargs(cfg),
     )
 
 
@@ -381,7 +391,8 @@ register(
     MethodSpec(
         "eta",
         _build_eta,
-        defaults=ETA_DEFAULTS,
+        config=ETAConfig,
+        datasets=DATASET_PRESETS["eta"],
         summary="ETA: reliable, non-redundant, re-weighted entropy minimization",
     )
 )
@@ -389,7 +400,8 @@ register(
     MethodSpec(
         "eata",
         _build_eata,
-        defaults=EATA_DEFAULTS,
+        config=EATAConfig,
+        datasets=DATASET_PRESETS["eata"],
         summary="EATA: ETA plus a Fisher regularizer from clean data (fisher_data=)",
     )
 )

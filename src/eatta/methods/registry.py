@@ -1,14 +1,20 @@
-"""Methods by name, with per-dataset default hyperparameters (method.md §5).
+"""Methods by name, with typed hyperparameters and per-dataset defaults (method.md §5).
 
-``create("eatta", model, dataset="imagenet-c", oracle=..., budget=1)`` configures the model, builds
-the optimizer from the defaults (overridable by keyword) and returns the method. The benchmark
-CLI lists and builds methods only through this registry.
+``create("eatta", model, dataset="imagenet-c", oracle=..., budget=1)`` validates the keyword
+overrides against the method's config class (:mod:`eatta.methods.config`), then configures the
+model, builds the optimizer and returns the method. Keys are strict: an unknown key or a value of
+the wrong type raises :class:`TypeError` (a disallowed value :class:`ValueError`) naming the key
+and the method's known keys, before the model is touched; :func:`describe` lists them. Values
+come from, in increasing priority: the config class's defaults, the dataset's row of
+:data:`eatta.methods.presets.DATASET_PRESETS`, and the caller's overrides. The benchmark CLI
+lists and builds methods only through this registry.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,33 +23,71 @@ from torch import nn
 
 from eatta.budget import Budget
 from eatta.methods.base import AdaptiveMethod
+from eatta.methods.config import MethodConfig, OptimizerConfig, check_keys, type_name
+from eatta.methods.presets import DATASETS
 from eatta.oracle import Oracle
 
-__all__ = ["MethodSpec", "available", "create", "get_spec", "make_optimizer", "register"]
+__all__ = [
+    "DATASETS",
+    "MethodSpec",
+    "available",
+    "create",
+    "describe",
+    "get_spec",
+    "make_optimizer",
+    "merge_overrides",
+    "register",
+]
 
-#: Dataset keys used for defaults; anything else falls back to ``"default"``.
-DATASETS = ("imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a", "pacs", "digits-c")
+#: ``build(model, config, oracle, budget)``: the method around ``model``.
+Builder = Callable[[nn.Module, Any, "Oracle | None", Budget], AdaptiveMethod]
 
 
 @dataclass
 class MethodSpec:
     """How to build one method.
 
-    ``build(model, hparams, oracle, budget)`` returns the method; ``hparams`` is the merged dict of
-    defaults for the dataset and the caller's overrides. ``active`` methods need an oracle.
+    ``build(model, config, oracle, budget)`` returns the method; ``config`` is an instance of
+    ``config`` (the method's :class:`MethodConfig` subclass: every key it accepts, with types and
+    defaults), already validated and merged with the dataset's row of ``datasets`` and the
+    caller's overrides. ``active`` methods need an oracle.
     """
 
     name: str
-    build: Callable[[nn.Module, dict[str, Any], Oracle | None, Budget], AdaptiveMethod]
+    build: Builder
     active: bool = False
-    defaults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    config: type[MethodConfig] = MethodConfig
+    datasets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     summary: str = ""
 
-    def hparams(self, dataset: str, overrides: dict[str, Any]) -> dict[str, Any]:
-        merged = dict(self.defaults.get("default", {}))
-        merged.update(self.defaults.get(dataset, {}))
-        merged.update(overrides)
-        return merged
+    def __post_init__(self) -> None:
+        for dataset, row in self.datasets.items():  # a typo in a table fails at registration
+            if dataset not in DATASETS:
+                raise ValueError(
+                    f"method {self.name!r}: unknown dataset key {dataset!r} in its presets; "
+                    f"known: {', '.join(DATASETS)}"
+                )
+            self.config.validate(row, method=f"{self.name} ({dataset} preset)")
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The hyperparameters the method accepts."""
+        return self.config.keys()
+
+    def config_for(self, dataset: str, overrides: Mapping[str, Any]) -> MethodConfig:
+        """The validated config for ``dataset`` (a key of :data:`DATASETS` or ``"default"``)."""
+        if dataset != "default" and dataset not in DATASETS:
+            raise ValueError(
+                f"unknown dataset key {dataset!r}; use 'default' or one of {', '.join(DATASETS)}"
+            )
+        checked = self.config.validate(overrides, method=self.name)
+        return self.config.from_dict(
+            {**self.datasets.get(dataset, {}), **checked}, method=self.name
+        )
+
+    def hparams(self, dataset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """Every key and its effective value for ``dataset`` with ``overrides`` (validated)."""
+        return self.config_for(dataset, overrides).to_dict()
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
@@ -63,6 +107,7 @@ def _load_builtins() -> None:
 
 
 def get_spec(name: str) -> MethodSpec:
+    """The registered method ``name`` (case-insensitive); :class:`KeyError` if there is none."""
     _load_builtins()
     try:
         return _REGISTRY[name.lower()]
@@ -76,6 +121,51 @@ def available() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def describe(name: str) -> str:
+    """The keys of method ``name``: type, default, per-dataset values and meaning, one a line."""
+    spec = get_spec(name)
+    types, defaults, docs = spec.config.types(), spec.config.defaults(), spec.config.docs()
+    lines = [f"{spec.name}{' (active: needs oracle=)' if spec.active else ''}: {spec.summary}"]
+    for key in spec.keys:
+        per_dataset = [f"{d}: {_short(row[key])}" for d, row in spec.datasets.items() if key in row]
+        where = f" [{', '.join(per_dataset)}]" if per_dataset else ""
+        lines.append(
+            f"  {key}: {type_name(types[key])} = {_short(defaults.get(key))}{where}  {docs[key]}"
+        )
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    return getattr(value, "__name__", None) or repr(value)
+
+
+@contextmanager
+def _restored_on_error(model: nn.Module) -> Iterator[None]:
+    """Undo what configuring and building did to ``model`` if the build raises.
+
+    Restores training flags, buffers (BatchNorm running statistics), BatchNorm's
+    ``track_running_stats``, and each parameter's ``requires_grad`` and storage (memory format).
+    """
+    modules = [
+        (m, m.training, dict(m._buffers), getattr(m, "track_running_stats", None))
+        for m in model.modules()
+    ]
+    params = [(p, p.requires_grad, p.data) for p in model.parameters()]
+    try:
+        yield
+    except BaseException:
+        for m, training, buffers, track in modules:
+            m.training = training
+            m._buffers.clear()
+            m._buffers.update(buffers)
+            if track is not None:
+                m.track_running_stats = track
+        for p, requires_grad, data in params:
+            p.data = data
+            p.requires_grad_(requires_grad)
+        raise
+
+
 def create(
     name: str,
     model: nn.Module,
@@ -85,34 +175,72 @@ def create(
     budget: int | Budget = 1,
     **overrides: Any,
 ) -> AdaptiveMethod:
-    """Build method ``name`` around ``model`` with the dataset's defaults and the overrides."""
+    """Build method ``name`` around ``model`` with the dataset's defaults and the overrides.
+
+    ``dataset`` picks a row of per-dataset defaults (``"default"`` or one of :data:`DATASETS`).
+    ``overrides`` are the method's hyperparameters (see :func:`describe`), checked first: an
+    unknown key or a mistyped value raises :class:`TypeError`, a disallowed value
+    :class:`ValueError`, with ``model`` untouched. If building fails later, the changes to
+    ``model`` (modes, BatchNorm statistics, ``requires_grad``) are undone.
+    """
     spec = get_spec(name)
     if spec.active and oracle is None:
         raise ValueError(f"method {spec.name!r} is active: pass oracle=")
-    return spec.build(model, spec.hparams(dataset, overrides), oracle, Budget.coerce(budget))
+    config = spec.config_for(dataset, overrides)
+    budget = Budget.coerce(budget)
+    with _restored_on_error(model):
+        return spec.build(model, config, oracle, budget)
 
 
-def make_optimizer(params: Iterable[nn.Parameter], hp: dict[str, Any]) -> torch.optim.Optimizer:
-    """SGD or Adam from hyperparameters ``optimizer``, ``lr``, ``momentum``, ``nesterov``,
-    ``weight_decay`` (``betas`` for Adam)."""
-    kind = str(hp.get("optimizer", "sgd")).lower()
+def merge_overrides(
+    methods: Iterable[str],
+    common: Mapping[str, Any],
+    per_method: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Validated overrides per method from keys for all methods and keys for one method.
+
+    A key of ``common`` applies to each method of ``methods`` that declares it and is an error
+    (:class:`TypeError`) only if none does; a method's own keys win over ``common``. Every value
+    is checked against the type of each method it applies to.
+    """
+    methods = list(methods)
+    specs = {m: get_spec(m) for m in methods}
+    for key in common:
+        if not any(key in s.keys for s in specs.values()):
+            union = sorted({k for s in specs.values() for k in s.keys})
+            names = ", ".join(methods)
+            check_keys(
+                names, [key], union, subject=f"none of the methods {names} has", whose="their"
+            )
+    out: dict[str, dict[str, Any]] = {}
+    for m, spec in specs.items():
+        mine = {k: v for k, v in common.items() if k in spec.keys}
+        mine.update(per_method.get(m, {}))
+        out[m] = spec.config.validate(mine, method=spec.name)
+    return out
+
+
+def make_optimizer(
+    params: Iterable[nn.Parameter], hp: OptimizerConfig | Mapping[str, Any]
+) -> torch.optim.Optimizer:
+    """SGD or Adam from a config's ``optimizer``, ``lr``, ``momentum``, ``nesterov``,
+    ``weight_decay`` (``betas`` for Adam); a mapping is read for those keys only."""
+    if not isinstance(hp, OptimizerConfig):
+        own = OptimizerConfig.keys()
+        hp = OptimizerConfig.from_dict(
+            {k: v for k, v in hp.items() if k in own}, method="optimizer"
+        )
+    assert isinstance(hp, OptimizerConfig)
     params = list(params)
-    if kind == "sgd":
+    if hp.optimizer == "sgd":
         return torch.optim.SGD(
             params,
-            lr=hp["lr"],
-            momentum=hp.get("momentum", 0.9),
-            nesterov=hp.get("nesterov", False),
-            weight_decay=hp.get("weight_decay", 0.0),
+            lr=hp.lr,
+            momentum=hp.momentum,
+            nesterov=hp.nesterov,
+            weight_decay=hp.weight_decay,
         )
-    if kind == "adam":
-        return torch.optim.Adam(
-            params,
-            lr=hp["lr"],
-            betas=tuple(hp.get("betas", (0.9, 0.999))),
-            weight_decay=hp.get("weight_decay", 0.0),
-        )
-    raise ValueError(f"unknown optimizer {kind!r}; use 'sgd' or 'adam'")
+    return torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
 
 
 def entropy_margin(num_classes: int, factor: float = 0.4) -> float:

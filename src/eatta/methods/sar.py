@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,8 @@ from eatta.budget import Budget
 from eatta.configure import NORM_TYPES, configure
 from eatta.losses import default_entropy_margin, entropy, masked_mean
 from eatta.methods.base import AdaptiveMethod
+from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
 from eatta.oracle import Oracle
@@ -299,35 +301,36 @@ class SAR(AdaptiveMethod):
 
 # -- registry ------------------------------------------------------------------------------------
 
-#: Paper supplementary: SAM over SGD lr 1e-3 (momentum 0.9, no Nesterov as in SAR's code) on all
-#: ImageNet variants, over Adam 1e-3 on PACS; ρ = 0.05, reset 0.2, E0 = 0.4 ln C, EMA 0.9.
-#: Digits-C is not in the paper (project rate for TENT-like methods).
-SAR_DEFAULTS: dict[str, dict[str, Any]] = {
-    "default": {
-        "optimizer": "sgd",
-        "lr": 1e-3,
-        "momentum": 0.9,
-        "rho": 0.05,
-        "reset_constant": 0.2,
-        "ema_momentum": 0.9,
-        "params": "sar",
-    },
-    "pacs": {"optimizer": "adam", "lr": 1e-3},
-    "digits-c": {"lr": 5e-3},
-}
+
+@dataclass(frozen=True)
+class SARConfig(OptimizerConfig):
+    """SAR's keys (paper supplementary: SAM over SGD lr 1e-3, momentum 0.9 without Nesterov as in
+    SAR's code; rho = 0.05, reset 0.2, E0 = 0.4 ln C, EMA 0.9); per-dataset rates in
+    :mod:`eatta.methods.presets`."""
+
+    lr: float = hparam(1e-3, "learning rate", min=0.0)
+    params: Literal["sar"] | ParamSelection = hparam(
+        "sar", "parameters to adapt ('sar': norm layers except the deepest blocks)"
+    )
+    rho: float = hparam(0.05, "SAM radius", min=0.0)
+    reset_constant: float = hparam(0.2, "loss EMA below which the model is reset", min=0.0)
+    ema_momentum: float = hparam(0.9, "EMA factor of the loss", min=0.0, max=1.0)
+    entropy_margin: float | None = hparam(
+        None, "reliability threshold E0 (None: 0.4 ln C)", min=0.0
+    )
 
 
 def _build_sar(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: SARConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
-    select = hp.get("params", "sar")
-    params = sar_params(model) if select == "sar" else configure(model, select)
+    params = sar_params(model) if cfg.params == "sar" else configure(model, cfg.params)
     return SAR(
         model,
-        SAM(make_optimizer(params, hp), rho=hp.get("rho", 0.05)),
-        entropy_margin=hp.get("entropy_margin"),
-        reset_constant=hp.get("reset_constant", 0.2),
-        ema_momentum=hp.get("ema_momentum", 0.9),
+        SAM(make_optimizer(params, cfg), rho=cfg.rho),
+        entropy_margin=cfg.entropy_margin,
+        reset_constant=cfg.reset_constant,
+        ema_momentum=cfg.ema_momentum,
+        split=cfg.split,
     )
 
 
@@ -335,7 +338,8 @@ register(
     MethodSpec(
         "sar",
         _build_sar,
-        defaults=SAR_DEFAULTS,
+        config=SARConfig,
+        datasets=DATASET_PRESETS["sar"],
         summary="SAR: sharpness-aware reliable entropy minimization with model recovery",
     )
 )

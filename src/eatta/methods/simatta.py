@@ -39,6 +39,8 @@ from eatta.history import NoClassBalance
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods._active import select_and_ask, split_answer
 from eatta.methods.base import AdaptiveMethod, unique_params
+from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.oracle import Oracle
 from eatta.selection.base import SelectionContext
@@ -263,44 +265,49 @@ class SimATTA(AdaptiveMethod):
 
 # -- registry ------------------------------------------------------------------------------------
 
-#: EATTA supplementary: SGD 2.5e-4 (momentum 0.9) on every ImageNet variant, Adam 5e-3 on PACS;
-#: 50 anchors, entropy threshold 0.4 ln C, buffer 300. SimATTA's own code: every parameter
-#: trained, 10 steps per batch on ImageNet, 30 on PACS. Digits-C (not in the paper): 5e-3.
-SIMATTA_DEFAULTS: dict[str, dict[str, Any]] = {
-    "default": {
-        "optimizer": "sgd",
-        "lr": 2.5e-4,
-        "momentum": 0.9,
-        "params": "all",
-        "steps": 10,
-        "max_anchors": 50,
-        "buffer": 300,
-    },
-    "pacs": {"optimizer": "adam", "lr": 5e-3, "steps": 30},
-    "digits-c": {"lr": 5e-3},
-}
+
+@dataclass(frozen=True)
+class SimATTAConfig(OptimizerConfig):
+    """SimATTA's keys. EATTA supplementary: SGD 2.5e-4 (momentum 0.9), 50 anchors, entropy
+    threshold 0.4 ln C, buffer 300; SimATTA's own code: every parameter trained, 10 steps per
+    batch (30 on PACS, see :mod:`eatta.methods.presets`)."""
+
+    params: ParamSelection = hparam("all", "parameters to adapt (eatta.configure preset)")
+    steps: int = hparam(10, "optimizer steps per batch", min=1)
+    max_anchors: int = hparam(50, "most labelled anchors kept", min=1)
+    buffer: int = hparam(300, "size of the labelled and source-like buffers", min=1)
+    train_batch_size: int = hparam(32, "batch size of each training step", min=1)
+    high_entropy_bound: float | None = hparam(None, "labelling threshold (None: 0.4 ln C)")
+    low_entropy_bound: float | None = hparam(None, "source-like threshold (None: automatic)")
+    source_per_batch: int = hparam(100, "source-like samples kept per batch", min=0)
+    fresh_optimizer: bool = hparam(True, "reset the optimizer state every batch")
+    use_teacher: bool = hparam(True, "pseudo-label source-like samples with the source model")
+    refresh_anchors: bool = hparam(True, "recompute the anchors' features each batch")
+    seed: int = hparam(0, "seed of the clustering and the buffers")
 
 
 def _build_simatta(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: SimATTAConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
     assert oracle is not None
-    params = configure(model, hp.get("params", "all"))
+    params = configure(model, cfg.params)
     return SimATTA(
         model,
-        make_optimizer(params, hp),
+        make_optimizer(params, cfg),
         oracle=oracle,
         budget=budget,
-        max_anchors=hp.get("max_anchors", 50),
-        buffer_size=hp.get("buffer", 300),
-        train_batch_size=hp.get("train_batch_size", 32),
-        high_entropy_bound=hp.get("high_entropy_bound"),
-        low_entropy_bound=hp.get("low_entropy_bound"),
-        source_per_batch=hp.get("source_per_batch", 100),
-        steps=hp.get("steps", 10),
-        fresh_optimizer=hp.get("fresh_optimizer", True),
-        use_teacher=hp.get("use_teacher", True),
-        seed=hp.get("seed", 0),
+        max_anchors=cfg.max_anchors,
+        buffer_size=cfg.buffer,
+        train_batch_size=cfg.train_batch_size,
+        high_entropy_bound=cfg.high_entropy_bound,
+        low_entropy_bound=cfg.low_entropy_bound,
+        source_per_batch=cfg.source_per_batch,
+        steps=cfg.steps,
+        fresh_optimizer=cfg.fresh_optimizer,
+        use_teacher=cfg.use_teacher,
+        refresh_anchors=cfg.refresh_anchors,
+        seed=cfg.seed,
+        split=cfg.split,
     )
 
 
@@ -309,7 +316,8 @@ register(
         "simatta",
         _build_simatta,
         active=True,
-        defaults=SIMATTA_DEFAULTS,
+        config=SimATTAConfig,
+        datasets=DATASET_PRESETS["simatta"],
         summary="SimATTA: incremental-clustering labels + source-like pseudo-labels, buffer 300",
     )
 )

@@ -9,7 +9,7 @@ momentum 0.9 on ImageNet-C/R/K/A; Adam lr 5e-3 on PACS.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +18,8 @@ from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import entropy
 from eatta.methods.base import AdaptiveMethod, unique_params
+from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.oracle import Oracle
 from eatta.split import ModelSplit
@@ -90,28 +92,30 @@ class Tent(AdaptiveMethod):
 
 # -- registry ------------------------------------------------------------------------------------
 
-#: Paper supplementary: SGD 2.5e-4 (momentum 0.9) on all ImageNet variants, Adam 5e-3 on PACS.
-#: Nesterov momentum as in the official TENT/CoTTA configuration (``OPTIM.NESTEROV = True``).
-#: Digits-C is not in the paper; it uses the project's Digits-C rate for TENT-like methods.
-TENT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "default": {"optimizer": "sgd", "lr": 2.5e-4, "momentum": 0.9, "nesterov": True},
-    "pacs": {"optimizer": "adam", "lr": 5e-3},
-    "digits-c": {"lr": 5e-3},
-}
+
+@dataclass(frozen=True)
+class TentConfig(OptimizerConfig):
+    """TENT's keys. Nesterov momentum as in the official TENT/CoTTA configuration
+    (``OPTIM.NESTEROV = True``); per-dataset rates in :mod:`eatta.methods.presets`."""
+
+    nesterov: bool = hparam(True, "SGD Nesterov momentum")
+    params: ParamSelection = hparam("norm", "parameters to adapt (eatta.configure preset)")
+    steps: int = hparam(1, "optimizer steps per batch", min=1)
 
 
 def _build_tent(
-    model: nn.Module, hp: dict[str, Any], oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: TentConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
-    params = configure(model, hp.get("params", "norm"))
-    return Tent(model, make_optimizer(params, hp), steps=hp.get("steps", 1))
+    params = configure(model, cfg.params)
+    return Tent(model, make_optimizer(params, cfg), steps=cfg.steps, split=cfg.split)
 
 
 register(
     MethodSpec(
         "tent",
         _build_tent,
-        defaults=TENT_DEFAULTS,
+        config=TentConfig,
+        datasets=DATASET_PRESETS["tent"],
         summary="TENT: entropy minimization of norm-layer affine parameters",
     )
 )
