@@ -7,7 +7,7 @@ once the oracle has answered, so a failed step leaves the history untouched.
 - :class:`NoClassBalance`: plain top-k by score.
 - :class:`LastKClasses`: the paper's rule (Sec. 3.2): skip classes among the last K labels.
 - :class:`ReferenceClassHistory`: the rule of the authors' code that produced the published
-  numbers and the golden traces (method.md §3).
+  numbers and the golden traces (docs/method.md §3).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class LastKClasses:
 
 
 class ReferenceClassHistory:
-    """The class-balancing rule of the authors' code (method.md §3), used for the paper's numbers.
+    """The class balancing of the authors' code (docs/method.md §3), behind the paper's numbers.
 
     State: ``history`` (class ids) and ``stored_diff[c]``, the score of the sample last labelled
     for class ``c``. With an empty history the top-``m`` are taken. Otherwise each of the top-``m``
