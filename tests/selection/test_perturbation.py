@@ -85,3 +85,10 @@ def test_only_the_head_runs_twice():
     )
     m(torch.randn(8, 3, 8, 8))
     assert calls == {"backbone": 1, "head": 2}
+
+
+def test_defaults_are_the_papers_sigma_and_seed_zero():
+    sel = eatta.PerturbationSelector()
+    assert sel.noise.std == 0.01
+    want = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)) * 0.01
+    assert torch.equal(sel.noise(torch.Size([4, 3]), torch.device("cpu"), torch.float32), want)
