@@ -137,11 +137,14 @@ def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str,
     tent = Tent(tent_model, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9))
     eatta_model, params = build()
     oracle = eatta.GroundTruthOracle()
-    oracle.set_labels(y)
     method = eatta.EATTA(
         eatta_model, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9), oracle=oracle
     )
-    fns = {"inference": inference, "tent": lambda: tent(x), "eatta": lambda: method(x)}
+    fns = {
+        "inference": inference,
+        "tent": lambda: tent(x),
+        "eatta": lambda: method(x, labels=y),
+    }
     samples = _common.time_interleaved(fns, repeats=args.step_repeats, warmup=1, device=device)
     rows = []
     for name, s in samples.items():

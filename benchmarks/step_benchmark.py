@@ -277,10 +277,9 @@ def build_variants(
     for mode in modes:
         model, params = fresh(case, state, device, channels_last)
         oracle = eatta.GroundTruthOracle()
-        oracle.set_labels(y)
         method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, grad_mode=mode)
         name = "eatta" if mode == "auto" else f"eatta-{mode}"
-        variants[name] = lambda method=method: method(x)
+        variants[name] = lambda method=method: method(x, labels=y)
 
     model, params = fresh(case, state, device, channels_last)
     reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)
@@ -332,8 +331,7 @@ def parity(
         else:
             mode = "auto" if name == "eatta" else name.removeprefix("eatta-")
             oracle = eatta.GroundTruthOracle()
-            oracle.set_labels(y)
-            eatta.EATTA(model, sgd(params), oracle=oracle, grad_mode=mode)(x)
+            eatta.EATTA(model, sgd(params), oracle=oracle, grad_mode=mode)(x, labels=y)
         after[name] = [p.detach().clone() for p in params]
     base = after.pop("eatta")
     return {
@@ -491,9 +489,8 @@ def _pair(case, state, x, y, device, args, budget):
     tent = Tent(model, sgd(params))
     model, params = fresh(case, state, device, args.channels_last)
     oracle = eatta.GroundTruthOracle()
-    oracle.set_labels(y)
     method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget)
-    return {"tent": lambda: tent(x), "eatta": lambda: method(x)}
+    return {"tent": lambda: tent(x), "eatta": lambda: method(x, labels=y)}
 
 
 def _growth_row(row: dict[str, Any], s: dict[str, list[float]]) -> dict[str, Any]:

@@ -60,6 +60,28 @@ def test_ground_truth_oracle_reveals_only_selected():
     with o.labels(torch.tensor([4, 5, 6])):
         assert o(torch.zeros(2), torch.tensor([2, 0])).tolist() == [6, 4]
     assert o.revealed == 2 and o._labels is None
+    with pytest.raises(RuntimeError, match="set_labels"):  # the context's batch is over
+        o(torch.zeros(1), torch.tensor([0]))
+    o.set_labels(torch.tensor([7, 8]))
+    with pytest.raises(IndexError, match="beyond 2 labels"):
+        o(torch.zeros(1), torch.tensor([2]))
+    assert o(torch.zeros(1), torch.tensor([1])).tolist() == [8] and o.revealed == 3
+    o.end_batch()
+    with pytest.raises(RuntimeError, match="set_labels"):
+        o(torch.zeros(1), torch.tensor([0]))
+    with pytest.raises(ValueError, match="1-d"):
+        o.set_labels(torch.zeros(2, 2, dtype=torch.long))
+
+
+def test_budget_snapshot_restores_the_counters():
+    b = Budget(2, every=2)
+    b.commit(2)
+    token = b.snapshot()
+    b.commit(0)
+    b.commit(1)
+    assert (b.labels_used, b.batches_seen) == (3, 3)
+    b.restore(token)
+    assert (b.labels_used, b.batches_seen, b.allowance()) == (2, 1, 0)
 
 
 def test_model_oracle_labels_by_argmax():
@@ -81,21 +103,58 @@ def test_validate_labels():
             validate_labels(bad, 2, 5)
 
 
-def test_buffer_is_fifo_and_undo_restores():
+def test_buffer_is_fifo_and_restore_undoes_everything_since_the_snapshot():
     buf = LabelBuffer(capacity=3, batch_size=2)
     for i in range(4):
         buf.add(torch.full((1, 2), float(i)), torch.tensor([i]))
     x, y = buf.contents()
     assert y.tolist() == [1, 2, 3] and x[:, 0].tolist() == [1.0, 2.0, 3.0]
-    token = buf.add(torch.full((2, 2), 9.0), torch.tensor([8, 9]))
-    assert buf.contents()[1].tolist() == [3, 8, 9]
-    buf.undo(token)
-    assert buf.contents()[1].tolist() == [1, 2, 3]
+    state = buf.state_dict()
+    token = buf.snapshot()
+    buf.add(torch.full((2, 2), 9.0), torch.tensor([8, 9]))
+    buf.sample()  # advances the generator
+    buf.add(torch.full((1, 2), 7.0), torch.tensor([7]))
+    assert buf.contents()[1].tolist() == [8, 9, 7]
+    buf.restore(token)
+    assert buf.contents()[1].tolist() == [1, 2, 3] and buf.contents()[0][:, 0].tolist() == [1, 2, 3]
+    after = buf.state_dict()
+    assert all(torch.equal(after[k], state[k]) for k in ("x", "y", "rng"))
+    empty = LabelBuffer(capacity=2)
+    token = empty.snapshot()
+    empty.add(torch.ones(1, 2), torch.tensor([1]))
+    empty.restore(token)
+    assert len(empty) == 0 and empty._x is None
+    with pytest.raises(ValueError, match="empty"):
+        empty.sample()
     _bx, by = buf.sample()
     assert len(by) == 2 and len(set(by.tolist())) == 2 and set(by.tolist()) <= {1, 2, 3}
     other = LabelBuffer(capacity=3, batch_size=2)
     other.load_state_dict(buf.state_dict())
     assert torch.equal(other.sample()[1], buf.sample()[1])
+    with pytest.raises(ValueError, match="shape"):
+        buf.add(torch.zeros(1, 3), torch.tensor([0]))
+
+
+def test_buffer_sample_draws_distinct_samples_from_its_generator():
+    buf = LabelBuffer(capacity=5, batch_size=3, seed=4)
+    for i in range(7):  # wraps around: holds 2..6
+        buf.add(torch.full((1, 1), float(i)), torch.tensor([i]))
+    g = torch.Generator().manual_seed(4)
+    pick = torch.randperm(5, generator=g)[:3]
+    bx, by = buf.sample()
+    assert by.tolist() == (pick + 2).tolist() and bx[:, 0].tolist() == (pick + 2).float().tolist()
+    small = LabelBuffer(capacity=5, batch_size=8)
+    small.add(torch.zeros(2, 1), torch.tensor([0, 1]))
+    assert sorted(small.sample()[1].tolist()) == [0, 1]  # min(batch_size, len)
+
+
+def test_buffer_to_moves_the_samples():
+    buf = LabelBuffer(capacity=2)
+    assert buf.to("meta") is buf  # nothing stored yet: nothing to move
+    buf.add(torch.ones(1, 2), torch.tensor([1]))
+    buf.to("meta")
+    assert buf._x.device.type == "meta" and buf._y.device.type == "meta"
+    assert buf.generator.device.type == "cpu"
 
 
 def test_noise_sources_replay_and_restore():

@@ -93,3 +93,65 @@ def test_no_gnd_and_no_ema_switches():
     d.weights(torch.tensor(1.0), torch.tensor(1.0), TRUE)
     w = d.weights(gs, gu, TRUE)
     assert math.isclose(float(w.sup), 0.5) and math.isclose(float(w.unsup), 1.5)
+
+
+def test_weights_have_the_documented_direction_exactly():
+    w = GradNormDebiaser(ema=False).weights(torch.tensor(3.0), torch.tensor(1.0), TRUE)
+    # γ_sup = 2 g_u / (g_s + g_u): the larger supervised gradient gets the smaller weight
+    assert (float(w.sup), float(w.unsup)) == (0.5, 1.5)
+    assert (float(w.sup_raw), float(w.unsup_raw)) == (0.5, 1.5)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0.05, 0.95), st.lists(st.tuples(norms, norms), min_size=2, max_size=8))
+def test_ema_is_the_exact_recursion(alpha, seq):
+    d = GradNormDebiaser(alpha=alpha)
+    ema = None
+    for gs, gu in seq:
+        w = d.weights(
+            torch.tensor(gs, dtype=torch.float64), torch.tensor(gu, dtype=torch.float64), TRUE
+        )
+        raw = (2 * gu / (gs + gu), 2 * gs / (gs + gu))
+        ema = (
+            raw
+            if ema is None
+            else tuple(alpha * e + (1 - alpha) * r for e, r in zip(ema, raw, strict=True))
+        )
+        assert math.isclose(float(w.sup), ema[0], rel_tol=1e-9)
+        assert math.isclose(float(w.unsup), ema[1], rel_tol=1e-9)
+        assert math.isclose(float(w.sup_raw), raw[0], rel_tol=1e-9)
+        assert [float(t) for t in d.current] == [float(w.sup), float(w.unsup)]
+
+
+def test_alpha_bounds_and_the_ema_is_kept_across_devices():
+    for bad in (-0.1, 1.1):
+        try:
+            GradNormDebiaser(alpha=bad)
+        except ValueError as err:
+            assert "alpha" in str(err)
+        else:
+            raise AssertionError(f"alpha {bad} accepted")
+    GradNormDebiaser(alpha=0.0), GradNormDebiaser(alpha=1.0)  # the bounds are allowed
+    d = GradNormDebiaser(alpha=0.5)
+    d.weights(torch.tensor(1.0), torch.tensor(3.0), TRUE)
+    d.to("meta")
+    assert d._state.device.type == "meta"  # moved, not dropped
+    w = d.weights(
+        torch.tensor(1.0, device="meta"), torch.tensor(3.0, device="meta"), TRUE.to("meta")
+    )
+    assert w.sup.device.type == "meta" and d._state.device.type == "meta"
+    d.reset()
+    assert d.current is None and d.state_dict() == {"state": None}
+
+
+def test_snapshot_restore_and_state_round_trip():
+    d = GradNormDebiaser()
+    d.weights(torch.tensor(1.0), torch.tensor(3.0), TRUE)
+    token = d.snapshot()
+    saved = d.state_dict()
+    d.weights(torch.tensor(5.0), torch.tensor(1.0), TRUE)
+    d.restore(token)
+    assert torch.equal(d.state_dict()["state"], saved["state"])
+    e = GradNormDebiaser()
+    e.load_state_dict(saved)
+    assert torch.equal(e._state, d._state) and e._state is not saved["state"]

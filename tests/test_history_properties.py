@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -117,3 +118,48 @@ def test_history_state_round_trip():
             g.plan(s2, torch.tensor([2, 1, 0]), 1).indices,
             h.plan(s2, torch.tensor([2, 1, 0]), 1).indices,
         )
+
+
+def test_reference_trim_keeps_only_the_last_class():
+    h = ReferenceClassHistory()
+    y = torch.tensor([0, 1, 2, 3])
+    h.commit(h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1), [True])
+    assert h.classes == [0]
+    # balancing step with two labels: history [0, 3, 2] is longer than 2 -> only [2] is kept
+    sel = h.plan(torch.tensor([0.1, 0.2, 0.8, 0.9]), y, 2)
+    assert sel.indices.tolist() == [3, 2]
+    h.commit(sel, [True, True])
+    assert h.classes == [2]
+    assert h.stored_diff == {0: pytest.approx(0.9), 3: pytest.approx(0.9), 2: pytest.approx(0.8)}
+
+
+def test_reference_first_selection_is_not_trimmed():
+    h = ReferenceClassHistory()
+    sel = h.plan(torch.tensor([0.9, 0.8, 0.7]), torch.tensor([0, 1, 2]), 3)
+    h.commit(sel, [True, True, True])
+    assert h.classes == [0, 1, 2]  # the reference trims only in its balancing branch
+
+
+def test_last_k_records_the_oracle_labels_and_restores():
+    h = LastKClasses(2)
+    sel = h.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 2)
+    token = h.snapshot()
+    h.commit(sel, [True, True], labels=[4, 3])
+    assert h.classes == [4, 3]
+    h.commit(sel, [True, False], labels=[0, -1])
+    assert h.classes == [3, 0]  # the last K = 2 annotated classes
+    h.restore(token)
+    assert h.classes == []
+    # a candidate whose pseudo-label was annotated recently is skipped
+    h.commit(sel, [True, False], labels=[1, -1])
+    assert h.plan(torch.tensor([0.9, 0.5]), torch.tensor([1, 0]), 1).indices.tolist() == [1]
+
+
+def test_reference_snapshot_restores_history_and_diffs():
+    h = ReferenceClassHistory()
+    h.commit(h.plan(torch.tensor([0.9, 0.1]), torch.tensor([0, 1]), 1), [True])
+    token, state = h.snapshot(), h.state_dict()
+    h.commit(h.plan(torch.tensor([0.1, 0.95]), torch.tensor([0, 1]), 1), [True])
+    assert h.state_dict() != state
+    h.restore(token)
+    assert h.state_dict() == state

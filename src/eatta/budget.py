@@ -52,6 +52,13 @@ class Budget:
         self.labels_used = 0
         self.batches_seen = 0
 
+    def snapshot(self) -> tuple[int, int]:
+        """A cheap token for :meth:`restore` (the method's per-step transaction)."""
+        return self.labels_used, self.batches_seen
+
+    def restore(self, token: tuple[int, int]) -> None:
+        self.labels_used, self.batches_seen = token
+
     def state_dict(self) -> dict[str, Any]:
         return {"labels_used": self.labels_used, "batches_seen": self.batches_seen}
 

@@ -30,12 +30,13 @@ class LabelBuffer:
         self._y: Tensor | None = None
         self._start = 0  # position of the oldest sample in the ring
         self._size = 0
+        self._journal: list[tuple[int, Tensor, Tensor]] | None = None
 
     def __len__(self) -> int:
         return self._size
 
-    def add(self, x: Tensor, y: Tensor) -> tuple[Any, ...]:
-        """Append samples (oldest evicted first when full); returns a token for :meth:`undo`."""
+    def add(self, x: Tensor, y: Tensor) -> None:
+        """Append samples (oldest evicted first when full), on the storage's device."""
         x, y = x.detach(), y.detach()
         if self._x is None:
             self._x = x.new_empty((self.capacity, *x.shape[1:]))
@@ -46,29 +47,42 @@ class LabelBuffer:
                 f"buffer holds samples of shape {tuple(self._x.shape[1:])}, "
                 f"got {tuple(x.shape[1:])}"
             )
-        token = (self._start, self._size, [], [], [])
         for i in range(x.shape[0]):
             slot = (self._start + self._size) % self.capacity
             if self._size == self.capacity:
-                token[2].append(slot)
-                token[3].append(self._x[slot].clone())
-                token[4].append(self._y[slot].clone())
+                if self._journal is not None:  # keep what is overwritten, for restore()
+                    self._journal.append((slot, self._x[slot].clone(), self._y[slot].clone()))
+                self._start = (self._start + 1) % self.capacity
+            else:
+                self._size += 1
             self._x[slot] = x[i]
             self._y[slot] = y[i]
-            if self._size < self.capacity:
-                self._size += 1
-            else:
-                self._start = (self._start + 1) % self.capacity
-        return token
 
-    def undo(self, token: tuple[Any, ...]) -> None:
-        """Revert the :meth:`add` that returned ``token`` (the last one)."""
-        assert self._x is not None and self._y is not None
-        start, size, slots, xs, ys = token
-        for slot, xv, yv in zip(reversed(slots), reversed(xs), reversed(ys), strict=True):
-            self._x[slot] = xv
-            self._y[slot] = yv
+    def snapshot(self) -> tuple[Any, ...]:
+        """A token for :meth:`restore`: positions, the generator's state and a journal of the
+        samples overwritten from now on (one small copy per evicted sample, no full copy)."""
+        self._journal = []
+        return (self._x is None, self._start, self._size, self.generator.get_state(), self._journal)
+
+    def restore(self, token: tuple[Any, ...]) -> None:
+        """Undo every change since :meth:`snapshot` returned ``token``."""
+        empty, start, size, rng, journal = token
+        if self._x is not None and self._y is not None:
+            for slot, xv, yv in reversed(journal):
+                self._x[slot] = xv
+                self._y[slot] = yv
+        journal.clear()
+        self._journal = None
+        if empty:
+            self._x = self._y = None
         self._start, self._size = start, size
+        self.generator.set_state(rng)
+
+    def to(self, device: torch.device | str) -> LabelBuffer:
+        """Move the stored samples to ``device`` (the generator stays on the CPU)."""
+        if self._x is not None and self._y is not None:
+            self._x, self._y = self._x.to(device), self._y.to(device)
+        return self
 
     def contents(self) -> tuple[Tensor, Tensor]:
         """All buffered samples, oldest first."""
@@ -90,6 +104,7 @@ class LabelBuffer:
     def reset(self) -> None:
         self._x = self._y = None
         self._start = self._size = 0
+        self._journal = None
         self.generator.set_state(self._initial_rng)
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Put a model into test-time-adaptation mode and choose its trainable parameters.
 
-Follows TENT's convention (method.md §1): the whole model in eval mode (no dropout or stochastic
+As TENT does (docs/method.md §1): the whole model in eval mode (no dropout or stochastic
 depth), every BatchNorm normalizing with the statistics of the current batch, and only the chosen
 parameters trainable. The model is modified in place, as in TENT: BatchNorm running statistics are
 dropped (``track_running_stats=False``); keep a copy of the model if you need them later.
@@ -112,7 +112,7 @@ def collect_params(
     """Parameters to adapt and their qualified names, by preset name or filter callable.
 
     Presets: ``"norm"`` (default; affine parameters of normalization layers), ``"reference"``
-    (the authors' ImageNet set, method.md §4) and ``"all"``. A callable receives
+    (the authors' ImageNet set, docs/method.md §4) and ``"all"``. A callable receives
     ``(module_name, module, param_name)`` and returns whether to adapt that parameter.
     """
     if callable(select):

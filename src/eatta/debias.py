@@ -68,8 +68,10 @@ class GradNormDebiaser:
         if not self.ema:
             applied_sup, applied_unsup = raw_sup, raw_unsup
         else:
-            if self._state is None or self._state.device != g_sup.device:
+            if self._state is None:
                 self._state = torch.zeros(3, device=g_sup.device, dtype=g_sup.dtype)
+            elif self._state.device != g_sup.device:  # resumed elsewhere: move, never reset
+                self._state = self._state.to(g_sup.device)
             ema_sup, ema_unsup, started = self._state.unbind()
             started = started > 0
             a = self.alpha
@@ -90,6 +92,20 @@ class GradNormDebiaser:
 
     def reset(self) -> None:
         self._state = None
+
+    def snapshot(self) -> Tensor | None:
+        """A token for :meth:`restore`: the EMA tensor itself (:meth:`weights` replaces it,
+        never writes into it, so holding it costs nothing)."""
+        return self._state
+
+    def restore(self, token: Tensor | None) -> None:
+        self._state = token
+
+    def to(self, device: torch.device | str) -> GradNormDebiaser:
+        """Move the EMA to ``device`` (after loading a state saved elsewhere)."""
+        if self._state is not None:
+            self._state = self._state.to(device)
+        return self
 
     def state_dict(self) -> dict[str, Any]:
         return {"state": None if self._state is None else self._state.clone()}

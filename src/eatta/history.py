@@ -7,7 +7,7 @@ once the oracle has answered, so a failed step leaves the history untouched.
 - :class:`NoClassBalance`: plain top-k by score.
 - :class:`LastKClasses`: the paper's rule (Sec. 3.2): skip classes among the last K labels.
 - :class:`ReferenceClassHistory`: the rule of the authors' code that produced the published
-  numbers and the golden traces (method.md §3).
+  numbers and the golden traces (docs/method.md §3).
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ class ClassHistory(Protocol):
 
     def plan(self, scores: Tensor, pseudo_labels: Tensor, k: int) -> Selection: ...
 
-    def commit(self, selection: Selection, answered: list[bool]) -> None: ...
+    def commit(
+        self, selection: Selection, answered: list[bool], labels: list[int] | None = None
+    ) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -72,10 +74,18 @@ class NoClassBalance:
         k = min(k, len(order))
         return Selection(torch.tensor(order[:k], dtype=torch.long), classes[:k])
 
-    def commit(self, selection: Selection, answered: list[bool]) -> None:
+    def commit(
+        self, selection: Selection, answered: list[bool], labels: list[int] | None = None
+    ) -> None:
         pass
 
     def reset(self) -> None:
+        pass
+
+    def snapshot(self) -> None:
+        return None
+
+    def restore(self, token: None) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:
@@ -92,8 +102,10 @@ class NoClassBalance:
 class LastKClasses:
     """The paper's rule: prefer the best sample whose class is not among the last ``K`` labels.
 
-    For ``k > 1`` labels the rule is applied greedily, each pick adding its class to the recent
-    set; when every remaining candidate's class is recent, the best remaining score is taken.
+    The last ``K`` labels are the annotated classes (the oracle's answers, as the paper's text
+    says), compared with the candidates' pseudo-labels. For ``k > 1`` labels the rule is applied
+    greedily, each pick adding its pseudo-label to the recent set for the rest of the batch; when
+    every remaining candidate's class is recent, the best remaining score is taken.
     """
 
     def __init__(self, k_recent: int = 2) -> None:
@@ -126,13 +138,23 @@ class LastKClasses:
         idx = torch.tensor([order[p] for p in taken], dtype=torch.long)
         return Selection(idx, taken_classes)
 
-    def commit(self, selection: Selection, answered: list[bool]) -> None:
-        for c, ok in zip(selection.classes, answered, strict=True):
+    def commit(
+        self, selection: Selection, answered: list[bool], labels: list[int] | None = None
+    ) -> None:
+        """Record the answered samples' labels (their pseudo-labels if ``labels`` is None)."""
+        classes = selection.classes if labels is None else labels
+        for c, ok in zip(classes, answered, strict=True):
             if ok and self.k_recent:
-                self._recent.append(c)
+                self._recent.append(int(c))
 
     def reset(self) -> None:
         self._recent.clear()
+
+    def snapshot(self) -> list[int]:
+        return list(self._recent)
+
+    def restore(self, token: list[int]) -> None:
+        self._recent = deque(token, maxlen=self.k_recent)
 
     def state_dict(self) -> dict[str, Any]:
         return {"recent": list(self._recent)}
@@ -142,7 +164,7 @@ class LastKClasses:
 
 
 class ReferenceClassHistory:
-    """The class-balancing rule of the authors' code (method.md §3), used for the paper's numbers.
+    """The class balancing of the authors' code (docs/method.md §3), behind the paper's numbers.
 
     State: ``history`` (class ids) and ``stored_diff[c]``, the score of the sample last labelled
     for class ``c``. With an empty history the top-``m`` are taken. Otherwise each of the top-``m``
@@ -201,7 +223,10 @@ class ReferenceClassHistory:
         picked_classes = [classes[q] for q in positions]
         return Selection(idx, picked_classes, {"extend": extend, "trim": trim, "writes": writes})
 
-    def commit(self, selection: Selection, answered: list[bool]) -> None:
+    def commit(
+        self, selection: Selection, answered: list[bool], labels: list[int] | None = None
+    ) -> None:
+        """Record the answered picks' pseudo-labels (the reference code ignores the labels)."""
         if not any(answered):
             return
         answered_classes = {c for c, ok in zip(selection.classes, answered, strict=True) if ok}
@@ -216,6 +241,12 @@ class ReferenceClassHistory:
     def reset(self) -> None:
         self.history = []
         self.stored_diff = {}
+
+    def snapshot(self) -> tuple[list[int], dict[int, float]]:
+        return list(self.history), dict(self.stored_diff)
+
+    def restore(self, token: tuple[list[int], dict[int, float]]) -> None:
+        self.history, self.stored_diff = list(token[0]), dict(token[1])
 
     def state_dict(self) -> dict[str, Any]:
         keys = sorted(self.stored_diff)

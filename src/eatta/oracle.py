@@ -34,8 +34,10 @@ class OracleError(RuntimeError):
 class GroundTruthOracle:
     """Simulated annotator that reveals only the selected samples' true labels.
 
-    Give it the batch's labels before the step (``set_labels`` or ``with oracle.labels(y):``);
-    ``revealed`` counts the labels it has handed out.
+    The labels belong to one batch: give them before the step (``method(x, labels=y)``,
+    ``set_labels(y)`` or ``with oracle.labels(y):``); the method ends the batch when its forward
+    returns or fails (:meth:`end_batch`), so a forgotten ``set_labels`` raises instead of serving
+    the previous batch's labels. ``revealed`` counts the labels handed out.
     """
 
     def __init__(self) -> None:
@@ -43,7 +45,15 @@ class GroundTruthOracle:
         self.revealed = 0
 
     def set_labels(self, labels: Tensor) -> None:
-        self._labels = torch.as_tensor(labels)
+        """The current batch's labels, one per sample."""
+        labels = torch.as_tensor(labels)
+        if labels.dim() != 1:
+            raise ValueError(f"labels must be 1-d [batch], got shape {tuple(labels.shape)}")
+        self._labels = labels
+
+    def end_batch(self) -> None:
+        """Forget the batch's labels (called by the method after each forward)."""
+        self._labels = None
 
     @contextmanager
     def labels(self, labels: Tensor) -> Iterator[GroundTruthOracle]:
@@ -55,7 +65,10 @@ class GroundTruthOracle:
 
     def __call__(self, inputs: Tensor, indices: Tensor) -> Tensor:
         if self._labels is None:
-            raise RuntimeError("GroundTruthOracle has no labels for this batch; call set_labels(y)")
+            raise RuntimeError(
+                "GroundTruthOracle has no labels for this batch; call set_labels(y) before each "
+                "batch or pass method(x, labels=y)"
+            )
         if indices.numel() and int(indices.max()) >= len(self._labels):
             raise IndexError(f"index {int(indices.max())} beyond {len(self._labels)} labels")
         self.revealed += int(indices.numel())

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from _state_checks import assert_same_state, differences, exact_state
 from eatta import Budget, InvalidInputError, OracleError
 from eatta.methods.base import AdaptiveMethod
 
@@ -45,18 +46,6 @@ def run(m: AdaptiveMethod, oracle: Answers, xs, ys) -> list[torch.Tensor]:
     return outs
 
 
-def snapshot(m: AdaptiveMethod):
-    return (
-        {k: v.detach().clone() for k, v in m.model.state_dict().items()},
-        repr(m.optimizer.state_dict()["state"]),
-        repr(m.method_state()),
-    )
-
-
-def same(a, b) -> bool:
-    return a[1] == b[1] and a[2] == b[2] and all(torch.equal(a[0][k], b[0][k]) for k in a[0])
-
-
 def check_only_optimizer_params_change(make: Make) -> None:
     xs, ys = stream(3)
     oracle = Answers()
@@ -74,11 +63,11 @@ def check_reset_is_exact(make: Make) -> None:
     xs, ys = stream(4)
     oracle = Answers()
     m = make(oracle=oracle, budget=2)
-    initial = snapshot(m)
+    initial = exact_state(m)
     first = run(m, oracle, xs, ys)
-    assert not same(initial, snapshot(m))
+    assert differences(initial, exact_state(m))
     m.reset()
-    assert same(initial, snapshot(m))
+    assert_same_state(initial, m)
     assert m.labels_used == 0
     again = run(m, oracle, xs, ys)
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
@@ -98,7 +87,7 @@ def check_state_dict_round_trip(make: Make, tmp_path) -> None:
     assert all(torch.equal(p, q) for p, q in zip(tail_a, tail_b, strict=True))
     pairs = zip(a.model.parameters(), b.model.parameters(), strict=True)
     assert all(torch.equal(p, q) for p, q in pairs)
-    assert repr(a.method_state()) == repr(b.method_state())
+    assert not differences(exact_state(a), exact_state(b))
     assert a.labels_used == b.labels_used
 
 
@@ -133,10 +122,10 @@ def check_bad_input(make: Make, case: str) -> None:
     oracle = Answers()
     m = make(oracle=oracle, budget=2)
     run(m, oracle, xs[:1], ys[:1])
-    before = snapshot(m)
+    before = exact_state(m)
     with pytest.raises(InvalidInputError):
         m(BAD_INPUTS[case](xs[1]))
-    assert same(before, snapshot(m))
+    assert_same_state(before, m)
 
 
 BAD_ORACLES = {
@@ -161,8 +150,8 @@ def check_bad_oracle(make: Make, case: str) -> None:
     used = m.labels_used
     state["ok"] = False
     good.y = ys[1]
-    before = snapshot(m)
+    before = exact_state(m)
     with pytest.raises(OracleError):
         m(xs[1])
-    assert same(before, snapshot(m))
+    assert_same_state(before, m)
     assert m.labels_used == used

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import eatta
+from _state_checks import assert_same_state, differences, exact_state
 from conftest import confident_cnn, tiny_cnn
 from eatta import EATTA, Budget, GradNormDebiaser, GroundTruthOracle, InvalidInputError, OracleError
+from eatta.losses import default_entropy_margin, entropy
+from eatta.methods.eatta import StepOptions
 
 
 def make(model=None, budget=1, oracle=None, lr=0.05, **kw):
@@ -24,16 +31,30 @@ def make(model=None, budget=1, oracle=None, lr=0.05, **kw):
     )
 
 
-def snapshot(method: EATTA):
-    return (
-        {k: v.clone() for k, v in method.model.state_dict().items()},
-        repr(method.optimizer.state_dict()["state"]),
-        repr(method.method_state()),
-    )
+LR = 0.05
 
 
-def same(a, b) -> bool:
-    return a[1] == b[1] and a[2] == b[2] and all(torch.equal(a[0][k], b[0][k]) for k in a[0])
+def sgd_first_step(model: nn.Module, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Parameters after a first SGD step with momentum (the buffer starts as the gradient)."""
+    named = dict(model.named_parameters())
+    return {n: named[n].detach() - LR * g for n, g in grads.items()}
+
+
+def grads_of(model: nn.Module, loss: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
+    named = dict(model.named_parameters())
+    grads = torch.autograd.grad(loss, [named[n] for n in names], retain_graph=True)
+    return dict(zip(names, grads, strict=True))
+
+
+def trained_names(m: EATTA) -> list[str]:
+    ids = {id(p) for p in m.params}
+    return [n for n, p in m.model.named_parameters() if id(p) in ids]
+
+
+def assert_params(m: EATTA, expected: dict[str, torch.Tensor], atol: float = 1e-7) -> None:
+    named = dict(m.model.named_parameters())
+    for n, want in expected.items():
+        torch.testing.assert_close(named[n].detach(), want, rtol=0, atol=atol, msg=n)
 
 
 def test_two_line_use_predicts_and_adapts_only_norm_params(batch):
@@ -65,24 +86,30 @@ def test_returned_logits_are_computed_before_the_update(batch):
 def test_budget_every_n_batches_and_total_cap(batch):
     x, y = batch
     m = make(budget=Budget(2, every=3, total=5))
-    m.oracle.set_labels(y)
     used = []
     for _ in range(9):
-        m(x)
+        m(x, labels=y)
         used.append(m.labels_used)
     # labels on batches 0, 3, 6 (2 each) capped at 5 in total
     assert used == [2, 2, 2, 4, 4, 4, 5, 5, 5]
 
 
-def test_no_label_step_is_confident_entropy_with_weight_one(batch):
+def test_no_label_step_applies_the_confident_entropy_gradient_with_weight_one(batch):
     x, _ = batch
     m = make(oracle=lambda inputs, idx: None)  # abstains
+    names = trained_names(m)
+    ref = copy.deepcopy(m.model)
+    h = entropy(ref(x))
+    confident = h < default_entropy_margin(5)
+    assert 0 < int(confident.sum()) < len(x)  # a real subset, so the mask matters
+    expected = sgd_first_step(ref, grads_of(ref, h[confident].mean(), names))
     m(x)
+    assert_params(m, expected)
     rec = m.last_step
     assert m.labels_used == 0 and rec.loss_sup is None and rec.weights is None
-    assert torch.equal(rec.loss, rec.loss_unsup)
+    assert torch.equal(rec.loss, rec.loss_unsup) and int(rec.num_unsup) == int(confident.sum())
     assert m.debiaser.current is None  # EMA untouched
-    assert m.history.classes == []  # class history untouched
+    assert m.history.classes == [] and m.budget.batches_seen == 1
 
 
 def test_per_sample_abstention_counts_only_answered(batch):
@@ -98,75 +125,149 @@ def test_per_sample_abstention_counts_only_answered(batch):
     assert m.labels_used == 2 and len(m.last_step.selected) == 2
 
 
-def test_empty_unsup_set_gives_no_nan_weight_one_and_no_ema_update(batch):
+def test_empty_unsup_set_applies_the_labelled_gradient_alone(batch):
     x, y = batch
     m = make(model=tiny_cnn(), entropy_margin=0.0)  # nothing is confident
-    m.oracle.set_labels(y)
-    m(x)
+    names = trained_names(m)
+    ref = copy.deepcopy(m.model)
+    m(x, labels=y)
     rec = m.last_step
+    (i,) = rec.selected.tolist()
+    expected = sgd_first_step(
+        ref, grads_of(ref, F.cross_entropy(ref(x)[i : i + 1], y[i : i + 1]), names)
+    )
+    assert_params(m, expected)
     assert int(rec.num_unsup) == 0 and float(rec.loss_unsup) == 0.0
     assert float(rec.weights.sup) == 1.0 and float(rec.weights.unsup) == 0.0
     assert m.debiaser.current is None
-    assert all(torch.isfinite(p).all() for p in m.params)
-    assert torch.allclose(rec.loss, rec.loss_sup)
+    assert torch.equal(rec.loss, rec.loss_sup)
 
 
-def test_weights_follow_eq_4_5_and_ema(batch):
+def test_labelled_update_is_the_gradient_norm_weighted_sum(batch):
     x, y = batch
     m = make()
-    m.oracle.set_labels(y)
-    m(x)
-    r1 = m.last_step
-    gs, gu = float(r1.grad_norm_sup), float(r1.grad_norm_unsup)
-    assert math.isclose(float(r1.weights.sup_raw), 2 * gu / (gs + gu), rel_tol=1e-5)
-    assert float(r1.weights.sup) == float(r1.weights.sup_raw)  # first EMA value = raw
-    m(x)
-    r2 = m.last_step
-    ema = 0.8 * float(r1.weights.sup) + 0.2 * float(r2.weights.sup_raw)
-    assert math.isclose(float(r2.weights.sup), ema, rel_tol=1e-5)
+    names = trained_names(m)
+    ref = copy.deepcopy(m.model)
+    m(x, labels=y)
+    rec = m.last_step
+    (i,) = rec.selected.tolist()
+    o = ref(x)
+    h = entropy(o)
+    mask = h.detach() < default_entropy_margin(5)
+    mask[i] = False
+    gs = grads_of(ref, F.cross_entropy(o[i : i + 1], y[i : i + 1]), names)
+    gu = grads_of(ref, h[mask].mean(), names)
+    ns = torch.linalg.vector_norm(torch.stack([g.norm() for g in gs.values()]))
+    nu = torch.linalg.vector_norm(torch.stack([g.norm() for g in gu.values()]))
+    assert not math.isclose(float(ns), float(nu), rel_tol=0.05)  # the direction is testable
+    w_sup, w_unsup = 2 * nu / (ns + nu), 2 * ns / (ns + nu)  # the larger norm, the smaller weight
+    torch.testing.assert_close(rec.grad_norm_sup, ns, rtol=1e-5, atol=0)
+    torch.testing.assert_close(rec.grad_norm_unsup, nu, rtol=1e-5, atol=0)
+    torch.testing.assert_close(rec.weights.sup, w_sup, rtol=1e-5, atol=0)
+    torch.testing.assert_close(rec.weights.unsup, w_unsup, rtol=1e-5, atol=0)
+    expected = sgd_first_step(ref, {n: w_sup * gs[n] + w_unsup * gu[n] for n in names})
+    assert_params(m, expected, atol=1e-6)
 
 
-def test_ablation_without_gnd_uses_unit_weights(batch):
+def test_ema_weights_follow_the_exact_recursion(make_image_batches):
+    alpha = 0.3  # not the default: a test written for 0.8 alone would fail here
+    m = make(debiaser=GradNormDebiaser(alpha=alpha))
+    ema = None
+    g = torch.Generator().manual_seed(4)
+    for x in make_image_batches(4, size=16):
+        m(x * 4 - 2, labels=torch.randint(0, 5, (16,), generator=g))
+        w = m.last_step.weights
+        gs, gu = float(m.last_step.grad_norm_sup), float(m.last_step.grad_norm_unsup)
+        raw = (2 * gu / (gs + gu), 2 * gs / (gs + gu))
+        assert math.isclose(float(w.sup_raw), raw[0], rel_tol=1e-5)
+        assert math.isclose(float(w.unsup_raw), raw[1], rel_tol=1e-5)
+        ema = (
+            raw
+            if ema is None
+            else tuple(alpha * e + (1 - alpha) * r for e, r in zip(ema, raw, strict=True))
+        )
+        assert math.isclose(float(w.sup), ema[0], rel_tol=1e-5)
+        assert math.isclose(float(w.unsup), ema[1], rel_tol=1e-5)
+        assert [float(t) for t in m.debiaser.current] == [float(w.sup), float(w.unsup)]
+
+
+def test_ablation_without_gnd_applies_the_plain_sum(batch):
     x, y = batch
     m = make(debiaser=GradNormDebiaser(normalize=False), selector=None, history=None)
-    m.oracle.set_labels(y)
-    m(x)
-    assert float(m.last_step.weights.sup) == 1.0 and float(m.last_step.weights.unsup) == 1.0
+    names = trained_names(m)
+    ref = copy.deepcopy(m.model)
+    m(x, labels=y)
+    rec = m.last_step
+    assert float(rec.weights.sup) == 1.0 and float(rec.weights.unsup) == 1.0
+    (i,) = rec.selected.tolist()
+    o = ref(x)
+    h = entropy(o)
+    mask = h.detach() < default_entropy_margin(5)
+    mask[i] = False
+    loss = F.cross_entropy(o[i : i + 1], y[i : i + 1]) + h[mask].mean()
+    assert_params(m, sgd_first_step(ref, grads_of(ref, loss, names)), atol=1e-6)
 
 
-def test_at_most_two_backward_passes(batch):
+def wide_cnn() -> nn.Sequential:
+    """Large enough activations (64 px) that the default "auto" mode segments its gradients."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 5),
+    )
+    with torch.no_grad():
+        model[-1].weight.mul_(20.0)
+    return model
+
+
+@pytest.mark.parametrize("labelled", [True, False], ids=["labelled", "no-label"])
+def test_default_path_runs_at_most_two_backward_passes(labelled):
+    m = make(wide_cnn(), budget=1 if labelled else 0)
+    assert m.grad_mode == "auto" and not eatta.methods._grads.has_module_hooks(m.model)
+    x = torch.randn(16, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    plan = m._plan(m.model(x))
+    assert plan is not None and plan.cuts  # the default path segments this graph
+    passes = {n: 0 for n in trained_names(m)}
+    named = dict(m.model.named_parameters())
+    handles = [
+        named[n].register_hook(lambda g, n=n: passes.__setitem__(n, passes[n] + 1)) for n in passes
+    ]
+    m(x, labels=torch.arange(16) % 5)
+    for hd in handles:
+        hd.remove()
+    assert m.last_step.skipped is False and (m.labels_used == 1) == labelled
+    assert set(passes.values()) == ({2} if labelled else {1})  # every parameter, no more
+
+
+def test_buffer_replays_into_the_supervised_loss(batch):
     x, y = batch
-    m = make()
-    m.oracle.set_labels(y)
-    calls = []
-    first = m.model[1]  # first BatchNorm: its output needs a gradient
-
-    def count_backward(mod, inputs, out):
-        out.register_hook(lambda g: calls.append(g.shape))
-
-    first.register_forward_hook(count_backward)
-    m(x)
-    assert 1 <= len(calls) <= 2
-
-
-def test_buffer_variant_replays_labelled_samples(batch):
-    x, y = batch
-    m = make(buffer=eatta.LabelBuffer(capacity=3, batch_size=2))
-    m.oracle.set_labels(y)
-    for _ in range(5):
-        m(x)
-    assert len(m.buffer) == 3
-    bx, by = m.buffer.contents()
-    sel = m.last_step.selected
-    assert torch.equal(bx[-1:], x[sel]) and torch.equal(by[-1:], y[sel])
+    m = make(buffer=eatta.LabelBuffer(capacity=3, batch_size=3))
+    for _ in range(3):
+        m(x, labels=y)
+    ref = copy.deepcopy(m.model)
+    m(x, labels=y)
+    rec = m.last_step
+    bx, by = m.buffer.contents()  # full, and a batch of 3 replays all of it (in some order)
+    assert len(m.buffer) == 3 and torch.equal(bx[-1:], x[rec.selected])
+    assert torch.equal(by[-1:], y[rec.selected])
+    with torch.no_grad():
+        own = F.cross_entropy(ref(x)[rec.selected], y[rec.selected])
+        replayed = F.cross_entropy(ref(bx), by)
+    torch.testing.assert_close(rec.loss_sup, own + replayed, rtol=1e-6, atol=1e-7)
 
 
 def test_steps_per_batch_reselects_each_step(batch):
     x, y = batch
     m = make(steps=2)
-    m.oracle.set_labels(y)
-    m(x)
-    assert m.labels_used == 2
+    m(x, labels=y)
+    assert m.labels_used == 2 and m.budget.batches_seen == 2
 
 
 # -- bad input: clear error, nothing changed ------------------------------------------------------
@@ -185,13 +286,26 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_raises_and_leaves_state(batch, case):
     x, y = batch
-    m = make()
-    m.oracle.set_labels(y)
-    m(x)  # some state first
-    before = snapshot(m)
+    m = make(buffer=2)
+    m(x, labels=y)  # some state first
+    before = exact_state(m)
     with pytest.raises(InvalidInputError):
-        m(BAD_INPUTS[case](x))
-    assert same(before, snapshot(m))
+        m(BAD_INPUTS[case](x), labels=y)
+    assert_same_state(before, m)
+
+
+def test_exact_state_sees_what_repr_misses(batch):
+    """The comparison itself: a generator advanced by one draw, a momentum changed by 1 ulp."""
+    x, y = batch
+    m = make()
+    m(x, labels=y)
+    before = exact_state(m)
+    m.selector.noise.generator.manual_seed(123)
+    assert differences(before, exact_state(m)) == ["/method/selector/noise/rng"]
+    m.selector.noise.load_state_dict(before["method"]["selector"]["noise"])
+    buf = next(iter(m.optimizer.state.values()))["momentum_buffer"]
+    buf[0] = torch.nextafter(buf[0], torch.tensor(1.0))
+    assert differences(before, exact_state(m)) == ["/optimizer/state/0/momentum_buffer"]
 
 
 def test_wrong_device_raises(batch):
@@ -219,13 +333,13 @@ def test_bad_oracle_raises_and_leaves_state(batch, case):
     def oracle(inp, idx):
         return y[idx] if answers["ok"] else BAD_ORACLES[case](inp, idx)
 
-    m = make(oracle=oracle)
+    m = make(oracle=oracle, buffer=2)
     m(x)
     answers["ok"] = False
-    before = snapshot(m)
+    before = exact_state(m)
     with pytest.raises(OracleError):
         m(x)
-    assert same(before, snapshot(m))
+    assert_same_state(before, m)
     answers["ok"] = True  # and the stream goes on as if the failed batch never happened
     m(x)
     assert m.labels_used == 2
@@ -242,19 +356,173 @@ def test_constructor_errors():
     other = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="not the model's"):
         EATTA(model, torch.optim.SGD(other.parameters(), lr=0.1), oracle=lambda *a: None)
+    with pytest.raises(ValueError, match="not both"):
+        EATTA(model, opt, oracle=lambda *a: None, grad_mode="batched", options=StepOptions())
+    with pytest.raises(ValueError, match="steps"):
+        EATTA(model, opt, oracle=lambda *a: None, steps=0)
+
+
+# -- one transaction per step -------------------------------------------------------------------
+class Boom(RuntimeError):
+    pass
+
+
+def full_buffer_method(batch) -> EATTA:
+    x, y = batch
+    m = make(buffer=eatta.LabelBuffer(capacity=2, batch_size=2), budget=2)
+    m(x, labels=y)
+    m(x + 0.5, labels=y)  # the buffer is full: the next add overwrites
+    return m
+
+
+@pytest.mark.parametrize("where", ["gradients", "debiaser", "optimizer"])
+def test_a_failure_anywhere_in_the_step_rolls_every_part_back(batch, monkeypatch, where):
+    x, y = batch
+    m = full_buffer_method(batch)
+    before = exact_state(m)
+
+    def fail(*args, **kwargs):
+        raise Boom(where)
+
+    if where == "gradients":
+        monkeypatch.setattr(m.gradients, "grads", fail)
+    elif where == "debiaser":
+        monkeypatch.setattr(m.debiaser, "weights", fail)
+    else:  # validate before mutate: the last thing that can fail comes before any commit
+        monkeypatch.setattr(m.optimizer, "step", fail)
+    with pytest.raises(Boom):
+        m(x - 0.5, labels=y)
+    if where != "optimizer":
+        assert_same_state(before, m)
+    else:  # the optimizer raised in its own step: the parts are back, the model untouched
+        after = exact_state(m)
+        assert differences(before["method"], after["method"]) == []
+        assert differences(before["model"], after["model"]) == []
+
+
+def test_a_failed_second_step_keeps_the_first(batch, monkeypatch):
+    x, y = batch
+    m = make(steps=2)
+    calls = {"n": 0}
+    real = m.gradients.grads
+
+    def second_fails(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise Boom("second step")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(m.gradients, "grads", second_fails)
+    with pytest.raises(Boom):
+        m(x, labels=y)
+    assert m.labels_used == 1 and m.budget.batches_seen == 1  # step 1 committed, step 2 undone
+    ref = make(steps=1)
+    ref(x, labels=y)
+    assert not differences(exact_state(ref)["method"], exact_state(m)["method"])
+    assert not differences(exact_state(ref)["model"], exact_state(m)["model"])
+
+
+# -- non-finite gradients: skipped, counted, warned once --------------------------------------
+class _NanGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
+class Overflow(nn.Module):
+    """Identity forward; a NaN gradient backward while ``on`` (a model's own overflow)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def forward(self, x):
+        return _NanGrad.apply(x) if self.on else x
+
+
+def overflowing_cnn() -> nn.Sequential:
+    model = confident_cnn()
+    return nn.Sequential(*list(model)[:3], Overflow(), *list(model)[3:])
+
+
+@pytest.mark.parametrize("labelled", [True, False], ids=["labelled", "no-label"])
+def test_non_finite_gradients_skip_the_step_and_change_nothing(make_image_batches, labelled):
+    xs = [x * 4 - 2 for x in make_image_batches(3, size=16)]
+    ys = [torch.arange(16) % 5] * 3
+    m = make(overflowing_cnn(), budget=1 if labelled else 0, buffer=2)
+    ref = make(overflowing_cnn(), budget=1 if labelled else 0, buffer=2)
+    m(xs[0], labels=ys[0]), ref(xs[0], labels=ys[0])
+    before = exact_state(m)
+    m.model[3].on = True
+    with torch.no_grad():
+        expected_logits = m.model(xs[1])
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        out = m(xs[1], labels=ys[1])
+    assert torch.equal(out, expected_logits) and m.last_step.skipped
+    assert m.skipped_steps == 1
+    before["method"]["skipped_steps"] = 1  # the count is the one thing that changes
+    assert_same_state(before, m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only
+        m(xs[1], labels=ys[1])
+    assert m.skipped_steps == 2 and m.method_state()["skipped_steps"] == 2
+    m.model[3].on = False  # the stream goes on as if the bad batches never came
+    assert torch.equal(m(xs[2], labels=ys[2]), ref(xs[2], labels=ys[2]))
+    assert not differences(exact_state(ref)["model"], exact_state(m)["model"])
+    m.reset()
+    assert m.skipped_steps == 0
+
+
+# -- the oracle's labels belong to one batch ---------------------------------------------------
+def test_labels_are_not_served_to_the_next_batch(batch):
+    x, y = batch
+    m = make()
+    m.oracle.set_labels(y)
+    m(x)
+    before = exact_state(m)
+    with pytest.raises(OracleError, match="set_labels"):  # forgotten: an error, not stale labels
+        m(x + 1)
+    assert_same_state(before, m)
+    m(x + 1, labels=y)
+    assert m.labels_used == 2 and m.oracle.revealed == 2
+
+
+def test_labels_keyword_is_checked_before_anything_changes(batch):
+    x, y = batch
+    m = make()
+    before = exact_state(m)
+    with pytest.raises(InvalidInputError, match="labels must have shape"):
+        m(x, labels=y[:3])
+    assert_same_state(before, m)
+    abstains = make(oracle=lambda inp, idx: None)
+    with pytest.raises(TypeError, match="set_labels"):
+        abstains(x, labels=y)
+
+
+def test_last_k_history_records_the_annotated_classes(batch):
+    x, _ = batch
+    m = make(history="last-k")
+    pl = m.model(x).argmax(1)
+    wrong = (pl + 1) % 5  # an annotator who always disagrees with the model
+    m(x, labels=wrong)
+    (i,) = m.last_step.selected.tolist()
+    assert m.history.classes == [int(wrong[i])] != [int(pl[i])]
 
 
 # -- reset and state -------------------------------------------------------------------------
 def test_reset_restores_everything(batch):
     x, y = batch
     m = make(buffer=4)
-    initial = snapshot(m)
-    m.oracle.set_labels(y)
+    initial = exact_state(m)
     for _ in range(3):
-        m(x)
-    assert not same(initial, snapshot(m))
+        m(x, labels=y)
+    assert differences(initial, exact_state(m))
     m.reset()
-    assert same(initial, snapshot(m))
+    assert_same_state(initial, m)
 
 
 def run_stream(m: EATTA, xs, ys):
@@ -286,6 +554,35 @@ def test_state_dict_round_trip_continues_identically(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(tail_a, tail_b, strict=True))
     assert all(torch.equal(p, q) for p, q in zip(a.params, b.params, strict=True))
     assert a.labels_used == b.labels_used <= 12
+
+
+def test_loaded_state_moves_to_the_models_device(batch, monkeypatch):
+    x, y = batch
+    a = make(buffer=4)
+    a(x, labels=y)
+    b = make(buffer=4)
+    # a model "on" another device: every part that holds tensors follows it, none is reset
+    monkeypatch.setattr(type(b), "device", property(lambda self: torch.device("meta")))
+    b.load_state_dict(a.state_dict())
+    assert b.buffer._x.device.type == "meta" and b.debiaser._state.device.type == "meta"
+    assert len(b.buffer) == 1 and b.labels_used == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_resume_on_another_device_continues_the_stream(tmp_path):
+    xs, ys = stream()
+    a = make(buffer=8, budget=2)
+    run_stream(a, xs[:3], ys[:3])
+    torch.save(a.state_dict(), tmp_path / "s.pt")
+    tail_a = run_stream(a, xs[3:], ys[3:])
+    model = confident_cnn().cuda()
+    b = make(model=model, buffer=8, budget=2)
+    b.load_state_dict(torch.load(tmp_path / "s.pt", map_location="cpu", weights_only=True))
+    assert b.buffer._x.is_cuda and b.debiaser._state.is_cuda
+    tail_b = run_stream(b, [x.cuda() for x in xs[3:]], ys[3:])
+    for p, q in zip(tail_a, tail_b, strict=True):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-4, atol=1e-4)
 
 
 RESUME_SCRIPT = textwrap.dedent(

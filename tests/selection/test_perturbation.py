@@ -54,7 +54,25 @@ def test_diff_is_the_change_of_the_pseudo_label_probability():
         yhat = p.argmax(1)
         want = (p[torch.arange(6), yhat] - q[torch.arange(6), yhat]).abs()
     torch.testing.assert_close(sel.score(ctx), want)
-    assert sel.score is not None and sel.noise.position == 1
+    assert sel.noise.position == 1  # one draw per scoring
+    other = eatta.PerturbationSelector(noise=eatta.RecordedNoise([-eps]))
+    assert not torch.equal(other.score(ctx), want)  # the noise matters
+
+
+def test_snapshot_restores_the_noise_generator():
+    model = confident_cnn()
+    backbone, head = split_model(model)
+    x = torch.randn(6, 3, 8, 8)
+    z = backbone(x)
+    ctx = SelectionContext(inputs=x, features=z, logits=head(z), head=head)
+    sel = eatta.PerturbationSelector(seed=3)
+    token = sel.snapshot()
+    first = sel.score(ctx)
+    assert not torch.equal(sel.score(ctx), first)  # the generator moved on
+    sel.restore(token)
+    assert torch.equal(sel.score(ctx), first)
+    sel.reset()
+    assert torch.equal(sel.score(ctx), first)  # seed 3 from the start again
 
 
 def test_only_the_head_runs_twice():
@@ -67,3 +85,10 @@ def test_only_the_head_runs_twice():
     )
     m(torch.randn(8, 3, 8, 8))
     assert calls == {"backbone": 1, "head": 2}
+
+
+def test_defaults_are_the_papers_sigma_and_seed_zero():
+    sel = eatta.PerturbationSelector()
+    assert sel.noise.std == 0.01
+    want = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)) * 0.01
+    assert torch.equal(sel.noise(torch.Size([4, 3]), torch.device("cpu"), torch.float32), want)

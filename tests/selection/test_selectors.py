@@ -379,11 +379,10 @@ def test_make_selector_by_name():
 def test_eatta_runs_with_each_selector_by_name(name, batch):
     x, y = batch
     oracle = eatta.GroundTruthOracle()
-    oracle.set_labels(y)
     m = create("eatta", confident_cnn(), oracle=oracle, budget=2, selector=name, history=None)
     assert isinstance(m.selector, SELECTORS[name])
-    m(x)
-    m(x)
+    m(x, labels=y)
+    m(x, labels=y)
     assert m.labels_used == 4
     assert len(m.last_step.selected) == 2
 

@@ -28,8 +28,13 @@ from torch.torch_version import TorchVersion
 
 __all__ = [
     "EDGES_SUPPORTED",
+    "Batched",
+    "GradientStrategy",
     "SegmentPlan",
+    "Segmented",
+    "TwoPass",
     "batched_grads",
+    "has_module_hooks",
     "plan_segments",
     "segmented_grads",
     "two_pass_grads",
@@ -242,3 +247,105 @@ def batched_grads(first: Tensor, second: Tensor, params: Sequence[Tensor]) -> tu
     eye = torch.eye(2, device=losses.device, dtype=losses.dtype)
     g = torch.autograd.grad(losses, params, eye, is_grads_batched=True, allow_unused=True)
     return [None if t is None else t[0] for t in g], [None if t is None else t[1] for t in g]
+
+
+# -- strategies: which of the above a method uses -----------------------------------------------
+_GLOBAL_HOOKS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+)
+
+
+def has_module_hooks(model: torch.nn.Module) -> bool:
+    """Whether any forward/backward hook is registered on ``model``'s modules or globally."""
+    registry = torch.nn.modules.module
+    if any(getattr(registry, name, None) for name in _GLOBAL_HOOKS):
+        return True
+    return any(
+        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        for m in model.modules()
+    )
+
+
+class GradientStrategy:
+    """How ``∇first`` and ``∇second`` are computed; every strategy gives the same values.
+
+    :meth:`plan` runs right after the forward pass (an accelerator is still busy then) on the
+    node every path from both losses passes through; :meth:`grads` uses its plan, or None.
+    """
+
+    def plan(self, root: Tensor, params: Sequence[Tensor]) -> SegmentPlan | None:
+        return None
+
+    def grads(
+        self,
+        first: Tensor,
+        second: Tensor,
+        params: Sequence[Tensor],
+        plan: SegmentPlan | None = None,
+    ) -> tuple[Grads, Grads]:
+        return two_pass_grads(first, second, params)
+
+
+class TwoPass(GradientStrategy):
+    """:func:`two_pass_grads`."""
+
+
+class Batched(GradientStrategy):
+    """:func:`batched_grads`."""
+
+    def grads(
+        self,
+        first: Tensor,
+        second: Tensor,
+        params: Sequence[Tensor],
+        plan: SegmentPlan | None = None,
+    ) -> tuple[Grads, Grads]:
+        return batched_grads(first, second, params)
+
+
+class Segmented(GradientStrategy):
+    """:func:`segmented_grads` with ``segments`` segments.
+
+    ``auto``: only for graphs whose gradients total ``min_bytes`` or more, and plain two passes
+    when ``model`` has module hooks: a gradient hook registered on a tensor at a cut point would
+    run once when the segment above captures its gradient and again when the segment below
+    starts from it.
+    """
+
+    def __init__(
+        self,
+        segments: int = 4,
+        min_bytes: float = 0.0,
+        auto: bool = False,
+        model: torch.nn.Module | None = None,
+    ) -> None:
+        self.segments = segments
+        self.min_bytes = min_bytes if auto else 0.0
+        self.auto = auto
+        self.model = model
+
+    @property
+    def active(self) -> bool:
+        """Whether gradients are computed segment by segment now (hooks can appear later)."""
+        if not EDGES_SUPPORTED:
+            return False
+        return not (self.auto and self.model is not None and has_module_hooks(self.model))
+
+    def plan(self, root: Tensor, params: Sequence[Tensor]) -> SegmentPlan | None:
+        if not self.active or root.grad_fn is None:
+            return None
+        return plan_segments([root.grad_fn], params, self.segments, self.min_bytes)
+
+    def grads(
+        self,
+        first: Tensor,
+        second: Tensor,
+        params: Sequence[Tensor],
+        plan: SegmentPlan | None = None,
+    ) -> tuple[Grads, Grads]:
+        if plan is None and not self.active:
+            return two_pass_grads(first, second, params)
+        return segmented_grads(first, second, params, self.segments, plan, self.min_bytes)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -38,8 +39,11 @@ class AdaptiveMethod(nn.Module):
     the optimizer and all method state as they were when the method was created.
     ``state_dict()`` holds the model's state plus, as extra state, the optimizer's and the
     method's, so ``load_state_dict`` resumes a stream exactly. Subclasses implement
-    :meth:`forward_and_adapt` and, if they keep state, :meth:`method_state`,
-    :meth:`load_method_state` and :meth:`reset_method_state`.
+    :meth:`forward_and_adapt` and list their stateful components in :meth:`state_parts`.
+
+    Each ``forward`` is one transaction: the parts are snapshotted before the step and restored
+    if it raises, so a failed step leaves no trace; the model and optimizer are never touched
+    before everything that can fail has run (validate, then mutate).
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class AdaptiveMethod(nn.Module):
         )
         self._rank = _expected_rank(model)
         self.last_step: Any = None  # what the last step did (method-specific record)
+        self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot
         self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._initial_optimizer = (
             copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
@@ -100,16 +105,74 @@ class AdaptiveMethod(nn.Module):
         return 0
 
     # -- prediction ------------------------------------------------------------------------
-    def forward(self, x: Tensor) -> Tensor:
-        """Predict on ``x`` (logits, computed before this batch's update) and adapt."""
+    def forward(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
+        """Predict on ``x`` (logits, computed before this batch's update) and adapt.
+
+        ``labels``: the batch's true labels for a simulated annotator (the method's oracle must
+        have ``set_labels``, e.g. :class:`~eatta.oracle.GroundTruthOracle`); it reveals only
+        those the method asks for.
+        """
         self.check_input(x)
+        oracle = getattr(self, "oracle", None)
+        if labels is not None:
+            if not hasattr(oracle, "set_labels"):
+                raise TypeError(
+                    f"{type(self).__name__}(x, labels=...) needs an oracle with set_labels "
+                    "(a GroundTruthOracle)"
+                )
+            labels = torch.as_tensor(labels)
+            if labels.shape != (x.shape[0],):
+                raise InvalidInputError(
+                    f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}"
+                )
+            oracle.set_labels(labels)  # type: ignore[union-attr]
         if self._split is None:
             self._split_example = x
         try:
-            with torch.enable_grad():
+            with self.transaction(), torch.enable_grad():
                 return self.forward_and_adapt(x)
         finally:
             self._split_example = None
+            end_batch = getattr(oracle, "end_batch", None)
+            if end_batch is not None:  # labels belong to one batch
+                end_batch()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Snapshot :meth:`state_parts`; restore them if the body raises."""
+        outer = self._saved_parts
+        self.snapshot_parts()
+        try:
+            yield
+        except BaseException:
+            self.restore_parts()
+            raise
+        finally:
+            self._saved_parts = outer
+
+    def snapshot_parts(self) -> None:
+        """(Re)take the open transaction's snapshot, e.g. after a committed step of several.
+
+        A part's own ``snapshot()``/``restore(token)`` is used when it has one (cheap: the
+        budget's counters, a generator state, a buffer's journal), else a deep copy of its
+        ``state_dict()``.
+        """
+        saved = []
+        for part in self.state_parts().values():
+            if part is None:
+                continue
+            snap = getattr(part, "snapshot", None)
+            saved.append((part, snap() if snap is not None else copy.deepcopy(part.state_dict())))
+        self._saved_parts = saved
+
+    def restore_parts(self) -> None:
+        """Restore every part to the open transaction's snapshot."""
+        for part, token in self._saved_parts or []:
+            restore = getattr(part, "restore", None)
+            if restore is not None:
+                restore(token)
+            else:
+                part.load_state_dict(copy.deepcopy(token))
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         raise NotImplementedError
@@ -170,10 +233,24 @@ class AdaptiveMethod(nn.Module):
         }
 
     def load_method_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`method_state` returned."""
+        """Restore what :meth:`method_state` returned, then move every part that can move
+        (``to(device)``) to the model's device: a state saved on another device, or loaded
+        with ``map_location="cpu"``, resumes where the model is."""
+        device = self.device
         for name, part in self.state_parts().items():
-            if part is not None and state.get(name) is not None:
+            if part is None:
+                continue
+            if state.get(name) is not None:
                 part.load_state_dict(state[name])
+            move = getattr(part, "to", None)
+            if device is not None and move is not None:
+                move(device)
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device of the model's first parameter (None for a model without parameters)."""
+        ref = next(self.model.parameters(), None)
+        return None if ref is None else ref.device
 
     def features_and_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(z, o)``: the backbone's features and the head's ``[batch, classes]`` logits."""

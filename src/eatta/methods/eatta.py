@@ -1,10 +1,16 @@
-"""EATTA: effortless active test-time adaptation (CVPR 2025), one label per batch at most."""
+"""EATTA: effortless active test-time adaptation (CVPR 2025), one label per batch at most.
+
+The method is described in ``docs/method.md``; its step reads as the paper's: select, ask,
+losses, loss weights, one update. How the gradients are computed (and autocast, channels-last)
+is :class:`~eatta.methods.step_options.StepOptions`' business, not the step's.
+"""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,29 +22,23 @@ from eatta.debias import GradNormDebiaser, LossWeights
 from eatta.history import ClassHistory, Selection, make_history
 from eatta.losses import default_entropy_margin, entropy, masked_mean
 from eatta.methods._active import select_and_ask, split_answer
-from eatta.methods._grads import (
-    EDGES_SUPPORTED,
-    SegmentPlan,
-    batched_grads,
-    plan_segments,
-    segmented_grads,
-    two_pass_grads,
-)
+from eatta.methods._grads import SegmentPlan
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
+from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOptions
 from eatta.oracle import Oracle
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
 from eatta.split import ModelSplit
 
-__all__ = ["EATTA", "GradMode", "StepRecord"]
-
-#: How EATTA computes the two gradients it needs (see :mod:`eatta.methods._grads`).
-GradMode = Literal["auto", "two-pass", "segmented", "batched"]
+__all__ = ["EATTA", "GradMode", "StepOptions", "StepRecord"]
 
 
 @dataclass
 class StepRecord:
-    """What one adaptation step did; tensors stay on the device (reading them syncs)."""
+    """What one adaptation step did; tensors stay on the device (reading them syncs).
+
+    ``skipped``: the gradients were not finite, so no update was applied and no state changed.
+    """
 
     logits: Tensor
     pseudo_labels: Tensor
@@ -53,6 +53,7 @@ class StepRecord:
     grad_norm_unsup: Tensor | None = None
     weights: LossWeights | None = None
     loss: Tensor | None = None
+    skipped: bool = False
 
 
 def _global_norm(grads: Sequence[Tensor | None]) -> Tensor:
@@ -60,34 +61,29 @@ def _global_norm(grads: Sequence[Tensor | None]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present)))
 
 
-_GLOBAL_HOOKS = (
-    "_global_forward_hooks",
-    "_global_forward_pre_hooks",
-    "_global_backward_hooks",
-    "_global_backward_pre_hooks",
-)
+@dataclass
+class _Labelled:
+    """The step's selection and the oracle's answer (CPU indices and labels)."""
 
-
-def _has_module_hooks(model: nn.Module) -> bool:
-    """Whether any forward/backward hook is registered on ``model``'s modules or globally."""
-    registry = nn.modules.module
-    if any(getattr(registry, name, None) for name in _GLOBAL_HOOKS):
-        return True
-    return any(
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-        for m in model.modules()
-    )
+    ctx: SelectionContext | None
+    selection: Selection | None
+    labels: Tensor | None
+    indices: Tensor
+    targets: Tensor
+    answered: Tensor
 
 
 class EATTA(AdaptiveMethod):
     """Wraps a classifier; ``forward(x)`` predicts, labels at most ``budget`` samples, adapts.
 
-    Each step (method.md §1): features ``z`` and logits ``o``; the selector scores the batch
-    (perturbation difference by default), the class history picks up to ``k`` samples, the oracle
-    labels them; ``L_sup`` = cross-entropy on the labelled samples (plus a replayed mini-batch
-    when a buffer is used), ``L_unsup`` = mean entropy of the confident (``H < margin``) unlabelled
-    samples; the debiaser weights the two by their gradient norms (EMA-smoothed) and the optimizer
-    takes one step. The returned logits are those computed before the update.
+    Each step (``docs/method.md``, "One step"): features ``z`` and logits ``o``; the selector
+    scores the batch (perturbation difference by default), the class history picks up to ``k``
+    samples, the oracle labels them; ``L_sup`` = cross-entropy on the labelled samples (plus a
+    replayed mini-batch when a buffer is used), ``L_unsup`` = mean entropy of the confident
+    (``H < margin``) unlabelled samples; the debiaser weights the two by their gradient norms
+    (EMA-smoothed) and the optimizer takes one step. The returned logits are those computed
+    before the update. A step whose gradients are not finite is skipped (no update, no state
+    change), counted in :attr:`skipped_steps` and warned about once.
 
     Args:
         model: a classifier prepared with :func:`eatta.configure` (in place).
@@ -106,31 +102,12 @@ class EATTA(AdaptiveMethod):
             optimizer's (the reference preset measures all norm layers); they are set to
             ``requires_grad=True`` but not updated.
         split: ``(backbone, head)`` for models whose split is not found automatically.
-        grad_mode: how the two gradients are computed; all give the same update (to float
-            rounding). ``"segmented"``: two backward passes run segment by segment between cut
-            points of the graph, as fast as ``"two-pass"`` and with about TENT's peak memory
-            (a gradient hook on a tensor at a cut point runs twice per pass). ``"two-pass"``:
-            one pass retaining the whole graph, then one freeing it (+14-19% peak memory over
-            TENT on ResNets). ``"batched"``: one vmapped pass over both losses
-            (``is_grads_batched``); low memory, but slower in PyTorch 2.13. ``"auto"``:
-            ``"segmented"``, or ``"two-pass"`` when the model has module hooks or its graph is
-            small (:attr:`segment_min_bytes`).
-        autocast: run the feature extractor under bfloat16 autocast (CPU or GPU). The head, the
-            perturbation scores and the losses stay in float32 (the perturbation difference is
-            ~1e-3 and would drown in bfloat16 rounding). Off by default.
-        channels_last: convert the model (in place) and each 4-d input batch to the channels-last
-            memory format, which convolutions on GPUs and oneDNN CPUs run faster. Off by default.
+        options: performance options (:class:`StepOptions`); or give ``grad_mode``,
+            ``autocast``, ``channels_last`` as keywords (not both).
 
-    On accelerators the input's finiteness check is read at the step's one host synchronisation
-    (the selection), not before the forward pass; the forward pass must then have no side effects
-    (true for a model prepared with :func:`eatta.configure`), else the check runs up front.
+    On accelerators the input's finiteness check is read at the step's host synchronisation
+    (the selection), not before the forward pass, when the forward pass has no side effects.
     """
-
-    #: Segments of the ``"segmented"`` gradient computation (more: less memory, more calls).
-    grad_segments: int = 4
-    #: ``"auto"`` segments only graphs whose gradients total at least this many bytes; below,
-    #: little memory is at stake and plain two passes are a little faster (digits-C CNN: 12 MiB).
-    segment_min_bytes: int = 32 * 2**20
 
     def __init__(
         self,
@@ -148,25 +125,26 @@ class EATTA(AdaptiveMethod):
         grad_norm_params: Sequence[nn.Parameter] | None = None,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
-        grad_mode: GradMode = "auto",
-        autocast: bool = False,
-        channels_last: bool = False,
+        grad_mode: GradMode | None = None,
+        autocast: bool | None = None,
+        channels_last: bool | None = None,
+        options: StepOptions | None = None,
     ) -> None:
         if optimizer is None:
             raise TypeError("EATTA needs an optimizer over the trainable parameters")
-        if grad_mode not in get_args(GradMode):
-            raise ValueError(f"grad_mode must be one of {get_args(GradMode)}, got {grad_mode!r}")
+        keywords = {"grad_mode": grad_mode, "autocast": autocast, "channels_last": channels_last}
+        given = {k: v for k, v in keywords.items() if v is not None}
+        if options is not None and given:
+            raise ValueError(f"give either options= or {sorted(given)}, not both")
+        options = options if options is not None else StepOptions(**given)
         if not callable(oracle):
             raise TypeError(f"oracle must be callable, got {type(oracle).__name__}")
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        if channels_last:
-            model.to(memory_format=torch.channels_last)
+        options.prepare_model(model)
         super().__init__(model, optimizer, split=split, check_finite=check_finite)
-        self.grad_mode: GradMode = grad_mode
-        self.autocast = bool(autocast)
-        self.channels_last = bool(channels_last)
-        self._finite: Tensor | None = None  # deferred finiteness flag (accelerators)
+        self.options = options
+        self.gradients = options.gradient_strategy(model)
         self.oracle = oracle
         self.budget = Budget.coerce(budget)
         self.selector: Selector = selector if selector is not None else PerturbationSelector()
@@ -175,6 +153,8 @@ class EATTA(AdaptiveMethod):
         self.buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
         self.entropy_margin = entropy_margin
         self.steps = steps
+        self.skipped_steps = 0  # steps skipped for non-finite gradients
+        self._finite = DeferredFiniteCheck()
         self._train = unique_params(self.params)
         if not self._train:
             raise ValueError("the optimizer holds no parameters")
@@ -184,26 +164,32 @@ class EATTA(AdaptiveMethod):
             raise ValueError("grad_norm_params must be parameters of the model")
         for p in measure:
             p.requires_grad_(True)
-        train_ids = {id(p) for p in self._train}
+        train_ids, measure_ids = {id(p) for p in self._train}, {id(p) for p in measure}
         self._all = self._train + [p for p in measure if id(p) not in train_ids]
-        measure_ids = {id(p) for p in measure}
         self._measure_pos = [i for i, p in enumerate(self._all) if id(p) in measure_ids]
+        self._norms_cover_update = train_ids <= measure_ids
         self.last_step: StepRecord | None = None
 
     @property
     def labels_used(self) -> int:
         return self.budget.labels_used
 
-    # -- input -------------------------------------------------------------------------------
-    def check_input(self, x: Tensor) -> None:
-        """As :meth:`AdaptiveMethod.check_input`; on accelerators the finiteness is read later.
+    @property
+    def grad_mode(self) -> GradMode:
+        return self.options.grad_mode
 
-        ``bool(torch.isfinite(x).all())`` would stall the host on the device at the start of
-        every step; instead the flag is computed on the device and read at the selection's sync
-        (or before the update in a step without labels), before any state changes.
-        """
+    @property
+    def autocast(self) -> bool:
+        return self.options.autocast
+
+    @property
+    def channels_last(self) -> bool:
+        return self.options.channels_last
+
+    def check_input(self, x: Tensor) -> None:
+        """As :meth:`AdaptiveMethod.check_input`; on accelerators the finiteness is read later."""
+        self._finite.flag = None
         if not (self.check_finite and isinstance(x, Tensor) and self._defer_finite(x)):
-            self._finite = None
             super().check_input(x)
             return
         self.check_finite = False
@@ -211,167 +197,118 @@ class EATTA(AdaptiveMethod):
             super().check_input(x)
         finally:
             self.check_finite = True
-        self._finite = torch.isfinite(x).all()
+        self._finite.flag = torch.isfinite(x).all()
 
     def _defer_finite(self, x: Tensor) -> bool:
-        if x.device.type == "cpu":  # no sync to save
-            return False
-        return not any(  # a forward pass that updates running statistics must not see bad input
-            isinstance(m, nn.modules.batchnorm._BatchNorm)
-            and m.training
-            and m.track_running_stats
-            and m.running_mean is not None
-            for m in self.model.modules()
-        )
+        return DeferredFiniteCheck.applies(x, self.model)
 
-    def _raise_if_not_finite(self) -> None:
-        flag, self._finite = self._finite, None
+    def _raise_if_not_finite(self, _: object = None) -> None:
+        flag = self._finite.take()
         if flag is not None and not bool(flag):
             raise InvalidInputError("input contains NaN or infinite values")
 
-    def _features(self, x: Tensor) -> Tensor:
-        if not self.autocast:
-            return self.split.backbone(x)
-        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
-            z = self.split.backbone(x)
-        return z.float()
-
     # -- the step ----------------------------------------------------------------------------
     def forward_and_adapt(self, x: Tensor) -> Tensor:
-        if self.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
+        x = self.options.prepare_input(x)
         logits = self._step(x)
         for _ in range(self.steps - 1):
+            self.snapshot_parts()  # the step before is committed: a failure rolls back to here
             self._step(x)
         return logits
 
-    def _select(
-        self, x: Tensor, z: Tensor, o: Tensor, k: int
-    ) -> tuple[SelectionContext, Selection, Tensor | None]:
-        backbone, head = self.split
-        ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
-        # the selection synchronised with the device: reading a deferred finiteness flag is free
-        selection, labels = select_and_ask(
-            self.selector,
-            self.history,
-            ctx,
-            k,
-            self.oracle,
-            check=lambda _: self._raise_if_not_finite(),
-        )
-        return ctx, selection, labels
-
     def _step(self, x: Tensor) -> Tensor:
-        head = self.split.head
-        z = self._features(x)
-        o = head(z)
+        z = self.options.features(self.split.backbone, x)
+        o = self.split.head(z)
         if o.dim() != 2:
-            raise RuntimeError(
-                f"the head must return [batch, classes] logits, got {tuple(o.shape)}"
-            )
-        num_classes = o.shape[1]
+            shape = tuple(o.shape)
+            raise RuntimeError(f"the head must return [batch, classes] logits, got {shape}")
         record = StepRecord(logits=o.detach(), pseudo_labels=o.detach().argmax(1))
-
-        # segment plan of the backward graph below the logits, made while an accelerator still
-        # runs the forward pass (the selection below synchronises)
         k = self.budget.allowance()
+        # cut points for segmented gradients, planned while an accelerator runs the forward pass
         plan = self._plan(o) if k > 0 else None
 
-        # 1. select and ask (no state changes until the oracle's answer is validated)
-        ctx = selection = labels = None
-        if k > 0:
-            ctx, selection, labels = self._select(x, z, o, k)
-            record.scores = selection.update.get("scores")
-        asked = torch.empty(0, dtype=torch.long) if selection is None else selection.indices
-        lab_idx, lab_y, answered = split_answer(asked, labels)
-        n_lab = len(lab_idx)
-        self._raise_if_not_finite()  # no-op unless deferred and not yet read (no selection)
+        # 1. select the samples and ask the oracle (no state changes until it has answered)
+        lab = self._select_and_ask(x, z, o, k)
+        record.scores = None if lab.selection is None else lab.selection.update.get("scores")
 
-        # 2. losses and gradients (parameters untouched)
-        h = entropy(o)
-        margin = (
-            self.entropy_margin
-            if self.entropy_margin is not None
-            else default_entropy_margin(num_classes)
-        )
-        unsup_mask = h.detach() < margin
-        lab_dev = lab_idx.to(o.device)
-        if n_lab:
-            unsup_mask = unsup_mask.index_fill(0, lab_dev, False)
-        loss_unsup, n_unsup = masked_mean(h, unsup_mask)
-        undo = rng = None
-        if self.buffer is not None:
-            rng = self.buffer.generator.get_state()
-            if n_lab:
-                undo = self.buffer.add(x[lab_dev], lab_y.to(o.device))
-        try:
-            terms = []
-            if n_lab:
-                terms.append(F.cross_entropy(o[lab_dev], lab_y.to(o.device)))
-            if self.buffer is not None and len(self.buffer):
-                bx, by = self.buffer.sample()
-                terms.append(F.cross_entropy(head(self._features(bx)), by))
-                plan = None  # a second graph through the same weights: plan from the losses
-            loss_sup = sum(terms[1:], terms[0]) if terms else None
-            grads, weights, g_sup, g_unsup = self._gradients(loss_sup, loss_unsup, n_unsup, plan)
-        except BaseException:
-            if self.buffer is not None:
-                if undo is not None:
-                    self.buffer.undo(undo)
-                self.buffer.generator.set_state(rng)
-            raise
+        # 2. the two losses (L_sup is None without a label)
+        loss_sup, replayed = self._supervised_loss(x, o, lab)
+        loss_unsup, n_unsup = self._confident_entropy(o, lab.indices)
+        if replayed:
+            plan = None  # a second graph through the same weights: plan from the losses
 
-        # 3. commit: budget, history, selector, debiaser EMA, optimizer
-        self.budget.commit(n_lab)
-        if selection is not None and n_lab:
-            self.history.commit(selection, answered.tolist())
-            assert ctx is not None
-            self.selector.commit(ctx, selection, labels)
+        # 3. weights and the weighted gradient, γ_sup·∇L_sup + γ_unsup·∇L_unsup
+        grads, weights, g_sup, g_unsup = self._gradients(loss_sup, loss_unsup, n_unsup, plan)
+
+        # 4. one update, or none if the gradients are not finite
+        if not self._update_is_finite(grads, weights, g_sup, g_unsup):
+            return self._skip(record)
+        self._commit(lab)
         for p, g in zip(self._train, grads, strict=False):
             p.grad = g
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-        record.selected, record.labels = lab_idx, lab_y
+        record.selected, record.labels = lab.indices, lab.targets
         record.class_history = list(getattr(self.history, "classes", []))
         record.loss_unsup, record.num_unsup = loss_unsup.detach(), n_unsup
-        if loss_sup is not None:
-            assert weights is not None
-            record.loss_sup = loss_sup.detach()
-            record.grad_norm_sup, record.grad_norm_unsup = g_sup, g_unsup
-            record.weights = weights
-            record.loss = (weights.sup * loss_sup + weights.unsup * loss_unsup).detach()
-        else:
+        record.loss_sup = None if loss_sup is None else loss_sup.detach()
+        record.grad_norm_sup, record.grad_norm_unsup, record.weights = g_sup, g_unsup, weights
+        if loss_sup is None or weights is None:
             record.loss = loss_unsup.detach()
+        else:
+            record.loss = (weights.sup * loss_sup + weights.unsup * loss_unsup).detach()
         self.last_step = record
         return o.detach()
 
+    # -- the parts of the step ---------------------------------------------------------------
+    def _select_and_ask(self, x: Tensor, z: Tensor, o: Tensor, k: int) -> _Labelled:
+        """Up to ``k`` samples picked by the selector under the class history, and their labels."""
+        ctx = selection = labels = None
+        if k > 0:
+            backbone, head = self.split
+            ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
+            # the selection synchronised with the device: reading a deferred flag there is free
+            selection, labels = select_and_ask(
+                self.selector, self.history, ctx, k, self.oracle, check=self._raise_if_not_finite
+            )
+        asked = torch.empty(0, dtype=torch.long) if selection is None else selection.indices
+        indices, targets, answered = split_answer(asked, labels)
+        return _Labelled(ctx, selection, labels, indices, targets, answered)
+
+    def _supervised_loss(self, x: Tensor, o: Tensor, lab: _Labelled) -> tuple[Tensor | None, bool]:
+        """Cross-entropy on the labelled samples plus, with a buffer, on a replayed mini-batch
+        (the new samples are added first, so they can be replayed at once)."""
+        terms = []
+        if len(lab.indices):
+            idx, y = lab.indices.to(o.device), lab.targets.to(o.device)
+            terms.append(F.cross_entropy(o[idx], y))
+            if self.buffer is not None:
+                self.buffer.add(x[idx], y)
+        replayed = self.buffer is not None and len(self.buffer) > 0
+        if replayed:
+            bx, by = self.buffer.sample()  # type: ignore[union-attr]
+            head = self.split.head
+            terms.append(F.cross_entropy(head(self.options.features(self.split.backbone, bx)), by))
+        return (sum(terms[1:], terms[0]) if terms else None), replayed
+
+    def _confident_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean entropy of the unlabelled samples below the margin, and their count."""
+        h = entropy(o)
+        margin = self.entropy_margin
+        if margin is None:
+            margin = default_entropy_margin(o.shape[1])
+        mask = h.detach() < margin
+        if len(labelled):
+            mask = mask.index_fill(0, labelled.to(o.device), False)
+        return masked_mean(h, mask)
+
     def _plan(self, o: Tensor) -> SegmentPlan | None:
-        """Cut points below the logits ``o`` for ``"segmented"`` gradients, else None.
-
-        Both losses are functions of ``o`` alone, so every path from them to the parameters runs
-        through ``o``'s node and cuts found below it are cuts of the losses' graph.
-        """
-        if not self._segmenting() or not self.debiaser.needs_grad_norms or o.grad_fn is None:
+        """Cut points below the logits: both losses are functions of ``o`` alone, so every
+        path from them to the parameters runs through ``o``'s node."""
+        if not self.debiaser.needs_grad_norms:
             return None
-        return plan_segments([o.grad_fn], self._all, self.grad_segments, self._min_bytes())
-
-    def _min_bytes(self) -> float:
-        return self.segment_min_bytes if self.grad_mode == "auto" else 0.0
-
-    def _segmenting(self) -> bool:
-        """Whether this step's gradients are computed segment by segment.
-
-        ``"auto"`` segments unless the model has module hooks: a gradient hook registered on a
-        tensor at a cut point would run once when the segment above captures its gradient and
-        again when the segment below starts from it, so with hooks (which might register such
-        tensor hooks) it keeps the plain two passes.
-        """
-        if not EDGES_SUPPORTED:
-            return False
-        if self.grad_mode == "segmented":
-            return True
-        return self.grad_mode == "auto" and not _has_module_hooks(self.model)
+        return self.gradients.plan(o, self._all)
 
     def _gradients(
         self,
@@ -380,52 +317,73 @@ class EATTA(AdaptiveMethod):
         n_unsup: Tensor,
         plan: SegmentPlan | None = None,
     ) -> tuple[list[Tensor], LossWeights | None, Tensor | None, Tensor | None]:
-        """Gradients for the trainable parameters, using at most two backward passes each."""
-        params = self._all
+        """The update's gradients for the trainable parameters, the weights and the two norms."""
+        train = self._train
         if loss_sup is None:  # no label: plain confident-entropy step, weight 1
-            g = torch.autograd.grad(loss_unsup, self._train, allow_unused=True)
-            return (
-                [self._zero_if_none(t, p) for t, p in zip(g, self._train, strict=True)],
-                None,
-                None,
-                None,
-            )
-        if not self.debiaser.needs_grad_norms:
-            g = torch.autograd.grad(loss_sup + loss_unsup, self._train, allow_unused=True)
+            g = torch.autograd.grad(loss_unsup, train, allow_unused=True)
+            return [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)], None, None, None
+        if not self.debiaser.needs_grad_norms:  # one pass over the sum
+            g = torch.autograd.grad(loss_sup + loss_unsup, train, allow_unused=True)
             one = torch.ones((), device=loss_sup.device)
-            grads = [self._zero_if_none(t, p) for t, p in zip(g, self._train, strict=True)]
+            grads = [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)]
             return grads, LossWeights(one, one, one, one), None, None
-        gs, gu = self._two_grads(loss_sup, loss_unsup, params, plan)
+        gs, gu = self.gradients.grads(loss_sup, loss_unsup, self._all, plan)
         zero = loss_sup.new_zeros(())
         g_sup = _global_norm([gs[i] for i in self._measure_pos] + [zero])
         g_unsup = _global_norm([gu[i] for i in self._measure_pos] + [zero])
         weights = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
-        train = self._train
-        sup = [self._zero_if_none(g, p) for g, p in zip(gs, train, strict=False)]
-        unsup = [self._zero_if_none(g, p) for g, p in zip(gu, train, strict=False)]
-        grads = torch._foreach_mul(sup, weights.sup)  # γ_sup·∇L_sup + γ_unsup·∇L_unsup, fused
+        sup = [_zero_if_none(g, p) for g, p in zip(gs, train, strict=False)]
+        unsup = [_zero_if_none(g, p) for g, p in zip(gu, train, strict=False)]
+        grads = torch._foreach_mul(sup, weights.sup)  # fused
         torch._foreach_add_(grads, torch._foreach_mul(unsup, weights.unsup))
         return list(grads), weights, g_sup, g_unsup
 
-    def _two_grads(
+    def _update_is_finite(
         self,
-        loss_sup: Tensor,
-        loss_unsup: Tensor,
-        params: list[nn.Parameter],
-        plan: SegmentPlan | None = None,
-    ) -> tuple[list[Tensor | None], list[Tensor | None]]:
-        """``∇L_sup`` and ``∇L_unsup`` over ``params`` as ``grad_mode`` says (same values)."""
-        if self.grad_mode == "batched":
-            return batched_grads(loss_sup, loss_unsup, params)
-        if plan is None and not self._segmenting():
-            return two_pass_grads(loss_sup, loss_unsup, params)
-        return segmented_grads(
-            loss_sup, loss_unsup, params, self.grad_segments, plan, self._min_bytes()
-        )
+        grads: list[Tensor],
+        weights: LossWeights | None,
+        g_sup: Tensor | None,
+        g_unsup: Tensor | None,
+    ) -> bool:
+        """Whether the update is finite; also reads a deferred input flag not read yet (a step
+        without selection), in the same host synchronisation."""
+        if g_sup is not None and g_unsup is not None and weights is not None:
+            if self._norms_cover_update:  # the norms already saw every gradient
+                flag = torch.isfinite(g_sup + g_unsup + weights.sup + weights.unsup)
+            else:
+                flag = torch.isfinite(_global_norm(grads) + weights.sup + weights.unsup)
+        else:
+            flag = torch.isfinite(_global_norm(grads))
+        pending = self._finite.take()
+        if pending is None:
+            return bool(flag)
+        ok_input, ok_update = torch.stack([pending, flag]).tolist()
+        if not ok_input:
+            raise InvalidInputError("input contains NaN or infinite values")
+        return bool(ok_update)
 
-    @staticmethod
-    def _zero_if_none(g: Tensor | None, p: nn.Parameter) -> Tensor:
-        return torch.zeros_like(p) if g is None else g
+    def _skip(self, record: StepRecord) -> Tensor:
+        """A step with non-finite gradients: every part back as it was, nothing applied."""
+        self.restore_parts()
+        self.skipped_steps += 1
+        if self.skipped_steps == 1:
+            warnings.warn(
+                "EATTA skipped a step whose gradients were not finite (the model overflowed); "
+                "later skips are counted in skipped_steps without a warning",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        record.skipped = True
+        self.last_step = record
+        return record.logits
+
+    def _commit(self, lab: _Labelled) -> None:
+        """Record the answered labels: budget, class history (annotated classes), selector."""
+        self.budget.commit(len(lab.indices))
+        if lab.selection is not None and len(lab.indices):
+            assert lab.ctx is not None and lab.labels is not None
+            self.history.commit(lab.selection, lab.answered.tolist(), lab.labels.tolist())
+            self.selector.commit(lab.ctx, lab.selection, lab.labels)
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
@@ -436,3 +394,18 @@ class EATTA(AdaptiveMethod):
             "debiaser": self.debiaser,
             "buffer": self.buffer,
         }
+
+    def method_state(self) -> dict[str, Any]:
+        return {**super().method_state(), "skipped_steps": self.skipped_steps}
+
+    def load_method_state(self, state: dict[str, Any]) -> None:
+        super().load_method_state(state)
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+
+    def reset_method_state(self) -> None:
+        super().reset_method_state()
+        self.skipped_steps = 0
+
+
+def _zero_if_none(g: Tensor | None, p: nn.Parameter) -> Tensor:
+    return torch.zeros_like(p) if g is None else g

@@ -2,8 +2,8 @@
 
 The model is configured as in :func:`eatta.configure` (eval mode, BatchNorm on batch statistics,
 only the normalization layers' affine parameters trainable) and takes one optimizer step per
-batch on the mean entropy of the whole batch. The paper's settings (method.md §5): SGD lr 2.5e-4,
-momentum 0.9 on ImageNet-C/R/K/A; Adam lr 5e-3 on PACS.
+batch on the mean entropy of the whole batch. The paper's settings (docs/method.md §5): SGD lr
+2.5e-4, momentum 0.9 on ImageNet-C/R/K/A; Adam lr 5e-3 on PACS.
 """
 
 from __future__ import annotations

@@ -42,3 +42,10 @@ class PerturbationSelector(ScoreSelector):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.noise.load_state_dict(state["noise"])
+
+    def snapshot(self) -> dict[str, Any]:
+        """A token for :meth:`restore` (the noise source's state dict holds fresh copies)."""
+        return self.noise.state_dict()
+
+    def restore(self, token: dict[str, Any]) -> None:
+        self.noise.load_state_dict(token)

@@ -1,0 +1,278 @@
+#!/usr/bin/env python
+"""Mutation score of the core modules: how many small bugs the tests catch (not run in CI).
+
+Each mutant changes one operator or constant of one module (``<`` to ``<=``, ``+`` to ``-``,
+``and`` to ``or``, ``True`` to ``False``, an integer ``n`` to ``n + 1``, ``not x`` to ``x``,
+``x[-1:]`` style slice bounds shifted); docstrings, annotations and error messages are left
+alone. The mutant replaces the module in a copy of ``src/`` and the module's tests run against it
+(``pytest -x``); a mutant is *killed* when they fail (or time out). Mutants are sampled (seeded)
+when a module has more sites than ``--per-module``.
+
+Usage::
+
+    python tools/mutation_score.py                       # every core module, 15 mutants each
+    python tools/mutation_score.py --modules debias.py --per-module 0   # all sites of one module
+    python tools/mutation_score.py --root ../other-checkout --out result.json --time-cap 1800
+
+Heavy on CPU: run it alone, in the background.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: module (under src/eatta) -> the tests that cover it (pytest arguments).
+MODULE_TESTS: dict[str, list[str]] = {
+    "methods/eatta.py": ["tests/methods/test_eatta.py", "-k", "not new_process"],
+    "debias.py": [
+        "tests/test_debias_properties.py",
+        "tests/methods/test_eatta.py",
+        "-k",
+        "debias or weight or ema or gnd or empty_unsup or alpha or snapshot",
+    ],
+    "history.py": ["tests/test_history_properties.py", "tests/selection/test_perturbation.py"],
+    "budget.py": [
+        "tests/test_budget_oracle_buffer.py",
+        "tests/methods/test_eatta.py",
+        "-k",
+        "budget or steps_per_batch or transaction or second_step",
+    ],
+    "oracle.py": [
+        "tests/test_budget_oracle_buffer.py",
+        "tests/methods/test_eatta.py",
+        "-k",
+        "oracle or labels or validate",
+    ],
+    "buffer.py": [
+        "tests/test_budget_oracle_buffer.py",
+        "tests/methods/test_eatta.py",
+        "-k",
+        "buffer or failure or non_finite or device or round_trip",
+    ],
+    "selection/perturbation.py": ["tests/selection/test_perturbation.py"],
+}
+
+_CMP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_BIN = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+    ast.FloorDiv: ast.Mult,
+}
+
+
+@dataclass(frozen=True)
+class Site:
+    """One mutation: the ``index``-th mutable node in walk order, and what it becomes."""
+
+    index: int
+    line: int
+    kind: str
+
+
+def _skipped_nodes(tree: ast.AST) -> set[int]:
+    """Nodes inside docstrings, annotations, f-strings (messages) and ``__all__``."""
+    skip: set[int] = set()
+
+    def drop(node: ast.AST | None) -> None:
+        if node is not None:
+            skip.update(id(n) for n in ast.walk(node))
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            drop(node.returns)
+            for a in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs]:
+                drop(a.annotation)
+        if isinstance(node, ast.AnnAssign):
+            drop(node.annotation)
+        if isinstance(node, ast.JoinedStr):
+            drop(node)
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            drop(node)
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                drop(body[0])
+    return skip
+
+
+def _candidates(tree: ast.AST) -> list[tuple[ast.AST, str]]:
+    skip = _skipped_nodes(tree)
+    out: list[tuple[ast.AST, str]] = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Compare) and type(node.ops[0]) in _CMP:
+            out.append((node, "compare"))
+        elif isinstance(node, ast.BinOp) and type(node.op) in _BIN:
+            out.append((node, "arithmetic"))
+        elif isinstance(node, ast.BoolOp):
+            out.append((node, "boolean"))
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+            out.append((node, "unary"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            out.append((node, "bool-constant"))
+        elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            out.append((node, "number"))
+    return out
+
+
+def _apply(node: ast.AST, kind: str) -> ast.AST:
+    """The mutated replacement of ``node`` (a new node, or ``node`` changed in place)."""
+    if kind == "compare":
+        node.ops[0] = _CMP[type(node.ops[0])]()  # type: ignore[attr-defined]
+    elif kind == "arithmetic":
+        node.op = _BIN[type(node.op)]()  # type: ignore[attr-defined]
+    elif kind == "boolean":
+        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()  # type: ignore[attr-defined]
+    elif kind == "unary":
+        return node.operand  # type: ignore[attr-defined]
+    elif kind == "bool-constant":
+        node.value = not node.value  # type: ignore[attr-defined]
+    elif kind == "number":
+        value = node.value  # type: ignore[attr-defined]
+        node.value = value + 1 if value != 0 else 1  # type: ignore[attr-defined]
+    return node
+
+
+def sites(source: str) -> list[Site]:
+    tree = ast.parse(source)
+    return [Site(i, getattr(n, "lineno", 0), kind) for i, (n, kind) in enumerate(_candidates(tree))]
+
+
+def mutate(source: str, site: Site) -> str:
+    tree = ast.parse(source)
+    node, kind = _candidates(tree)[site.index]
+    new = _apply(node, kind)
+    if new is not node:  # replace the node in its parent
+        for parent in ast.walk(tree):
+            for field, value in ast.iter_fields(parent):
+                if value is node:
+                    setattr(parent, field, new)
+                elif isinstance(value, list):
+                    for j, item in enumerate(value):
+                        if item is node:
+                            value[j] = new
+    return ast.unparse(tree)
+
+
+def run_tests(root: Path, src: Path, tests: list[str], timeout: float) -> str:
+    env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-o",
+        "addopts=",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        *tests,
+    ]
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    return "survived" if proc.returncode == 0 else ("killed" if proc.returncode == 1 else "error")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="checkout to test (default: cwd)")
+    p.add_argument("--modules", nargs="+", default=list(MODULE_TESTS), choices=list(MODULE_TESTS))
+    p.add_argument("--per-module", type=int, default=15, help="mutants per module (0: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's tests")
+    p.add_argument("--time-cap", type=float, default=3600.0, help="stop after this many seconds")
+    p.add_argument("--out", type=Path, default=None, help="JSON results")
+    args = p.parse_args(argv)
+    root = args.root.resolve()
+    started = time.monotonic()
+    results: dict[str, list[dict[str, object]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(root / "src", src)
+        baseline = run_tests(root, src, MODULE_TESTS[args.modules[0]], args.timeout)
+        if baseline != "survived":
+            print(f"the unmutated tests do not pass ({baseline}); no score", file=sys.stderr)
+            return 2
+        for module in args.modules:
+            path = src / "eatta" / module
+            original = path.read_text()
+            found = sites(original)
+            rng = random.Random(f"{args.seed}:{module}")
+            chosen = (
+                found
+                if args.per_module <= 0
+                else sorted(
+                    rng.sample(found, min(args.per_module, len(found))), key=lambda s: s.index
+                )
+            )
+            rows = results.setdefault(module, [])
+            for site in chosen:
+                if time.monotonic() - started > args.time_cap:
+                    break
+                try:
+                    path.write_text(mutate(original, site))
+                    outcome = run_tests(root, src, MODULE_TESTS[module], args.timeout)
+                finally:
+                    path.write_text(original)
+                rows.append({"line": site.line, "kind": site.kind, "outcome": outcome})
+                print(f"{module}:{site.line} {site.kind}: {outcome}", flush=True)
+            print(f"{module}: {len(found)} sites, {len(rows)} run", flush=True)
+    total = [r for rows in results.values() for r in rows]
+    killed = sum(r["outcome"] in ("killed", "timeout", "error") for r in total)
+    summary = {
+        "root": str(root),
+        "mutants": len(total),
+        "killed": killed,
+        "score": killed / len(total) if total else None,
+        "per_module": {
+            m: {
+                "mutants": len(rows),
+                "killed": sum(r["outcome"] != "survived" for r in rows),
+                "survivors": [r for r in rows if r["outcome"] == "survived"],
+            }
+            for m, rows in results.items()
+        },
+        "seconds": round(time.monotonic() - started),
+    }
+    print(json.dumps({k: v for k, v in summary.items() if k != "per_module"}))
+    for m, s in summary["per_module"].items():
+        print(f"  {m}: {s['killed']}/{s['mutants']} killed")
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
