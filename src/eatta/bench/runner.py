@@ -638,8 +638,9 @@ def run_cell(
     n_seen = sum(b[0] for b in online)
     n_wrong = sum(b[1] for b in online)
     bar = None
-    milestone_log = log if options.progress and not _is_terminal() else None
-    if options.progress and milestone_log is None:
+    terminal = options.progress and _is_terminal()
+    milestone_log = log if options.progress and not terminal else None
+    if terminal:
         from tqdm.auto import tqdm
 
         bar = tqdm(
