@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -486,3 +487,22 @@ def suites_corruptions() -> tuple[str, ...]:
     from eatta.data.imagenet import CORRUPTIONS
 
     return CORRUPTIONS
+
+
+def test_seeded_long_term_shards_merge_into_the_full_table(tmp_path, capsys, toy_digits):
+    common = ["--methods", "tent,eatta", "--rounds", "2", "--seeds", "0,1", "--batch-size", "8"]
+    common += ["--no-plot", "--no-progress"]
+    assert cli.main([*common, "--out", str(tmp_path / "full")]) == 0
+    full = capsys.readouterr().out
+    for i in range(3):
+        assert cli.main([*common, "--shard", f"{i}/3", "--out", str(tmp_path / f"s{i}")]) == 0
+    capsys.readouterr()
+    dirs = [str(tmp_path / f"s{i}") for i in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["merge", *dirs, "--out", str(tmp_path / "merged"), "--no-plot"]) == 0
+    assert not [w for w in caught if "different arguments" in str(w.message)]  # seeds differ
+    captured = capsys.readouterr()
+    strip = lambda rows: [r[:-3] for r in rows]  # noqa: E731 - drop img/s, wall time, memory
+    assert strip(table_rows(captured.out)) == strip(table_rows(full))
+    assert "± " in table_rows(full)[0][2]

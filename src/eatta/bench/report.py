@@ -125,7 +125,7 @@ def _seed_text(seeds: Sequence[int]) -> str:
 def _protocol_text(r: CellResult) -> str:
     parts = []
     if r.rounds > 1:
-        parts.append(f"{r.rounds} rounds (recurring, reshuffled each round)")
+        parts.append(f"× {r.rounds} rounds (recurring, reshuffled each round; R<r>: round r)")
     if r.protocol.get("gradual"):
         parts.append("gradual severities 1→5→1")
     if r.protocol.get("dirichlet") is not None:
@@ -179,10 +179,10 @@ def markdown_table(results: Sequence[CellResult]) -> str:
             "Wall s",
             "Peak MB",
         ]
-        images = ref.images
+        per_pass = ref.images // max(1, ref.rounds)
         proto = _protocol_text(ref)
         title = (
-            f"**{dataset}**: error % (lower is better), {images} images in "
+            f"**{dataset}**: error % (lower is better), {per_pass} images in "
             f"{len(domains)} domains" + (f", {proto}" if proto else "")
         )
         title += f"; mean ± std over {_seed_text(seeds)}" if many else f"; {_seed_text(seeds)}"
