@@ -99,8 +99,9 @@ def run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eatta-bench",
         description=(
-            "Benchmark test-time adaptation methods. Without --dataset: the embedded digits-C "
-            "benchmark (CPU, a few minutes). 'eatta-bench merge DIR...' merges --shard outputs."
+            "Benchmark test-time adaptation methods. Without --dataset: the long-term embedded "
+            "digits-C benchmark (10 rounds, CPU, about 5 minutes; --rounds 1 for one pass). "
+            "'eatta-bench merge DIR...' merges --shard outputs."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -150,6 +151,11 @@ def run_parser() -> argparse.ArgumentParser:
         help="PACS sequence(s), comma-separated (P-A-C-S, A-C-P-S, C-A-S-P, S-C-P-A)",
     )
     g.add_argument("--severity", type=int, default=5, help="ImageNet-C severity")
+    g.add_argument(
+        "--subset",
+        default="all",
+        help="ImageNet-C images per corruption: all (the paper), a count, or a list file",
+    )
     g = p.add_argument_group("stream protocol (any dataset, any method)")
     g.add_argument(
         "--rounds",
@@ -170,11 +176,6 @@ def run_parser() -> argparse.ArgumentParser:
         metavar="DELTA",
         help="label shift: order each domain by a Dirichlet(DELTA) class process "
         "(0.1: strongly class-correlated batches)",
-    )
-    g.add_argument(
-        "--subset",
-        default="all",
-        help="ImageNet-C images per corruption: all (the paper), a count, or a list file",
     )
     g = p.add_argument_group("models and annotator")
     g.add_argument(
