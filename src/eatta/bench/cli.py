@@ -479,9 +479,7 @@ def _run(argv: Sequence[str]) -> int:
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run_grid(
-            args, argv, options, methods, settings, budgets, shard_ix, started, seeds
-        )
+        return _run_grid(args, argv, options, methods, settings, budgets, shard_ix, started, seeds)
     finally:
         torch.set_num_threads(before)
 
@@ -539,8 +537,7 @@ def _run_grid(
         "dirichlet": options.dirichlet,
         "gradual": bool(args.gradual),
         "provenance": {
-            n: {"found": b.provenance, "expected": b.expected_provenance}
-            for n, b in data.items()
+            n: {"found": b.provenance, "expected": b.expected_provenance} for n, b in data.items()
         },
         "limit": options.limit,
         "device": options.device,
