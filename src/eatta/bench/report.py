@@ -125,7 +125,7 @@ def _seed_text(seeds: Sequence[int]) -> str:
 def _protocol_text(r: CellResult) -> str:
     parts = []
     if r.rounds > 1:
-        parts.append(f"× {r.rounds} rounds (recurring, reshuffled each round; Rr: round r)")
+        parts.append(f"× {r.rounds} rounds (recurring, reshuffled each round)")
     if r.protocol.get("gradual"):
         parts.append("gradual severities 1→5→1")
     if r.protocol.get("dirichlet") is not None:
