@@ -5,8 +5,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from bench_fixtures import (
@@ -22,7 +24,7 @@ import eatta.bench.cli as cli
 from eatta.bench import suites
 from eatta.data.imagenet import imagenet_r_wnids, imagenet_wnids
 
-QUIET = ["--no-progress"]
+QUIET = ["--no-progress", "--rounds", "1"]
 
 
 @pytest.fixture
@@ -30,10 +32,12 @@ def toy_digits(monkeypatch):
     """Replace the digits-C benchmark by a tiny stand-in (the real one: test_digits_model)."""
     calls = []
 
-    def fake(cache_dir=None, *, log=None):
+    def fake(cache_dir=None, *, log=None, gradual=False):
         calls.append(cache_dir)
         b = tiny_benchmark(name="digits-c")
         b.defaults_key = "digits-c"
+        b.provenance = {"data_sha256": "d1", "model_sha256": "m1"}
+        b.expected_provenance = dict(b.provenance)
         return b
 
     monkeypatch.setattr(suites, "digits_c_benchmark", fake)
@@ -63,26 +67,90 @@ def test_list_shows_methods_and_datasets(capsys):
     assert everything[0] == "source" and {"tent", "eatta", "baseline"} <= set(everything)
 
 
-def test_default_run_is_digits_c_with_four_methods(tmp_path, capsys, toy_digits, monkeypatch):
+def test_default_run_is_long_term_digits_c_with_five_methods(
+    tmp_path, capsys, toy_digits, monkeypatch
+):
     out = tmp_path / "run"
     threads = []
     real_set = torch.set_num_threads
     real_set(2)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (threads.append(n), real_set(n)))
     before = torch.get_num_threads()
-    assert cli.main(["--out", str(out), "--batch-size", "8", *QUIET]) == 0
+    assert cli.main(["--out", str(out), "--batch-size", "8", "--no-progress"]) == 0
     assert toy_digits == [None]
     text = capsys.readouterr().out
     rows = table_rows(text)
-    assert [r[0] for r in rows] == ["source", "tent", "baseline (1/batch)", "eatta (1/batch)"]
-    assert [r[1] for r in rows] == ["-", "C", "C", "C"]
-    assert "**digits-c**" in text
+    names = ["source", "tent", "eta", "baseline (1/batch)", "eatta (1/batch)"]
+    assert [r[0] for r in rows] == names
+    assert [r[1] for r in rows] == ["-", "C", "C", "C", "C"]
+    assert "**digits-c**" in text and "10 rounds (recurring" in text
+    header = next(line for line in text.splitlines() if line.startswith("| Method"))
+    assert "| R1 | R2 |" in header and "| R10 | Avg. Err. |" in header
     doc = json.loads((out / "results.json").read_text())
-    assert doc["meta"]["batch_size"] == 8 and doc["meta"]["grid_size"] == 4
-    assert [r["labels_used"] for r in doc["results"]] == [0, 0, 9, 9]
+    assert doc["meta"]["batch_size"] == 8 and doc["meta"]["grid_size"] == 5
+    assert doc["meta"]["rounds"] == 10
+    assert [r["labels_used"] for r in doc["results"]] == [0, 0, 0, 90, 90]  # 9 batches x 10
+    for r, row in zip(doc["results"], rows, strict=True):
+        assert len(r["round_errors"]) == 10 and len(r["online"]) == 90
+        assert [f"{e:.1f}" for e in r["round_errors"]] == row[2:12]
+        assert r["average_error"] == pytest.approx(sum(r["round_errors"]) / 10)
+    source = doc["results"][0]["round_errors"]
+    assert max(source) - min(source) < 1e-9  # a static model: every round alike
     assert (out / "results.md").read_text() == text
     assert_png(out / "online_error.png")
     assert threads == [1, before]  # digits-C runs single-threaded, then the count is restored
+
+
+def test_protocols_and_seeds_end_to_end(tmp_path, capsys, toy_digits):
+    out = tmp_path / "run"
+    argv = ["--methods", "source,tent,eatta", "--rounds", "3", "--dirichlet", "0.1"]
+    argv += ["--seeds", "0-2", "--batch-size", "8", "--out", str(out), "--no-progress"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "3 rounds" in text and "Dirichlet(δ=0.1)" in text and "seeds 0-2" in text
+    rows = table_rows(text)
+    assert [r[0] for r in rows] == ["source", "tent", "eatta (1/batch)"]
+    doc = json.loads((out / "results.json").read_text())
+    assert len(doc["results"]) == 9 and doc["meta"]["seeds"] == [0, 1, 2]
+    tent = [r for r in doc["results"] if r["spec"]["method"] == "tent"]
+    assert sorted(r["seed"] for r in tent) == [0, 1, 2]
+    assert len({tuple(tuple(b) for b in r["online"]) for r in tent}) == 3  # seeds differ
+    firsts = [r["round_errors"][0] for r in tent]
+    mean, std = np.mean(firsts), np.std(firsts, ddof=1)
+    assert rows[1][2] == f"{mean:.1f} ± {std:.1f}"  # R1: mean ± sample std over seeds
+    assert rows[1][-5] == "3"  # the Seeds column
+    summary = next(s for s in doc["summary"] if s["key"] == tent[0]["key"])
+    assert summary["seeds"] == [0, 1, 2]
+    assert summary["first_round_error"]["mean"] == pytest.approx(mean)
+    assert all(r["protocol"] == {"rounds": 3, "dirichlet": 0.1, "gradual": False} for r in tent)
+    table = list(csv.DictReader((out / "results.csv").open()))
+    assert len(table) == 9 and {"err_round:1", "err_round:3", "seed"} <= set(table[0])
+    assert_png(out / "online_error.png")
+    # the same run again reads every cell back; other seeds are other cells
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[0] == text.splitlines()[0]
+    again = json.loads((out / "results.json").read_text())["results"]
+    assert [r["online"] for r in again] == [r["online"] for r in doc["results"]]
+
+
+def test_provenance_mismatch_is_warned_and_recorded(tmp_path, capsys, toy_digits, monkeypatch):
+    real = suites.digits_c_benchmark
+
+    def drifted(*args, **kwargs):
+        b = real(*args, **kwargs)
+        b.provenance = {"data_sha256": "other", "model_sha256": "m1"}
+        return b
+
+    monkeypatch.setattr(suites, "digits_c_benchmark", drifted)
+    out = tmp_path / "run"
+    argv = ["--methods", "source", "--batch-size", "8", "--out", str(out), *QUIET]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "warning: digits-c: data_sha256 is other, not the reference d1" in err
+    assert "model_sha256" not in err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["meta"]["provenance"]["digits-c"]["found"]["data_sha256"] == "other"
+    assert doc["results"][0]["provenance"]["data_sha256"] == "other"
 
 
 def test_methods_settings_budgets_and_hparams(tmp_path, capsys, toy_digits):
@@ -348,10 +416,14 @@ def test_pacs_sequences(tmp_path, capsys):
         (["--setting", "sometimes"], "unknown setting"),
         (["--hp", "lr"], "KEY=VALUE"),
         (["--oracle", "model"], "--oracle-backbone"),
+        (["--rounds", "0"], "--rounds"),
+        (["--dirichlet", "0"], "--dirichlet"),
+        (["--seed", "1", "--seeds", "0-2"], "--seeds"),
+        (["--gradual", "--severity", "3"], "--severity"),
     ],
 )
-def test_bad_arguments_exit_with_a_message(argv, message, capsys, toy_digits):
-    assert cli.main([*argv, *QUIET]) == 2
+def test_bad_arguments_exit_with_a_message(argv, message, capsys, toy_digits, tmp_path):
+    assert cli.main([*argv, "--no-progress", "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -366,11 +438,71 @@ def test_real_digits_c_default_smoke(tmp_path, capsys, monkeypatch):
     """The embedded benchmark for real (builds digits-C and trains the model in a fresh cache)."""
     monkeypatch.setenv("EATTA_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "run"
-    assert cli.main(["--limit", "64", "--out", str(out), *QUIET]) == 0
-    rows = table_rows(capsys.readouterr().out)
-    assert [r[0] for r in rows] == ["source", "tent", "baseline (1/batch)", "eatta (1/batch)"]
+    argv = ["--limit", "64", "--rounds", "2", "--out", str(out), "--no-progress"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    rows = table_rows(captured.out)
+    names = ["source", "tent", "eta", "baseline (1/batch)", "eatta (1/batch)"]
+    assert [r[0] for r in rows] == names
     doc = json.loads((out / "results.json").read_text())
     source, tent = doc["results"][0], doc["results"][1]
-    assert source["images"] == 15 * 64
+    assert source["images"] == 2 * 15 * 64
     assert tent["average_error"] < source["average_error"]
     assert (Path(os.environ["EATTA_CACHE"]) / "digits-c").is_dir()
+    # packaged weights and the pinned corruption stack reproduce the reference digests
+    assert "packaged weights" in captured.err and "warning" not in captured.err
+    found = doc["meta"]["provenance"]["digits-c"]
+    assert found["found"] == found["expected"]
+
+
+def test_gradual_imagenet_c_long_term_on_a_miniature_tree(tmp_path, capsys):
+    root = tmp_path / "inc"
+    for severity in range(1, 6):
+        make_imagenet_c(root, imagenet_wnids()[:2], per_class=1, size=8, severity=severity)
+    out = tmp_path / "run"
+    argv = ["--dataset", "imagenet-c", "--root", str(root), "--backbone", "resnet18"]
+    argv += ["--random-init", "--methods", "source,tent", "--gradual", "--rounds", "2"]
+    argv += ["--batch-size", "2", "--image-size", "8", "--out", str(out), "--no-progress"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "gradual severities 1→5→1" in text and "2 rounds" in text
+    header = next(line for line in text.splitlines() if line.startswith("| Method"))
+    assert "| R1 | R2 | Avg. Err. |" in header
+    doc = json.loads((out / "results.json").read_text())
+    tent = doc["results"][1]
+    one_round = [f"{c}@{s}" for c in suites_corruptions() for s in (1, 2, 3, 4, 5, 4, 3, 2, 1)]
+    assert tent["domains"] == one_round * 2 and len(tent["online"]) == 270
+    assert tent["protocol"] == {"rounds": 2, "dirichlet": None, "gradual": True}
+    assert doc["results"][0]["round_errors"][0] == doc["results"][0]["round_errors"][1]
+    # one round: one column per corruption, its nine severities pooled
+    argv[argv.index("--rounds") + 1] = "1"
+    argv[argv.index("--out") + 1] = str(tmp_path / "one")
+    argv[argv.index("--methods") + 1] = "source"
+    assert cli.main(argv) == 0
+    header = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| Method"))
+    assert "| Gauss. | Shot |" in header and header.count("|") == 15 + 8
+
+
+def suites_corruptions() -> tuple[str, ...]:
+    from eatta.data.imagenet import CORRUPTIONS
+
+    return CORRUPTIONS
+
+
+def test_seeded_long_term_shards_merge_into_the_full_table(tmp_path, capsys, toy_digits):
+    common = ["--methods", "tent,eatta", "--rounds", "2", "--seeds", "0,1", "--batch-size", "8"]
+    common += ["--no-plot", "--no-progress"]
+    assert cli.main([*common, "--out", str(tmp_path / "full")]) == 0
+    full = capsys.readouterr().out
+    for i in range(3):
+        assert cli.main([*common, "--shard", f"{i}/3", "--out", str(tmp_path / f"s{i}")]) == 0
+    capsys.readouterr()
+    dirs = [str(tmp_path / f"s{i}") for i in range(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["merge", *dirs, "--out", str(tmp_path / "merged"), "--no-plot"]) == 0
+    assert not [w for w in caught if "different arguments" in str(w.message)]  # seeds differ
+    captured = capsys.readouterr()
+    strip = lambda rows: [r[:-3] for r in rows]  # noqa: E731 - drop img/s, wall time, memory
+    assert strip(table_rows(captured.out)) == strip(table_rows(full))
+    assert "± " in table_rows(full)[0][2]

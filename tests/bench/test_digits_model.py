@@ -73,3 +73,31 @@ def test_full_recipe_reaches_high_clean_accuracy():
     _, report = dm.train_digits_cnn()
     assert report["clean_test_accuracy"] > 0.95
     assert report["epochs"] == dm._EPOCHS
+
+
+def test_packaged_weights_load_with_their_checksum(tmp_path, monkeypatch):
+    model, report = dm.packaged_digits_source()
+    assert report["packaged"] is True and report["sha256"] == dm.DIGITS_SOURCE_SHA256
+    assert dm.state_digest(model) == dm.DIGITS_SOURCE_SHA256 and not model.training
+    assert report["clean_test_accuracy"] > 0.95
+    assert dm.PACKAGED_WEIGHTS.stat().st_size < 300_000  # tiny enough to ship
+    # a damaged copy is refused, not silently used
+    blob = torch.load(dm.PACKAGED_WEIGHTS, weights_only=True)
+    blob["state_dict"]["0.weight"] = blob["state_dict"]["0.weight"] + 1e-6
+    bad = tmp_path / "damaged.pt"
+    torch.save(blob, bad)
+    monkeypatch.setattr(dm, "PACKAGED_WEIGHTS", bad)
+    with pytest.raises(RuntimeError, match="damaged"):
+        dm.packaged_digits_source()
+    monkeypatch.setattr(dm, "PACKAGED_WEIGHTS", tmp_path / "missing.pt")
+    with pytest.raises(RuntimeError, match="missing"):
+        dm.packaged_digits_source()
+
+
+def test_state_digest_sees_every_bit_and_ignores_the_container():
+    net = dm.digits_cnn()
+    digest = dm.state_digest(net)
+    assert dm.state_digest(dict(net.state_dict())) == digest
+    with torch.no_grad():
+        net[0].weight[0, 0, 0, 0] = torch.nextafter(net[0].weight[0, 0, 0, 0], torch.tensor(9.0))
+    assert dm.state_digest(net) != digest

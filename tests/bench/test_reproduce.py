@@ -280,3 +280,5 @@ def test_reference_preset_runs_two_labelled_steps_per_batch(tmp_path, capsys, in
     first = next(r for r in results(out) if r["key"] == "imagenet-c/eatta/ctta/k1-n1")
     assert first["labels_used"] == 2 * 15  # two optimization steps, each re-selecting
     assert first["hparams"]["preset"] == "reference"
+    assert first["label"] == "eatta reference (2/batch)"
+    assert "eatta reference (2/batch)" in capsys.readouterr().out

@@ -328,3 +328,110 @@ def test_outputs_json_csv_markdown_and_png(tmp_path):
         assert f" {col} " in header
     assert csv_text(results).splitlines()[0].startswith("dataset,method,setting")
     assert_png(paths["plot"])
+
+
+# ----------------------------------------------------------------------------- long-term streams
+
+
+@pytest.mark.parametrize(("method", "stop"), [("eatta", 9), ("tent", 13)])
+def test_resume_in_the_middle_of_a_round_reaches_the_identical_result(tmp_path, method, stop):
+    data = tiny_benchmark()  # 9 batches a round
+    spec = CellSpec("toy", method, "ctta", 1 if method == "eatta" else 0, 1)
+    o = opts(rounds=3, dirichlet=0.2)
+    full = run_cell(spec, data, o, tmp_path / "full")
+    with pytest.raises(Stop):
+        run_cell(spec, data, o, tmp_path / "cut", callback=stop_at(stop))
+    resumed = run_cell(spec, data, o, tmp_path / "cut")
+    same_result(resumed, full)
+    assert resumed.sessions == 2 and len(full.online) == 27
+    assert len(full.round_errors) == 3 and len(full.domains) == 9
+    assert full.round_errors[1] == pytest.approx(sum(full.domain_errors[3:6]) / 3)
+    assert full.protocol == {"rounds": 3, "dirichlet": 0.2, "gradual": False}
+    one = run_cell(spec, data, opts(), tmp_path / "one")
+    assert one.fingerprint != full.fingerprint and one.rounds == 1
+
+
+def test_ftta_resets_at_every_domain_of_every_round(tmp_path, spy):
+    run_cell(CellSpec("toy", "spy-reset", "ftta"), tiny_benchmark(), opts(rounds=2), tmp_path)
+    assert [e for e, _ in spy].count("reset") == 5  # 6 visits, a reset at each change
+
+
+def test_fingerprint_covers_the_code_and_component_configuration(tmp_path, monkeypatch):
+    import eatta.bench.runner as runner
+    from eatta.bench.runner import fingerprint
+
+    data = tiny_benchmark()
+    spec = CellSpec("toy", "eatta", "ctta", 1, 1)
+    base = fingerprint(spec, data, opts())
+    assert fingerprint(spec, data, opts()) == base
+    monkeypatch.setattr(runner, "code_digest", lambda: "edited")  # a changed source file
+    assert fingerprint(spec, data, opts()) != base
+    monkeypatch.undo()
+
+    class Selector:
+        def __init__(self, std: float) -> None:
+            self.std = std
+
+    a = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(0.01)}}))
+    b = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(0.02)}}))
+    c = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(0.01)}}))
+    assert a != b and a == c  # configuration, not just the type name
+    assert runner._plain(Selector(0.5))["std"] == 0.5
+    f1 = runner._plain(lambda x: x + 1)
+    f2 = runner._plain(lambda x: x + 2)
+    assert f1 != f2
+    # a real edit of a source file changes the digest computed from the files
+    monkeypatch.setattr(runner, "_CODE_DIGEST", None)
+    first = runner.code_digest()
+    assert runner.code_digest() == first and len(first) == 16
+
+
+def test_reference_preset_row_label_counts_its_two_labelled_steps():
+    from eatta.bench.runner import row_label
+
+    spec = CellSpec("imagenet-c", "eatta", "ctta", 1, 1)
+    assert row_label(spec, {"preset": "reference"}) == "eatta reference (2/batch)"
+    assert row_label(spec, {"steps": 3}) == "eatta (3/batch)"
+    assert row_label(spec, {}) == "eatta (1/batch)"
+    assert (
+        row_label(CellSpec("toy", "baseline", "ctta", 1, 1), {"steps": 2}) == "baseline (1/batch)"
+    )
+
+
+def test_batch_logs_get_a_line_per_domain_or_round_not_a_bar(tmp_path, capsys):
+    lines: list[str] = []
+    spec = CellSpec("toy", "tent", "ctta")
+    run_cell(spec, tiny_benchmark(), opts(progress=True), tmp_path / "a", log=lines.append)
+    assert len(lines) == 3 and "domain 1/3 a" in lines[0] and "batch 9/9" in lines[2]
+    lines.clear()
+    run_cell(
+        spec, tiny_benchmark(), opts(progress=True, rounds=2), tmp_path / "b", log=lines.append
+    )
+    assert len(lines) == 2 and "round 1/2" in lines[0] and "round 2/2" in lines[1]
+    assert "it/s" not in capsys.readouterr().err  # stderr is no terminal here: no tqdm bar
+
+
+def test_collapse_is_stated_and_seeds_are_aggregated(tmp_path):
+    from eatta.bench.report import collapse_notes, summary
+
+    data = tiny_benchmark()
+    results = [
+        run_cell(CellSpec("toy", "tent", "ctta"), data, opts(rounds=2, seed=s), tmp_path)
+        for s in (0, 1)
+    ]
+    fake = []
+    for r, (first, last) in zip(results, ((40.0, 80.0), (42.0, 76.0)), strict=True):
+        d = r.to_dict()
+        d["round_errors"] = [first, last]
+        fake.append(CellResult.from_dict(d))
+    notes = collapse_notes(fake)
+    assert notes == [
+        "toy: tent collapses: its error grows from 41.0% in round 1 to 78.0% in round 2 "
+        "(errors accumulate over the long stream)."
+    ]
+    assert notes[0] in markdown_table(fake)
+    s = summary(fake)[0]
+    assert s["seeds"] == [0, 1] and s["last_round_error"]["mean"] == pytest.approx(78.0)
+    assert s["last_round_error"]["std"] == pytest.approx(2.8284271, rel=1e-6)
+    steady = [CellResult.from_dict({**f.to_dict(), "round_errors": [40.0, 45.0]}) for f in fake]
+    assert collapse_notes(steady) == []

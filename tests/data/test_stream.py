@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from eatta.data import Domain, TestStream
+from eatta.data.stream import (
+    GRADUAL_SEVERITIES,
+    base_domain_name,
+    dataset_labels,
+    dirichlet_order,
+    gradual_domains,
+)
 
 
 class Counting(Dataset[tuple[torch.Tensor, int]]):
@@ -108,3 +118,119 @@ def test_bad_streams_are_rejected() -> None:
         TestStream([Domain("d0", Counting(2, 0)), Domain("d1", Counting(0, 0))])
     with pytest.raises(TypeError, match="pair"):
         TestStream([Counting(2, 0)])  # type: ignore[list-item]
+
+
+# ----------------------------------------------------------------------------- long-term protocols
+
+
+def labelled(n: int, num_classes: int, base: int = 0) -> TensorDataset:
+    """Item ``i`` is ``(tensor([base + i]), i % num_classes)``."""
+    return TensorDataset(
+        torch.arange(base, base + n, dtype=torch.float32), torch.arange(n) % num_classes
+    )
+
+
+def same_class_neighbours(labels: list[int]) -> float:
+    """Fraction of consecutive pairs with the same label (a class-run statistic)."""
+    return sum(a == b for a, b in itertools.pairwise(labels)) / max(1, len(labels) - 1)
+
+
+def test_recurring_rounds_cover_every_image_once_per_round_and_reshuffle() -> None:
+    one = ids(list(TestStream(domains(), batch_size=4, seed=5)))
+    stream = TestStream(domains(), batch_size=4, seed=5, rounds=3)
+    assert len(stream) == 3 * len(one) and stream.batches_per_round == len(one)
+    assert stream.num_samples == 3 * 22 and stream.visit_names == ["d0", "d1", "d2"] * 3
+    out = ids(list(stream))
+    rounds = [out[r * len(one) : (r + 1) * len(one)] for r in range(3)]
+    assert rounds[0] == one  # round 1 is the one-pass stream, batch for batch
+    for r, batches in enumerate(rounds):
+        assert [name for name, _ in batches] == [name for name, _ in one]
+        for k, n in enumerate((10, 7, 5)):
+            seen = sorted(i for name, b in batches if name == f"d{k}" for i in b)
+            assert seen == [100 * k + i for i in range(n)], r  # each image exactly once a round
+        assert [stream.round_of_batch(r * len(one) + b) for b in range(len(one))] == [r] * len(one)
+    assert rounds[1] != rounds[0] and rounds[2] != rounds[1]  # every round reshuffled
+    assert ids(list(TestStream(domains(), batch_size=4, seed=5, rounds=3))) == out  # seeded
+
+
+def test_dirichlet_order_covers_every_sample_and_follows_the_class_process() -> None:
+    y = np.repeat(np.arange(10), 60)
+    stats = {}
+    for delta in (0.01, 0.1, 1.0, 1000.0):
+        runs = []
+        for s in range(4):
+            order = dirichlet_order(y, delta, 20, np.random.default_rng(s))
+            assert sorted(order.tolist()) == list(range(len(y)))  # a permutation
+            runs.append(same_class_neighbours(y[order].tolist()))
+        stats[delta] = float(np.mean(runs))
+    assert stats[0.01] > stats[0.1] > stats[1.0] > stats[1000.0]
+    assert stats[0.1] > 0.35 and stats[1000.0] < 0.2  # i.i.d. would give 0.1
+    # with a tiny δ a class falls (almost) into one slot: its samples sit in one stretch
+    order = dirichlet_order(y, 1e-3, 20, np.random.default_rng(0))
+    positions = {c: np.flatnonzero(y[order] == c) for c in range(10)}
+    assert np.mean([p.max() - p.min() + 1 for p in positions.values()]) < 2 * 60
+    same = dirichlet_order(y, 0.1, 20, np.random.default_rng(3))
+    assert np.array_equal(same, dirichlet_order(y, 0.1, 20, np.random.default_rng(3)))
+    with pytest.raises(ValueError, match="concentration"):
+        dirichlet_order(y, 0.0, 20, np.random.default_rng(0))
+
+
+def test_label_shift_stream_is_class_correlated_and_complete() -> None:
+    data = [Domain("a", labelled(300, 10)), Domain("b", labelled(200, 10, base=1000))]
+    iid = TestStream(data, batch_size=10, seed=2, rounds=2)
+    shifted = TestStream(data, batch_size=10, seed=2, rounds=2, dirichlet=0.1)
+    out = list(shifted)
+    assert len(out) == len(iid) == 2 * (30 + 20)
+    half = len(out) // 2
+    for r in range(2):
+        xs = [int(v) for x, _, _ in out[r * half : (r + 1) * half] for v in x]
+        assert sorted(xs) == list(range(300)) + list(range(1000, 1200))  # once per round
+    labels = [int(v) for _, y, _ in out for v in y]
+    iid_labels = [int(v) for _, y, _ in iid for v in y]
+    assert same_class_neighbours(labels) > 0.35 > 0.2 > same_class_neighbours(iid_labels)
+    assert out[0][0].tolist() != out[half][0].tolist()  # rounds differ
+    assert "dirichlet=0.1" in repr(shifted)
+
+
+@pytest.mark.parametrize("start", [0, 3, 31, 49, 50, 62, 99])
+def test_resume_in_the_middle_of_a_round_yields_the_identical_tail(start: int) -> None:
+    data = [Domain("a", labelled(300, 10)), Domain("b", labelled(200, 10, base=1000))]
+    full = ids(list(TestStream(data, batch_size=10, seed=4, rounds=2, dirichlet=0.3)))
+    stream = TestStream(data, batch_size=10, seed=4, rounds=2, dirichlet=0.3)
+    assert ids(list(stream.iter_from(start))) == full[start:]
+
+
+def test_gradual_domains_run_severities_up_and_down_per_corruption() -> None:
+    made = []
+
+    def make(c: str, s: int) -> TensorDataset:
+        made.append((c, s))
+        return labelled(4, 2, base=10 * s)
+
+    out = gradual_domains(["fog", "snow"], make)
+    assert [d.name for d in out] == [
+        f"{c}@{s}" for c in ("fog", "snow") for s in GRADUAL_SEVERITIES
+    ]
+    assert list(GRADUAL_SEVERITIES) == [1, 2, 3, 4, 5, 4, 3, 2, 1]
+    assert len(made) == 10 and out[0].dataset is out[8].dataset  # built once, visited twice
+    assert [int(d.dataset[0][0]) for d in out[:9]] == [10 * s for s in GRADUAL_SEVERITIES]
+    assert base_domain_name("fog@3") == "fog" and base_domain_name("fog") == "fog"
+
+
+def test_labels_are_read_without_loading_images() -> None:
+    ds = labelled(10, 3)
+    assert dataset_labels(ds).tolist() == [i % 3 for i in range(10)]
+    assert dataset_labels(Subset(ds, [4, 2])).tolist() == [1, 2]
+    counting = Counting(5, 0)
+    assert dataset_labels(counting).tolist() == [i % 3 for i in range(5)]  # fallback reads items
+
+
+def test_bad_protocols_are_rejected() -> None:
+    with pytest.raises(ValueError, match="rounds"):
+        TestStream(domains(), rounds=0)
+    with pytest.raises(ValueError, match="dirichlet"):
+        TestStream(domains(), dirichlet=-1.0)
+    with pytest.raises(ValueError, match="shuffle"):
+        TestStream(domains(), dirichlet=0.1, shuffle=False)
+    with pytest.raises(IndexError):
+        TestStream(domains(), rounds=2).permutation(6)

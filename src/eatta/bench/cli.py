@@ -1,8 +1,11 @@
 """``eatta-bench``: run test-time adaptation benchmarks and print a markdown table.
 
-Without arguments it runs the embedded digits-C benchmark on the CPU: the digits source model
-(trained and cached on first use), the corrupted test split in the 15-corruption CTTA order,
-batches of 64, comparing source, tent, baseline (1 label/batch) and eatta (1 label/batch).
+Without arguments it runs the long-term embedded digits-C benchmark on the CPU: the packaged
+digits source model, the corrupted test split in the 15-corruption CTTA order repeated for 10
+rounds (each reshuffled), batches of 64, comparing source, tent, eta, baseline (1 label/batch) and
+eatta (1 label/batch) round by round; ``--rounds 1`` gives the one-pass table. Stream protocols:
+``--rounds`` (recurring), ``--gradual`` (severity 1→5→1), ``--dirichlet`` (label shift);
+``--seeds 0-4`` repeats every cell per seed and reports mean ± std.
 ``eatta-bench merge DIR...`` merges the output folders of ``--shard`` runs into one table.
 See ``docs/benchmarks.md``.
 """
@@ -24,6 +27,7 @@ from eatta.bench.runner import (
     BenchmarkData,
     RunOptions,
     make_grid,
+    make_jobs,
     parse_shard,
     run_grid,
     shard,
@@ -32,7 +36,9 @@ from eatta.methods import registry
 
 __all__ = ["DEFAULT_METHODS", "build_benchmarks", "main", "run_parser"]
 
-DEFAULT_METHODS = ("source", "tent", "baseline", "eatta")
+DEFAULT_METHODS = ("source", "tent", "eta", "baseline", "eatta")
+#: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
+DIGITS_ROUNDS = 10
 
 
 def _log(msg: str) -> None:
@@ -50,6 +56,28 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(
             f"expected integers separated by commas, got {text!r}"
         ) from None
+
+
+def _seeds(text: str) -> list[int]:
+    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,2,5"`` -> [0, 2, 5]; ranges and lists may mix."""
+    out: list[int] = []
+    try:
+        for part in _csv(text):
+            lo, sep, hi = part.partition("-")
+            if sep and lo:
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise argparse.ArgumentTypeError(f"empty seed range {part!r}")
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds are integers or ranges such as 0-4 or 0,1,2, got {text!r}"
+        ) from None
+    if not out or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"seeds must be distinct and non-empty, got {text!r}")
+    return out
 
 
 def _buffers(text: str) -> list[int | None]:
@@ -71,8 +99,9 @@ def run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eatta-bench",
         description=(
-            "Benchmark test-time adaptation methods. Without --dataset: the embedded digits-C "
-            "benchmark (CPU, a few minutes). 'eatta-bench merge DIR...' merges --shard outputs."
+            "Benchmark test-time adaptation methods. Without --dataset: the long-term embedded "
+            "digits-C benchmark (10 rounds, CPU, about 5 minutes; --rounds 1 for one pass). "
+            "'eatta-bench merge DIR...' merges --shard outputs."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -127,6 +156,27 @@ def run_parser() -> argparse.ArgumentParser:
         default="all",
         help="ImageNet-C images per corruption: all (the paper), a count, or a list file",
     )
+    g = p.add_argument_group("stream protocol (any dataset, any method)")
+    g.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"recurring: repeat the domain sequence R times, each round reshuffled "
+        f"(default: {DIGITS_ROUNDS} for the digits-C main job, else 1)",
+    )
+    g.add_argument(
+        "--gradual",
+        action="store_true",
+        help="gradual: severity 1,2,3,4,5,4,3,2,1 within each corruption (imagenet-c, digits-c)",
+    )
+    g.add_argument(
+        "--dirichlet",
+        type=float,
+        default=None,
+        metavar="DELTA",
+        help="label shift: order each domain by a Dirichlet(DELTA) class process "
+        "(0.1: strongly class-correlated batches)",
+    )
     g = p.add_argument_group("models and annotator")
     g.add_argument(
         "--backbone",
@@ -164,6 +214,13 @@ def run_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("execution")
     g.add_argument("--batch-size", type=int, default=64, help="images per batch (64 in the paper)")
     g.add_argument("--seed", type=int, default=0, help="stream order and method randomness")
+    g.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=None,
+        metavar="0-4|0,1,2",
+        help="run every cell once per seed and report mean ± std (replaces --seed)",
+    )
     g.add_argument(
         "--limit",
         type=int,
@@ -309,10 +366,12 @@ def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
         raise ValueError("--oracle model needs --oracle-backbone")
     out: dict[str, BenchmarkData] = {}
     for name in names:
+        if args.gradual and name not in ("digits-c", "imagenet-c"):
+            raise ValueError(f"--gradual needs severities; {name} has none (digits-c, imagenet-c)")
         if name == "digits-c":
             if oracle_backbone is not None:
                 raise ValueError("digits-C has no model annotator; use --oracle gt")
-            b = suites.digits_c_benchmark(args.cache_dir, log=_log)
+            b = suites.digits_c_benchmark(args.cache_dir, log=_log, gradual=args.gradual)
             out[b.name] = b
             continue
         if name not in roots:
@@ -342,6 +401,7 @@ def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
                 checkpoint=args.checkpoint,
                 pretrained=not args.random_init,
                 severity=args.severity,
+                gradual=args.gradual,
                 subset=_subset(args.subset),
                 image_size=args.image_size,
                 fisher_root=args.fisher_root,
@@ -397,9 +457,24 @@ def _run(argv: Sequence[str]) -> int:
     if any(k < 0 for k in args.labels) or any(n < 1 for n in args.every):
         raise ValueError("--labels must be >= 0 and --every >= 1")
     budgets = [(k, n) for k in args.labels for n in args.every]
+    datasets = _csv(args.dataset)
+    rounds = args.rounds
+    if rounds is None:
+        rounds = DIGITS_ROUNDS if datasets == ["digits-c"] else 1
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    if args.dirichlet is not None and not 0 < args.dirichlet < float("inf"):
+        raise ValueError(f"--dirichlet must be a positive number, got {args.dirichlet}")
+    if args.gradual and args.severity != 5:
+        raise ValueError("--gradual runs severities 1 to 5; leave out --severity")
+    if args.seeds is not None and any(a == "--seed" or a.startswith("--seed=") for a in argv):
+        raise ValueError("give either --seed or --seeds, not both")
+    seeds = args.seeds if args.seeds is not None else [args.seed]
     options = RunOptions(
         batch_size=args.batch_size,
-        seed=args.seed,
+        seed=seeds[0],
+        rounds=rounds,
+        dirichlet=args.dirichlet,
         limit=args.limit,
         device=_device(args.device),
         workers=args.workers,
@@ -418,7 +493,7 @@ def _run(argv: Sequence[str]) -> int:
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run_grid(args, argv, options, methods, settings, budgets, shard_ix, started)
+        return _run_grid(args, argv, options, methods, settings, budgets, shard_ix, started, seeds)
     finally:
         torch.set_num_threads(before)
 
@@ -432,6 +507,7 @@ def _run_grid(
     budgets: list[tuple[int, int]],
     shard_ix: tuple[int, int],
     started: float,
+    seeds: list[int],
 ) -> int:
     from eatta.bench.report import markdown_table, write_outputs
 
@@ -440,15 +516,29 @@ def _run_grid(
         missing = [n for n, b in data.items() if b.fisher_data is None]
         if missing:
             raise ValueError(f"eata needs clean source data (--fisher-root) for {missing}")
+    for b in data.values():
+        for key in b.provenance_mismatch():
+            _log(
+                f"warning: {b.name}: {key} is {b.provenance[key]}, not the reference "
+                f"{(b.expected_provenance or {})[key]}: results may differ from the published "
+                "table (see docs/benchmarks.md, 'Same numbers on every machine')"
+            )
     grid = make_grid(list(data), methods, settings, budgets, args.buffer)
-    cells = shard(grid, *shard_ix)
+    jobs = make_jobs(grid, seeds)
+    cells = shard(jobs, *shard_ix)
     name = args.name or "+".join(_csv(args.dataset))
     if args.shard:
         name += f"-shard{shard_ix[0]}of{shard_ix[1]}"
     out = Path(args.out) if args.out else Path("runs") / name
+    proto = f", {options.rounds} rounds" if options.rounds > 1 else ""
+    if args.gradual:
+        proto += ", gradual"
+    if options.dirichlet is not None:
+        proto += f", Dirichlet {options.dirichlet:g}"
+    seed_text = f"seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
     _log(
-        f"{len(cells)} of {len(grid)} grid cells on {options.device} "
-        f"(batch size {options.batch_size}, seed {options.seed}) -> {out}"
+        f"{len(cells)} of {len(jobs)} runs ({len(grid)} cells x {len(seeds)} seeds) on "
+        f"{options.device} (batch size {options.batch_size}, {seed_text}{proto}) -> {out}"
     )
     results = run_grid(cells, data, options, out, log=_log)
     meta = {
@@ -456,7 +546,13 @@ def _run_grid(
         "shard": list(shard_ix),
         "grid_size": len(grid),
         "batch_size": options.batch_size,
-        "seed": options.seed,
+        "seeds": seeds,
+        "rounds": options.rounds,
+        "dirichlet": options.dirichlet,
+        "gradual": bool(args.gradual),
+        "provenance": {
+            n: {"found": b.provenance, "expected": b.expected_provenance} for n, b in data.items()
+        },
         "limit": options.limit,
         "device": options.device,
         "threads": torch.get_num_threads(),

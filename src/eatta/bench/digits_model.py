@@ -7,6 +7,12 @@
 * Training (:func:`train_digits_cnn`): the clean source split of :func:`eatta.data.digits_source`,
   Adam with a one-cycle learning rate, random shifts of up to 1 pixel, seeded initialization and
   batch order, single-threaded on the CPU (so the result does not depend on the core count).
+* Packaged weights (:func:`packaged_digits_source`, what ``eatta-bench`` uses): the recipe's
+  result for seed 0 ships inside the package (``digits_source_v<VERSION>.pt``, ~100 KB) with the
+  SHA-256 of its tensors (:data:`DIGITS_SOURCE_SHA256`), because retraining is not reproducible
+  across CPUs: the same seed, on one thread, gives other weights with other vector kernels
+  (``ATEN_CPU_CAPABILITY=default`` vs ``avx2``), hence other benchmark numbers.
+  ``tools/train_digits_source.py`` regenerates the file.
 * Cache: the state dict and a small report (clean test accuracy, training time) are stored as
   ``digits-source-v<VERSION>-seed<seed>.pt`` in the digits-C cache folder
   (:func:`eatta.data.digits_c_cache_dir`: ``$EATTA_CACHE/digits-c`` or
@@ -32,15 +38,23 @@ from eatta.data.digits import digits_c_cache_dir, digits_source, digits_test
 
 __all__ = [
     "DIGITS_MODEL_VERSION",
+    "DIGITS_SOURCE_SHA256",
+    "PACKAGED_WEIGHTS",
     "digits_cnn",
     "digits_model_path",
     "digits_source_model",
     "load_digits_source",
+    "packaged_digits_source",
+    "state_digest",
     "train_digits_cnn",
 ]
 
 #: Version of the architecture + training recipe; part of the cache file name.
 DIGITS_MODEL_VERSION = "1"
+
+#: The packaged weights (seed 0) and the SHA-256 of their tensors (:func:`state_digest`).
+PACKAGED_WEIGHTS = Path(__file__).with_name(f"digits_source_v{DIGITS_MODEL_VERSION}.pt")
+DIGITS_SOURCE_SHA256 = "787158ab920a59a6c8bf086f6a057d155db55ead742654f3b234fdf641e59daf"
 
 _EPOCHS = 20
 _BATCH = 64
@@ -209,3 +223,44 @@ def digits_source_model(
     """The digits-C source model (trained and cached on first call); see :func:`load_digits_source`
     for its report (clean test accuracy)."""
     return load_digits_source(cache_dir, retrain)[0]
+
+
+def state_digest(model_or_state: nn.Module | dict[str, torch.Tensor]) -> str:
+    """SHA-256 over a state dict's names, dtypes, shapes and bytes (identical weights, identical
+    digest, whatever file format stored them)."""
+    import hashlib
+
+    state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{list(t.shape)}".encode())
+        h.update(t.flatten().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def packaged_digits_source() -> tuple[nn.Sequential, dict[str, Any]]:
+    """The source model shipped with the package (eval mode) and its report (as
+    :func:`load_digits_source`, plus ``"packaged": True`` and ``"sha256"``).
+
+    Raises ``RuntimeError`` if the file is missing or its weights do not match
+    :data:`DIGITS_SOURCE_SHA256` (a damaged installation).
+    """
+    found = _read(PACKAGED_WEIGHTS) if PACKAGED_WEIGHTS.is_file() else None
+    if found is None:
+        raise RuntimeError(
+            f"the packaged digits source weights {str(PACKAGED_WEIGHTS)!r} are "
+            "missing or unreadable; reinstall eatta"
+        )
+    state, report = found
+    digest = state_digest(state)
+    if digest != DIGITS_SOURCE_SHA256:
+        raise RuntimeError(
+            f"the packaged digits source weights are damaged (SHA-256 {digest[:16]}..., "
+            f"expected {DIGITS_SOURCE_SHA256[:16]}...); reinstall eatta"
+        )
+    model = digits_cnn()
+    model.load_state_dict(state)
+    model.eval()
+    report.update(cached=True, packaged=True, sha256=digest, path=str(PACKAGED_WEIGHTS))
+    return model, report

@@ -21,13 +21,17 @@ import numpy as np
 
 from eatta import __version__
 from eatta.bench.runner import CellResult, _atomic_write_text
+from eatta.data.stream import base_domain_name
 
 __all__ = [
+    "COLLAPSE_POINTS",
     "DOMAIN_SHORT",
+    "collapse_notes",
     "csv_text",
     "load_results",
     "markdown_table",
     "plot_online_error",
+    "summary",
     "write_outputs",
 ]
 
@@ -71,51 +75,149 @@ def _groups(results: Sequence[CellResult]) -> dict[str, list[CellResult]]:
     return groups
 
 
-def _mem(r: CellResult) -> str:
-    return "-" if r.peak_mem_mb is None else f"{r.peak_mem_mb:.0f}"
+#: A method "collapses" when its last round is at least this many points worse than its first.
+COLLAPSE_POINTS = 10.0
+
+
+def _cells(rows: Sequence[CellResult]) -> list[list[CellResult]]:
+    """Results grouped by cell (one entry per seed), in grid order, seeds ascending."""
+    groups: dict[tuple[str, str], list[CellResult]] = {}
+    for r in rows:
+        groups.setdefault((r.spec.key, json.dumps(r.protocol, sort_keys=True)), []).append(r)
+    return [sorted(g, key=lambda r: r.seed) for g in groups.values()]
+
+
+def _stats(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for a single value)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()), (float(arr.std(ddof=1)) if len(arr) > 1 else None)
+
+
+def _fmt(values: Sequence[float], bold: bool = False) -> str:
+    if not values:
+        return "?"
+    m, sd = _stats(values)
+    text = f"{m:.1f}" if sd is None else f"{m:.1f} ± {sd:.1f}"
+    return f"**{text}**" if bold else text
+
+
+def _base_domains(r: CellResult) -> tuple[list[str], list[float]]:
+    """Error per distinct domain of one round (gradual visits of a corruption pooled, rounds
+    averaged), in stream order."""
+    names: list[str] = []
+    pooled: dict[str, list[float]] = {}
+    for name, err in zip(r.domains, r.domain_errors, strict=True):
+        base = base_domain_name(name)
+        if base not in pooled:
+            names.append(base)
+            pooled[base] = []
+        pooled[base].append(err)
+    return names, [float(np.mean(pooled[n])) for n in names]
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    s = sorted(seeds)
+    if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
+        return f"seeds {s[0]}-{s[-1]}"
+    return ("seeds " if len(s) > 1 else "seed ") + ",".join(str(x) for x in s)
+
+
+def _protocol_text(r: CellResult) -> str:
+    parts = []
+    if r.rounds > 1:
+        parts.append(f"× {r.rounds} rounds (recurring, reshuffled each round)")
+    if r.protocol.get("gradual"):
+        parts.append("gradual severities 1→5→1")
+    if r.protocol.get("dirichlet") is not None:
+        parts.append(f"label shift Dirichlet(δ={r.protocol['dirichlet']:g})")
+    return ", ".join(parts)
+
+
+def collapse_notes(results: Sequence[CellResult]) -> list[str]:
+    """Plain sentences for cells whose last round is much worse than their first
+    (:data:`COLLAPSE_POINTS` or more, on the mean over seeds)."""
+    notes = []
+    for rows in _groups(results).values():
+        for cell in _cells(rows):
+            r = cell[0]
+            if r.rounds < 2 or any(len(c.round_errors) != r.rounds for c in cell):
+                continue
+            first, _ = _stats([c.round_errors[0] for c in cell])
+            last, _ = _stats([c.round_errors[-1] for c in cell])
+            if last - first >= COLLAPSE_POINTS:
+                notes.append(
+                    f"{r.spec.dataset}: {r.label} collapses: its error grows from "
+                    f"{first:.1f}% in round 1 to {last:.1f}% in round {r.rounds} "
+                    "(errors accumulate over the long stream)."
+                )
+    return notes
 
 
 def markdown_table(results: Sequence[CellResult]) -> str:
-    """One markdown table per dataset: error % per domain, average over domains, labels used,
-    images/s, wall time and peak memory (MB; CPU: growth of the process's peak RSS, GPU: peak
-    allocated)."""
+    """One markdown table per dataset. One round: error % per domain; several rounds: error %
+    per round; then the average, labels used, images/s, wall time and peak memory (MB; CPU:
+    growth of the process's peak RSS, GPU: peak allocated). With several seeds a row is one
+    cell's mean ± sample std over the seeds. Collapses are stated under the table."""
     blocks = []
     for dataset, rows in _groups(results).items():
-        domains = rows[0].domains
+        cells = _cells(rows)
+        ref = cells[0][0]
+        rounds = max(r.rounds for r in rows)
+        per_round = rounds > 1
+        domains = _base_domains(ref)[0]
+        seeds = sorted({r.seed for r in rows})
+        many = any(len(c) > 1 for c in cells)
+        cols = [f"R{i + 1}" for i in range(rounds)] if per_round else [_short(d) for d in domains]
         head = [
             "Method",
             "Set.",
-            *(_short(d) for d in domains),
+            *cols,
             "Avg. Err.",
+            *(["Seeds"] if many else []),
             "Labels",
             "img/s",
             "Wall s",
             "Peak MB",
         ]
+        per_pass = ref.images // max(1, ref.rounds)
+        proto = _protocol_text(ref)
+        title = (
+            f"**{dataset}**: error % (lower is better), {per_pass} images in "
+            f"{len(domains)} domains" + (f", {proto}" if proto else "")
+        )
+        title += f"; mean ± std over {_seed_text(seeds)}" if many else f"; {_seed_text(seeds)}"
         lines = [
-            f"**{dataset}**: error % (lower is better), {rows[0].images} images in "
-            f"{len(domains)} domains",
+            title,
             "",
             "| " + " | ".join(head) + " |",
             "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|",
         ]
-        for r in rows:
-            errs = (
-                [f"{e:.1f}" for e in r.domain_errors]
-                if r.domains == domains
-                else ["?"] * len(domains)  # a row with other domains (merged from elsewhere)
-            )
-            cells = [
-                r.spec.label,
+        for cell in cells:
+            r = cell[0]
+            if per_round:
+                errs = [
+                    _fmt([c.round_errors[i] for c in cell if i < len(c.round_errors)])
+                    for i in range(rounds)
+                ]
+            else:
+                per = [dict(zip(*_base_domains(c), strict=True)) for c in cell]
+                errs = [_fmt([p[d] for p in per if d in p]) for d in domains]
+            peaks = [c.peak_mem_mb for c in cell if c.peak_mem_mb is not None]
+            row = [
+                r.label,
                 _SETTING.get(r.spec.setting, r.spec.setting),
                 *errs,
-                f"**{r.average_error:.1f}**",
-                str(r.labels_used),
-                f"{r.images_per_s:.0f}",
-                f"{r.wall_time_s:.1f}",
-                _mem(r),
+                _fmt([c.average_error for c in cell], bold=True),
+                *([str(len(cell))] if many else []),
+                f"{np.mean([c.labels_used for c in cell]):.0f}",
+                f"{np.mean([c.images_per_s for c in cell]):.0f}",
+                f"{np.mean([c.wall_time_s for c in cell]):.1f}",
+                "-" if not peaks else f"{max(peaks):.0f}",
             ]
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append("| " + " | ".join(row) + " |")
+        notes = collapse_notes(rows)
+        if notes:
+            lines += ["", *notes]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
@@ -128,7 +230,13 @@ _CSV_FIXED = [
     "every",
     "buffer",
     "label",
+    "seed",
+    "rounds",
+    "dirichlet",
+    "gradual",
     "average_error",
+    "first_round_error",
+    "last_round_error",
     "overall_error",
     "labels_used",
     "images",
@@ -144,16 +252,19 @@ _CSV_FIXED = [
 
 
 def csv_text(results: Sequence[CellResult]) -> str:
-    """One row per cell; per-domain errors in columns ``err:<domain>`` (empty where a dataset
-    has no such domain)."""
+    """One row per cell and seed; per-round errors in columns ``err_round:<r>`` and per-domain
+    errors (averaged over rounds) in ``err:<domain>`` (empty where a row has none)."""
     ordered = _ordered(results)
+    round_cols = [f"err_round:{i + 1}" for i in range(max((r.rounds for r in ordered), default=1))]
     domain_cols: list[str] = []
     for r in ordered:
         for d in r.domains:
             if f"err:{d}" not in domain_cols:
                 domain_cols.append(f"err:{d}")
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=_CSV_FIXED + domain_cols, lineterminator="\n")
+    writer = csv.DictWriter(
+        buf, fieldnames=_CSV_FIXED + round_cols + domain_cols, lineterminator="\n"
+    )
     writer.writeheader()
     for r in ordered:
         row: dict[str, Any] = {
@@ -163,8 +274,14 @@ def csv_text(results: Sequence[CellResult]) -> str:
             "labels_per_batch": r.spec.labels,
             "every": r.spec.every,
             "buffer": "" if r.spec.buffer is None else r.spec.buffer,
-            "label": r.spec.label,
+            "label": r.label,
+            "seed": r.seed,
+            "rounds": r.rounds,
+            "dirichlet": "" if r.protocol.get("dirichlet") is None else r.protocol["dirichlet"],
+            "gradual": bool(r.protocol.get("gradual", False)),
             "average_error": f"{r.average_error:.4f}",
+            "first_round_error": f"{r.round_errors[0]:.4f}",
+            "last_round_error": f"{r.round_errors[-1]:.4f}",
             "overall_error": f"{r.overall_error:.4f}",
             "labels_used": r.labels_used,
             "images": r.images,
@@ -177,8 +294,13 @@ def csv_text(results: Sequence[CellResult]) -> str:
             "model_digest": r.model_digest,
             "grid_index": r.grid_index,
         }
+        for i, e in enumerate(r.round_errors):
+            row[f"err_round:{i + 1}"] = f"{e:.4f}"
+        pooled: dict[str, list[float]] = {}
         for d, e in zip(r.domains, r.domain_errors, strict=True):
-            row[f"err:{d}"] = f"{e:.4f}"
+            pooled.setdefault(d, []).append(e)
+        for d, es in pooled.items():
+            row[f"err:{d}"] = f"{np.mean(es):.4f}"
         writer.writerow(row)
     return buf.getvalue()
 
@@ -194,8 +316,9 @@ def _windowed(online: Sequence[Sequence[int]], window: int) -> tuple[np.ndarray,
 
 
 def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str]) -> Path:
-    """PNG of the error along the stream (moving window of ~1/40 of the stream per dataset), one
-    panel per dataset, a line per cell, dotted lines at domain boundaries."""
+    """PNG of the error along the stream (moving window of ~1/40 of the stream, or ~1/10 of a
+    round with several rounds), one panel per dataset, a line per cell (the mean over seeds),
+    dotted lines at domain boundaries (one round) or solid lines at round boundaries."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -207,26 +330,48 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
     )
     for ax, (dataset, rows) in zip(axes[:, 0], groups.items(), strict=True):
         ref = rows[0]
-        window = max(1, round(len(ref.online) / 40))
-        for r in rows:
-            x, y = _windowed(r.online, window)
+        per_round = len(ref.online) // max(1, ref.rounds)
+        window = max(1, round(len(ref.online) / 40 if ref.rounds == 1 else per_round / 10))
+        for cell in _cells(rows):
+            r = cell[0]
+            same = [c for c in cell if len(c.online) == len(r.online)]
+            curves = [_windowed(c.online, window) for c in same]
+            x = curves[0][0]
+            y = np.mean([c[1] for c in curves], axis=0)
             setting = "" if r.spec.setting == "-" else f" [{r.spec.setting.upper()}]"
-            ax.plot(x, y, linewidth=1.3, label=f"{r.spec.label}{setting}: {r.average_error:.1f}")
+            seeds = f" ({len(same)} seeds)" if len(same) > 1 else ""
+            avg = float(np.mean([c.average_error for c in cell]))
+            ax.plot(x, y, linewidth=1.3, label=f"{r.label}{setting}: {avg:.1f}{seeds}")
         cum = np.cumsum([b[0] for b in ref.online])
         starts = [0] + [int(cum[b - 1]) for b in ref.domain_first_batch[1:]]
         ends = [*starts[1:], int(cum[-1])]
-        for s, e, d in zip(starts, ends, ref.domains, strict=True):
+        k = len(ref.domains) // max(1, ref.rounds)
+        if ref.rounds == 1:
+            marks = [
+                (s, e, _short(d), False) for s, e, d in zip(starts, ends, ref.domains, strict=True)
+            ]
+        else:
+            marks = [
+                (starts[r * k], ends[(r + 1) * k - 1], f"round {r + 1}", True)
+                for r in range(ref.rounds)
+            ]
+        for s, e, text, solid in marks:
             if s:
-                ax.axvline(s, color="0.6", linestyle=":", linewidth=1)
+                ax.axvline(
+                    s,
+                    color="0.45" if solid else "0.6",
+                    linestyle="-" if solid else ":",
+                    linewidth=1,
+                )
             ax.text(
                 (s + e) / 2,
                 1.01,
-                _short(d),
+                text,
                 transform=ax.get_xaxis_transform(),
                 ha="center",
                 va="bottom",
                 fontsize=7,
-                rotation=45,
+                rotation=0 if solid else 45,
             )
         ax.set_xlim(0, max(1, int(cum[-1])))
         ax.set_ylim(0, 100)
@@ -248,6 +393,37 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
     return out
 
 
+def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
+    """Per cell (over its seeds): seeds, and mean / sample std of the average, first-round and
+    last-round errors and of every round's error."""
+    out = []
+    for rows in _groups(results).values():
+        for cell in _cells(rows):
+            r = cell[0]
+            entry: dict[str, Any] = {
+                "key": r.spec.key,
+                "label": r.label,
+                "protocol": r.protocol,
+                "seeds": [c.seed for c in cell],
+            }
+            for name, values in (
+                ("average_error", [c.average_error for c in cell]),
+                ("first_round_error", [c.round_errors[0] for c in cell]),
+                ("last_round_error", [c.round_errors[-1] for c in cell]),
+            ):
+                m, sd = _stats(values)
+                entry[name] = {"mean": m, "std": sd}
+            if all(len(c.round_errors) == r.rounds for c in cell):
+                entry["round_errors"] = [
+                    dict(
+                        zip(("mean", "std"), _stats([c.round_errors[i] for c in cell]), strict=True)
+                    )
+                    for i in range(r.rounds)
+                ]
+            out.append(entry)
+    return out
+
+
 def write_outputs(
     results: Sequence[CellResult],
     out_dir: str | os.PathLike[str],
@@ -266,6 +442,8 @@ def write_outputs(
     doc = {
         "eatta_version": __version__,
         "meta": dict(meta or {}),
+        "summary": summary(ordered),
+        "collapses": collapse_notes(ordered),
         "results": [r.to_dict() for r in ordered],
     }
     _atomic_write_text(paths["json"], json.dumps(doc, indent=1, default=str))
@@ -299,7 +477,10 @@ def load_results(dirs: Sequence[str | os.PathLike[str]]) -> list[CellResult]:
             if key in found:
                 continue
             found[key] = r
-    keys = [r.spec.key for r in found.values()]
+    keys = [
+        f"{r.spec.key} seed {r.seed} {json.dumps(r.protocol, sort_keys=True)}"
+        for r in found.values()
+    ]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
         warnings.warn(

@@ -180,8 +180,11 @@ def comparison_table(
                     f"{p:.1f} / " + ("–" if o is None else f"{o:.1f}")
                     for p, o in zip(pub, ours, strict=True)
                 ]
+                shown = row.label  # a preset that labels more per batch is named
+                if res is not None and res.label != res.spec.label:
+                    shown = f"{row.label}: {res.label}"
                 lines.append(
-                    "| " + " | ".join([row.label, setting.upper()[0], dataset, *cells]) + " |"
+                    "| " + " | ".join([shown, setting.upper()[0], dataset, *cells]) + " |"
                 )
     return "\n".join(lines) + "\n"
 

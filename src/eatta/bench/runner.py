@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -51,16 +52,20 @@ __all__ = [
     "CellResult",
     "CellSpec",
     "RunOptions",
+    "code_digest",
     "fingerprint",
     "make_grid",
+    "make_jobs",
     "parse_shard",
     "prepare_domains",
+    "row_label",
     "run_cell",
     "run_grid",
     "shard",
 ]
 
 SETTINGS = ("ctta", "ftta")
+_J = TypeVar("_J")
 #: Methods whose predictions do not depend on the setting (nothing to reset).
 STATIC_METHODS = frozenset({"source"})
 _RESULT_VERSION = 1
@@ -121,6 +126,9 @@ class BenchmarkData:
         fisher_data: clean source batches for EATA's Fisher regularizer, if available.
         oracle_fn: builds the annotator for a device; None means the ground truth.
         config: what else determines the results (paths, backbone, ...), for the fingerprint.
+        provenance: digests of what the results depend on beyond the code (``"data_sha256"``,
+            ``"model_sha256"``), recorded in every result; ``expected_provenance`` the digests
+            of the reference build (a mismatch is reported: results may differ from the docs).
     """
 
     name: str
@@ -130,6 +138,19 @@ class BenchmarkData:
     fisher_data: Callable[[torch.device], Iterable[Any]] | None = None
     oracle_fn: Callable[[torch.device], Oracle] | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    expected_provenance: dict[str, Any] | None = None
+
+    def provenance_mismatch(self) -> list[str]:
+        """Entries of ``provenance`` that differ from ``expected_provenance`` (empty if none is
+        expected): a different data build or source model than the reference numbers used."""
+        if not self.expected_provenance:
+            return []
+        return [
+            k
+            for k, v in self.expected_provenance.items()
+            if k in self.provenance and self.provenance[k] != v
+        ]
 
 
 @dataclass
@@ -148,6 +169,8 @@ class RunOptions:
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress: bool = True
     reuse: bool = True
+    rounds: int = 1
+    dirichlet: float | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 2:
@@ -158,6 +181,14 @@ class RunOptions:
             raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
         if self.checkpoint_every < 0 or (self.workers is not None and self.workers < 0):
             raise ValueError("checkpoint_every and workers must be >= 0")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"rounds must be an int >= 1, got {self.rounds!r}")
+        if self.dirichlet is not None and not (
+            isinstance(self.dirichlet, int | float)
+            and not isinstance(self.dirichlet, bool)
+            and 0 < self.dirichlet < math.inf
+        ):
+            raise ValueError(f"dirichlet must be a finite number > 0, got {self.dirichlet!r}")
 
     def overrides(self, method: str) -> dict[str, Any]:
         """Hyperparameter overrides for ``method``: those for all (``"*"``), then its own."""
@@ -219,7 +250,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def shard(cells: Sequence[CellSpec], index: int, count: int) -> list[tuple[int, CellSpec]]:
+def shard(cells: Sequence[_J], index: int, count: int) -> list[tuple[int, _J]]:
     """The ``(grid index, cell)`` pairs of shard ``index`` of ``count``: cell ``j`` goes to shard
     ``j mod count`` (round robin, so expensive methods spread over the shards)."""
     if count < 1 or not 0 <= index < count:
@@ -275,8 +306,10 @@ class _OnDevice:
 
 @dataclass
 class CellResult:
-    """Everything measured for one cell. Errors are percentages; ``online`` lists per batch
-    ``[images, errors, labels]``."""
+    """Everything measured for one cell (one seed). Errors are percentages; ``online`` lists per
+    batch ``[images, errors, labels]``. ``domains`` and the ``domain_*`` lists have one entry per
+    domain *visit* (``rounds`` × the domain sequence); ``round_errors[r]`` is the average error
+    over round ``r``'s domains, and ``average_error`` their mean."""
 
     spec: CellSpec
     grid_index: int
@@ -300,15 +333,28 @@ class CellResult:
     hparams: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     sessions: int = 1
+    seed: int = 0
+    rounds: int = 1
+    round_errors: list[float] = field(default_factory=list)
+    #: stream protocol: ``{"rounds": R, "dirichlet": δ or None, "gradual": bool}``
+    protocol: dict[str, Any] = field(default_factory=dict)
+    #: digests of the data and source model the cell ran on (see ``BenchmarkData.provenance``)
+    provenance: dict[str, Any] = field(default_factory=dict)
     #: True when this result was read back from an earlier finished run (not stored).
     reused: bool = field(default=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        """Row label: the cell's, naming a method preset and the labels a batch really gets
+        (e.g. ``eatta reference (2/batch)``: the reference preset labels once per step)."""
+        return row_label(self.spec, self.hparams)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("reused")
         d["spec"] = dataclasses.asdict(self.spec)
         d["key"] = self.spec.key
-        d["label"] = self.spec.label
+        d["label"] = self.label
         d["format_version"] = _RESULT_VERSION
         return d
 
@@ -317,6 +363,8 @@ class CellResult:
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw["spec"] = CellSpec(**d["spec"])
+        if not kw.get("round_errors"):  # results written before rounds existed: one round
+            kw["round_errors"] = [float(d["average_error"])]
         return cls(**kw)
 
     def save(self, path: Path) -> None:
@@ -325,6 +373,23 @@ class CellResult:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CellResult:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def row_label(spec: CellSpec, hparams: Mapping[str, Any]) -> str:
+    """:attr:`CellSpec.label`, adjusted for hyperparameters that change what a row is: a
+    ``preset`` is named, and EATTA's ``steps`` (each labelling) multiply the labels per batch."""
+    preset = hparams.get("preset")
+    steps = hparams.get("steps", 2 if preset == "reference" else 1)
+    if spec.method != "eatta" or not isinstance(steps, int) or isinstance(steps, bool):
+        steps = 1  # EATTA re-selects (and labels) at every step; other methods label once
+    steps = max(steps, 1)
+    if not preset and steps == 1:
+        return spec.label
+    shown = dataclasses.replace(spec, labels=spec.labels * steps)
+    label = shown.label
+    if preset:
+        label = label.replace(spec.method, f"{spec.method} {preset}", 1)
+    return label
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -339,19 +404,61 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def _plain(value: Any) -> Any:
-    """JSON-able copy of simple hyperparameter values; other objects become their type name."""
+def _plain(value: Any, depth: int = 0) -> Any:
+    """JSON-able, stable description of a hyperparameter value: plain values as they are; other
+    objects by their type and configuration (dataclass fields or public attributes; tensors by
+    shape and content digest), so a changed component changes the cell's fingerprint."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [_plain(v, depth) for v in value]
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return f"<{type(value).__name__}>"
+        return {str(k): _plain(v, depth) for k, v in value.items()}
+    if isinstance(value, Tensor):
+        blob = value.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
+        digest = hashlib.sha256(blob).hexdigest()[:12]
+        return f"<tensor {list(value.shape)} {value.dtype} {digest}>"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if isinstance(value, nn.Module):
+        return {"type": kind, "state": _model_digest(value)}
+    if isinstance(value, type) or inspect.isroutine(value):
+        name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+        code = getattr(value, "__code__", None)
+        if code is not None:  # a function: its body too (two lambdas differ)
+            body = code.co_code + repr(code.co_consts).encode()
+            name += " " + hashlib.sha256(body).hexdigest()[:8]
+        return f"<{name}>"
+    if depth >= 4:
+        return f"<{kind}>"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        attrs = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    elif hasattr(value, "__dict__"):
+        attrs = {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    else:
+        text = repr(value)
+        return f"<{kind}>" if " at 0x" in text else text
+    return {"type": kind, **{k: _plain(v, depth + 1) for k, v in attrs.items()}}
+
+
+_CODE_DIGEST: str | None = None
+
+
+def code_digest() -> str:
+    """Digest of the ``eatta`` package's source files (computed once per process): part of every
+    cell's fingerprint, so results of edited code are never read back as finished."""
+    global _CODE_DIGEST
+    if _CODE_DIGEST is None:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+        _CODE_DIGEST = h.hexdigest()[:16]
+    return _CODE_DIGEST
 
 
 def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str:
-    """Short hash of everything that determines a cell's result."""
+    """Short hash of everything that determines a cell's result (the code included)."""
     spec_ = registry.get_spec(spec.method)
     payload = {
         "spec": dataclasses.asdict(spec),
@@ -362,8 +469,12 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
         "batch_size": options.batch_size,
         "seed": options.seed,
         "limit": options.limit,
+        "rounds": options.rounds,
+        "dirichlet": options.dirichlet,
+        "provenance": _plain(data.provenance),
         "oracle": "ground-truth" if data.oracle_fn is None else "model",
         "version": __version__,
+        "code": code_digest(),
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
@@ -467,11 +578,14 @@ def run_cell(
     *,
     grid_index: int = 0,
     callback: Callable[[int, dict[str, Any]], None] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> CellResult:
     """Run (or resume, or load the finished result of) one cell; see the module docstring.
 
     ``callback(t, info)`` is called after batch ``t`` (and after any checkpoint of it) with the
     running metrics; an exception it raises stops the run (the checkpoint stays for resuming).
+    With ``options.progress``, a progress bar is drawn when stderr is a terminal; otherwise
+    ``log`` (if given) gets one line per domain (per round when there are several rounds).
     """
     out = Path(out_dir)
     domains, notes = prepare_domains(data.domains, options.batch_size, options.limit, options.seed)
@@ -492,6 +606,8 @@ def run_cell(
         domains,
         options.batch_size,
         seed=options.seed,
+        rounds=options.rounds,
+        dirichlet=options.dirichlet,
         num_workers=workers,
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
@@ -523,7 +639,9 @@ def run_cell(
     n_seen = sum(b[0] for b in online)
     n_wrong = sum(b[1] for b in online)
     bar = None
-    if options.progress:
+    terminal = options.progress and _is_terminal()
+    milestone_log = log if options.progress and not terminal else None
+    if terminal:
         from tqdm.auto import tqdm
 
         bar = tqdm(
@@ -558,7 +676,12 @@ def run_cell(
             n_wrong += wrong
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(err=f"{100 * n_wrong / n_seen:.1f}%", domain=domains[k].name[:12])
+                bar.set_postfix(
+                    err=f"{100 * n_wrong / n_seen:.1f}%",
+                    domain=domains[k % len(domains)].name[:12],
+                )
+            if milestone_log is not None and _milestone(stream, t):
+                milestone_log(_milestone_text(spec, stream, online, t))
             if (
                 options.checkpoint_every
                 and (t + 1) % options.checkpoint_every == 0
@@ -588,6 +711,13 @@ def run_cell(
     wall += time.perf_counter() - t0 - ckpt_time
 
     result = _summarize(spec, stream, online, grid_index, fp, wall, device, notes, hparams)
+    result.seed = options.seed
+    result.protocol = {
+        "rounds": options.rounds,
+        "dirichlet": options.dirichlet,
+        "gradual": bool(data.config.get("gradual", False)),
+    }
+    result.provenance = dict(data.provenance)
     result.peak_mem_mb = _peak(device, rss_before, peak_prev)
     result.max_rss_mb = _max_rss_mb()
     result.model_digest = _model_digest(method.model)
@@ -608,6 +738,37 @@ def _peak(device: torch.device, rss_before: float | None, previous: float | None
     return previous if now is None else max(now, previous)
 
 
+def _is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _milestone(stream: TestStream, t: int) -> bool:
+    """Whether batch ``t`` ends a domain (one round) or a round (several rounds)."""
+    if t + 1 == len(stream):
+        return True
+    j, b = stream.locate(t)
+    if b + 1 < stream.batches_per_visit[j]:
+        return False
+    return stream.rounds == 1 or (j + 1) % len(stream.domains) == 0
+
+
+def _milestone_text(spec: CellSpec, stream: TestStream, online: list[list[int]], t: int) -> str:
+    j, _ = stream.locate(t)
+    k = len(stream.domains)
+    if stream.rounds == 1:
+        lo, what = stream.visit_first_batch[j], f"domain {j + 1}/{k} {stream.domains[j].name}"
+    else:
+        lo = stream.visit_first_batch[(j // k) * k]
+        what = f"round {j // k + 1}/{stream.rounds}"
+    rows = online[lo : t + 1]
+    err = 100.0 * sum(r[1] for r in rows) / max(1, sum(r[0] for r in rows))
+    where = f"batch {t + 1}/{len(stream)}"
+    return f"  {spec.label} [{spec.setting}]: {what}: error {err:.1f}% ({where})"
+
+
 def _summarize(
     spec: CellSpec,
     stream: TestStream,
@@ -619,16 +780,18 @@ def _summarize(
     notes: list[str],
     hparams: dict[str, Any],
 ) -> CellResult:
-    names = stream.domain_names
-    first = [int(v) for v in np.cumsum([0, *stream.batches_per_domain[:-1]])]
+    names = stream.visit_names
+    first = list(stream.visit_first_batch)
     imgs, errs, labs = [], [], []
-    for k in range(len(names)):
-        rows = online[first[k] : first[k] + stream.batches_per_domain[k]]
+    for j in range(len(names)):
+        rows = online[first[j] : first[j] + stream.batches_per_visit[j]]
         n = sum(r[0] for r in rows)
         imgs.append(n)
         errs.append(100.0 * sum(r[1] for r in rows) / n)
         labs.append(sum(r[2] for r in rows))
     images = sum(imgs)
+    k = len(stream.domains)
+    round_errors = [float(np.mean(errs[r * k : (r + 1) * k])) for r in range(stream.rounds)]
     return CellResult(
         spec=spec,
         grid_index=grid_index,
@@ -651,11 +814,22 @@ def _summarize(
         model_digest="",
         hparams=hparams,
         notes=notes,
+        rounds=stream.rounds,
+        round_errors=round_errors,
     )
 
 
+def make_jobs(cells: Sequence[CellSpec], seeds: Sequence[int] = (0,)) -> list[tuple[CellSpec, int]]:
+    """Every cell once per seed (cell-major), the list that :func:`shard` splits."""
+    if not seeds:
+        raise ValueError("need at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {list(seeds)}")
+    return [(c, s) for c in cells for s in seeds]
+
+
 def run_grid(
-    cells: Sequence[tuple[int, CellSpec]],
+    cells: Sequence[tuple[int, CellSpec | tuple[CellSpec, int]]],
     data: Mapping[str, BenchmarkData],
     options: RunOptions,
     out_dir: str | os.PathLike[str],
@@ -663,17 +837,28 @@ def run_grid(
     callback: Callable[[int, dict[str, Any]], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[CellResult]:
-    """Run ``(grid index, cell)`` pairs in order (see :func:`shard`); returns their results."""
+    """Run ``(grid index, cell)`` or ``(grid index, (cell, seed))`` pairs in order (see
+    :func:`shard` and :func:`make_jobs`; a bare cell runs with ``options.seed``)."""
     results = []
-    for i, (j, spec) in enumerate(cells):
+    for i, (j, job) in enumerate(cells):
+        spec, seed = job if isinstance(job, tuple) else (job, options.seed)
         if spec.dataset not in data:
             raise KeyError(f"cell {spec.key} names dataset {spec.dataset!r}, which is not loaded")
-        r = run_cell(spec, data[spec.dataset], options, out_dir, grid_index=j, callback=callback)
+        opts = options if seed == options.seed else dataclasses.replace(options, seed=seed)
+        r = run_cell(
+            spec, data[spec.dataset], opts, out_dir, grid_index=j, callback=callback, log=log
+        )
         if log is not None:
             how = " (finished earlier: read back)" if r.reused else ""
+            rounds = ""
+            if r.rounds > 1:
+                rounds = (
+                    f", round 1 {r.round_errors[0]:.1f}% -> round {r.rounds} "
+                    f"{r.round_errors[-1]:.1f}%"
+                )
             log(
-                f"[{i + 1}/{len(cells)}] {spec.dataset} {spec.setting} {spec.label}: "
-                f"avg error {r.average_error:.1f}%, {r.labels_used} labels, "
+                f"[{i + 1}/{len(cells)}] {spec.dataset} {spec.setting} {r.label} seed {seed}: "
+                f"avg error {r.average_error:.1f}%{rounds}, {r.labels_used} labels, "
                 f"{r.wall_time_s:.1f} s{how}"
             )
         results.append(r)

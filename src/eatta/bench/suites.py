@@ -96,31 +96,59 @@ def digits_c_benchmark(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     log: Callable[[str], None] | None = None,
+    gradual: bool = False,
 ) -> BenchmarkData:
-    """The embedded digits-C benchmark (model trained and data corrupted on first use, cached)."""
-    from eatta.bench.digits_model import DIGITS_MODEL_VERSION, load_digits_source
+    """The embedded digits-C benchmark (data corrupted on first use, cached). ``gradual``: CoTTA's
+    gradual sequence, severity 1→5→1 within each corruption (other severities built lazily)."""
+    from eatta.bench import provenance as prov
+    from eatta.bench.digits_model import (
+        DIGITS_MODEL_VERSION,
+        load_digits_source,
+        packaged_digits_source,
+        state_digest,
+    )
     from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
 
-    model, report = load_digits_source(cache_dir)
+    try:
+        model, report = packaged_digits_source()
+        how = "packaged weights"
+    except RuntimeError as err:  # a damaged installation: train (results may differ)
+        if log is not None:
+            log(f"warning: {err}; training the source model instead")
+        model, report = load_digits_source(cache_dir)
+        how = "loaded from cache" if report["cached"] else "trained"
     if log is not None:
-        how = (
-            "loaded from cache"
-            if report["cached"]
-            else f"trained in {report['train_seconds']:.1f} s"
-        )
+        if not report.get("packaged") and not report["cached"]:
+            how = f"trained in {report['train_seconds']:.1f} s"
         log(
             f"digits-C source model ({how}, {report['path']}): clean test accuracy "
             f"{100 * report['clean_test_accuracy']:.1f}%"
         )
-    domains = digits_c_domains(cache_dir=cache_dir)
+    if gradual:
+        from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c
+        from eatta.data.stream import gradual_domains
+
+        domains = gradual_domains(
+            DIGITS_C_CORRUPTIONS, lambda c, sev: digits_c(c, sev, cache_dir=cache_dir)
+        )
+    else:
+        domains = digits_c_domains(cache_dir=cache_dir)
     source = digits_source()
+    names = [d.name for d in domains]
+    data_digest = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
     return BenchmarkData(
         name="digits-c",
         defaults_key="digits-c",
         domains=domains,
         model_fn=_copier(model),
         fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
-        config={"model": f"digits-cnn v{DIGITS_MODEL_VERSION}", "data": f"v{DIGITS_C_VERSION}"},
+        config={
+            "model": f"digits-cnn v{DIGITS_MODEL_VERSION}",
+            "data": f"v{DIGITS_C_VERSION}",
+            "gradual": gradual,
+        },
+        provenance={"model_sha256": state_digest(model), "data_sha256": data_digest},
+        expected_provenance=prov.digits_reference(names),
     )
 
 
@@ -179,6 +207,7 @@ def imagenet_benchmark(
     checkpoint: str | os.PathLike[str] | None = None,
     pretrained: bool = True,
     severity: int = 5,
+    gradual: bool = False,
     subset: int | str | None = None,
     image_size: int = 224,
     fisher_root: str | os.PathLike[str] | None = None,
@@ -193,6 +222,7 @@ def imagenet_benchmark(
     count such as 5000, or a file list. ``image_size``: crop of the R/K/A preprocessing (resize
     ``size·256/224``, center crop), 224 as in the paper (smaller only for smoke tests).
     ``oracle_backbone``: a model annotator (paper Tab. 8) instead of the ground truth.
+    ``gradual`` (ImageNet-C): severities 1→5→1 within each corruption instead of ``severity``.
     """
     from eatta.data import imagenet as inet
 
@@ -202,7 +232,13 @@ def imagenet_benchmark(
     sub = wnids() if wnids is not None else None
     transform = inet.EvalTransform(resize=round(image_size * 256 / 224), crop=image_size)
     domains: list[tuple[str, Dataset[Any]]]
-    if dataset == "imagenet-c":
+    if dataset == "imagenet-c" and gradual:
+        from eatta.data.stream import gradual_domains
+
+        domains = gradual_domains(
+            inet.CORRUPTIONS, lambda c, sev: inet.ImageNetC(root, c, sev, subset=subset)
+        )
+    elif dataset == "imagenet-c":
         domains = list(inet.imagenet_c_domains(root, severity=severity, subset=subset))
     elif dataset == "imagenet-r":
         domains = [("imagenet-r", inet.ImageNetR(root, transform=transform))]
@@ -231,6 +267,7 @@ def imagenet_benchmark(
             "checkpoint": None if checkpoint is None else str(checkpoint),
             "pretrained": pretrained,
             "severity": severity if dataset == "imagenet-c" else None,
+            "gradual": gradual,
             "subset": None if subset is None else str(subset),
             "image_size": image_size,
             "fisher_root": None if fisher_root is None else str(fisher_root),

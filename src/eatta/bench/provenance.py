@@ -1,0 +1,99 @@
+"""What benchmark numbers depend on beyond the code: digests of the data and the source model.
+
+The embedded digits-C numbers moved between machines of the same kind because the source model
+was retrained on each (vector kernels round differently) and the corrupted arrays come from a
+stack of imaging libraries. The weights now ship with the package and the stack is pinned in
+``constraints.txt``; these digests, recorded in every result and compared with the reference
+(``digits_reference.json``, written by ``tools/train_digits_source.py``), make any remaining
+difference visible instead of silent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+__all__ = [
+    "CORRUPTION_STACK",
+    "combine",
+    "corruption_stack_versions",
+    "dataset_digest",
+    "digits_reference",
+]
+
+#: Distributions whose versions can change the digits-C arrays.
+CORRUPTION_STACK = (
+    "corrupt-tta",
+    "numpy",
+    "scipy",
+    "scikit-image",
+    "scikit-learn",
+    "opencv-python",
+    "opencv-python-headless",
+    "pillow",
+    "wand",
+)
+
+_REFERENCE = Path(__file__).with_name("digits_reference.json")
+
+
+def corruption_stack_versions() -> dict[str, str | None]:
+    """Installed version of each :data:`CORRUPTION_STACK` distribution (None: not installed)."""
+    out: dict[str, str | None] = {}
+    for name in CORRUPTION_STACK:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def dataset_digest(dataset: Dataset[Any]) -> str | None:
+    """SHA-256 of an in-memory ``TensorDataset`` (images quantized to the uint8 they were built
+    from, and labels); None for other datasets (image folders are not hashed)."""
+    if not isinstance(dataset, TensorDataset) or len(dataset.tensors) < 2:
+        return None
+    x, y = dataset.tensors[0], dataset.tensors[1]
+    h = hashlib.sha256()
+    h.update(f"{list(x.shape)}".encode())
+    q = x.detach().cpu().mul(255.0).round_().clamp_(0, 255).to(torch.uint8).contiguous()
+    h.update(q.numpy().tobytes())
+    h.update(y.detach().cpu().to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def combine(digests: Sequence[str | None]) -> str | None:
+    """One digest for an ordered list of digests (None if any is unknown)."""
+    if not digests or any(d is None for d in digests):
+        return None
+    return hashlib.sha256("\n".join(digests).encode()).hexdigest()  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=1)
+def _reference() -> dict[str, Any] | None:
+    try:
+        return json.loads(_REFERENCE.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def digits_reference(domain_names: Sequence[str]) -> dict[str, Any] | None:
+    """Reference digests for a digits-C run over ``domain_names`` (``"fog"`` is severity 5,
+    ``"fog@3"`` severity 3): ``{"model_sha256", "data_sha256"}``, or None without a reference."""
+    ref = _reference()
+    if ref is None:
+        return None
+    table = ref.get("domains_sha256", {})
+    keys = [n if "@" in n else f"{n}@5" for n in domain_names]
+    return {
+        "model_sha256": ref.get("model_sha256"),
+        "data_sha256": combine([table.get(k) for k in keys]),
+    }
