@@ -13,14 +13,18 @@ Streams (``--streams``): ``embedded`` (severity 5, standard order, digits CNN), 
 residual network trained here on the clean digits source split, cached), ``label-shift``
 (Dirichlet class-sorted order inside each domain, δ = 0.1, seeded per round).
 
-Each run is stored as JSON under ``--out`` and skipped when present, so the commands resume.
+Each run is stored as JSON under ``--out`` (default ``runs/long-stream``, or ``$EATTA_STUDY_OUT``)
+and skipped when present, so the commands resume; ``report`` also writes the tables to
+``benchmarks/results/long_stream_study.md``.
 Seed ``s`` fixes torch's RNG, the method's seed (its selector) and the rounds' shuffles
 (``100 s + r``).
 
 Commands (CPU, single-threaded)::
 
     python benchmarks/long_stream_study.py diagnose --rounds 10 --seeds 0
-    python benchmarks/long_stream_study.py ablation --rounds 5 --seeds 0 1 2
+    python benchmarks/long_stream_study.py one --streams embedded --seeds 0 1 \\
+        --configs baseline eatta eatta-stable stable-cap0.5     # tuning
+    python benchmarks/long_stream_study.py ablation --rounds 5 --seeds 2 3 4
     python benchmarks/long_stream_study.py compare --rounds 5 --seeds 2 3 4 --streams embedded
     python benchmarks/long_stream_study.py compare --rounds 5 --seeds 0 1 2 \\
         --streams sev3 reversed resnet label-shift
@@ -53,7 +57,7 @@ from eatta.methods.registry import create
 from eatta.oracle import GroundTruthOracle
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = Path(os.environ.get("EATTA_STUDY_OUT", ROOT / "benchmarks" / "results" / "long"))
+DEFAULT_OUT = Path(os.environ.get("EATTA_STUDY_OUT", ROOT / "runs" / "long-stream"))
 IMG = ROOT / "docs" / "img"
 
 STREAMS: dict[str, dict[str, Any]] = {
@@ -92,6 +96,7 @@ ALIASES = {"none": "baseline", "PD+CB": "no-gnd", "all": "eatta"}
 
 ABLATION = ["none", "PD", "PD+CB", "PD+GND", "PD+GND+EMA", "GND", "GND+EMA", "PD+CB+GND", "all"]
 COMPARE = ["baseline", "eatta", "eatta-stable"]
+TUNING = ["stable-cap0.5"]
 DIAGNOSE = ["baseline", "eatta", "no-gnd", "random+gnd", "no-ema", "eatta-stable"]
 
 
@@ -399,6 +404,28 @@ def diagnosis_table(out: Path, stream: str, configs: Sequence[str], seed: int, r
     return "\n".join(lines) + "\n"
 
 
+def clamp_table(out: Path, seeds: Sequence[int], rounds: int) -> str:
+    """Markdown: per stream, the median ``g_s / g_u`` of faithful EATTA and the share of steps in
+    which eatta-stable applied GND (``γ_sup > 1``) rather than the 1 : 1 weights."""
+    lines = [
+        "| stream | median g_s/g_u (eatta) | median g_s/g_u (eatta-stable) | steps with γ_sup > 1 |",
+        "|---|---|---|---|",
+    ]
+    for stream in STREAMS:
+        faithful = _load(out, stream, "eatta", seeds, rounds)
+        stable = _load(out, stream, "eatta-stable", seeds, rounds)
+        if not faithful or not stable:
+            continue
+        rf = np.concatenate([np.asarray(r["ratio_trace"], dtype=float) for r in faithful])
+        rs = np.concatenate([np.asarray(r["ratio_trace"], dtype=float) for r in stable])
+        gs = np.concatenate([np.asarray(r["gamma_trace"], dtype=float) for r in stable])
+        lines.append(
+            f"| {stream} | {np.nanmedian(rf):.1f} | {np.nanmedian(rs):.1f} | "
+            f"{100 * float((gs > 1).mean()):.1f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- plots
 
 
@@ -411,20 +438,27 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
 
     IMG.mkdir(parents=True, exist_ok=True)
     made = []
-    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.6, 3.2), dpi=100)
+    k = 45  # moving average over 45 batches (3 domains)
     for c, color in (("eatta", "tab:red"), ("no-ema", "tab:orange"), ("eatta-stable", "tab:green")):
         runs = _load(out, "embedded", c, [0], rounds_diag)
         if not runs or not runs[0]["gamma_trace"]:
             continue
-        g = np.asarray(runs[0]["gamma_trace"])
-        k = 45
-        smooth = np.convolve(g, np.ones(k) / k, mode="valid")
-        ax.plot(np.arange(len(smooth)) / 225 + k / 450, smooth, color=color, lw=1, label=c)
+        for key, axis in (("gamma_trace", ax), ("ratio_trace", bx)):
+            g = np.asarray(runs[0][key], dtype=float)
+            g = g[np.isfinite(g)]
+            smooth = np.convolve(g, np.ones(k) / k, mode="valid")
+            axis.plot(np.arange(len(smooth)) / 225 + k / 450, smooth, color=color, lw=1, label=c)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--", label="Baseline (γ = 1)")
-    ax.set_xlabel("round (one round = 15 corruptions, 225 batches)")
     ax.set_ylabel("applied γ_sup (moving avg.)")
-    ax.set_title("Weight of the labelled loss over the stream (digits-C, seed 0)")
-    ax.legend(fontsize=8)
+    ax.set_title("Weight of the labelled loss", fontsize=9)
+    bx.set_yscale("log")
+    bx.set_ylabel("g_s / g_u (moving avg.)")
+    bx.set_title("Labelled / entropy gradient norm", fontsize=9)
+    for axis in (ax, bx):
+        axis.set_xlabel("round (15 corruptions, 225 batches)")
+        axis.legend(fontsize=8)
+    fig.suptitle("digits-C severity 5, seed 0", fontsize=9)
     fig.tight_layout()
     p = IMG / "long-stream-gamma.png"
     fig.savefig(p)
@@ -530,8 +564,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.part in ("diagnose", "all"):
         go(["embedded"], args.configs or DIAGNOSE, args.seeds or [0], args.rounds or 10)
+    if args.part == "all":  # tuning of the variant: embedded stream, seeds 0 and 1
+        go(["embedded"], COMPARE + TUNING, [0, 1], 5)
     if args.part in ("ablation", "all"):
-        go(["embedded"], args.configs or ABLATION, args.seeds or [0, 1, 2], args.rounds or 5)
+        go(["embedded"], args.configs or ABLATION, args.seeds or [2, 3, 4], args.rounds or 5)
     if args.part == "compare":
         go(
             args.streams or sorted(STREAMS),
@@ -543,21 +579,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         go(["embedded"], COMPARE, [2, 3, 4], 5)
         go(["sev3", "reversed", "resnet", "label-shift"], COMPARE, [0, 1, 2], 5)
     if args.part in ("report", "all"):
-        print("## Diagnosis (embedded, seed 0, 10 rounds; first → last round)\n")
-        print(diagnosis_table(out, "embedded", DIAGNOSE, 0, 10))
-        print(error_table(out, "embedded", DIAGNOSE, [0], 10))
-        print("## Table 3 ablation (embedded, 5 rounds)\n")
-        print(error_table(out, "embedded", ABLATION, [0, 1, 2], 5))
-        print("## Variant comparison\n")
-        print("### embedded (tuning seeds 0, 1)\n")
-        print(error_table(out, "embedded", COMPARE, [0, 1], 5))
-        print("### embedded (report seeds 2, 3, 4)\n")
-        print(error_table(out, "embedded", COMPARE, [2, 3, 4], 5))
+        lines: list[str] = []
+        emit = lines.append  # the report is collected, written, then shown
+        emit("## Diagnosis (embedded, seed 0, 10 rounds; first → last round)\n")
+        emit(diagnosis_table(out, "embedded", DIAGNOSE, 0, 10))
+        emit(error_table(out, "embedded", DIAGNOSE, [0], 10))
+        emit("## Table 3 ablation (embedded, 5 rounds)\n")
+        emit(error_table(out, "embedded", ABLATION, [2, 3, 4], 5))
+        emit("## Variant comparison\n")
+        emit("### embedded (tuning seeds 0, 1)\n")
+        emit(error_table(out, "embedded", COMPARE + TUNING, [0, 1], 5))
+        emit("### embedded (report seeds 2, 3, 4)\n")
+        emit(error_table(out, "embedded", COMPARE, [2, 3, 4], 5))
         for stream in ("sev3", "reversed", "resnet", "label-shift"):
-            print(f"### {stream} (report)\n")
-            print(error_table(out, stream, COMPARE, [0, 1, 2], 5))
+            emit(f"### {stream} (report)\n")
+            emit(error_table(out, stream, COMPARE, [0, 1, 2], 5))
+        emit("## Where the variant differs from `gnd=False`\n")
+        emit(clamp_table(out, [0, 1, 2, 3, 4], 5))
         for p in plots(out, 10, [0, 1, 2], 5):
-            print(f"plot: {p} ({p.stat().st_size // 1024} KiB)")
+            emit(f"plot: {p.relative_to(ROOT)} ({p.stat().st_size // 1024} KiB)\n")
+        text = "# Long-stream study (benchmarks/long_stream_study.py)\n\n" + "\n".join(lines)
+        (ROOT / "benchmarks" / "results" / "long_stream_study.md").write_text(text)
+        sys.stdout.write(text)
     return 0
 
 
