@@ -408,7 +408,7 @@ def clamp_table(out: Path, seeds: Sequence[int], rounds: int) -> str:
     """Markdown: per stream, the median ``g_s / g_u`` of faithful EATTA and the share of steps in
     which eatta-stable applied GND (``γ_sup > 1``) rather than the 1 : 1 weights."""
     lines = [
-        "| stream | median g_s/g_u (eatta) | median g_s/g_u (eatta-stable) | steps with γ_sup > 1 |",
+        "| stream | median g_s/g_u (eatta) | median g_s/g_u (stable) | steps with γ_sup > 1 |",
         "|---|---|---|---|",
     ]
     for stream in STREAMS:
