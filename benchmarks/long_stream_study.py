@@ -19,17 +19,17 @@ and skipped when present, so the commands resume; ``report`` also writes the tab
 Seed ``s`` fixes torch's RNG, the method's seed (its selector) and the rounds' shuffles
 (``100 s + r``).
 
-Commands (CPU, single-threaded)::
+Commands (CPU, single-threaded; the grid of each part is :data:`PLAN`)::
 
-    python benchmarks/long_stream_study.py diagnose --rounds 10 --seeds 0
-    python benchmarks/long_stream_study.py one --streams embedded --seeds 0 1 \\
-        --configs baseline eatta eatta-stable stable-cap0.5     # tuning
-    python benchmarks/long_stream_study.py ablation --rounds 5 --seeds 2 3 4
-    python benchmarks/long_stream_study.py compare --rounds 5 --seeds 2 3 4 --streams embedded
-    python benchmarks/long_stream_study.py compare --rounds 5 --seeds 0 1 2 \\
-        --streams sev3 reversed resnet label-shift
-    python benchmarks/long_stream_study.py all      # the four above, then tables and plots
-    python benchmarks/long_stream_study.py report   # tables (markdown) and plots from stored runs
+    python benchmarks/long_stream_study.py all        # every part below, then the report
+    python benchmarks/long_stream_study.py diagnose   # embedded, seed 0, 10 rounds
+    python benchmarks/long_stream_study.py tuning     # embedded, seeds 0 1 (variant's choice)
+    python benchmarks/long_stream_study.py compare    # report streams: Baseline / EATTA / variant
+    python benchmarks/long_stream_study.py ablation   # the paper's Table 3 rows
+    python benchmarks/long_stream_study.py report     # markdown tables + plots from stored runs
+    python benchmarks/long_stream_study.py check      # aliased Table-3 rows == their named runs
+    python benchmarks/long_stream_study.py one --streams sev3 --configs baseline eatta \\
+        --seeds 0 1 2 --rounds 10                     # any other grid
 """
 
 from __future__ import annotations
@@ -369,7 +369,8 @@ def error_table(
         avg = _ms([statistics.fmean(p["error"] for p in run["per_round"]) for run in runs])
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {avg} |")
     n = len(_load(out, stream, configs[0], seeds, rounds))
-    return "\n".join(lines) + f"\n\n({n} seeds: {', '.join(map(str, seeds))})\n"
+    listed = ", ".join(map(str, seeds))
+    return "\n".join(lines) + f"\n\n(runs found for {n} of the seeds {listed})\n"
 
 
 def diagnosis_table(out: Path, stream: str, configs: Sequence[str], seed: int, rounds: int) -> str:
@@ -465,25 +466,28 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
     plt.close(fig)
     made.append(p)
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), dpi=100, sharey=False)
-    for ax, stream in zip(axes, ("embedded", "resnet"), strict=False):
+    panels = [
+        ("embedded", [0], rounds_diag, "embedded, seed 0 (diagnosis run)"),
+        ("embedded", [2, 3], 5, "embedded, report seeds 2, 3"),
+        ("resnet", list(seeds), rounds, f"resnet, seeds {', '.join(map(str, seeds))}"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.2), dpi=100)
+    for ax, (stream, seeds_here, n, title) in zip(axes, panels, strict=True):
         for c, color in (
             ("baseline", "tab:blue"),
             ("eatta", "tab:red"),
             ("eatta-stable", "tab:green"),
         ):
-            seeds_here = (2, 3, 4) if stream == "embedded" else tuple(seeds)
-            runs = _load(out, stream, c, seeds_here, rounds)
+            runs = _load(out, stream, c, seeds_here, n)
             if not runs:
                 continue
             e = np.asarray([[p["error"] for p in run["per_round"]] for run in runs])
             x = np.arange(1, e.shape[1] + 1)
             ax.plot(x, e.mean(0), color=color, marker="o", ms=3, label=c)
             if len(runs) > 1:
-                ax.fill_between(
-                    x, e.mean(0) - e.std(0), e.mean(0) + e.std(0), color=color, alpha=0.15
-                )
-        ax.set_title(f"{stream} stream (mean ± std over seeds)", fontsize=9)
+                lo, hi = e.mean(0) - e.std(0), e.mean(0) + e.std(0)
+                ax.fill_between(x, lo, hi, color=color, alpha=0.15)
+        ax.set_title(title + (" (mean ± std)" if len(seeds_here) > 1 else ""), fontsize=9)
         ax.set_xlabel("round")
         ax.set_ylabel("online error %")
         ax.legend(fontsize=8)
@@ -525,15 +529,48 @@ def check_aliases(batches: int = 40) -> bool:
 # ----------------------------------------------------------------------------- CLI
 
 
+#: The study as run for docs/when-eatta-helps.md: (part, streams, configs, seeds, rounds).
+#: Rounds and seeds are what two shared CPU cores allowed; raise them with the flags of ``one``.
+OTHER_STREAMS = ["sev3", "resnet", "label-shift", "reversed"]
+PLAN: list[tuple[str, list[str], list[str], list[int], int]] = [
+    ("diagnose", ["embedded"], ["baseline", "eatta", "no-gnd", "eatta-stable"], [0], 10),
+    ("tuning", ["embedded"], COMPARE + TUNING, [0, 1], 5),
+    ("compare", ["embedded"], COMPARE, [2, 3], 5),
+    ("compare", OTHER_STREAMS, COMPARE, [0, 1], 3),
+    ("ablation", ["embedded"], ABLATION, [2, 3], 3),
+]
+
+
+def report(out: Path) -> str:
+    """The markdown tables of :data:`PLAN` from the stored runs; also draws the plots."""
+    lines: list[str] = ["# Long-stream study (benchmarks/long_stream_study.py)\n"]
+    emit = lines.append
+    for part, streams, configs, seeds, rounds in PLAN:
+        for stream in streams:
+            what = {"tuning": "tuning streams", "diagnose": "diagnosis"}.get(part, "report streams")
+            emit(f"## {part}: {stream}, {rounds} rounds, seeds {seeds} ({what})\n")
+            if part == "diagnose":
+                emit("First → last round:\n")
+                emit(diagnosis_table(out, stream, configs, seeds[0], rounds))
+            emit(error_table(out, stream, configs, seeds, rounds))
+    emit("## Where the variant differs from `gnd=False`\n")
+    emit(clamp_table(out, [0, 1, 2, 3, 4], 3))
+    for p in plots(out, 10, [0, 1], 3):
+        emit(f"plot: {p.relative_to(ROOT)} ({p.stat().st_size // 1024} KiB)\n")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "part", choices=["diagnose", "ablation", "compare", "all", "report", "one", "check"]
+        "part",
+        choices=["diagnose", "tuning", "compare", "ablation", "all", "report", "one", "check"],
+        help="a part of PLAN, all of it (then the report), the report, one ad-hoc grid, or check",
     )
-    ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--seeds", type=int, nargs="+", default=None)
-    ap.add_argument("--streams", nargs="+", default=None, choices=sorted(STREAMS))
-    ap.add_argument("--configs", nargs="+", default=None, choices=sorted(CONFIGS))
+    ap.add_argument("--rounds", type=int, default=5, help="for 'one'")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="for 'one'")
+    ap.add_argument("--streams", nargs="+", default=["embedded"], choices=sorted(STREAMS))
+    ap.add_argument("--configs", nargs="+", default=COMPARE, choices=sorted(CONFIGS))
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -548,57 +585,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.part == "check":
         return 0 if check_aliases() else 1
     if args.part == "one":
-        go(
-            args.streams or ["embedded"],
-            args.configs or COMPARE,
-            args.seeds or [0],
-            args.rounds or 5,
-        )
-        for stream in args.streams or ["embedded"]:
+        go(args.streams, args.configs, args.seeds, args.rounds)
+        for stream in args.streams:
             print(f"\n### {stream}\n")
-            print(
-                error_table(
-                    out, stream, args.configs or COMPARE, args.seeds or [0], args.rounds or 5
-                )
-            )
+            print(error_table(out, stream, args.configs, args.seeds, args.rounds))
         return 0
-    if args.part in ("diagnose", "all"):
-        go(["embedded"], args.configs or DIAGNOSE, args.seeds or [0], args.rounds or 10)
-    if args.part == "all":  # tuning of the variant: embedded stream, seeds 0 and 1
-        go(["embedded"], COMPARE + TUNING, [0, 1], 5)
-    if args.part in ("ablation", "all"):
-        go(["embedded"], args.configs or ABLATION, args.seeds or [2, 3, 4], args.rounds or 5)
-    if args.part == "compare":
-        go(
-            args.streams or sorted(STREAMS),
-            args.configs or COMPARE,
-            args.seeds or [0, 1, 2],
-            args.rounds or 5,
-        )
-    if args.part == "all":
-        go(["embedded"], COMPARE, [2, 3, 4], 5)
-        go(["sev3", "reversed", "resnet", "label-shift"], COMPARE, [0, 1, 2], 5)
+    for part, streams, configs, seeds, rounds in PLAN:
+        if args.part in (part, "all"):
+            go(streams, configs, seeds, rounds)
     if args.part in ("report", "all"):
-        lines: list[str] = []
-        emit = lines.append  # the report is collected, written, then shown
-        emit("## Diagnosis (embedded, seed 0, 10 rounds; first → last round)\n")
-        emit(diagnosis_table(out, "embedded", DIAGNOSE, 0, 10))
-        emit(error_table(out, "embedded", DIAGNOSE, [0], 10))
-        emit("## Table 3 ablation (embedded, 5 rounds)\n")
-        emit(error_table(out, "embedded", ABLATION, [2, 3, 4], 5))
-        emit("## Variant comparison\n")
-        emit("### embedded (tuning seeds 0, 1)\n")
-        emit(error_table(out, "embedded", COMPARE + TUNING, [0, 1], 5))
-        emit("### embedded (report seeds 2, 3, 4)\n")
-        emit(error_table(out, "embedded", COMPARE, [2, 3, 4], 5))
-        for stream in ("sev3", "reversed", "resnet", "label-shift"):
-            emit(f"### {stream} (report)\n")
-            emit(error_table(out, stream, COMPARE, [0, 1, 2], 5))
-        emit("## Where the variant differs from `gnd=False`\n")
-        emit(clamp_table(out, [0, 1, 2, 3, 4], 5))
-        for p in plots(out, 10, [0, 1, 2], 5):
-            emit(f"plot: {p.relative_to(ROOT)} ({p.stat().st_size // 1024} KiB)\n")
-        text = "# Long-stream study (benchmarks/long_stream_study.py)\n\n" + "\n".join(lines)
+        text = report(out)
         (ROOT / "benchmarks" / "results" / "long_stream_study.md").write_text(text)
         sys.stdout.write(text)
     return 0
