@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from _active_method_checks import check_reset_is_exact, check_state_dict_round_trip
 
 from conftest import confident_cnn
 from eatta import EATTA, GradNormDebiaser, GroundTruthOracle
@@ -72,3 +73,12 @@ def test_reset_and_state_round_trip_of_the_method(batch):
     assert torch.equal(twin(x), m(x))
     m.reset()
     assert m.debiaser.current is None
+
+
+def _make(oracle, budget=1, **kw):
+    return create("eatta-stable", confident_cnn(), oracle=oracle, budget=budget, lr=0.05, **kw)
+
+
+def test_keeps_the_active_method_contract(tmp_path):
+    check_reset_is_exact(_make)
+    check_state_dict_round_trip(_make, tmp_path)
