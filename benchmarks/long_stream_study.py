@@ -537,7 +537,7 @@ PLAN: list[tuple[str, list[str], list[str], list[int], int]] = [
     ("tuning", ["embedded"], COMPARE + TUNING, [0, 1], 5),
     ("compare", ["embedded"], COMPARE, [2, 3], 5),
     ("compare", OTHER_STREAMS, COMPARE, [0, 1], 3),
-    ("ablation", ["embedded"], ABLATION, [2, 3], 3),
+    ("ablation", ["embedded"], [*ABLATION[:5], "all"], [2, 3], 3),  # the six rows
 ]
 
 
