@@ -11,6 +11,7 @@ from torch import nn
 import eatta.methods.baseline  # registers on import
 import eatta.methods.cema  # registers on import
 import eatta.methods.cotta  # registers on import
+import eatta.methods.eatta_variants  # registers on import
 import eatta.methods.eta  # registers on import
 import eatta.methods.sar  # registers on import
 import eatta.methods.simatta  # registers on import

@@ -1,0 +1,604 @@
+"""EATTA over long streams (issue 9): diagnosis, the Table-3 ablation, and the stable variant.
+
+Every run adapts one fresh copy of a digits source model through the public API
+(``eatta.create``) over ``R`` rounds of a digits-C stream (each round the whole 15-corruption
+stream again, reshuffled with its own seed, one label per batch, the registry's digits-c
+defaults), and records per round: online error, the mean applied weights ``γ_sup / γ_unsup``,
+the two gradient norms (where the method computes them), the share of labelled samples the model
+mispredicted, the size of the confident (entropy) set, labels per class, and the drift
+``||θ - θ0||`` of the adapted parameters; per step: ``γ_sup`` and the norm ratio (for plots).
+
+Streams (``--streams``): ``embedded`` (severity 5, standard order, digits CNN), ``sev3``
+(severity 3), ``reversed`` (severity 5, corruption order reversed), ``resnet`` (a small
+residual network trained here on the clean digits source split, cached), ``label-shift``
+(Dirichlet class-sorted order inside each domain, δ = 0.1, seeded per round).
+
+Each run is stored as JSON under ``--out`` (default ``runs/long-stream``, or ``$EATTA_STUDY_OUT``)
+and skipped when present, so the commands resume; ``report`` also writes the tables to
+``benchmarks/results/long_stream_study.md``.
+Seed ``s`` fixes torch's RNG, the method's seed (its selector) and the rounds' shuffles
+(``100 s + r``).
+
+Commands (CPU, single-threaded; the grid of each part is :data:`PLAN`)::
+
+    python benchmarks/long_stream_study.py all        # every part below, then the report
+    python benchmarks/long_stream_study.py diagnose   # embedded, seed 0, 10 rounds
+    python benchmarks/long_stream_study.py tuning     # embedded, seeds 0 1 (variant's choice)
+    python benchmarks/long_stream_study.py compare    # report streams: Baseline / EATTA / variant
+    python benchmarks/long_stream_study.py ablation   # the paper's Table 3 rows
+    python benchmarks/long_stream_study.py report     # markdown tables + plots from stored runs
+    python benchmarks/long_stream_study.py check      # aliased Table-3 rows == their named runs
+    python benchmarks/long_stream_study.py one --streams sev3 --configs baseline eatta \\
+        --seeds 0 1 2 --rounds 10                     # any other grid
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains, digits_source, digits_test
+from eatta.data.stream import TestStream
+from eatta.methods.registry import create
+from eatta.oracle import GroundTruthOracle
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = Path(os.environ.get("EATTA_STUDY_OUT", ROOT / "runs" / "long-stream"))
+IMG = ROOT / "docs" / "img"
+
+STREAMS: dict[str, dict[str, Any]] = {
+    "embedded": {"severity": 5, "order": "standard", "model": "cnn", "label_shift": None},
+    "sev3": {"severity": 3, "order": "standard", "model": "cnn", "label_shift": None},
+    "reversed": {"severity": 5, "order": "reversed", "model": "cnn", "label_shift": None},
+    "resnet": {"severity": 5, "order": "standard", "model": "resnet", "label_shift": None},
+    "label-shift": {"severity": 5, "order": "standard", "model": "cnn", "label_shift": 0.1},
+}
+
+#: name -> (registered method, overrides). The ablation rows follow the paper's Table 3.
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "baseline": ("baseline", {}),
+    "eatta": ("eatta", {}),
+    "eatta-stable": ("eatta-stable", {}),
+    "no-gnd": ("eatta", {"gnd": False}),
+    "random+gnd": ("eatta", {"selector": "random", "history": None}),
+    "no-ema": ("eatta", {"ema": False}),
+    "tent": ("tent", {}),
+    # tuning candidates of the variant (tuning streams only: embedded, seeds 0 and 1)
+    "stable-cap0.5": ("eatta-stable", {"unsup_cap": 0.5}),
+    # Table 3 rows
+    "none": ("eatta", {"selector": "random", "history": None, "gnd": False}),
+    "PD": ("eatta", {"history": None, "gnd": False}),
+    "PD+CB": ("eatta", {"gnd": False}),
+    "PD+GND": ("eatta", {"history": None, "ema": False}),
+    "PD+GND+EMA": ("eatta", {"history": None}),
+    "GND": ("eatta", {"selector": "random", "history": None, "ema": False}),
+    "GND+EMA": ("eatta", {"selector": "random", "history": None}),
+    "PD+CB+GND": ("eatta", {"ema": False}),
+    "all": ("eatta", {}),
+}
+
+#: Table-3 rows that are the same computation as a named configuration (checked by ``check``).
+ALIASES = {"none": "baseline", "PD+CB": "no-gnd", "all": "eatta"}
+
+ABLATION = ["none", "PD", "PD+CB", "PD+GND", "PD+GND+EMA", "GND", "GND+EMA", "PD+CB+GND", "all"]
+COMPARE = ["baseline", "eatta", "eatta-stable"]
+TUNING = ["stable-cap0.5"]
+DIAGNOSE = ["baseline", "eatta", "no-gnd", "random+gnd", "no-ema", "eatta-stable"]
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class _ResidualBlock(nn.Module):
+    """conv-BN-ReLU-conv-BN plus a (projected when the shape changes) shortcut, then ReLU."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        return F.relu(y + self.shortcut(x))
+
+
+def digits_resnet(num_classes: int = 10, width: int = 16) -> nn.Sequential:
+    """A small residual network for 32 px digits: stem + 4 residual blocks (9 BN layers)."""
+    w = width
+    return nn.Sequential(
+        nn.Conv2d(3, w, 3, stride=2, padding=1, bias=False),  # 32 -> 16
+        nn.BatchNorm2d(w),
+        nn.ReLU(),
+        _ResidualBlock(w, w, 1),
+        _ResidualBlock(w, 2 * w, 2),  # 16 -> 8
+        _ResidualBlock(2 * w, 4 * w, 2),  # 8 -> 4
+        _ResidualBlock(4 * w, 4 * w, 1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4 * w, num_classes),
+    )
+
+
+def _train_resnet(seed: int = 0, epochs: int = 20) -> tuple[nn.Module, float]:
+    """Adam + one-cycle on the clean source split with ±1 px shifts (the digits CNN's recipe)."""
+    x, y = digits_source(seed=0).tensors
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = digits_resnet()
+    steps = epochs * math.ceil(len(x) / 64)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps)
+    for _ in range(epochs):
+        model.train()
+        order = torch.randperm(len(x), generator=g)
+        for i in range(0, len(x), 64):
+            idx = order[i : i + 64]
+            if len(idx) < 2:
+                continue
+            dx, dy = torch.randint(0, 3, (2,), generator=g).tolist()
+            xb = F.pad(x[idx], (1, 1, 1, 1))[..., dy : dy + 32, dx : dx + 32]
+            loss = F.cross_entropy(model(xb), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    model.eval()
+    xt, yt = digits_test(seed=0).tensors
+    with torch.no_grad():
+        acc = float((model(xt).argmax(1) == yt).float().mean())
+    return model, acc
+
+
+def source_model(kind: str, cache: Path) -> nn.Module:
+    """The digits CNN of the benchmark, or the study's residual network (trained once, cached)."""
+    if kind == "cnn":
+        from eatta.bench.digits_model import load_digits_source
+
+        return load_digits_source()[0]
+    path = cache / "study-digits-resnet-seed0.pt"
+    model = digits_resnet()
+    if path.exists():
+        model.load_state_dict(torch.load(path, weights_only=True))
+        return model.eval()
+    start = time.perf_counter()
+    model, acc = _train_resnet()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+    print(f"residual network trained in {time.perf_counter() - start:.0f} s, clean acc {acc:.3f}")
+    return model
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+def label_shift_order(labels: np.ndarray, delta: float, batch: int, rng: np.random.Generator):
+    """Indices of one domain in a class-sorted order: each class's samples are spread over the
+    domain's time slots (one per batch) by Dirichlet(δ) proportions, slots read in order."""
+    slots = max(1, math.ceil(len(labels) / batch))
+    buckets: list[list[int]] = [[] for _ in range(slots)]
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        share = rng.dirichlet(np.full(slots, delta))
+        cuts = (np.cumsum(share)[:-1] * len(idx)).round().astype(int)
+        for s, part in enumerate(np.split(idx, cuts)):
+            buckets[s].extend(part.tolist())
+    return np.concatenate([rng.permutation(np.asarray(b, dtype=np.int64)) for b in buckets])
+
+
+def round_batches(
+    domains: Sequence[Any], label_shift: float | None, seed: int
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """One pass over the domains: TestStream's shuffle, or the Dirichlet label-shifted order."""
+    if label_shift is None:
+        for x, y, _ in TestStream(domains, 64, seed=seed):
+            yield x, y
+        return
+    for k, dom in enumerate(domains):
+        xs, ys = dom.dataset.tensors
+        order = label_shift_order(ys.numpy(), label_shift, 64, np.random.default_rng([seed, k]))
+        for i in range(0, len(order), 64):
+            idx = torch.from_numpy(order[i : i + 64])
+            yield xs[idx], ys[idx]
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def run(stream: str, config: str, seed: int, rounds: int, out: Path) -> dict[str, Any]:
+    """Adapt over ``rounds`` rounds of ``stream`` with ``config``; stored as JSON (cached)."""
+    config = ALIASES.get(config, config)
+    path = out / "runs" / f"{stream}__{config}__s{seed}__r{rounds}.json"
+    stored = _load(out, stream, config, [seed], rounds)
+    if stored:
+        return stored[0]
+    spec = STREAMS[stream]
+    name, overrides = CONFIGS[config]
+    cache = out / "cache"
+    corruptions = list(DIGITS_C_CORRUPTIONS)
+    if spec["order"] == "reversed":
+        corruptions.reverse()
+    domains = digits_c_domains(corruptions, severity=spec["severity"])
+    torch.manual_seed(seed)
+    model = copy.deepcopy(source_model(spec["model"], cache))
+    oracle = GroundTruthOracle()
+    method = create(
+        name, model, dataset="digits-c", oracle=oracle, budget=1, seed=seed, **overrides
+    )
+    params = list(method.params)
+    start_params = [p.detach().clone() for p in params]
+    per_round: list[dict[str, Any]] = []
+    gamma_trace: list[float] = []
+    ratio_trace: list[float] = []
+    err_trace: list[float] = []
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        wrong = total = 0
+        gs, gu, ns, nu, mis, conf = [], [], [], [], [], []
+        counts = np.zeros(10, dtype=np.int64)
+        for x, y in round_batches(domains, spec["label_shift"], 100 * seed + r):
+            with oracle.labels(y):
+                logits = method(x)
+            miss = int((logits.argmax(1) != y).sum())
+            wrong += miss
+            total += len(y)
+            err_trace.append(miss / len(y))
+            rec = getattr(method, "last_step", None)
+            if rec is None:
+                continue
+            if rec.num_unsup is not None:
+                conf.append(float(rec.num_unsup))
+            if len(rec.selected):
+                sel = rec.selected
+                mis.append(float((rec.pseudo_labels[sel] != rec.labels).float().mean()))
+                counts += np.bincount(rec.labels.numpy(), minlength=10)
+            if rec.weights is not None:
+                gs.append(float(rec.weights.sup))
+                gu.append(float(rec.weights.unsup))
+                gamma_trace.append(gs[-1])
+            if rec.grad_norm_sup is not None and rec.grad_norm_unsup is not None:
+                a, b = float(rec.grad_norm_sup), float(rec.grad_norm_unsup)
+                ns.append(a)
+                nu.append(b)
+                ratio_trace.append(a / b if b > 0 else float("nan"))
+        pairs = zip(params, start_params, strict=True)
+        drift = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in pairs))
+        per_round.append(
+            {
+                "error": 100 * wrong / total,
+                "gamma_sup": _mean(gs),
+                "gamma_unsup": _mean(gu),
+                "grad_norm_sup": _mean(ns),
+                "grad_norm_unsup": _mean(nu),
+                "norm_ratio": _mean([a / b for a, b in zip(ns, nu, strict=False) if b > 0]),
+                "mispredicted_selected": _mean(mis),
+                "confident": _mean(conf),
+                "labels_per_class": counts.tolist(),
+                "drift": drift,
+            }
+        )
+        print(
+            f"  {stream:12s} {config:12s} seed {seed} round {r + 1}: "
+            f"error {per_round[-1]['error']:.1f}",
+            flush=True,
+        )
+    result = {
+        "stream": stream,
+        "config": config,
+        "method": name,
+        "overrides": {k: v for k, v in overrides.items()},
+        "seed": seed,
+        "rounds": rounds,
+        "per_round": per_round,
+        "gamma_trace": gamma_trace,
+        "ratio_trace": ratio_trace,
+        "error_trace": err_trace,
+        "seconds": time.perf_counter() - t0,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)
+    return result
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _load(out: Path, stream: str, config: str, seeds: Sequence[int], rounds: int):
+    """Stored runs; a longer run of the same seed stands in for a shorter one (its first rounds
+    are the same computation), truncated."""
+    config = ALIASES.get(config, config)
+    runs = []
+    for s in seeds:
+        found = sorted(
+            (out / "runs").glob(f"{stream}__{config}__s{s}__r*.json"),
+            key=lambda p: int(p.stem.rsplit("__r", 1)[1]),
+        )
+        longer = [p for p in found if int(p.stem.rsplit("__r", 1)[1]) >= rounds]
+        if longer:
+            run = json.loads(longer[0].read_text())
+            run["per_round"] = run["per_round"][:rounds]
+            runs.append(run)
+    return runs
+
+
+def _ms(values: Sequence[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def error_table(
+    out: Path, stream: str, configs: Sequence[str], seeds: Sequence[int], rounds: int
+) -> str:
+    """Markdown: per-round error (mean ± std over seeds) and the mean over rounds."""
+    head = "| configuration | " + " | ".join(f"r{r + 1}" for r in range(rounds)) + " | mean |"
+    lines = [head, "|---" * (rounds + 2) + "|"]
+    for c in configs:
+        runs = _load(out, stream, c, seeds, rounds)
+        if not runs:
+            continue
+        cells = [_ms([run["per_round"][r]["error"] for run in runs]) for r in range(rounds)]
+        avg = _ms([statistics.fmean(p["error"] for p in run["per_round"]) for run in runs])
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {avg} |")
+    n = len(_load(out, stream, configs[0], seeds, rounds))
+    listed = ", ".join(map(str, seeds))
+    return "\n".join(lines) + f"\n\n(runs found for {n} of the seeds {listed})\n"
+
+
+def diagnosis_table(out: Path, stream: str, configs: Sequence[str], seed: int, rounds: int) -> str:
+    """Markdown: per configuration, first / last round of each diagnostic."""
+    keys = [
+        ("error", "error %"),
+        ("gamma_sup", "γ_sup"),
+        ("gamma_unsup", "γ_unsup"),
+        ("norm_ratio", "g_s / g_u"),
+        ("mispredicted_selected", "labelled mispredicted"),
+        ("confident", "confident set"),
+        ("drift", "‖θ−θ0‖"),
+    ]
+    lines = [
+        "| configuration | " + " | ".join(k[1] for k in keys) + " | labels/class (last round) |",
+        "|---" * (len(keys) + 2) + "|",
+    ]
+    for c in configs:
+        runs = _load(out, stream, c, [seed], rounds)
+        if not runs:
+            continue
+        pr = runs[0]["per_round"]
+        cells = []
+        for k, _ in keys:
+            a, b = pr[0][k], pr[-1][k]
+            fmt = (
+                "{:.2f}" if k in ("gamma_sup", "gamma_unsup", "mispredicted_selected") else "{:.1f}"
+            )
+            cells.append("–" if a is None else f"{fmt.format(a)} → {fmt.format(b)}")
+        counts = pr[-1]["labels_per_class"]
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {min(counts)}–{max(counts)} |")
+    return "\n".join(lines) + "\n"
+
+
+def clamp_table(out: Path, seeds: Sequence[int], rounds: int) -> str:
+    """Markdown: per stream, the median ``g_s / g_u`` of faithful EATTA and the share of steps in
+    which eatta-stable applied GND (``γ_sup > 1``) rather than the 1 : 1 weights."""
+    lines = [
+        "| stream | median g_s/g_u (eatta) | median g_s/g_u (stable) | steps with γ_sup > 1 |",
+        "|---|---|---|---|",
+    ]
+    for stream in STREAMS:
+        faithful = _load(out, stream, "eatta", seeds, rounds)
+        stable = _load(out, stream, "eatta-stable", seeds, rounds)
+        if not faithful or not stable:
+            continue
+        rf = np.concatenate([np.asarray(r["ratio_trace"], dtype=float) for r in faithful])
+        rs = np.concatenate([np.asarray(r["ratio_trace"], dtype=float) for r in stable])
+        gs = np.concatenate([np.asarray(r["gamma_trace"], dtype=float) for r in stable])
+        lines.append(
+            f"| {stream} | {np.nanmedian(rf):.1f} | {np.nanmedian(rs):.1f} | "
+            f"{100 * float((gs > 1).mean()):.1f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> list[Path]:
+    """γ_sup over the stream (diagnosis run) and per-round error (embedded stream)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    IMG.mkdir(parents=True, exist_ok=True)
+    made = []
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.6, 3.2), dpi=100)
+    k = 45  # moving average over 45 batches (3 domains)
+    for c, color in (("eatta", "tab:red"), ("no-ema", "tab:orange"), ("eatta-stable", "tab:green")):
+        runs = _load(out, "embedded", c, [0], rounds_diag)
+        if not runs or not runs[0]["gamma_trace"]:
+            continue
+        for key, axis in (("gamma_trace", ax), ("ratio_trace", bx)):
+            g = np.asarray(runs[0][key], dtype=float)
+            g = g[np.isfinite(g)]
+            smooth = np.convolve(g, np.ones(k) / k, mode="valid")
+            axis.plot(np.arange(len(smooth)) / 225 + k / 450, smooth, color=color, lw=1, label=c)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--", label="Baseline (γ = 1)")
+    ax.set_ylabel("applied γ_sup (moving avg.)")
+    ax.set_title("Weight of the labelled loss", fontsize=9)
+    bx.set_yscale("log")
+    bx.set_ylabel("g_s / g_u (moving avg.)")
+    bx.set_title("Labelled / entropy gradient norm", fontsize=9)
+    for axis in (ax, bx):
+        axis.set_xlabel("round (15 corruptions, 225 batches)")
+        axis.legend(fontsize=8)
+    fig.suptitle("digits-C severity 5, seed 0", fontsize=9)
+    fig.tight_layout()
+    p = IMG / "long-stream-gamma.png"
+    fig.savefig(p)
+    plt.close(fig)
+    made.append(p)
+
+    panels = [
+        ("embedded", [0], rounds_diag, "embedded, seed 0 (diagnosis run)"),
+        ("embedded", [2, 3], 5, "embedded, report seeds 2, 3"),
+        ("resnet", list(seeds), rounds, f"resnet, seeds {', '.join(map(str, seeds))}"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.2), dpi=100)
+    for ax, (stream, seeds_here, n, title) in zip(axes, panels, strict=True):
+        for c, color in (
+            ("baseline", "tab:blue"),
+            ("eatta", "tab:red"),
+            ("eatta-stable", "tab:green"),
+        ):
+            runs = _load(out, stream, c, seeds_here, n)
+            if not runs:
+                continue
+            e = np.asarray([[p["error"] for p in run["per_round"]] for run in runs])
+            x = np.arange(1, e.shape[1] + 1)
+            ax.plot(x, e.mean(0), color=color, marker="o", ms=3, label=c)
+            if len(runs) > 1:
+                lo, hi = e.mean(0) - e.std(0), e.mean(0) + e.std(0)
+                ax.fill_between(x, lo, hi, color=color, alpha=0.15)
+        ax.set_title(title + (" (mean ± std)" if len(seeds_here) > 1 else ""), fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylabel("online error %")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = IMG / "long-stream-error.png"
+    fig.savefig(p)
+    plt.close(fig)
+    made.append(p)
+    return made
+
+
+def check_aliases(batches: int = 40) -> bool:
+    """Whether each aliased Table-3 row gives bit-identical predictions to its named config."""
+    domains = digits_c_domains(severity=5)
+    base = source_model("cnn", DEFAULT_OUT / "cache")
+    ok = True
+    for row, named in ALIASES.items():
+        outs = []
+        for config in (row, named):
+            name, overrides = CONFIGS[config]
+            torch.manual_seed(0)
+            oracle = GroundTruthOracle()
+            method = create(
+                name, copy.deepcopy(base), dataset="digits-c", oracle=oracle, seed=0, **overrides
+            )
+            logits = []
+            for t, (x, y) in enumerate(round_batches(domains, None, 0)):
+                if t == batches:
+                    break
+                with oracle.labels(y):
+                    logits.append(method(x))
+            outs.append(torch.cat(logits))
+        same = torch.equal(outs[0], outs[1])
+        ok &= same
+        print(f"{row} == {named} over {batches} batches: {same}")
+    return ok
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+#: The study as run for docs/when-eatta-helps.md: (part, streams, configs, seeds, rounds).
+#: Rounds and seeds are what two shared CPU cores allowed; raise them with the flags of ``one``.
+OTHER_STREAMS = ["sev3", "resnet", "label-shift", "reversed"]
+PLAN: list[tuple[str, list[str], list[str], list[int], int]] = [
+    ("diagnose", ["embedded"], ["baseline", "eatta", "no-gnd", "eatta-stable"], [0], 10),
+    ("tuning", ["embedded"], COMPARE + TUNING, [0, 1], 5),
+    ("compare", ["embedded"], COMPARE, [2, 3], 5),
+    ("compare", OTHER_STREAMS, COMPARE, [0, 1], 3),
+    ("ablation", ["embedded"], [*ABLATION[:5], "all"], [2, 3], 3),  # the issue's six rows
+]
+
+
+def report(out: Path) -> str:
+    """The markdown tables of :data:`PLAN` from the stored runs; also draws the plots."""
+    lines: list[str] = ["# Long-stream study (benchmarks/long_stream_study.py)\n"]
+    emit = lines.append
+    for part, streams, configs, seeds, rounds in PLAN:
+        for stream in streams:
+            what = {"tuning": "tuning streams", "diagnose": "diagnosis"}.get(part, "report streams")
+            emit(f"## {part}: {stream}, {rounds} rounds, seeds {seeds} ({what})\n")
+            if part == "diagnose":
+                emit("First → last round:\n")
+                emit(diagnosis_table(out, stream, configs, seeds[0], rounds))
+            emit(error_table(out, stream, configs, seeds, rounds))
+    emit("## Where the variant differs from `gnd=False`\n")
+    emit(clamp_table(out, [0, 1, 2, 3, 4], 3))
+    for p in plots(out, 10, [0, 1], 3):
+        emit(f"plot: {p.relative_to(ROOT)} ({p.stat().st_size // 1024} KiB)\n")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "part",
+        choices=["diagnose", "tuning", "compare", "ablation", "all", "report", "one", "check"],
+        help="a part of PLAN, all of it (then the report), the report, one ad-hoc grid, or check",
+    )
+    ap.add_argument("--rounds", type=int, default=5, help="for 'one'")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="for 'one'")
+    ap.add_argument("--streams", nargs="+", default=["embedded"], choices=sorted(STREAMS))
+    ap.add_argument("--configs", nargs="+", default=COMPARE, choices=sorted(CONFIGS))
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    out: Path = args.out
+
+    def go(streams: Sequence[str], configs: Sequence[str], seeds: Sequence[int], rounds: int):
+        for stream in streams:
+            for c in configs:
+                for s in seeds:
+                    run(stream, c, s, rounds, out)
+
+    if args.part == "check":
+        return 0 if check_aliases() else 1
+    if args.part == "one":
+        go(args.streams, args.configs, args.seeds, args.rounds)
+        for stream in args.streams:
+            print(f"\n### {stream}\n")
+            print(error_table(out, stream, args.configs, args.seeds, args.rounds))
+        return 0
+    for part, streams, configs, seeds, rounds in PLAN:
+        if args.part in (part, "all"):
+            go(streams, configs, seeds, rounds)
+    if args.part in ("report", "all"):
+        text = report(out)
+        (ROOT / "benchmarks" / "results" / "long_stream_study.md").write_text(text)
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
