@@ -368,15 +368,12 @@ def test_fingerprint_covers_the_code_and_component_configuration(tmp_path, monke
     assert fingerprint(spec, data, opts()) != base
     monkeypatch.undo()
 
-    class Selector:
-        def __init__(self, std: float) -> None:
-            self.std = std
+    from eatta.selection import PerturbationSelector as Selector
 
-    a = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(0.01)}}))
-    b = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(0.02)}}))
-    c = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(0.01)}}))
+    a = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(std=0.01)}}))
+    b = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(std=0.02)}}))
+    c = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(std=0.01)}}))
     assert a != b and a == c  # configuration, not just the type name
-    assert runner._plain(Selector(0.5))["std"] == 0.5
     f1 = runner._plain(lambda x: x + 1)
     f2 = runner._plain(lambda x: x + 2)
     assert f1 != f2

@@ -3,7 +3,10 @@
 ``pinned_defaults.json`` was captured from the registry before the hyperparameters became typed
 configs (``PYTHONPATH=src:tests python tests/methods/test_pinned_defaults.py``, its output saved
 as ``pinned_defaults.json``, on that code); a change of any default lr, optimizer, momentum,
-trained parameter set or method setting shows up here as a difference.
+trained parameter set or method setting shows up here as a difference. Re-captured once after
+the step refactor moved ``grad_mode`` / ``autocast`` / ``channels_last`` into ``EATTA.options``
+(checked value for value against the first capture; nothing else differed), now with public
+attributes only.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def _settings(obj: Any, depth: int = 0) -> dict[str, Any]:
         items.update(obj._modules)
     out: dict[str, Any] = {}
     for k, v in sorted(items.items()):
-        if k in ("training", "model", "_is_full_backward_hook"):
+        if k in ("training", "model") or k.startswith("_"):  # private: implementation detail
             continue
         if isinstance(v, _SIMPLE):
             out[k] = v

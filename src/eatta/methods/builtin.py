@@ -11,11 +11,10 @@ from torch import nn
 import eatta.methods.baseline  # registers on import
 import eatta.methods.cema  # registers on import
 import eatta.methods.cotta  # registers on import
-import eatta.methods.eatta_variants  # registers on import
 import eatta.methods.eta  # registers on import
 import eatta.methods.sar  # registers on import
 import eatta.methods.simatta  # registers on import
-import eatta.methods.tent  # noqa: F401  (registers on import)
+import eatta.methods.tent
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params, configure
@@ -75,9 +74,15 @@ def _build_source(
     return Source(model, split=cfg.split)
 
 
-def _build_eatta(
-    model: nn.Module, cfg: EATTAConfig, oracle: Oracle | None, budget: Budget
+def build_eatta(
+    model: nn.Module,
+    cfg: EATTAConfig,
+    oracle: Oracle | None,
+    budget: Budget,
+    *,
+    debiaser: GradNormDebiaser | None = None,
 ) -> AdaptiveMethod:
+    """EATTA from a validated config; ``debiaser`` replaces the config's GND (variants)."""
     params = configure(model, cfg.params)
     norm_params = None
     if cfg.params == "reference":
@@ -96,7 +101,9 @@ def _build_eatta(
         budget=budget,
         selector=selector,
         history=cfg.history,
-        debiaser=GradNormDebiaser(alpha=cfg.ema_alpha, normalize=cfg.gnd, ema=cfg.ema),
+        debiaser=debiaser
+        if debiaser is not None
+        else GradNormDebiaser(alpha=cfg.ema_alpha, normalize=cfg.gnd, ema=cfg.ema),
         buffer=LabelBuffer(cfg.buffer, seed=cfg.seed) if cfg.buffer else None,
         entropy_margin=cfg.entropy_margin,
         steps=cfg.steps,
@@ -112,10 +119,12 @@ register(MethodSpec("source", _build_source, summary="no adaptation"))
 register(
     MethodSpec(
         "eatta",
-        _build_eatta,
+        build_eatta,
         active=True,
         config=EATTAConfig,
         datasets=DATASET_PRESETS["eatta"],
         summary="EATTA: perturbation selection, class balancing, gradient-norm debiasing",
     )
 )
+
+import eatta.methods.eatta_variants  # noqa: E402, F401  (registers on import; needs EATTA's)

@@ -45,6 +45,7 @@ ETA_LR: Rows = {"pacs": _adam(1e-3), **_DIGITS_SGD}
 DATASET_PRESETS: dict[str, Rows] = {
     "source": {},
     "eatta": EATTA_LR,
+    "eatta-stable": EATTA_LR,
     "tent": TENT_LR,
     "baseline": TENT_LR,
     "eta": ETA_LR,
