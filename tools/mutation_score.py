@@ -29,39 +29,45 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-#: module (under src/eatta) -> the tests that cover it (pytest arguments).
+#: module (under src/eatta) -> the test files that cover it, fastest and most targeted first so a
+#: killed mutant stops early (``pytest -x``). Files a checkout lacks are left out (older checkouts).
+_STEP_TESTS = [
+    "tests/methods/test_eatta.py",
+    "tests/methods/test_eatta_perf_options.py",
+    "tests/test_golden.py",
+    "tests/methods/test_active_contract.py",
+    "tests/methods/test_eatta_variants.py",
+]
 MODULE_TESTS: dict[str, list[str]] = {
-    "methods/eatta.py": ["tests/methods/test_eatta.py", "-k", "not new_process"],
+    "methods/eatta.py": _STEP_TESTS,
+    "methods/step_options.py": _STEP_TESTS,
+    "methods/_grads.py": _STEP_TESTS,
     "debias.py": [
         "tests/test_debias_properties.py",
-        "tests/methods/test_eatta.py",
-        "-k",
-        "debias or weight or ema or gnd or empty_unsup or alpha or snapshot",
+        "tests/test_debias_bounded.py",
+        *_STEP_TESTS,
     ],
-    "history.py": ["tests/test_history_properties.py", "tests/selection/test_perturbation.py"],
-    "budget.py": [
-        "tests/test_budget_oracle_buffer.py",
-        "tests/methods/test_eatta.py",
-        "-k",
-        "budget or steps_per_batch or transaction or second_step",
+    "history.py": [
+        "tests/test_history_properties.py",
+        "tests/selection/test_perturbation.py",
+        *_STEP_TESTS,
     ],
-    "oracle.py": [
-        "tests/test_budget_oracle_buffer.py",
-        "tests/methods/test_eatta.py",
-        "-k",
-        "oracle or labels or validate",
+    "budget.py": ["tests/test_budget_oracle_buffer.py", *_STEP_TESTS],
+    "oracle.py": ["tests/test_budget_oracle_buffer.py", *_STEP_TESTS],
+    "buffer.py": ["tests/test_budget_oracle_buffer.py", *_STEP_TESTS],
+    "selection/perturbation.py": [
+        "tests/selection/test_perturbation.py",
+        "tests/selection/test_selectors.py",
+        *_STEP_TESTS,
     ],
-    "buffer.py": [
-        "tests/test_budget_oracle_buffer.py",
-        "tests/methods/test_eatta.py",
-        "-k",
-        "buffer or failure or non_finite or device or round_trip",
-    ],
-    "selection/perturbation.py": ["tests/selection/test_perturbation.py"],
 }
+#: Tests that start a fresh interpreter (slow, and they test packaging, not the module).
+_DESELECT = "not new_process"
+_OUTCOMES = ("killed", "error", "timeout", "survived")
 
 _CMP = {
     ast.Lt: ast.LtE,
@@ -182,6 +188,11 @@ def mutate(source: str, site: Site) -> str:
     return ast.unparse(tree)
 
 
+def present_tests(root: Path, module: str) -> list[str]:
+    """The module's test files that exist in ``root`` (older checkouts lack some)."""
+    return [t for t in MODULE_TESTS[module] if (root / t).exists()]
+
+
 def run_tests(root: Path, src: Path, tests: list[str], timeout: float) -> str:
     env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [
@@ -196,13 +207,40 @@ def run_tests(root: Path, src: Path, tests: list[str], timeout: float) -> str:
         "no:cacheprovider",
         "-p",
         "no:randomly",
+        "-k",
+        _DESELECT,
         *tests,
     ]
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "timeout"
+    # pytest: 0 all passed, 1 a test failed, 2+ collection/import error (the mutant broke import).
     return "survived" if proc.returncode == 0 else ("killed" if proc.returncode == 1 else "error")
+
+
+def _score_module(
+    root: Path, module: str, chosen: list[Site], args: argparse.Namespace, started: float
+) -> list[dict[str, object]]:
+    """Run ``chosen`` mutants of ``module`` in a private copy of ``src/`` (one worker)."""
+    tests = present_tests(root, module)
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(root / "src", src)
+        path = src / "eatta" / module
+        original = path.read_text()
+        for site in chosen:
+            if time.monotonic() - started > args.time_cap:
+                break
+            path.write_text(mutate(original, site))
+            try:
+                outcome = run_tests(root, src, tests, args.timeout)
+            finally:
+                path.write_text(original)
+            rows.append({"line": site.line, "kind": site.kind, "outcome": outcome})
+            print(f"{module}:{site.line} {site.kind}: {outcome}", flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,46 +249,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modules", nargs="+", default=list(MODULE_TESTS), choices=list(MODULE_TESTS))
     p.add_argument("--per-module", type=int, default=15, help="mutants per module (0: all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="modules scored in parallel")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's tests")
     p.add_argument("--time-cap", type=float, default=3600.0, help="stop after this many seconds")
     p.add_argument("--out", type=Path, default=None, help="JSON results")
     args = p.parse_args(argv)
     root = args.root.resolve()
     started = time.monotonic()
-    results: dict[str, list[dict[str, object]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "src"
-        shutil.copytree(root / "src", src)
-        baseline = run_tests(root, src, MODULE_TESTS[args.modules[0]], args.timeout)
-        if baseline != "survived":
-            print(f"the unmutated tests do not pass ({baseline}); no score", file=sys.stderr)
-            return 2
-        for module in args.modules:
-            path = src / "eatta" / module
-            original = path.read_text()
-            found = sites(original)
-            rng = random.Random(f"{args.seed}:{module}")
-            chosen = (
-                found
-                if args.per_module <= 0
-                else sorted(
-                    rng.sample(found, min(args.per_module, len(found))), key=lambda s: s.index
-                )
-            )
-            rows = results.setdefault(module, [])
-            for site in chosen:
-                if time.monotonic() - started > args.time_cap:
-                    break
-                try:
-                    path.write_text(mutate(original, site))
-                    outcome = run_tests(root, src, MODULE_TESTS[module], args.timeout)
-                finally:
-                    path.write_text(original)
-                rows.append({"line": site.line, "kind": site.kind, "outcome": outcome})
-                print(f"{module}:{site.line} {site.kind}: {outcome}", flush=True)
-            print(f"{module}: {len(found)} sites, {len(rows)} run", flush=True)
+    modules = [m for m in args.modules if (root / "src" / "eatta" / m).exists()]
+    for m in sorted(set(args.modules) - set(modules)):
+        print(f"{m}: not in {root}; skipped", file=sys.stderr)
+    baseline = run_tests(
+        root,
+        root / "src",
+        sorted({t for m in modules for t in present_tests(root, m)}),
+        args.timeout,
+    )
+    if baseline != "survived":
+        print(f"the unmutated tests do not pass ({baseline}); no score", file=sys.stderr)
+        return 2
+    plan: dict[str, tuple[int, list[Site]]] = {}
+    for module in modules:
+        found = sites((root / "src" / "eatta" / module).read_text())
+        rng = random.Random(f"{args.seed}:{module}")
+        chosen = (
+            found
+            if args.per_module <= 0
+            else sorted(rng.sample(found, min(args.per_module, len(found))), key=lambda s: s.index)
+        )
+        plan[module] = (len(found), chosen)
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {
+            m: pool.submit(_score_module, root, m, chosen, args, started)
+            for m, (_, chosen) in plan.items()
+        }
+        results = {m: f.result() for m, f in futures.items()}
     total = [r for rows in results.values() for r in rows]
-    killed = sum(r["outcome"] in ("killed", "timeout", "error") for r in total)
+    killed = sum(r["outcome"] != "survived" for r in total)
     summary = {
         "root": str(root),
         "mutants": len(total),
@@ -258,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         "score": killed / len(total) if total else None,
         "per_module": {
             m: {
+                "sites": plan[m][0],
                 "mutants": len(rows),
                 "killed": sum(r["outcome"] != "survived" for r in rows),
+                "outcomes": {o: sum(r["outcome"] == o for r in rows) for o in _OUTCOMES},
                 "survivors": [r for r in rows if r["outcome"] == "survived"],
             }
             for m, rows in results.items()
@@ -268,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "per_module"}))
     for m, s in summary["per_module"].items():
-        print(f"  {m}: {s['killed']}/{s['mutants']} killed")
+        print(f"  {m}: {s['killed']}/{s['mutants']} killed ({s['sites']} sites)")
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=2))
     return 0
