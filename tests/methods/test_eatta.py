@@ -460,9 +460,11 @@ def test_non_finite_gradients_skip_the_step_and_change_nothing(make_image_batche
     m.model[3].on = True
     with torch.no_grad():
         expected_logits = m.model(xs[1])
-    with pytest.warns(RuntimeWarning, match="not finite"):
+    with pytest.warns(RuntimeWarning, match="not finite") as caught:
         out = m(xs[1], labels=ys[1])
+    assert caught[0].filename == __file__  # points at the caller's line
     assert torch.equal(out, expected_logits) and m.last_step.skipped
+    assert m.last_step.selected.numel() == m.last_step.labels.numel() == 0  # nothing applied
     assert m.skipped_steps == 1
     before["method"]["skipped_steps"] = 1  # the count is the one thing that changes
     assert_same_state(before, m)
@@ -651,3 +653,140 @@ def test_reference_preset_trains_the_authors_set_and_measures_all_norms():
     assert m.labels_used == 2 and torch.equal(layer4, model.layer4[1].weight)
     with pytest.raises(ValueError, match="preset"):
         create("eatta", TinyResNetLike(4, 3), oracle=oracle, preset="bogus")
+
+
+# -- details a mutation run showed untested (tools/mutation_score.py) ---------------------------
+def test_default_budget_is_one_label_per_batch(batch):
+    x, y = batch
+    model = confident_cnn()
+    m = EATTA(model, torch.optim.SGD(eatta.configure(model), lr=LR), oracle=GroundTruthOracle())
+    m(x, labels=y)
+    m(x, labels=y)
+    assert m.labels_used == 2 and len(m.last_step.selected) == 1
+
+
+def test_without_allowance_nothing_is_selected_asked_or_planned(batch, monkeypatch):
+    x, y = batch
+    asked, planned = [], []
+    oracle = GroundTruthOracle()
+    m = make(budget=Budget(1, every=2), oracle=lambda i, idx: asked.append(1) or oracle(i, idx))
+    plan = m.gradients.plan
+    monkeypatch.setattr(m.gradients, "plan", lambda *a: planned.append(1) or plan(*a))
+    selections = []
+    select = eatta.methods.eatta.select_and_ask
+    monkeypatch.setattr(
+        eatta.methods.eatta,
+        "select_and_ask",
+        lambda *a, **k: selections.append(1) or select(*a, **k),
+    )
+    for _ in range(2):
+        oracle.set_labels(y)
+        m(x)
+    # the first batch has a label (selection, oracle, cut planning), the second none of them
+    assert (len(selections), len(asked), len(planned)) == (1, 1, 1)
+    assert m.labels_used == 1 and len(m.last_step.selected) == 0
+
+
+def test_the_entropy_margin_is_strict(batch):
+    x, _ = batch
+    probe = make(budget=0)
+    probe(x)
+    h = entropy(probe.last_step.logits)
+    margin = float(h.sort().values[5])  # exactly one sample's entropy
+    m = make(budget=0, entropy_margin=margin)
+    m(x)
+    assert torch.equal(m.last_step.logits, probe.last_step.logits)
+    assert int(m.last_step.num_unsup) == int((h < margin).sum()) == 5
+
+
+def test_one_confident_sample_is_enough_for_the_weights(batch):
+    x, y = batch
+    probe = make()
+    probe(x, labels=y)
+    h = entropy(probe.last_step.logits)
+    h[probe.last_step.selected] = float("inf")
+    low = h.sort().values
+    m = make(entropy_margin=float((low[0] + low[1]) / 2))  # exactly one confident sample
+    m(x, labels=y)
+    rec = m.last_step
+    assert int(rec.num_unsup) == 1 and torch.equal(rec.selected, probe.last_step.selected)
+    assert 0 < float(rec.weights.unsup) < 2 and m.debiaser.current is not None  # not degenerate
+    torch.testing.assert_close(rec.weights.sup + rec.weights.unsup, torch.tensor(2.0))
+
+
+def test_no_gradient_is_kept_between_batches(batch):
+    x, y = batch
+    m = make(budget=Budget(1, every=2))
+    m(x, labels=y)  # a labelled step, then a no-label step
+    m(x, labels=y)
+    assert m.labels_used == 1 and all(p.grad is None for p in m.model.parameters())
+
+
+def test_the_first_label_is_replayed_at_once(batch):
+    x, y = batch
+    m = make(buffer=eatta.LabelBuffer(capacity=4, batch_size=4))
+    ref = copy.deepcopy(m.model)
+    m(x, labels=y)
+    rec = m.last_step
+    assert len(m.buffer) == 1
+    with torch.no_grad():
+        own = F.cross_entropy(ref(x)[rec.selected], y[rec.selected])
+        replayed = F.cross_entropy(ref(x[rec.selected]), y[rec.selected])
+    torch.testing.assert_close(rec.loss_sup, own + replayed, rtol=1e-6, atol=1e-7)
+
+
+def with_spare_parameter() -> nn.Sequential:
+    """A model whose optimizer also holds a parameter the forward pass never uses."""
+    model = confident_cnn()
+    model.register_parameter("spare", nn.Parameter(torch.ones(3)))
+    return model
+
+
+@pytest.mark.parametrize(
+    "case", ["labelled", "no-label", "no-gnd"], ids=["labelled", "no-label", "no-gnd"]
+)
+def test_parameters_the_losses_do_not_reach_get_a_zero_gradient(batch, case):
+    x, y = batch
+    model = with_spare_parameter()
+    params = [*eatta.configure(model), model.spare]
+    debiaser = GradNormDebiaser(normalize=False) if case == "no-gnd" else None
+    m = EATTA(
+        model,
+        torch.optim.SGD(params, lr=LR, momentum=0.9),
+        oracle=GroundTruthOracle(),
+        budget=0 if case == "no-label" else 1,
+        debiaser=debiaser,
+    )
+    m(x, labels=y)
+    assert not m.last_step.skipped and torch.equal(model.spare, torch.ones(3))
+    assert m.labels_used == (0 if case == "no-label" else 1)
+
+
+def test_state_saved_before_skip_counting_loads_with_no_skips(batch):
+    x, y = batch
+    m = make()
+    m(x, labels=y)
+    state = m.method_state()
+    assert state.pop("skipped_steps") == 0
+    m.skipped_steps = 3
+    m.load_method_state(state)
+    assert m.skipped_steps == 0
+
+
+def test_the_finite_check_adds_no_reduction_when_the_norms_cover_the_update(batch, monkeypatch):
+    x, y = batch
+    calls = []
+    norm = eatta.methods.eatta._global_norm
+    monkeypatch.setattr(eatta.methods.eatta, "_global_norm", lambda g: calls.append(1) or norm(g))
+    make()(x, labels=y)  # trained = measured: the two norms saw every gradient
+    assert len(calls) == 2
+    calls.clear()
+    model = confident_cnn()
+    params = eatta.configure(model)
+    EATTA(
+        model,
+        torch.optim.SGD(params, lr=LR),
+        oracle=GroundTruthOracle(),
+        grad_norm_params=params[:2],  # norms over a part: the update needs its own check
+    )(x, labels=y)
+    assert len(calls) == 3

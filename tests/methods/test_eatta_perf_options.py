@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -26,6 +27,7 @@ from eatta.methods._grads import (
 from eatta.methods.step_options import StepOptions
 
 MODES = ("auto", "segmented", "batched")
+SEGMENTED_4 = functools.partial(segmented_grads, segments=4)
 
 
 @pytest.fixture(autouse=True)
@@ -157,8 +159,20 @@ def test_invalid_options_are_rejected():
         make(tiny_resnet(), grad_mode="fast")
     with pytest.raises(ValueError, match="grad_segments"):
         StepOptions(grad_segments=0)
+    with pytest.raises(ValueError, match="segment_min_bytes"):
+        StepOptions(segment_min_bytes=-1)
     with pytest.raises(TypeError):
         StepOptions(segments=3)  # unknown options are errors
+    assert StepOptions(grad_segments=1, segment_min_bytes=0).grad_segments == 1  # the bounds
+
+
+def test_options_are_immutable_and_default_to_four_segments():
+    options = StepOptions()
+    assert (options.grad_mode, options.grad_segments) == ("auto", 4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.grad_segments = 2  # type: ignore[misc]
+    segmented = options.gradient_strategy(tiny_resnet())
+    assert (segmented.segments, segmented.auto) == (4, True)
 
 
 def test_keywords_fill_the_options():
@@ -255,7 +269,7 @@ class Shared(nn.Module):
         return self.head(h.mean(dim=(2, 3)))
 
 
-@pytest.mark.parametrize("fn", [segmented_grads, batched_grads], ids=["segmented", "batched"])
+@pytest.mark.parametrize("fn", [SEGMENTED_4, batched_grads], ids=["segmented", "batched"])
 def test_shared_weights_get_the_two_pass_gradients(fn):
     torch.manual_seed(0)
     model = Shared()
@@ -267,7 +281,7 @@ def test_shared_weights_get_the_two_pass_gradients(fn):
         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("fn", [segmented_grads, batched_grads], ids=["segmented", "batched"])
+@pytest.mark.parametrize("fn", [SEGMENTED_4, batched_grads], ids=["segmented", "batched"])
 def test_unused_parameters_get_none_like_two_pass(fn):
     model = tiny_resnet()
     params = eatta.configure(model)
@@ -359,6 +373,22 @@ def test_deferred_finite_check_raises_before_any_state_change(monkeypatch, label
     torch.testing.assert_close(
         run(method, xs[1:2], ys[1:2])[0], run(ref, xs[1:2], ys[1:2])[0], rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize("deferred", [True, False], ids=["accelerator", "cpu"])
+def test_check_input_defers_the_finiteness_read_only_where_it_saves_a_sync(monkeypatch, deferred):
+    method = make(tiny_resnet())
+    monkeypatch.setattr(method, "_defer_finite", lambda x: deferred)
+    bad = stream(n=1)[0][0].clone()
+    bad[0, 0, 0, 0] = float("inf")
+    if deferred:  # no host sync now: a flag on the device, read at the step's sync
+        method.check_input(bad)
+        assert method._finite.flag is not None and not bool(method._finite.flag)
+        assert method.check_finite  # switched back on after the deferred call
+    else:
+        with pytest.raises(InvalidInputError, match="NaN or infinite"):
+            method.check_input(bad)
+        assert method._finite.flag is None
 
 
 def test_finite_check_is_deferred_only_off_the_cpu_and_for_side_effect_free_forwards():

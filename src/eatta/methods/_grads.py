@@ -66,7 +66,7 @@ class SegmentPlan:
 
     cuts: tuple[object, ...]
     segment_of: tuple[int, ...]
-    graph_bytes: float = 0.0
+    graph_bytes: float
 
     @property
     def num_segments(self) -> int:
@@ -177,7 +177,7 @@ def segmented_grads(
     first: Tensor,
     second: Tensor,
     params: Sequence[Tensor],
-    segments: int = 4,
+    segments: int,
     plan: SegmentPlan | None = None,
     min_bytes: float = 0.0,
 ) -> tuple[Grads, Grads]:
@@ -316,11 +316,7 @@ class Segmented(GradientStrategy):
     """
 
     def __init__(
-        self,
-        segments: int = 4,
-        min_bytes: float = 0.0,
-        auto: bool = False,
-        model: torch.nn.Module | None = None,
+        self, segments: int, min_bytes: float, *, auto: bool, model: torch.nn.Module | None
     ) -> None:
         self.segments = segments
         self.min_bytes = min_bytes if auto else 0.0

@@ -7,7 +7,6 @@ is :class:`~eatta.methods.step_options.StepOptions`' business, not the step's.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eatta._warn import warn_at_caller
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.debias import GradNormDebiaser, LossWeights
@@ -254,7 +254,7 @@ class EATTA(AdaptiveMethod):
         record.loss_unsup, record.num_unsup = loss_unsup.detach(), n_unsup
         record.loss_sup = None if loss_sup is None else loss_sup.detach()
         record.grad_norm_sup, record.grad_norm_unsup, record.weights = g_sup, g_unsup, weights
-        if loss_sup is None or weights is None:
+        if loss_sup is None or weights is None:  # no label: the entropy loss alone
             record.loss = loss_unsup.detach()
         else:
             record.loss = (weights.sup * loss_sup + weights.unsup * loss_unsup).detach()
@@ -367,11 +367,10 @@ class EATTA(AdaptiveMethod):
         self.restore_parts()
         self.skipped_steps += 1
         if self.skipped_steps == 1:
-            warnings.warn(
+            warn_at_caller(
                 "EATTA skipped a step whose gradients were not finite (the model overflowed); "
                 "later skips are counted in skipped_steps without a warning",
                 RuntimeWarning,
-                stacklevel=4,
             )
         record.skipped = True
         self.last_step = record
