@@ -1,4 +1,4 @@
-"""The gradient strategies' planner and segmenting: where cuts go, when they apply, how many passes."""
+"""The gradient planner and segmenting: where cuts go, when they apply, how many passes."""
 
 from __future__ import annotations
 
