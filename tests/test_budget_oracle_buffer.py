@@ -53,6 +53,25 @@ def test_budget_rejects_bad_values(bad):
         Budget(bad)
 
 
+@pytest.mark.parametrize("bad", [-1, 2.5, "3", True])
+def test_budget_rejects_bad_totals(bad):
+    with pytest.raises(ValueError, match="total"):
+        Budget(1, total=bad)
+
+
+def test_default_budget_is_one_label_per_batch_without_cap():
+    b = Budget()
+    assert (b.per_batch, b.every, b.total, b.allowance()) == (1, 1, None, 1)
+    assert Budget(1, total=0).allowance() == 0  # a zero total is allowed: no labels at all
+
+
+def test_abstain_is_minus_one_as_documented():
+    """Oracles written without importing eatta answer -1 to abstain (the documented value)."""
+    assert eatta.ABSTAIN == -1
+    labels = validate_labels(torch.tensor([-1, 2]), count=2, num_classes=3)
+    assert labels.tolist() == [-1, 2]
+
+
 def test_ground_truth_oracle_reveals_only_selected():
     o = GroundTruthOracle()
     with pytest.raises(RuntimeError, match="set_labels"):
@@ -123,7 +142,7 @@ def test_buffer_is_fifo_and_restore_undoes_everything_since_the_snapshot():
     token = empty.snapshot()
     empty.add(torch.ones(1, 2), torch.tensor([1]))
     empty.restore(token)
-    assert len(empty) == 0 and empty._x is None
+    assert len(empty) == 0 and empty._store is None
     with pytest.raises(ValueError, match="empty"):
         empty.sample()
     _bx, by = buf.sample()
@@ -148,12 +167,24 @@ def test_buffer_sample_draws_distinct_samples_from_its_generator():
     assert sorted(small.sample()[1].tolist()) == [0, 1]  # min(batch_size, len)
 
 
+def test_buffer_defaults_are_the_papers_and_bad_sizes_are_rejected():
+    buf = LabelBuffer()
+    assert (buf.capacity, buf.batch_size) == (300, 32)  # BFS = 300
+    seeded = LabelBuffer(seed=0)
+    for b in (buf, seeded):
+        b.add(torch.arange(40.0).unsqueeze(1), torch.arange(40))
+    assert torch.equal(buf.sample()[1], seeded.sample()[1])  # seed 0 by default
+    for bad in ({"capacity": 0}, {"batch_size": 0}):
+        with pytest.raises(ValueError, match="capacity and batch_size"):
+            LabelBuffer(**bad)
+
+
 def test_buffer_to_moves_the_samples():
     buf = LabelBuffer(capacity=2)
     assert buf.to("meta") is buf  # nothing stored yet: nothing to move
     buf.add(torch.ones(1, 2), torch.tensor([1]))
     buf.to("meta")
-    assert buf._x.device.type == "meta" and buf._y.device.type == "meta"
+    assert all(t.device.type == "meta" for t in buf._store)
     assert buf.generator.device.type == "cpu"
 
 

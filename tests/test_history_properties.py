@@ -155,6 +155,25 @@ def test_last_k_records_the_oracle_labels_and_restores():
     assert h.plan(torch.tensor([0.9, 0.5]), torch.tensor([1, 0]), 1).indices.tolist() == [1]
 
 
+@pytest.mark.parametrize("history", [LastKClasses(), NoClassBalance()], ids=["last-k", "none"])
+def test_the_highest_scores_are_picked_first(history):
+    sel = history.plan(torch.tensor([0.1, 0.9, 0.5, 0.7]), torch.tensor([0, 1, 2, 3]), 2)
+    assert sel.indices.tolist() == [1, 3]
+
+
+def test_last_k_defaults_to_the_last_two_classes_and_accepts_zero():
+    h = LastKClasses()
+    sel = h.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 3)
+    h.commit(sel, [True, True, True], labels=[4, 3, 2])
+    assert h.classes == [3, 2]
+    none = LastKClasses(0)  # remembers nothing: plain top-k
+    none.commit(sel, [True, True, True], labels=[4, 3, 2])
+    assert none.classes == []
+    assert none.plan(torch.tensor([0.9, 0.5]), torch.tensor([4, 3]), 1).indices.tolist() == [0]
+    with pytest.raises(ValueError, match="k_recent"):
+        LastKClasses(-1)
+
+
 def test_reference_snapshot_restores_history_and_diffs():
     h = ReferenceClassHistory()
     h.commit(h.plan(torch.tensor([0.9, 0.1]), torch.tensor([0, 1]), 1), [True])

@@ -19,7 +19,9 @@ class Budget:
         for name, value, low in (("per_batch", per_batch, 0), ("every", every, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"budget {name} must be an integer >= {low}, got {value!r}")
-        if total is not None and (not isinstance(total, int) or total < 0):
+        if total is not None and (
+            not isinstance(total, int) or isinstance(total, bool) or total < 0
+        ):
             raise ValueError(f"budget total must be None or an integer >= 0, got {total!r}")
         self.per_batch = per_batch
         self.every = every

@@ -566,7 +566,7 @@ def test_loaded_state_moves_to_the_models_device(batch, monkeypatch):
     # a model "on" another device: every part that holds tensors follows it, none is reset
     monkeypatch.setattr(type(b), "device", property(lambda self: torch.device("meta")))
     b.load_state_dict(a.state_dict())
-    assert b.buffer._x.device.type == "meta" and b.debiaser._state.device.type == "meta"
+    assert b.buffer._store[0].device.type == "meta" and b.debiaser._state.device.type == "meta"
     assert len(b.buffer) == 1 and b.labels_used == 1
 
 
@@ -581,7 +581,7 @@ def test_resume_on_another_device_continues_the_stream(tmp_path):
     model = confident_cnn().cuda()
     b = make(model=model, buffer=8, budget=2)
     b.load_state_dict(torch.load(tmp_path / "s.pt", map_location="cpu", weights_only=True))
-    assert b.buffer._x.is_cuda and b.debiaser._state.is_cuda
+    assert b.buffer._store[0].is_cuda and b.debiaser._state.is_cuda
     tail_b = run_stream(b, [x.cuda() for x in xs[3:]], ys[3:])
     for p, q in zip(tail_a, tail_b, strict=True):
         torch.testing.assert_close(q.cpu(), p, rtol=1e-4, atol=1e-4)

@@ -183,9 +183,7 @@ def comparison_table(
                 shown = row.label  # a preset that labels more per batch is named
                 if res is not None and res.label != res.spec.label:
                     shown = f"{row.label}: {res.label}"
-                lines.append(
-                    "| " + " | ".join([shown, setting.upper()[0], dataset, *cells]) + " |"
-                )
+                lines.append("| " + " | ".join([shown, setting.upper()[0], dataset, *cells]) + " |")
     return "\n".join(lines) + "\n"
 
 
