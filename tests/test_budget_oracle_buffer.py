@@ -177,6 +177,9 @@ def test_buffer_defaults_are_the_papers_and_bad_sizes_are_rejected():
     for bad in ({"capacity": 0}, {"batch_size": 0}):
         with pytest.raises(ValueError, match="capacity and batch_size"):
             LabelBuffer(**bad)
+    one = LabelBuffer(capacity=1, batch_size=1)  # the smallest buffer keeps the newest sample
+    one.add(torch.zeros(2, 1), torch.tensor([3, 4]))
+    assert one.contents()[1].tolist() == [4]
 
 
 def test_buffer_to_moves_the_samples():

@@ -182,3 +182,48 @@ def test_reference_snapshot_restores_history_and_diffs():
     assert h.state_dict() != state
     h.restore(token)
     assert h.state_dict() == state
+
+
+def trimmed_reference() -> ReferenceClassHistory:
+    """History [2] after a trim, with diffs stored for classes 0, 3 and 2."""
+    h = ReferenceClassHistory()
+    y = torch.tensor([0, 1, 2, 3])
+    h.commit(h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1), [True])
+    h.commit(h.plan(torch.tensor([0.1, 0.2, 0.8, 0.9]), y, 2), [True, True])
+    assert h.classes == [2] and sorted(h.stored_diff) == [0, 2, 3]
+    return h
+
+
+def test_reference_takes_a_class_outside_the_history_whatever_its_stored_diff():
+    h = trimmed_reference()
+    # class 0 (stored 0.9) tops the batch with 0.5: it is no longer in the history, so it is taken
+    sel = h.plan(torch.tensor([0.5, 0.1, 0.2, 0.3]), torch.tensor([0, 1, 2, 3]), 1)
+    assert sel.indices.tolist() == [0]
+
+
+def test_reference_fallback_takes_the_top_m_without_extending_the_history():
+    h = trimmed_reference()
+    # the top candidate is class 2 (in the history) below its stored 0.8, and every other
+    # sample is class 2 too: nothing qualifies, so the top one is taken and the history kept
+    y = torch.tensor([2, 2, 2])
+    sel = h.plan(torch.tensor([0.5, 0.1, 0.2]), y, 1)
+    assert sel.indices.tolist() == [0] and sel.update["extend"] is False
+    h.commit(sel, [True])
+    assert h.classes == [2] and h.stored_diff[2] == pytest.approx(0.5)
+
+
+def test_reference_restore_brings_back_a_history_unlike_its_diff_keys():
+    h = trimmed_reference()
+    token, state = h.snapshot(), h.state_dict()
+    h.commit(h.plan(torch.tensor([0.1, 0.95, 0.2, 0.3]), torch.tensor([0, 1, 2, 3]), 1), [True])
+    h.restore(token)
+    assert h.state_dict() == state and h.classes == [2]
+
+
+@pytest.mark.parametrize(
+    "history", [LastKClasses(), ReferenceClassHistory()], ids=["last-k", "ref"]
+)
+def test_commit_rejects_answers_of_the_wrong_length(history):
+    sel = history.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 2)
+    with pytest.raises(ValueError):
+        history.commit(sel, [True], labels=[2, 1])
