@@ -227,3 +227,10 @@ def test_commit_rejects_answers_of_the_wrong_length(history):
     sel = history.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 2)
     with pytest.raises(ValueError):
         history.commit(sel, [True], labels=[2, 1])
+
+
+def test_reference_state_with_unpaired_diffs_is_rejected():
+    state = trimmed_reference().state_dict()
+    state["stored_diff"] = state["stored_diff"][:-1]
+    with pytest.raises(ValueError):
+        ReferenceClassHistory().load_state_dict(state)
