@@ -45,7 +45,7 @@ _STEP_TESTS = [
 MODULE_TESTS: dict[str, list[str]] = {
     "methods/eatta.py": _STEP_TESTS,
     "methods/step_options.py": _STEP_TESTS,
-    "methods/_grads.py": _STEP_TESTS,
+    "methods/_grads.py": ["tests/methods/test_grads.py", *_STEP_TESTS],
     "debias.py": [
         "tests/test_debias_properties.py",
         "tests/test_debias_bounded.py",
