@@ -4,15 +4,20 @@
 Each mutant changes one operator or constant of one module (``<`` to ``<=``, ``+`` to ``-``,
 ``and`` to ``or``, ``True`` to ``False``, an integer ``n`` to ``n + 1``, ``not x`` to ``x``,
 ``x[-1:]`` style slice bounds shifted); docstrings, annotations and error messages are left
-alone. The mutant replaces the module in a copy of ``src/`` and the module's tests run against it
-(``pytest -x``); a mutant is *killed* when they fail (or time out). Mutants are sampled (seeded)
-when a module has more sites than ``--per-module``.
+alone. The mutant replaces the module in a private copy of ``src/`` and every test file that covers
+the module runs against it (``pytest -x``); a mutant is *killed* when a test fails, the import
+fails or the tests time out. Mutants are sampled (seeded) when a module has more sites than
+``--per-module``; ``--per-module 0`` runs them all.
 
 Usage::
 
-    python tools/mutation_score.py                       # every core module, 15 mutants each
-    python tools/mutation_score.py --modules debias.py --per-module 0   # all sites of one module
-    python tools/mutation_score.py --root ../other-checkout --out result.json --time-cap 1800
+    python tools/mutation_score.py --per-module 0 --jobs 2 --out after.json   # the full score
+    python tools/mutation_score.py --modules debias.py --per-module 0          # one module
+    python tools/mutation_score.py --root ../old-checkout --per-module 0       # an older commit
+
+``--root`` scores another checkout with its own tests (modules or test files it lacks are left
+out), so a before/after comparison runs the same tool on both. Results and the surviving
+mutants' lines: benchmarks/results/mutation_score.md.
 
 Heavy on CPU: run it alone, in the background.
 """
@@ -188,6 +193,13 @@ def mutate(source: str, site: Site) -> str:
     return ast.unparse(tree)
 
 
+def describe(source: str, mutant: str) -> str:
+    """The changed line, ``before -> after``, from the unparsed original and mutant."""
+    a, b = ast.unparse(ast.parse(source)).splitlines(), mutant.splitlines()
+    changed = [(x.strip(), y.strip()) for x, y in zip(a, b, strict=False) if x != y]
+    return " | ".join(f"{x} -> {y}" for x, y in changed[:2])
+
+
 def present_tests(root: Path, module: str) -> list[str]:
     """The module's test files that exist in ``root`` (older checkouts lack some)."""
     return [t for t in MODULE_TESTS[module] if (root / t).exists()]
@@ -233,12 +245,16 @@ def _score_module(
         for site in chosen:
             if time.monotonic() - started > args.time_cap:
                 break
-            path.write_text(mutate(original, site))
+            mutant = mutate(original, site)
+            path.write_text(mutant)
             try:
                 outcome = run_tests(root, src, tests, args.timeout)
             finally:
                 path.write_text(original)
-            rows.append({"line": site.line, "kind": site.kind, "outcome": outcome})
+            row = {"line": site.line, "kind": site.kind, "outcome": outcome}
+            if outcome == "survived":
+                row["change"] = describe(original, mutant)
+            rows.append(row)
             print(f"{module}:{site.line} {site.kind}: {outcome}", flush=True)
     return rows
 
