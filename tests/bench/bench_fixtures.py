@@ -20,7 +20,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from eatta.bench.runner import BenchmarkData
+from eatta.bench.benchmark import BenchmarkData
 
 REPO = Path(__file__).resolve().parents[2]
 
