@@ -20,6 +20,7 @@ from bench_fixtures import (
     tiny_benchmark,
 )
 
+import eatta.bench.api as api
 import eatta.bench.cli as cli
 from eatta.bench import suites
 from eatta.data.imagenet import imagenet_r_wnids, imagenet_wnids
@@ -63,7 +64,7 @@ def test_list_shows_methods_and_datasets(capsys):
     for name in ("source", "tent", "baseline", "eatta", "digits-c", "imagenet-c", "pacs"):
         assert name in out
     assert "<root>/<corruption>/<severity>/<wnid>/*.JPEG" in out
-    everything = cli._methods("all")
+    everything = api.method_names("all")
     assert everything[0] == "source" and {"tent", "eatta", "baseline"} <= set(everything)
 
 
@@ -237,7 +238,7 @@ def test_interrupted_cli_run_resumes_to_the_same_result(tmp_path, capsys, toy_di
         *QUIET,
     ]
     assert cli.main([*argv, "--out", str(tmp_path / "full")]) == 0
-    real = cli.run_grid
+    real = api.run_grid
 
     class Stop(Exception):
         pass
@@ -249,11 +250,11 @@ def test_interrupted_cli_run_resumes_to_the_same_result(tmp_path, capsys, toy_di
 
         return real(*args, **kwargs, callback=callback)
 
-    monkeypatch.setattr(cli, "run_grid", interrupting)
+    monkeypatch.setattr(api, "run_grid", interrupting)
     with pytest.raises(Stop):
         cli.main([*argv, "--out", str(tmp_path / "cut")])
     assert len(list((tmp_path / "cut" / "checkpoints").glob("*.pt"))) == 1
-    monkeypatch.setattr(cli, "run_grid", real)
+    monkeypatch.setattr(api, "run_grid", real)
     assert cli.main([*argv, "--out", str(tmp_path / "cut")]) == 0
     a = json.loads((tmp_path / "full" / "results.json").read_text())["results"]
     b = json.loads((tmp_path / "cut" / "results.json").read_text())["results"]
@@ -410,7 +411,7 @@ def test_pacs_sequences(tmp_path, capsys):
     ("argv", "message"),
     [
         (["--methods", "nope"], "unknown method"),
-        (["--dataset", "imagenet-c"], "needs --root"),
+        (["--dataset", "imagenet-c"], "needs a root folder"),
         (["--dataset", "mnist"], "unknown dataset"),
         (["--shard", "3/3"], "shard"),
         (["--setting", "sometimes"], "unknown setting"),

@@ -13,5 +13,10 @@
 - :mod:`eatta.bench.results`: :class:`CellResult`, row labels, result files.
 - :mod:`eatta.bench.report`: tables, CSV/JSON, the online-error plot, shard merging.
 - :mod:`eatta.bench.reproduce`: the paper-table reproduction scripts' shared code.
-- :mod:`eatta.bench.cli`: the ``eatta-bench`` command.
+- :mod:`eatta.bench.api`: :func:`eatta.bench.run`, the benchmark as a Python call.
+- :mod:`eatta.bench.cli`: the ``eatta-bench`` command (``run``, ``merge``, ``list``), built on it.
 """
+
+from eatta.bench.api import BenchmarkRun, load_benchmarks, run
+
+__all__ = ["BenchmarkRun", "load_benchmarks", "run"]
