@@ -76,6 +76,25 @@ def tiny_benchmark(name: str = "toy", n: int = 20, oracle_fn=None) -> BenchmarkD
     )
 
 
+def fake_digits_c(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """Replace the digits-C benchmark by a tiny stand-in for one test (the real one:
+    test_digits_model); returns the list of the cache folders it was asked for."""
+    from eatta.bench import suites
+
+    calls: list[str | None] = []
+
+    def fake(cache_dir=None, *, log=None, gradual=False):
+        calls.append(cache_dir)
+        b = tiny_benchmark(name="digits-c")
+        b.defaults_key = "digits-c"
+        b.provenance = {"data_sha256": "d1", "model_sha256": "m1"}
+        b.expected_provenance = dict(b.provenance)
+        return b
+
+    monkeypatch.setattr(suites, "digits_c_benchmark", fake)
+    return calls
+
+
 def _jpeg(path: Path, rng: np.random.Generator, size: int, tint: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     img = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)

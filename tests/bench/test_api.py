@@ -7,12 +7,19 @@ from typing import Any
 
 import pytest
 from bench_fixtures import (
+    fake_digits_c,
     one_thread,  # noqa: F401  (autouse fixture)
     tiny_benchmark,
 )
 
 import eatta.bench
 from eatta.bench import cli
+
+
+@pytest.fixture
+def toy_digits(monkeypatch):
+    """digits-C replaced by a tiny stand-in (see :func:`bench_fixtures.fake_digits_c`)."""
+    return fake_digits_c(monkeypatch)
 
 
 def _numbers(doc: dict[str, Any]) -> list[tuple[Any, ...]]:

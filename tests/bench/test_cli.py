@@ -13,6 +13,7 @@ import pytest
 import torch
 from bench_fixtures import (
     assert_png,
+    fake_digits_c,
     make_imagenet_c,
     make_pacs,
     make_wnid_folders,
@@ -25,6 +26,12 @@ from eatta.bench import suites
 from eatta.data.imagenet import imagenet_r_wnids, imagenet_wnids
 
 QUIET = ["--no-progress", "--rounds", "1"]
+
+
+@pytest.fixture
+def toy_digits(monkeypatch):
+    """digits-C replaced by a tiny stand-in (see :func:`bench_fixtures.fake_digits_c`)."""
+    return fake_digits_c(monkeypatch)
 
 
 @pytest.fixture(scope="module")
