@@ -20,7 +20,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from eatta.bench.runner import BenchmarkData
+from eatta.bench.benchmark import BenchmarkData
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,6 +74,25 @@ def tiny_benchmark(name: str = "toy", n: int = 20, oracle_fn=None) -> BenchmarkD
         oracle_fn=oracle_fn,
         config={"toy": n},
     )
+
+
+def fake_digits_c(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """Replace the digits-C benchmark by a tiny stand-in for one test (the real one:
+    test_digits_model); returns the list of the cache folders it was asked for."""
+    from eatta.bench import suites
+
+    calls: list[str | None] = []
+
+    def fake(cache_dir=None, *, log=None, gradual=False):
+        calls.append(cache_dir)
+        b = tiny_benchmark(name="digits-c")
+        b.defaults_key = "digits-c"
+        b.provenance = {"data_sha256": "d1", "model_sha256": "m1"}
+        b.expected_provenance = dict(b.provenance)
+        return b
+
+    monkeypatch.setattr(suites, "digits_c_benchmark", fake)
+    return calls
 
 
 def _jpeg(path: Path, rng: np.random.Generator, size: int, tint: int) -> None:

@@ -13,13 +13,14 @@ import pytest
 import torch
 from bench_fixtures import (
     assert_png,
+    fake_digits_c,
     make_imagenet_c,
     make_pacs,
     make_wnid_folders,
     one_thread,  # noqa: F401  (autouse fixture)
-    tiny_benchmark,
 )
 
+import eatta.bench.api as api
 import eatta.bench.cli as cli
 from eatta.bench import suites
 from eatta.data.imagenet import imagenet_r_wnids, imagenet_wnids
@@ -29,19 +30,8 @@ QUIET = ["--no-progress", "--rounds", "1"]
 
 @pytest.fixture
 def toy_digits(monkeypatch):
-    """Replace the digits-C benchmark by a tiny stand-in (the real one: test_digits_model)."""
-    calls = []
-
-    def fake(cache_dir=None, *, log=None, gradual=False):
-        calls.append(cache_dir)
-        b = tiny_benchmark(name="digits-c")
-        b.defaults_key = "digits-c"
-        b.provenance = {"data_sha256": "d1", "model_sha256": "m1"}
-        b.expected_provenance = dict(b.provenance)
-        return b
-
-    monkeypatch.setattr(suites, "digits_c_benchmark", fake)
-    return calls
+    """digits-C replaced by a tiny stand-in (see :func:`bench_fixtures.fake_digits_c`)."""
+    return fake_digits_c(monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +53,44 @@ def test_list_shows_methods_and_datasets(capsys):
     for name in ("source", "tent", "baseline", "eatta", "digits-c", "imagenet-c", "pacs"):
         assert name in out
     assert "<root>/<corruption>/<severity>/<wnid>/*.JPEG" in out
-    everything = cli._methods("all")
+    everything = api.method_names("all")
     assert everything[0] == "source" and {"tent", "eatta", "baseline"} <= set(everything)
+
+
+def test_help_names_the_subcommands(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "{run,merge,list}" in text and "merge the output folders" in text
+    with pytest.raises(SystemExit):
+        cli.main(["merge", "--help"])
+    assert "usage: eatta-bench merge" in capsys.readouterr().out
+
+
+def test_list_subcommand_is_the_list_option(capsys):
+    assert cli.main(["list"]) == 0
+    listed = capsys.readouterr().out
+    assert cli.main(["--list"]) == 0
+    assert capsys.readouterr().out == listed and "eatta" in listed and "pacs" in listed
+
+
+def test_no_arguments_or_options_alone_mean_run(tmp_path, capsys, toy_digits, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([]) == 0  # the README's command: the long-term digits-C table
+    plain = capsys.readouterr().out
+    doc = json.loads((tmp_path / "runs" / "digits-c" / "results.json").read_text())
+    assert doc["meta"]["argv"] == [] and doc["meta"]["rounds"] == 10
+    assert [r["spec"]["method"] for r in doc["results"]] == list(cli.DEFAULT_METHODS)
+    assert cli.main(["run"]) == 0  # the same run, read back from the same folder
+    assert capsys.readouterr().out == plain
+    argv = ["--methods", "tent,eatta", "--rounds", "2", "--batch-size", "8", "--no-plot"]
+    assert cli.main([*argv, "--no-progress", "--out", "options"]) == 0
+    assert cli.main(["run", *argv, "--no-progress", "--out", "command"]) == 0
+    a = json.loads((tmp_path / "options" / "results.json").read_text())["results"]
+    b = json.loads((tmp_path / "command" / "results.json").read_text())["results"]
+    assert [(r["key"], r["online"]) for r in a] == [(r["key"], r["online"]) for r in b]
+    assert len(a) == 2
 
 
 def test_default_run_is_long_term_digits_c_with_five_methods(
@@ -237,7 +263,7 @@ def test_interrupted_cli_run_resumes_to_the_same_result(tmp_path, capsys, toy_di
         *QUIET,
     ]
     assert cli.main([*argv, "--out", str(tmp_path / "full")]) == 0
-    real = cli.run_grid
+    real = api.run_grid
 
     class Stop(Exception):
         pass
@@ -249,11 +275,11 @@ def test_interrupted_cli_run_resumes_to_the_same_result(tmp_path, capsys, toy_di
 
         return real(*args, **kwargs, callback=callback)
 
-    monkeypatch.setattr(cli, "run_grid", interrupting)
+    monkeypatch.setattr(api, "run_grid", interrupting)
     with pytest.raises(Stop):
         cli.main([*argv, "--out", str(tmp_path / "cut")])
     assert len(list((tmp_path / "cut" / "checkpoints").glob("*.pt"))) == 1
-    monkeypatch.setattr(cli, "run_grid", real)
+    monkeypatch.setattr(api, "run_grid", real)
     assert cli.main([*argv, "--out", str(tmp_path / "cut")]) == 0
     a = json.loads((tmp_path / "full" / "results.json").read_text())["results"]
     b = json.loads((tmp_path / "cut" / "results.json").read_text())["results"]
@@ -410,7 +436,7 @@ def test_pacs_sequences(tmp_path, capsys):
     ("argv", "message"),
     [
         (["--methods", "nope"], "unknown method"),
-        (["--dataset", "imagenet-c"], "needs --root"),
+        (["--dataset", "imagenet-c"], "needs a root folder"),
         (["--dataset", "mnist"], "unknown dataset"),
         (["--shard", "3/3"], "shard"),
         (["--setting", "sometimes"], "unknown setting"),

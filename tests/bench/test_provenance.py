@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from eatta.bench import provenance as prov
-from eatta.bench.runner import BenchmarkData
+from eatta.bench.benchmark import BenchmarkData
 
 
 def images(seed: int = 0) -> TensorDataset:

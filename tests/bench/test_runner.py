@@ -17,18 +17,10 @@ from bench_fixtures import (
 from torch import Tensor
 
 from eatta import ModelOracle
+from eatta.bench.grid import CellSpec, make_grid, shard
 from eatta.bench.report import csv_text, load_results, markdown_table, write_outputs
-from eatta.bench.runner import (
-    CellResult,
-    CellSpec,
-    RunOptions,
-    make_grid,
-    parse_shard,
-    prepare_domains,
-    run_cell,
-    run_grid,
-    shard,
-)
+from eatta.bench.results import CellResult
+from eatta.bench.runner import RunOptions, run_cell, run_grid
 from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
 
@@ -212,23 +204,6 @@ def test_eata_gets_fisher_data_or_fails_clearly(tmp_path):
         run_cell(CellSpec("toy", "eata", "ctta"), data, opts(), tmp_path / "bad")
 
 
-# ----------------------------------------------------------------------------- data preparation
-
-
-def test_limit_takes_a_seeded_subset_and_no_batch_holds_one_image():
-    domains = tiny_benchmark(n=20).domains
-    out, notes = prepare_domains(domains, batch_size=8, limit=9, seed=0)
-    assert [len(ds) for _, ds in out] == [8, 8, 8] and len(notes) == 3
-    again, _ = prepare_domains(domains, batch_size=8, limit=9, seed=0)
-    assert out[0][1].indices == again[0][1].indices
-    other, _ = prepare_domains(domains, batch_size=8, limit=9, seed=1)
-    assert out[0][1].indices != other[0][1].indices
-    odd, notes = prepare_domains(tiny_benchmark(n=17).domains, batch_size=8)
-    assert [len(ds) for _, ds in odd] == [16, 16, 16] and "single image" in notes[0]
-    same, notes = prepare_domains(domains, batch_size=8)
-    assert same[0][1] is domains[0][1] and notes == []
-
-
 def test_bad_options_are_rejected():
     with pytest.raises(ValueError, match="batch size"):
         RunOptions(batch_size=1)
@@ -238,40 +213,6 @@ def test_bad_options_are_rejected():
         CellSpec("toy", "tent", "sometimes")
     with pytest.raises(ValueError):
         CellSpec("toy", "eatta", "ctta", 1, 0)
-
-
-# ----------------------------------------------------------------------------- grids and shards
-
-
-def test_grid_skips_what_a_method_ignores():
-    grid = make_grid(["toy"], ["source", "tent", "eatta"], ["ctta", "ftta"], [(1, 1), (3, 1)])
-    keys = [c.key for c in grid]
-    assert keys == [
-        "toy/source/-/k0-n1",
-        "toy/tent/ctta/k0-n1",
-        "toy/eatta/ctta/k1-n1",
-        "toy/eatta/ctta/k3-n1",
-        "toy/tent/ftta/k0-n1",
-        "toy/eatta/ftta/k1-n1",
-        "toy/eatta/ftta/k3-n1",
-    ]
-    with pytest.raises(ValueError, match="setting"):
-        make_grid(["toy"], ["tent"], ["sometimes"])
-    with pytest.raises(KeyError):
-        make_grid(["toy"], ["no-such-method"])
-
-
-def test_shards_partition_the_grid_deterministically():
-    grid = make_grid(["a", "b"], ["source", "tent", "eatta", "baseline"], ["ctta", "ftta"])
-    parts = [shard(grid, i, 3) for i in range(3)]
-    indices = sorted(j for p in parts for j, _ in p)
-    assert indices == list(range(len(grid)))
-    assert parts == [shard(grid, i, 3) for i in range(3)]
-    assert [c for _, c in parts[1]] == [grid[j] for j in range(1, len(grid), 3)]
-    assert parse_shard("1/4") == (1, 4)
-    for bad in ("4/4", "-1/2", "1", "a/b", "0/0"):
-        with pytest.raises(ValueError):
-            parse_shard(bad)
 
 
 def test_merged_shards_equal_the_full_run(tmp_path):
@@ -354,45 +295,6 @@ def test_resume_in_the_middle_of_a_round_reaches_the_identical_result(tmp_path, 
 def test_ftta_resets_at_every_domain_of_every_round(tmp_path, spy):
     run_cell(CellSpec("toy", "spy-reset", "ftta"), tiny_benchmark(), opts(rounds=2), tmp_path)
     assert [e for e, _ in spy].count("reset") == 5  # 6 visits, a reset at each change
-
-
-def test_fingerprint_covers_the_code_and_component_configuration(tmp_path, monkeypatch):
-    import eatta.bench.runner as runner
-    from eatta.bench.runner import fingerprint
-
-    data = tiny_benchmark()
-    spec = CellSpec("toy", "eatta", "ctta", 1, 1)
-    base = fingerprint(spec, data, opts())
-    assert fingerprint(spec, data, opts()) == base
-    monkeypatch.setattr(runner, "code_digest", lambda: "edited")  # a changed source file
-    assert fingerprint(spec, data, opts()) != base
-    monkeypatch.undo()
-
-    from eatta.selection import PerturbationSelector as Selector
-
-    a = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(std=0.01)}}))
-    b = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(std=0.02)}}))
-    c = fingerprint(spec, data, opts(hparams={"eatta": {"selector": Selector(std=0.01)}}))
-    assert a != b and a == c  # configuration, not just the type name
-    f1 = runner._plain(lambda x: x + 1)
-    f2 = runner._plain(lambda x: x + 2)
-    assert f1 != f2
-    # a real edit of a source file changes the digest computed from the files
-    monkeypatch.setattr(runner, "_CODE_DIGEST", None)
-    first = runner.code_digest()
-    assert runner.code_digest() == first and len(first) == 16
-
-
-def test_reference_preset_row_label_counts_its_two_labelled_steps():
-    from eatta.bench.runner import row_label
-
-    spec = CellSpec("imagenet-c", "eatta", "ctta", 1, 1)
-    assert row_label(spec, {"preset": "reference"}) == "eatta reference (2/batch)"
-    assert row_label(spec, {"steps": 3}) == "eatta (3/batch)"
-    assert row_label(spec, {}) == "eatta (1/batch)"
-    assert (
-        row_label(CellSpec("toy", "baseline", "ctta", 1, 1), {"steps": 2}) == "baseline (1/batch)"
-    )
 
 
 def test_batch_logs_get_a_line_per_domain_or_round_not_a_bar(tmp_path, capsys):

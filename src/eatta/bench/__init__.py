@@ -4,9 +4,19 @@
 - :mod:`eatta.bench.digits_model`: the digits-C source CNN (weights shipped with the package).
 - :mod:`eatta.bench.provenance`: digests of data and source model, compared with the reference.
 - :mod:`eatta.bench.suites`: datasets and streams per benchmark (digits-C, ImageNet-C/R/K/A, PACS).
-- :mod:`eatta.bench.runner`: one method on one stream (CTTA/FTTA, budgets, rounds, label shift,
-  checkpoints, grids, seeds).
+- :mod:`eatta.bench.benchmark`: :class:`BenchmarkData`, a dataset ready to run.
+- :mod:`eatta.bench.grid`: grid cells (method, dataset, setting, budget, buffer), seeds, shards.
+- :mod:`eatta.bench.runner`: the run loop: one cell on one stream (CTTA/FTTA, rounds, label shift),
+  resumable from checkpoints.
+- :mod:`eatta.bench.checkpoint`: seeding, random-generator capture, atomic checkpoint files.
+- :mod:`eatta.bench.fingerprint`: what determines a cell's result, hashed (the code included).
+- :mod:`eatta.bench.results`: :class:`CellResult`, row labels, result files.
 - :mod:`eatta.bench.report`: tables, CSV/JSON, the online-error plot, shard merging.
 - :mod:`eatta.bench.reproduce`: the paper-table reproduction scripts' shared code.
-- :mod:`eatta.bench.cli`: the ``eatta-bench`` command.
+- :mod:`eatta.bench.api`: :func:`eatta.bench.run`, the benchmark as a Python call.
+- :mod:`eatta.bench.cli`: the ``eatta-bench`` command (``run``, ``merge``, ``list``), built on it.
 """
+
+from eatta.bench.api import BenchmarkRun, load_benchmarks, run
+
+__all__ = ["BenchmarkRun", "load_benchmarks", "run"]

@@ -1,13 +1,16 @@
 """``eatta-bench``: run test-time adaptation benchmarks and print a markdown table.
 
+Subcommands: ``eatta-bench run [options]`` (the default: options without a subcommand, or none at
+all, mean ``run``), ``eatta-bench merge DIR...`` (join the output folders of ``--shard`` runs into
+one table) and ``eatta-bench list`` (methods with their ``--hp`` keys, dataset layouts).
+
 Without arguments it runs the long-term embedded digits-C benchmark on the CPU: the packaged
 digits source model, the corrupted test split in the 15-corruption CTTA order repeated for 10
 rounds (each reshuffled), batches of 64, comparing source, tent, eta, baseline (1 label/batch) and
 eatta (1 label/batch) round by round; ``--rounds 1`` gives the one-pass table. Stream protocols:
 ``--rounds`` (recurring), ``--gradual`` (severity 1→5→1), ``--dirichlet`` (label shift);
-``--seeds 0-4`` repeats every cell per seed and reports mean ± std.
-``eatta-bench merge DIR...`` merges the output folders of ``--shard`` runs into one table.
-See ``docs/benchmarks.md``.
+``--seeds 0-4`` repeats every cell per seed and reports mean ± std. ``run`` is a thin layer over
+:func:`eatta.bench.run`. See ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -15,30 +18,26 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from eatta.bench.runner import (
-    SETTINGS,
-    BenchmarkData,
-    RunOptions,
-    make_grid,
-    make_jobs,
-    parse_shard,
-    run_grid,
-    shard,
-)
+from eatta.bench import api
+from eatta.bench.api import DEFAULT_METHODS, DIGITS_ROUNDS
+from eatta.bench.benchmark import BenchmarkData
 from eatta.methods import registry
 
-__all__ = ["DEFAULT_METHODS", "build_benchmarks", "main", "run_parser"]
+__all__ = [
+    "COMMANDS",
+    "build_benchmarks",
+    "list_text",
+    "main",
+    "main_parser",
+    "merge_parser",
+    "run_parser",
+]
 
-DEFAULT_METHODS = ("source", "tent", "eta", "baseline", "eatta")
-#: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
-DIGITS_ROUNDS = 10
+#: The subcommands; a command line that starts with an option (or is empty) means ``run``.
+COMMANDS = ("run", "merge", "list")
 
 
 def _log(msg: str) -> None:
@@ -93,17 +92,21 @@ def _buffers(text: str) -> list[int | None]:
     return out
 
 
-def run_parser() -> argparse.ArgumentParser:
+_RUN_DESCRIPTION = (
+    "Benchmark test-time adaptation methods. Without --dataset: the long-term embedded "
+    "digits-C benchmark (10 rounds, CPU, about 5 minutes; --rounds 1 for one pass)."
+)
+
+
+def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The options of ``eatta-bench run`` (also accepted without the word ``run``)."""
     from eatta.bench.suites import DATASETS
 
     p = argparse.ArgumentParser(
-        prog="eatta-bench",
-        description=(
-            "Benchmark test-time adaptation methods. Without --dataset: the long-term embedded "
-            "digits-C benchmark (10 rounds, CPU, about 5 minutes; --rounds 1 for one pass). "
-            "'eatta-bench merge DIR...' merges --shard outputs."
-        ),
+        prog="eatta-bench run",
+        description=_RUN_DESCRIPTION,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        add_help=add_help,
     )
     g = p.add_argument_group("what to run")
     g.add_argument(
@@ -274,18 +277,52 @@ def run_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
-    g.add_argument("--list", action="store_true", help="list methods and datasets, then exit")
+    g.add_argument(
+        "--list", action="store_true", help="same as 'eatta-bench list': list methods and datasets"
+    )
     return p
 
 
-def merge_parser() -> argparse.ArgumentParser:
+_MERGE_DESCRIPTION = "Merge the finished cells of several output folders (e.g. --shard runs)."
+
+
+def merge_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The arguments of ``eatta-bench merge``."""
     p = argparse.ArgumentParser(
-        prog="eatta-bench merge",
-        description="Merge the finished cells of several output folders (e.g. --shard runs).",
+        prog="eatta-bench merge", description=_MERGE_DESCRIPTION, add_help=add_help
     )
     p.add_argument("dirs", nargs="+", help="output folders")
     p.add_argument("--out", default="runs/merged", help="folder for the merged outputs")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
+    return p
+
+
+def main_parser() -> argparse.ArgumentParser:
+    """``eatta-bench`` with its subcommands (``--help`` lists them)."""
+    p = argparse.ArgumentParser(
+        prog="eatta-bench",
+        description="Benchmark test-time adaptation methods. Options without a subcommand (or "
+        "no arguments at all: the long-term digits-C benchmark) mean 'run'.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="{run,merge,list}")
+    sub.add_parser(
+        "run",
+        parents=[run_parser(add_help=False)],
+        help="run a benchmark grid and print its table (the default)",
+        description=_RUN_DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sub.add_parser(
+        "merge",
+        parents=[merge_parser(add_help=False)],
+        help="merge the output folders of --shard runs into one table",
+        description=_MERGE_DESCRIPTION,
+    )
+    sub.add_parser(
+        "list",
+        help="list methods (with their --hp keys) and dataset layouts",
+        description="List the registered methods with their --hp keys and the datasets' layouts.",
+    )
     return p
 
 
@@ -338,14 +375,6 @@ def _roots(items: Sequence[str], datasets: Sequence[str]) -> dict[str, str]:
     return roots
 
 
-def _device(text: str) -> str:
-    if text == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if text.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {text}: CUDA is not available")
-    return text
-
-
 def _subset(text: str) -> int | str | None:
     if text.lower() == "all":
         return None
@@ -353,67 +382,31 @@ def _subset(text: str) -> int | str | None:
 
 
 def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
-    """The datasets named on the command line, loaded (fails fast on layout or weights)."""
-    from eatta.bench import suites
-
-    names = _csv(args.dataset)
-    unknown = [d for d in names if d not in suites.DATASETS]
-    if unknown:
-        raise ValueError(f"unknown dataset(s) {unknown}; choose from {list(suites.DATASETS)}")
-    roots = _roots(args.root, names)
-    oracle_backbone = args.oracle_backbone if args.oracle == "model" else None
-    if args.oracle == "model" and oracle_backbone is None:
-        raise ValueError("--oracle model needs --oracle-backbone")
-    out: dict[str, BenchmarkData] = {}
-    for name in names:
-        if args.gradual and name not in ("digits-c", "imagenet-c"):
-            raise ValueError(f"--gradual needs severities; {name} has none (digits-c, imagenet-c)")
-        if name == "digits-c":
-            if oracle_backbone is not None:
-                raise ValueError("digits-C has no model annotator; use --oracle gt")
-            b = suites.digits_c_benchmark(args.cache_dir, log=_log, gradual=args.gradual)
-            out[b.name] = b
-            continue
-        if name not in roots:
-            raise ValueError(
-                f"{name} needs --root (layout: {suites.LAYOUTS[name]}); "
-                f"for several datasets write --root {name}=PATH"
-            )
-        if name == "pacs":
-            for seq in _csv(args.sequence):
-                b = suites.pacs_benchmark(
-                    roots[name],
-                    seq,
-                    backbone=args.backbone or "resnet18",
-                    checkpoint=args.checkpoint,
-                    pretrained=not args.random_init,
-                    image_size=args.image_size,
-                    oracle_backbone=oracle_backbone,
-                    oracle_checkpoint=args.oracle_checkpoint,
-                    workers=args.workers or 0,
-                )
-                out[b.name] = b
-        else:
-            b = suites.imagenet_benchmark(
-                name,
-                roots[name],
-                backbone=args.backbone or "resnet50_bn",
-                checkpoint=args.checkpoint,
-                pretrained=not args.random_init,
-                severity=args.severity,
-                gradual=args.gradual,
-                subset=_subset(args.subset),
-                image_size=args.image_size,
-                fisher_root=args.fisher_root,
-                oracle_backbone=oracle_backbone,
-                oracle_checkpoint=args.oracle_checkpoint,
-                workers=args.workers or 0,
-            )
-            out[b.name] = b
-    return out
+    """The datasets named on the command line, loaded by :func:`eatta.bench.api.load_benchmarks`
+    (fails fast on layout or weights)."""
+    datasets = _csv(args.dataset)
+    return api.load_benchmarks(
+        datasets,
+        roots=_roots(args.root, datasets),
+        gradual=args.gradual,
+        sequences=_csv(args.sequence),
+        severity=args.severity,
+        subset=_subset(args.subset),
+        image_size=args.image_size,
+        backbone=args.backbone,
+        checkpoint=args.checkpoint,
+        pretrained=not args.random_init,
+        oracle_backbone=args.oracle_backbone if args.oracle == "model" else None,
+        oracle_checkpoint=args.oracle_checkpoint,
+        fisher_root=args.fisher_root,
+        cache_dir=args.cache_dir,
+        workers=args.workers,
+        log=_log,
+    )
 
 
-def _list() -> str:
+def list_text() -> str:
+    """What ``eatta-bench list`` prints: methods with their ``--hp`` keys, dataset layouts."""
     from eatta.bench.suites import DATASETS, LAYOUTS
 
     lines = [
@@ -428,147 +421,67 @@ def _list() -> str:
     return "\n".join(lines)
 
 
-def _methods(text: str) -> list[str]:
-    if text.strip().lower() == "all":  # source first (the reference row), then by name
-        return sorted(registry.available(), key=lambda m: (m != "source", m))
-    names = [m.lower() for m in _csv(text)]
-    known = set(registry.available())
-    bad = [m for m in names if m not in known]
-    if bad:
-        raise ValueError(f"unknown method(s) {bad}; registered: {sorted(known)}")
-    return names
-
-
 # ----------------------------------------------------------------------------- commands
 
 
-def _run(argv: Sequence[str]) -> int:
-
-    args = run_parser().parse_args(argv)
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``eatta-bench run``: the command line's options checked and passed to
+    :func:`eatta.bench.run`; prints the table."""
     if args.list:
-        print(_list())
+        print(list_text())
         return 0
-    started = time.perf_counter()
-    methods = _methods(args.methods)
-    settings = [s.lower() for s in _csv(args.setting)]
-    bad = [s for s in settings if s not in SETTINGS]
-    if bad:
-        raise ValueError(f"unknown setting(s) {bad}; choose from {list(SETTINGS)}")
+    methods = api.method_names(args.methods)
+    # checks worded with the command's option names (eatta.bench.run checks them again)
     if any(k < 0 for k in args.labels) or any(n < 1 for n in args.every):
         raise ValueError("--labels must be >= 0 and --every >= 1")
-    budgets = [(k, n) for k in args.labels for n in args.every]
-    datasets = _csv(args.dataset)
-    rounds = args.rounds
-    if rounds is None:
-        rounds = DIGITS_ROUNDS if datasets == ["digits-c"] else 1
-    if rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    if args.rounds is not None and args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     if args.dirichlet is not None and not 0 < args.dirichlet < float("inf"):
         raise ValueError(f"--dirichlet must be a positive number, got {args.dirichlet}")
     if args.gradual and args.severity != 5:
         raise ValueError("--gradual runs severities 1 to 5; leave out --severity")
     if args.seeds is not None and any(a == "--seed" or a.startswith("--seed=") for a in argv):
         raise ValueError("give either --seed or --seeds, not both")
-    seeds = args.seeds if args.seeds is not None else [args.seed]
-    options = RunOptions(
-        batch_size=args.batch_size,
-        seed=seeds[0],
-        rounds=rounds,
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.oracle == "model" and args.oracle_backbone is None:
+        raise ValueError("--oracle model needs --oracle-backbone")
+    done = api.run(
+        _csv(args.dataset),
+        methods,
+        settings=args.setting,
+        labels=args.labels,
+        every=args.every,
+        buffers=args.buffer,
+        seeds=args.seeds if args.seeds is not None else [args.seed],
+        rounds=args.rounds,
+        gradual=args.gradual,
         dirichlet=args.dirichlet,
-        limit=args.limit,
-        device=_device(args.device),
-        workers=args.workers,
-        checkpoint_every=args.checkpoint_every,
         hparams=_parse_hparams(args.hp, methods),
-        progress=not args.no_progress,
+        batch_size=args.batch_size,
+        limit=args.limit,
+        device=args.device,
+        workers=args.workers,
+        threads=args.threads,
+        checkpoint_every=args.checkpoint_every,
+        shard=args.shard,
+        out=args.out,
+        name=args.name,
         reuse=not args.rerun,
+        progress=not args.no_progress,
+        plot=not args.no_plot,
+        log=_log,
+        meta={"argv": list(argv)},
+        load=lambda _names: build_benchmarks(args),
     )
-    shard_ix = parse_shard(args.shard) if args.shard else (0, 1)
-    threads = args.threads
-    if threads is None and options.device == "cpu" and _csv(args.dataset) == ["digits-c"]:
-        threads = 1
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        return _run_grid(args, argv, options, methods, settings, budgets, shard_ix, started, seeds)
-    finally:
-        torch.set_num_threads(before)
-
-
-def _run_grid(
-    args: argparse.Namespace,
-    argv: Sequence[str],
-    options: RunOptions,
-    methods: list[str],
-    settings: list[str],
-    budgets: list[tuple[int, int]],
-    shard_ix: tuple[int, int],
-    started: float,
-    seeds: list[int],
-) -> int:
-    from eatta.bench.report import markdown_table, write_outputs
-
-    data = build_benchmarks(args)
-    if "eata" in methods:
-        missing = [n for n, b in data.items() if b.fisher_data is None]
-        if missing:
-            raise ValueError(f"eata needs clean source data (--fisher-root) for {missing}")
-    for b in data.values():
-        for key in b.provenance_mismatch():
-            _log(
-                f"warning: {b.name}: {key} is {b.provenance[key]}, not the reference "
-                f"{(b.expected_provenance or {})[key]}: results may differ from the published "
-                "table (see docs/benchmarks.md, 'Same numbers on every machine')"
-            )
-    grid = make_grid(list(data), methods, settings, budgets, args.buffer)
-    jobs = make_jobs(grid, seeds)
-    cells = shard(jobs, *shard_ix)
-    name = args.name or "+".join(_csv(args.dataset))
-    if args.shard:
-        name += f"-shard{shard_ix[0]}of{shard_ix[1]}"
-    out = Path(args.out) if args.out else Path("runs") / name
-    proto = f", {options.rounds} rounds" if options.rounds > 1 else ""
-    if args.gradual:
-        proto += ", gradual"
-    if options.dirichlet is not None:
-        proto += f", Dirichlet {options.dirichlet:g}"
-    seed_text = f"seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
-    _log(
-        f"{len(cells)} of {len(jobs)} runs ({len(grid)} cells x {len(seeds)} seeds) on "
-        f"{options.device} (batch size {options.batch_size}, {seed_text}{proto}) -> {out}"
-    )
-    results = run_grid(cells, data, options, out, log=_log)
-    meta = {
-        "argv": list(argv),
-        "shard": list(shard_ix),
-        "grid_size": len(grid),
-        "batch_size": options.batch_size,
-        "seeds": seeds,
-        "rounds": options.rounds,
-        "dirichlet": options.dirichlet,
-        "gradual": bool(args.gradual),
-        "provenance": {
-            n: {"found": b.provenance, "expected": b.expected_provenance} for n, b in data.items()
-        },
-        "limit": options.limit,
-        "device": options.device,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
-    paths = write_outputs(results, out, meta, plot=not args.no_plot)
-    print(markdown_table(results), end="")
-    _log("outputs: " + ", ".join(str(p) for p in paths.values()))
-    _log(f"total wall time {time.perf_counter() - started:.1f} s")
+    print(done.table, end="")
     return 0
 
 
-def _merge(argv: Sequence[str]) -> int:
+def _merge(args: argparse.Namespace) -> int:
+    """``eatta-bench merge``: the finished cells of several folders as one set of outputs."""
     from eatta.bench.report import load_results, markdown_table, write_outputs
 
-    args = merge_parser().parse_args(argv)
     results = load_results(args.dirs)
     if not results:
         raise ValueError("no finished cells found")
@@ -579,12 +492,20 @@ def _merge(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``eatta-bench``; returns the exit status."""
+    """Entry point of ``eatta-bench``; returns the exit status.
+
+    ``eatta-bench`` alone and ``eatta-bench --rounds 3 ...`` (options first) mean ``run``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["run", *argv]
     try:
-        if argv and argv[0] == "merge":
-            return _merge(argv[1:])
-        return _run(argv)
+        args = main_parser().parse_args(argv)
+        if args.command == "list":
+            print(list_text())
+            return 0
+        if args.command == "merge":
+            return _merge(args)
+        return _run(args, argv[1:])
     except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError) as err:
         from eatta.bench.models import WeightsUnavailableError
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from eatta import __version__
-from eatta.bench.runner import CellResult, _atomic_write_text
+from eatta.bench.results import CellResult, atomic_write_text
 from eatta.data.stream import base_domain_name
 
 __all__ = [
@@ -446,9 +446,9 @@ def write_outputs(
         "collapses": collapse_notes(ordered),
         "results": [r.to_dict() for r in ordered],
     }
-    _atomic_write_text(paths["json"], json.dumps(doc, indent=1, default=str))
-    _atomic_write_text(paths["csv"], csv_text(ordered))
-    _atomic_write_text(paths["markdown"], markdown_table(ordered))
+    atomic_write_text(paths["json"], json.dumps(doc, indent=1, default=str))
+    atomic_write_text(paths["csv"], csv_text(ordered))
+    atomic_write_text(paths["markdown"], markdown_table(ordered))
     if plot and ordered:
         paths["plot"] = plot_online_error(ordered, out / "online_error.png")
     return paths

@@ -16,16 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eatta.bench.benchmark import BenchmarkData
+from eatta.bench.grid import CellSpec, parse_shard, shard
 from eatta.bench.report import markdown_table, write_outputs
-from eatta.bench.runner import (
-    BenchmarkData,
-    CellResult,
-    CellSpec,
-    RunOptions,
-    parse_shard,
-    run_grid,
-    shard,
-)
+from eatta.bench.results import CellResult
+from eatta.bench.runner import RunOptions, run_grid
 
 __all__ = [
     "Row",

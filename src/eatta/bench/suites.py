@@ -1,4 +1,4 @@
-"""Ready-to-run benchmarks (:class:`~eatta.bench.runner.BenchmarkData`) for each dataset of §6.
+"""Ready-to-run benchmarks (:class:`~eatta.bench.benchmark.BenchmarkData`) for each dataset of §6.
 
 * ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model from
   :mod:`eatta.bench.digits_model`; EATA's Fisher data is the clean source split.
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from eatta.bench.runner import BenchmarkData
+from eatta.bench.benchmark import BenchmarkData
 from eatta.oracle import ModelOracle, Oracle
 from eatta.split import split_model
 

@@ -1,0 +1,451 @@
+"""``eatta.bench.run``: the benchmark as a Python call (what the ``eatta-bench run`` command does).
+
+Example (the one-pass digits-C table for two methods and two seeds, outputs under ``runs/demo``)::
+
+    import eatta.bench
+
+    done = eatta.bench.run("digits-c", ["tent", "eatta"], rounds=1, seeds=[0, 1], out="runs/demo")
+    print(done.table)                     # the markdown table the command prints
+    errors = [r.average_error for r in done.results]
+
+Every option is checked before any data is loaded or any file is written: an unknown method,
+setting, hyperparameter key or a value out of range is a :class:`ValueError` (a wrong type or an
+unknown keyword a :class:`TypeError`) naming the option.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eatta.bench.benchmark import BenchmarkData
+from eatta.bench.grid import SETTINGS, make_grid, make_jobs, parse_shard
+from eatta.bench.grid import shard as shard_jobs
+from eatta.bench.results import CellResult
+from eatta.bench.runner import RunOptions, run_grid
+from eatta.methods import registry
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "DIGITS_ROUNDS",
+    "BenchmarkRun",
+    "load_benchmarks",
+    "method_names",
+    "run",
+]
+
+#: The methods of the default run: the source model, two label-free methods, two active ones.
+DEFAULT_METHODS = ("source", "tent", "eta", "baseline", "eatta")
+#: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
+DIGITS_ROUNDS = 10
+#: The keywords of :func:`load_benchmarks` that :func:`run` passes on (``**loading``).
+_LOADING = (
+    "roots",
+    "sequences",
+    "severity",
+    "subset",
+    "image_size",
+    "backbone",
+    "checkpoint",
+    "pretrained",
+    "oracle_backbone",
+    "oracle_checkpoint",
+    "fisher_root",
+    "cache_dir",
+)
+
+
+@dataclass
+class BenchmarkRun:
+    """What :func:`run` returns: the results (in grid order) and where they were written."""
+
+    #: one result per (cell, seed) of this run's shard
+    results: list[CellResult]
+    #: the output folder (``cells/`` and ``checkpoints/`` inside, next to the summary files)
+    out: Path
+    #: the summary files written: ``"json"``, ``"csv"``, ``"markdown"`` and, if plotted, ``"plot"``
+    paths: dict[str, Path]
+    #: the markdown table of the results (what ``eatta-bench`` prints)
+    table: str
+
+
+def _names(value: str | Sequence[str], what: str) -> list[str]:
+    """A comma-separated string or a sequence of strings as a list of stripped names."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        items = list(value)
+    else:
+        raise TypeError(f"{what} must be a string or a sequence of strings, got {value!r}")
+    out = [v.strip() for v in items if v.strip()]
+    if not out:
+        raise ValueError(f"{what} is empty")
+    return out
+
+
+def method_names(value: str | Sequence[str]) -> list[str]:
+    """Registered method names (lower case); ``"all"``: every method, ``source`` first."""
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return sorted(registry.available(), key=lambda m: (m != "source", m))
+    names = [m.lower() for m in _names(value, "methods")]
+    known = set(registry.available())
+    bad = [m for m in names if m not in known]
+    if bad:
+        raise ValueError(f"unknown method(s) {bad}; registered: {sorted(known)}")
+    return names
+
+
+def _ints(value: int | Sequence[int], what: str, low: int) -> list[int]:
+    items = [value] if isinstance(value, int) else value
+    if (
+        isinstance(value, bool)
+        or not isinstance(items, Sequence)
+        or not items
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in items)
+    ):
+        raise TypeError(f"{what} must be an int or a non-empty sequence of ints, got {value!r}")
+    if any(v < low for v in items):
+        raise ValueError(f"{what} must be >= {low}, got {list(items)}")
+    return list(items)
+
+
+def _buffers(value: int | Sequence[int | None] | None) -> list[int | None]:
+    items = [value] if value is None or isinstance(value, int) else value
+    if not isinstance(items, Sequence) or not items:
+        raise TypeError(f"buffers must be an int, None or a sequence of them, got {value!r}")
+    for b in items:
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int)):
+            raise TypeError(f"buffers must be ints or None, got {b!r}")
+        if b is not None and b < 0:
+            raise ValueError(f"buffers must be >= 0, got {b}")
+    return list(items)
+
+
+def _device(text: str) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"device must be a string such as 'cpu', 'cuda' or 'auto', got {text!r}")
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {text}: CUDA is not available")
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"device {text!r} is not a torch device") from None
+    return text
+
+
+def _hparams(
+    hparams: Mapping[str, Mapping[str, Any]] | None, methods: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Validated overrides per method: ``{"*": {...}}`` for every method that declares a key,
+    ``{"tent": {...}}`` for one (see :func:`eatta.methods.registry.merge_overrides`)."""
+    if hparams is None:
+        return {m: {} for m in methods}
+    if not isinstance(hparams, Mapping) or not all(
+        isinstance(v, Mapping) for v in hparams.values()
+    ):
+        raise TypeError(f"hparams must map method names (or '*') to dicts, got {hparams!r}")
+    own: dict[str, dict[str, Any]] = {}
+    for method, values in hparams.items():
+        name = method.lower()
+        if name != "*" and name not in methods:
+            raise ValueError(f"hparams names method {method!r}, which is not among {methods}")
+        own[name] = dict(values)
+    common = own.pop("*", {})
+    return registry.merge_overrides(methods, common, own)
+
+
+def load_benchmarks(
+    datasets: str | Sequence[str],
+    *,
+    roots: str | Mapping[str, str] | None = None,
+    gradual: bool = False,
+    sequences: str | Sequence[str] = ("P-A-C-S",),
+    severity: int = 5,
+    subset: int | str | None = None,
+    image_size: int = 224,
+    backbone: str | None = None,
+    checkpoint: str | None = None,
+    pretrained: bool = True,
+    oracle_backbone: str | None = None,
+    oracle_checkpoint: str | None = None,
+    fisher_root: str | None = None,
+    cache_dir: str | None = None,
+    workers: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, BenchmarkData]:
+    """Load the named datasets of :data:`eatta.bench.suites.DATASETS` (fails fast on a missing
+    folder, a wrong layout or unavailable weights). ``roots``: one folder for all, or one per
+    dataset; ``oracle_backbone``: annotate with that model instead of the ground truth. The other
+    keywords are those of :func:`~eatta.bench.suites.imagenet_benchmark`,
+    :func:`~eatta.bench.suites.pacs_benchmark` and :func:`~eatta.bench.suites.digits_c_benchmark`.
+    """
+    from eatta.bench import suites
+
+    names = _names(datasets, "datasets")
+    unknown = [d for d in names if d not in suites.DATASETS]
+    if unknown:
+        raise ValueError(f"unknown dataset(s) {unknown}; choose from {list(suites.DATASETS)}")
+    if roots is None:
+        root_of: dict[str, str] = {}
+    elif isinstance(roots, str | os.PathLike):
+        root_of = dict.fromkeys(names, os.fspath(roots))
+    else:
+        root_of = {k: os.fspath(v) for k, v in roots.items()}
+    out: dict[str, BenchmarkData] = {}
+    for name in names:
+        if gradual and name not in ("digits-c", "imagenet-c"):
+            raise ValueError(f"gradual needs severities; {name} has none (digits-c, imagenet-c)")
+        if name == "digits-c":
+            if oracle_backbone is not None:
+                raise ValueError("digits-C has no model annotator; use the ground truth")
+            b = suites.digits_c_benchmark(cache_dir, log=log, gradual=gradual)
+            out[b.name] = b
+            continue
+        if name not in root_of:
+            raise ValueError(
+                f"{name} needs a root folder (layout: {suites.LAYOUTS[name]}); "
+                f"for several datasets give one per dataset ({name}=PATH)"
+            )
+        if name == "pacs":
+            for seq in _names(sequences, "sequences"):
+                b = suites.pacs_benchmark(
+                    root_of[name],
+                    seq,
+                    backbone=backbone or "resnet18",
+                    checkpoint=checkpoint,
+                    pretrained=pretrained,
+                    image_size=image_size,
+                    oracle_backbone=oracle_backbone,
+                    oracle_checkpoint=oracle_checkpoint,
+                    workers=workers or 0,
+                )
+                out[b.name] = b
+        else:
+            b = suites.imagenet_benchmark(
+                name,
+                root_of[name],
+                backbone=backbone or "resnet50_bn",
+                checkpoint=checkpoint,
+                pretrained=pretrained,
+                severity=severity,
+                gradual=gradual,
+                subset=subset,
+                image_size=image_size,
+                fisher_root=fisher_root,
+                oracle_backbone=oracle_backbone,
+                oracle_checkpoint=oracle_checkpoint,
+                workers=workers or 0,
+            )
+            out[b.name] = b
+    return out
+
+
+def run(
+    datasets: str | Sequence[str] | Mapping[str, BenchmarkData] = "digits-c",
+    methods: str | Sequence[str] = DEFAULT_METHODS,
+    *,
+    settings: str | Sequence[str] = ("ctta",),
+    labels: int | Sequence[int] = 1,
+    every: int | Sequence[int] = 1,
+    buffers: int | Sequence[int | None] | None = None,
+    seeds: int | Sequence[int] = 0,
+    rounds: int | None = None,
+    gradual: bool = False,
+    dirichlet: float | None = None,
+    hparams: Mapping[str, Mapping[str, Any]] | None = None,
+    batch_size: int = 64,
+    limit: int | None = None,
+    device: str = "auto",
+    workers: int | None = None,
+    threads: int | None = None,
+    checkpoint_every: int = 100,
+    shard: str | tuple[int, int] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    reuse: bool = True,
+    progress: bool = True,
+    plot: bool = True,
+    log: Callable[[str], None] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    load: Callable[[list[str]], Mapping[str, BenchmarkData]] | None = None,
+    **loading: Any,
+) -> BenchmarkRun:
+    """Run a benchmark grid and write its outputs; the ``eatta-bench run`` command calls this.
+
+    Args:
+        datasets: dataset names (``"digits-c"``, ``"imagenet-c,pacs"``; see ``eatta-bench list``)
+            loaded by :func:`load_benchmarks` with the ``loading`` keywords, or ready
+            :class:`~eatta.bench.benchmark.BenchmarkData` by grid name.
+        methods: registered method names, or ``"all"``.
+        settings: ``"ctta"`` (never reset), ``"ftta"`` (reset at each domain change), or both.
+        labels, every, buffers: active methods' budgets (``labels`` per ``every``-th batch) and
+            buffer sizes (None: the method's own); every combination is a cell.
+        seeds: every cell runs once per seed (tables then show mean ± std).
+        rounds, gradual, dirichlet: the stream protocol (recurring rounds, default 10 for
+            digits-C alone and 1 otherwise; gradual severities; Dirichlet label shift).
+        hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
+            ``{"tent": {...}}`` for one; checked against each method's configuration.
+        batch_size, limit, device, workers, checkpoint_every: see
+            :class:`~eatta.bench.runner.RunOptions` (``device="auto"``: CUDA if available).
+        threads: torch CPU threads during the run (default: 1 for digits-C on the CPU).
+        shard: ``"i/n"`` or ``(i, n)``: run only the grid's jobs ``j`` with ``j mod n == i``.
+        out: output folder (default ``runs/<name>``, ``name`` defaulting to the dataset names).
+        reuse: read back finished cells and resume checkpoints found in ``out``.
+        progress: a progress bar on a terminal, else one ``log`` line per domain or round.
+        plot: write the PNG plot of the online error.
+        log: receives progress and summary lines (None: quiet).
+        meta: extra entries for the run description in ``results.json``.
+        load: loads dataset names instead of :func:`load_benchmarks` (your own datasets, or
+            loading options prepared elsewhere); called only after every option is checked.
+        loading: keywords of :func:`load_benchmarks` (``roots``, ``backbone``, ...), only with
+            dataset names.
+
+    Returns:
+        The results and the files written (see :class:`BenchmarkRun`).
+    """
+    started = time.perf_counter()
+    say = log if log is not None else (lambda _msg: None)
+    # --- every option checked before anything is loaded or written
+    preloaded = isinstance(datasets, Mapping)
+    if load is not None and (preloaded or loading):
+        raise TypeError("load= loads dataset names; give neither loaded data nor loading options")
+    if preloaded:
+        if loading:
+            raise TypeError(
+                f"loading options {sorted(loading)} apply to dataset names, not to loaded data"
+            )
+        bad_data = [k for k, v in datasets.items() if not isinstance(v, BenchmarkData)]
+        if bad_data or not datasets:
+            raise TypeError(f"datasets must map names to BenchmarkData (bad: {bad_data})")
+        requested = list(datasets)
+    else:
+        requested = _names(datasets, "datasets")
+        unknown = sorted(set(loading) - set(_LOADING))
+        if unknown:
+            raise TypeError(f"run() got unknown option(s) {unknown}")
+    chosen = method_names(methods)
+    setting_list = [s.lower() for s in _names(settings, "settings")]
+    bad = [s for s in setting_list if s not in SETTINGS]
+    if bad:
+        raise ValueError(f"unknown setting(s) {bad}; choose from {list(SETTINGS)}")
+    budgets = [(k, n) for k in _ints(labels, "labels", 0) for n in _ints(every, "every", 1)]
+    buffer_list = _buffers(buffers)
+    seed_list = _ints(seeds, "seeds", 0)
+    if len(set(seed_list)) != len(seed_list):
+        raise ValueError(f"seeds must be distinct, got {seed_list}")
+    if rounds is None:
+        rounds = DIGITS_ROUNDS if requested == ["digits-c"] else 1
+    if gradual and loading.get("severity", 5) != 5:
+        raise ValueError("gradual runs severities 1 to 5; leave out severity")
+    options = RunOptions(
+        batch_size=batch_size,
+        seed=seed_list[0],
+        rounds=rounds,
+        dirichlet=dirichlet,
+        limit=limit,
+        device=_device(device),
+        workers=workers,
+        checkpoint_every=checkpoint_every,
+        hparams=_hparams(hparams, chosen),
+        progress=progress,
+        reuse=reuse,
+    )
+    if shard is None:
+        shard_ix = (0, 1)
+    elif isinstance(shard, str):
+        shard_ix = parse_shard(shard)
+    elif isinstance(shard, tuple) and len(shard) == 2:
+        shard_ix = parse_shard("/".join(map(str, shard)))
+    else:
+        raise TypeError(f"shard must be 'i/n' or a pair (i, n), got {shard!r}")
+    if threads is None and options.device == "cpu" and requested == ["digits-c"]:
+        threads = 1
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+        raise TypeError(f"threads must be an int, got {threads!r}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        # --- data (fails fast on layouts and weights), then the grid
+        if preloaded:
+            data = dict(datasets)  # type: ignore[arg-type]
+        elif load is not None:
+            data = dict(load(requested))
+            bad_data = [k for k, v in data.items() if not isinstance(v, BenchmarkData)]
+            if bad_data or not data:
+                raise TypeError(f"load() must return BenchmarkData by name (bad: {bad_data})")
+        else:
+            data = load_benchmarks(requested, gradual=gradual, workers=workers, log=log, **loading)
+        if "eata" in chosen:
+            missing = [n for n, b in data.items() if b.fisher_data is None]
+            if missing:
+                raise ValueError(f"eata needs clean source data (fisher_root) for {missing}")
+        for b in data.values():
+            for key in b.provenance_mismatch():
+                say(
+                    f"warning: {b.name}: {key} is {b.provenance[key]}, not the reference "
+                    f"{(b.expected_provenance or {})[key]}: results may differ from the published "
+                    "table (see docs/benchmarks.md, 'Same numbers on every machine')"
+                )
+        grid = make_grid(list(data), chosen, setting_list, budgets, buffer_list)
+        jobs = make_jobs(grid, seed_list)
+        cells = shard_jobs(jobs, *shard_ix)
+        if out is None:
+            run_name = name or "+".join(requested)
+            if shard is not None:
+                run_name += f"-shard{shard_ix[0]}of{shard_ix[1]}"
+            out_dir = Path("runs") / run_name
+        else:
+            out_dir = Path(out)
+        proto = f", {options.rounds} rounds" if options.rounds > 1 else ""
+        if gradual:
+            proto += ", gradual"
+        if options.dirichlet is not None:
+            proto += f", Dirichlet {options.dirichlet:g}"
+        seed_text = (
+            f"seeds {','.join(map(str, seed_list))}"
+            if len(seed_list) > 1
+            else f"seed {seed_list[0]}"
+        )
+        say(
+            f"{len(cells)} of {len(jobs)} runs ({len(grid)} cells x {len(seed_list)} seeds) on "
+            f"{options.device} (batch size {options.batch_size}, {seed_text}{proto}) -> {out_dir}"
+        )
+        results = run_grid(cells, data, options, out_dir, log=log)
+        from eatta.bench.report import markdown_table, write_outputs
+
+        description = {
+            **dict(meta or {}),
+            "shard": list(shard_ix),
+            "grid_size": len(grid),
+            "batch_size": options.batch_size,
+            "seeds": seed_list,
+            "rounds": options.rounds,
+            "dirichlet": options.dirichlet,
+            "gradual": bool(gradual),
+            "provenance": {
+                n: {"found": b.provenance, "expected": b.expected_provenance}
+                for n, b in data.items()
+            },
+            "limit": options.limit,
+            "device": options.device,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        }
+        paths = write_outputs(results, out_dir, description, plot=plot)
+    finally:
+        torch.set_num_threads(before)
+    table = markdown_table(results)
+    say("outputs: " + ", ".join(str(p) for p in paths.values()))
+    say(f"total wall time {time.perf_counter() - started:.1f} s")
+    return BenchmarkRun(results=results, out=out_dir, paths=dict(paths), table=table)

@@ -1,0 +1,115 @@
+"""Fingerprints: a short hash of everything that determines a cell's result, the code included.
+
+Finished results and checkpoints are stored under their fingerprint, so a run with other
+arguments, data, source model or edited code never reads back (or resumes) someone else's result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from eatta import __version__
+from eatta.bench.grid import CellSpec
+from eatta.methods import registry
+
+if TYPE_CHECKING:
+    from eatta.bench.benchmark import BenchmarkData
+    from eatta.bench.runner import RunOptions
+
+__all__ = ["code_digest", "fingerprint", "model_digest", "to_plain"]
+
+
+def to_plain(value: Any, depth: int = 0) -> Any:
+    """JSON-able, stable description of a hyperparameter value: plain values as they are; other
+    objects by their type and configuration (dataclass fields or public attributes; tensors by
+    shape and content digest), so a changed component changes the cell's fingerprint."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [to_plain(v, depth) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v, depth) for k, v in value.items()}
+    if isinstance(value, Tensor):
+        blob = value.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
+        digest = hashlib.sha256(blob).hexdigest()[:12]
+        return f"<tensor {list(value.shape)} {value.dtype} {digest}>"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if isinstance(value, nn.Module):
+        return {"type": kind, "state": model_digest(value)}
+    if isinstance(value, type) or inspect.isroutine(value):
+        name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+        code = getattr(value, "__code__", None)
+        if code is not None:  # a function: its body too (two lambdas differ)
+            body = code.co_code + repr(code.co_consts).encode()
+            name += " " + hashlib.sha256(body).hexdigest()[:8]
+        return f"<{name}>"
+    if depth >= 4:
+        return f"<{kind}>"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        attrs = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    elif hasattr(value, "__dict__"):
+        attrs = {k: v for k, v in vars(value).items() if not k.startswith("_")}
+    else:
+        text = repr(value)
+        return f"<{kind}>" if " at 0x" in text else text
+    return {"type": kind, **{k: to_plain(v, depth + 1) for k, v in attrs.items()}}
+
+
+_CODE_DIGEST: str | None = None
+
+
+def code_digest() -> str:
+    """Digest of the ``eatta`` package's source files (computed once per process): part of every
+    cell's fingerprint, so results of edited code are never read back as finished."""
+    global _CODE_DIGEST
+    if _CODE_DIGEST is None:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+        _CODE_DIGEST = h.hexdigest()[:16]
+    return _CODE_DIGEST
+
+
+def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str:
+    """Short hash of everything that determines a cell's result (the code included)."""
+    spec_ = registry.get_spec(spec.method)
+    payload = {
+        "spec": dataclasses.asdict(spec),
+        "config": to_plain(data.config),
+        "defaults_key": data.defaults_key,
+        "domains": [(name, len(ds)) for name, ds in data.domains],  # type: ignore[arg-type]
+        "hparams": to_plain(spec_.hparams(data.defaults_key, options.overrides(spec.method))),
+        "batch_size": options.batch_size,
+        "seed": options.seed,
+        "limit": options.limit,
+        "rounds": options.rounds,
+        "dirichlet": options.dirichlet,
+        "provenance": to_plain(data.provenance),
+        "oracle": "ground-truth" if data.oracle_fn is None else "model",
+        "version": __version__,
+        "code": code_digest(),
+    }
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def model_digest(model: nn.Module) -> str:
+    """Digest of a model's ``state_dict()`` (names, dtypes and bytes of its tensors)."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        if isinstance(t, Tensor):
+            h.update(name.encode())
+            h.update(str(t.dtype).encode())
+            h.update(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,120 @@
+"""What one cell measured (:class:`CellResult`), its row label, and how it is stored on disk."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eatta.bench.grid import CellSpec
+
+__all__ = ["RESULT_VERSION", "CellResult", "atomic_write_text", "row_label"]
+
+#: Version of the stored result format (``format_version`` in every result file).
+RESULT_VERSION = 1
+
+
+@dataclass
+class CellResult:
+    """Everything measured for one cell (one seed). Errors are percentages; ``online`` lists per
+    batch ``[images, errors, labels]``. ``domains`` and the ``domain_*`` lists have one entry per
+    domain *visit* (``rounds`` × the domain sequence); ``round_errors[r]`` is the average error
+    over round ``r``'s domains, and ``average_error`` their mean."""
+
+    spec: CellSpec
+    grid_index: int
+    fingerprint: str
+    domains: list[str]
+    domain_images: list[int]
+    domain_errors: list[float]
+    domain_labels: list[int]
+    average_error: float
+    overall_error: float
+    labels_used: int
+    images: int
+    wall_time_s: float
+    images_per_s: float
+    peak_mem_mb: float | None
+    max_rss_mb: float | None
+    device: str
+    online: list[list[int]]
+    domain_first_batch: list[int]
+    model_digest: str
+    hparams: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    sessions: int = 1
+    seed: int = 0
+    rounds: int = 1
+    round_errors: list[float] = field(default_factory=list)
+    #: stream protocol: ``{"rounds": R, "dirichlet": δ or None, "gradual": bool}``
+    protocol: dict[str, Any] = field(default_factory=dict)
+    #: digests of the data and source model the cell ran on (see ``BenchmarkData.provenance``)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    #: True when this result was read back from an earlier finished run (not stored).
+    reused: bool = field(default=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        """Row label: the cell's, naming a method preset and the labels a batch really gets
+        (e.g. ``eatta reference (2/batch)``: the reference preset labels once per step)."""
+        return row_label(self.spec, self.hparams)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("reused")
+        d["spec"] = dataclasses.asdict(self.spec)
+        d["key"] = self.spec.key
+        d["label"] = self.label
+        d["format_version"] = RESULT_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CellResult:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["spec"] = CellSpec(**d["spec"])
+        if not kw.get("round_errors"):  # results written before rounds existed: one round
+            kw["round_errors"] = [float(d["average_error"])]
+        return cls(**kw)
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CellResult:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def row_label(spec: CellSpec, hparams: Mapping[str, Any]) -> str:
+    """:attr:`CellSpec.label`, adjusted for hyperparameters that change what a row is: a
+    ``preset`` is named, and EATTA's ``steps`` (each labelling) multiply the labels per batch."""
+    preset = hparams.get("preset")
+    steps = hparams.get("steps", 2 if preset == "reference" else 1)
+    if spec.method != "eatta" or not isinstance(steps, int) or isinstance(steps, bool):
+        steps = 1  # EATTA re-selects (and labels) at every step; other methods label once
+    steps = max(steps, 1)
+    if not preset and steps == 1:
+        return spec.label
+    shown = dataclasses.replace(spec, labels=spec.labels * steps)
+    label = shown.label
+    if preset:
+        label = label.replace(spec.method, f"{spec.method} {preset}", 1)
+    return label
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
