@@ -81,6 +81,8 @@ def test_run_gives_the_numbers_and_table_of_the_command(tmp_path, capsys, toy_di
         ({"threads": 0}, ValueError, "threads"),
         ({"device": "abacus"}, ValueError, "abacus"),
         ({"bogus": 1}, TypeError, "bogus"),
+        ({"gradual": "yes"}, TypeError, "gradual"),
+        ({"reuse": 0}, TypeError, "reuse"),
     ],
 )
 def test_bad_options_raise_before_data_is_loaded_or_anything_written(

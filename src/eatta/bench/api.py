@@ -314,6 +314,10 @@ def run(
     started = time.perf_counter()
     say = log if log is not None else (lambda _msg: None)
     # --- every option checked before anything is loaded or written
+    flags = {"gradual": gradual, "reuse": reuse, "progress": progress, "plot": plot}
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be True or False, got {value!r}")
     preloaded = isinstance(datasets, Mapping)
     if load is not None and (preloaded or loading):
         raise TypeError("load= loads dataset names; give neither loaded data nor loading options")
