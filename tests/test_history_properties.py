@@ -234,3 +234,23 @@ def test_reference_state_with_unpaired_diffs_is_rejected():
     state["stored_diff"] = state["stored_diff"][:-1]
     with pytest.raises(ValueError):
         ReferenceClassHistory().load_state_dict(state)
+
+
+def test_reference_keeps_a_recent_class_that_equals_its_stored_diff():
+    # only a score strictly below the stored one sends the pick down the batch
+    h = ReferenceClassHistory()
+    y = torch.tensor([0, 1, 2, 0])
+    h.commit(h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1), [True])
+    assert h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1).indices.tolist() == [0]
+
+
+@pytest.mark.parametrize(
+    "history",
+    [LastKClasses(), NoClassBalance(), ReferenceClassHistory()],
+    ids=["last-k", "none", "ref"],
+)
+def test_tied_scores_are_taken_in_batch_order(history):
+    # a stable sort: the same picks on every machine (an unstable CPU sort reorders 20+ ties)
+    n = 64
+    sel = history.plan(torch.full((n,), 0.5), torch.arange(n) % 10, 3)
+    assert sel.indices.tolist() == [0, 1, 2]

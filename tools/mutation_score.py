@@ -251,12 +251,23 @@ def _score_module(
                 outcome = run_tests(root, src, tests, args.timeout)
             finally:
                 path.write_text(original)
-            row = {"line": site.line, "kind": site.kind, "outcome": outcome}
+            row = {"index": site.index, "line": site.line, "kind": site.kind, "outcome": outcome}
             if outcome == "survived":
                 row["change"] = describe(original, mutant)
             rows.append(row)
-            print(f"{module}:{site.line} {site.kind}: {outcome}", flush=True)
+            print(f"{module}#{site.index}:{site.line} {site.kind}: {outcome}", flush=True)
     return rows
+
+
+def _parse_only(items: list[str], p: argparse.ArgumentParser) -> dict[str, set[int]]:
+    """``["history.py#22", ...]`` -> ``{"history.py": {22}}``; unknown modules are errors."""
+    out: dict[str, set[int]] = {}
+    for item in items:
+        module, sep, index = item.partition("#")
+        if not sep or module not in MODULE_TESTS or not index.isdigit():
+            p.error(f"--only takes MODULE#INDEX with MODULE one of {list(MODULE_TESTS)}: {item!r}")
+        out.setdefault(module, set()).add(int(index))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,12 +280,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's tests")
     p.add_argument("--time-cap", type=float, default=3600.0, help="stop after this many seconds")
     p.add_argument("--out", type=Path, default=None, help="JSON results")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="MODULE#INDEX",
+        help="run just these mutants (as the log names them), e.g. history.py#22",
+    )
     args = p.parse_args(argv)
+    only = _parse_only(args.only, p) if args.only is not None else None
     root = args.root.resolve()
     started = time.monotonic()
-    modules = [m for m in args.modules if (root / "src" / "eatta" / m).exists()]
-    for m in sorted(set(args.modules) - set(modules)):
+    wanted = list(only) if only is not None else args.modules
+    modules = [m for m in wanted if (root / "src" / "eatta" / m).exists()]
+    for m in sorted(set(wanted) - set(modules)):
         print(f"{m}: not in {root}; skipped", file=sys.stderr)
+    plan: dict[str, tuple[int, list[Site]]] = {}
+    for module in modules:
+        found = sites((root / "src" / "eatta" / module).read_text())
+        rng = random.Random(f"{args.seed}:{module}")
+        chosen = (
+            [s for s in found if s.index in only[module]]
+            if only is not None
+            else found
+            if args.per_module <= 0
+            else sorted(rng.sample(found, min(args.per_module, len(found))), key=lambda s: s.index)
+        )
+        if only is not None and len(chosen) != len(only[module]):
+            p.error(f"{module} has mutants #0 to #{len(found) - 1}: {sorted(only[module])}")
+        plan[module] = (len(found), chosen)
     baseline = run_tests(
         root,
         root / "src",
@@ -284,16 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     if baseline != "survived":
         print(f"the unmutated tests do not pass ({baseline}); no score", file=sys.stderr)
         return 2
-    plan: dict[str, tuple[int, list[Site]]] = {}
-    for module in modules:
-        found = sites((root / "src" / "eatta" / module).read_text())
-        rng = random.Random(f"{args.seed}:{module}")
-        chosen = (
-            found
-            if args.per_module <= 0
-            else sorted(rng.sample(found, min(args.per_module, len(found))), key=lambda s: s.index)
-        )
-        plan[module] = (len(found), chosen)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {
             m: pool.submit(_score_module, root, m, chosen, args, started)
