@@ -20,12 +20,12 @@ from eatta.methods._grads import (
 DEPTH = 8
 
 
-def chain(depth: int = DEPTH) -> nn.Sequential:
+def chain(depth: int = DEPTH, bias: bool = False) -> nn.Sequential:
     """``depth`` identical Linear-LayerNorm-Tanh layers: equal gradient mass per layer."""
     torch.manual_seed(0)
     layers: list[nn.Module] = []
     for _ in range(depth):
-        layers += [nn.Linear(6, 6, bias=False), nn.LayerNorm(6), nn.Tanh()]
+        layers += [nn.Linear(6, 6, bias=bias), nn.LayerNorm(6), nn.Tanh()]
     return nn.Sequential(*layers)
 
 
@@ -53,10 +53,13 @@ def count_grad(monkeypatch) -> CountGrad:
     return counter
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("segments", [2, 4, 8])
-def test_cuts_split_a_uniform_chain_into_equal_shares(segments):
-    model = chain()
-    params = list(model.parameters())  # 3 per layer, input side first
+def test_cuts_split_a_uniform_chain_into_equal_shares(segments, bias):
+    # a trained Linear bias is a second side branch at every layer (its accumulator): the planner
+    # finishes side branches before the trunk, or that edge would stay pending and leave no cut
+    model = chain(bias=bias)
+    params = list(model.parameters())  # 3 or 4 per layer, input side first
     plan = plan_segments([model(torch.randn(4, 6)).grad_fn], params, segments)
     assert plan.num_segments == len(plan.cuts) + 1 == segments
     # segment 0 is at the loss side: the last layers' parameters
@@ -95,9 +98,12 @@ def test_a_plan_is_immutable():
         plan.cuts = ()  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("segments", [2, 4])
-def test_segmented_grads_take_two_passes_per_segment_and_match_two_passes(count_grad, segments):
-    model = chain()
+def test_segmented_grads_take_two_passes_per_segment_and_match_two_passes(
+    count_grad, segments, bias
+):
+    model = chain(bias=bias)
     params = list(model.parameters())
     want = two_pass_grads(*losses(model), params)
     count_grad.calls = 0

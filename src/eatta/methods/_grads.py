@@ -18,6 +18,8 @@ same numbers:
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,8 +89,9 @@ def plan_segments(
 ) -> SegmentPlan:
     """Find up to ``segments - 1`` cut points of the backward graph below ``roots``.
 
-    A node is a cut when, in a topological order of the graph (Kahn's algorithm from the roots),
-    every edge leaving the nodes already visited points at it: then everything below it is reached
+    A node is a cut when, in a topological order of the graph (Kahn's algorithm from the roots,
+    lowest node first, so side branches end before the trunk goes on), every edge leaving the
+    nodes already visited points at it: then everything below it is reached
     only through it, and the gradient flowing into it is all the lower part needs. The node must
     receive gradient for one forward output only, and must not be a leaf accumulator. Cuts are
     chosen nearest to equal shares of the graph's "mass" (the gradient bytes its nodes receive,
@@ -102,20 +105,28 @@ def plan_segments(
     top = _VirtualRoot(roots)  # one entry point, so no cut is taken before every root is seen
     indeg: dict[object, int] = {}
     slots: dict[object, set[int]] = {}
+    children: dict[object, list[object]] = {}
     stack: list[object] = [top]
     seen: set[object] = {top}
     while stack:
         node = stack.pop()
+        children[node] = []
         for child, nr in node.next_functions:  # type: ignore[attr-defined]
             if child is None:
                 continue
+            children[node].append(child)
             indeg[child] = indeg.get(child, 0) + 1
             slots.setdefault(child, set()).add(nr)
             if child not in seen:
                 seen.add(child)
                 stack.append(child)
+    height = _heights(top, children, indeg)
     left = dict(indeg)
-    ready: list[object] = [top]
+    # Kahn's algorithm, the lowest node first: short side branches (a weight's transpose and
+    # accumulator, a bias accumulator) are finished before the trunk goes on, so no edge into
+    # them stays pending below the layer and the trunk's nodes can be cuts.
+    tick = itertools.count()  # ties: first ready, first taken (nodes do not compare)
+    ready: list[tuple[int, int, object]] = [(height[top], next(tick), top)]
     order: list[object] = []
     mass_before: list[float] = []  # gradient bytes received by the nodes before each position
     mass = 0.0
@@ -123,7 +134,7 @@ def plan_segments(
     is_root = set(roots)
     pending = 0  # edges from visited nodes to nodes not yet visited
     while ready:
-        node = ready.pop()
+        node = heapq.heappop(ready)[2]
         incoming = indeg.get(node, 0)
         if (
             pending == incoming
@@ -137,13 +148,11 @@ def plan_segments(
         mass_before.append(mass)
         mass += _grad_bytes(node)
         pending -= incoming
-        for child, _ in node.next_functions:  # type: ignore[attr-defined]
-            if child is None:
-                continue
+        for child in children[node]:
             pending += 1
             left[child] -= 1
             if left[child] == 0:
-                ready.append(child)
+                heapq.heappush(ready, (height[child], next(tick), child))
     chosen: list[int] = []
     if candidates and segments > 1 and mass >= min_bytes:
         for k in range(1, segments):
@@ -164,6 +173,25 @@ def plan_segments(
         for pos in chosen
     )
     return SegmentPlan(cuts, tuple(segment_by_leaf.get(id(p), -1) for p in params), mass)
+
+
+def _heights(
+    top: object, children: dict[object, list[object]], indeg: dict[object, int]
+) -> dict[object, int]:
+    """Each node's longest path down to a node without children (0 there)."""
+    left = dict(indeg)
+    ready, order = [top], []
+    while ready:  # a topological order, roots first
+        node = ready.pop()
+        order.append(node)
+        for child in children[node]:
+            left[child] -= 1
+            if left[child] == 0:
+                ready.append(child)
+    height: dict[object, int] = {}
+    for node in reversed(order):
+        height[node] = 1 + max((height[c] for c in children[node]), default=-1)
+    return height
 
 
 def two_pass_grads(first: Tensor, second: Tensor, params: Sequence[Tensor]) -> tuple[Grads, Grads]:
