@@ -103,95 +103,102 @@ def plan_segments(
     """
     roots = [r for r in dict.fromkeys(roots) if r is not None]
     top = _VirtualRoot(roots)  # one entry point, so no cut is taken before every root is seen
-    indeg: dict[object, int] = {}
-    slots: dict[object, set[int]] = {}
-    children: dict[object, list[object]] = {}
-    stack: list[object] = [top]
-    seen: set[object] = {top}
-    while stack:
-        node = stack.pop()
-        children[node] = []
-        for child, nr in node.next_functions:  # type: ignore[attr-defined]
-            if child is None:
-                continue
-            children[node].append(child)
-            indeg[child] = indeg.get(child, 0) + 1
-            slots.setdefault(child, set()).add(nr)
-            if child not in seen:
-                seen.add(child)
-                stack.append(child)
-    height = _heights(top, children, indeg)
-    left = dict(indeg)
+    g = _Graph(top)
+    mass = sum(g.bytes.values())
+    if segments < 2 or mass < min_bytes:
+        return _plan(params, [list(g.children)], (), mass)
+    left = dict(g.indeg)
     # Kahn's algorithm, the lowest node first: short side branches (a weight's transpose and
     # accumulator, a bias accumulator) are finished before the trunk goes on, so no edge into
     # them stays pending below the layer and the trunk's nodes can be cuts.
     tick = itertools.count()  # ties: first ready, first taken (nodes do not compare)
-    ready: list[tuple[int, int, object]] = [(height[top], next(tick), top)]
+    ready: list[tuple[int, int, object]] = [(g.height[top], next(tick), top)]
     order: list[object] = []
     mass_before: list[float] = []  # gradient bytes received by the nodes before each position
-    mass = 0.0
+    done = 0.0
     candidates: list[int] = []
     is_root = set(roots)
     pending = 0  # edges from visited nodes to nodes not yet visited
     while ready:
         node = heapq.heappop(ready)[2]
-        incoming = indeg.get(node, 0)
+        incoming = g.indeg.get(node, 0)
         if (
             pending == incoming
             and node not in is_root
             and node is not top
-            and len(slots[node]) == 1
+            and len(g.slots[node]) == 1
             and not hasattr(node, "variable")
         ):
             candidates.append(len(order))
         order.append(node)
-        mass_before.append(mass)
-        mass += _grad_bytes(node)
+        mass_before.append(done)
+        done += g.bytes[node]
         pending -= incoming
-        for child in children[node]:
+        for child in g.children[node]:
             pending += 1
             left[child] -= 1
             if left[child] == 0:
-                heapq.heappush(ready, (height[child], next(tick), child))
+                heapq.heappush(ready, (g.height[child], next(tick), child))
     chosen: list[int] = []
-    if candidates and segments > 1 and mass >= min_bytes:
-        for k in range(1, segments):
-            target = k * mass / segments
-            best = min(candidates, key=lambda pos: abs(mass_before[pos] - target))
-            if best not in chosen:
-                chosen.append(best)
+    for k in range(1, segments) if candidates else ():
+        target = k * mass / segments
+        best = min(candidates, key=lambda pos: abs(mass_before[pos] - target))
+        if best not in chosen:
+            chosen.append(best)
     chosen.sort()
     bounds = [0, *chosen, len(order)]
-    segment_by_leaf: dict[int, int] = {}
-    for s in range(len(bounds) - 1):
-        for node in order[bounds[s] : bounds[s + 1]]:
-            leaf = getattr(node, "variable", None)
-            if leaf is not None:
-                segment_by_leaf[id(leaf)] = s
     cuts = tuple(
-        torch.autograd.graph.GradientEdge(order[pos], next(iter(slots[order[pos]])))
+        torch.autograd.graph.GradientEdge(order[pos], next(iter(g.slots[order[pos]])))
         for pos in chosen
     )
-    return SegmentPlan(cuts, tuple(segment_by_leaf.get(id(p), -1) for p in params), mass)
+    parts = [order[a:b] for a, b in itertools.pairwise(bounds)]
+    return _plan(params, parts, cuts, mass)
 
 
-def _heights(
-    top: object, children: dict[object, list[object]], indeg: dict[object, int]
-) -> dict[object, int]:
-    """Each node's longest path down to a node without children (0 there)."""
-    left = dict(indeg)
-    ready, order = [top], []
-    while ready:  # a topological order, roots first
-        node = ready.pop()
-        order.append(node)
-        for child in children[node]:
-            left[child] -= 1
-            if left[child] == 0:
-                ready.append(child)
-    height: dict[object, int] = {}
-    for node in reversed(order):
-        height[node] = 1 + max((height[c] for c in children[node]), default=-1)
-    return height
+class _Graph:
+    """The backward graph below ``top``, walked once (depth first, children before parents):
+    each node's children, in-degree, input slots used, gradient bytes and height (its longest
+    path down to a node without children)."""
+
+    def __init__(self, top: object) -> None:
+        self.children: dict[object, list[object]] = {}
+        self.indeg: dict[object, int] = {}
+        self.slots: dict[object, set[int]] = {}
+        self.bytes: dict[object, float] = {}
+        self.height: dict[object, int] = {}
+        stack: list[tuple[object, bool]] = [(top, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:  # every child is finished: a DAG has no path back to ``node``
+                kids = self.children[node]
+                self.height[node] = 1 + max((self.height[c] for c in kids), default=-1)
+                continue
+            if node in self.children:  # reached again through another parent
+                continue
+            kids = self.children[node] = []
+            self.bytes[node] = _grad_bytes(node)
+            stack.append((node, True))
+            for child, nr in node.next_functions:  # type: ignore[attr-defined]
+                if child is None:
+                    continue
+                kids.append(child)
+                self.indeg[child] = self.indeg.get(child, 0) + 1
+                self.slots.setdefault(child, set()).add(nr)
+                if child not in self.children:
+                    stack.append((child, False))
+
+
+def _plan(
+    params: Sequence[Tensor], parts: list[list[object]], cuts: tuple[object, ...], mass: float
+) -> SegmentPlan:
+    """The plan whose segment ``s`` holds the nodes ``parts[s]``."""
+    segment_of_leaf = {
+        id(node.variable): s  # type: ignore[attr-defined]
+        for s, nodes in enumerate(parts)
+        for node in nodes
+        if hasattr(node, "variable")
+    }
+    return SegmentPlan(cuts, tuple(segment_of_leaf.get(id(p), -1) for p in params), mass)
 
 
 def two_pass_grads(first: Tensor, second: Tensor, params: Sequence[Tensor]) -> tuple[Grads, Grads]:
