@@ -199,6 +199,14 @@ def load_benchmarks(
         root_of = dict.fromkeys(names, os.fspath(roots))
     else:
         root_of = {k: os.fspath(v) for k, v in roots.items()}
+    model_options: dict[str, Any] = {  # what PACS and the ImageNet family share
+        "checkpoint": checkpoint,
+        "pretrained": pretrained,
+        "image_size": image_size,
+        "oracle_backbone": oracle_backbone,
+        "oracle_checkpoint": oracle_checkpoint,
+        "workers": workers or 0,
+    }
     out: dict[str, BenchmarkData] = {}
     for name in names:
         if gradual and name not in ("digits-c", "imagenet-c"):
@@ -217,15 +225,7 @@ def load_benchmarks(
         if name == "pacs":
             for seq in _names(sequences, "sequences"):
                 b = suites.pacs_benchmark(
-                    root_of[name],
-                    seq,
-                    backbone=backbone or "resnet18",
-                    checkpoint=checkpoint,
-                    pretrained=pretrained,
-                    image_size=image_size,
-                    oracle_backbone=oracle_backbone,
-                    oracle_checkpoint=oracle_checkpoint,
-                    workers=workers or 0,
+                    root_of[name], seq, backbone=backbone or "resnet18", **model_options
                 )
                 out[b.name] = b
         else:
@@ -233,16 +233,11 @@ def load_benchmarks(
                 name,
                 root_of[name],
                 backbone=backbone or "resnet50_bn",
-                checkpoint=checkpoint,
-                pretrained=pretrained,
                 severity=severity,
                 gradual=gradual,
                 subset=subset,
-                image_size=image_size,
                 fisher_root=fisher_root,
-                oracle_backbone=oracle_backbone,
-                oracle_checkpoint=oracle_checkpoint,
-                workers=workers or 0,
+                **model_options,
             )
             out[b.name] = b
     return out
