@@ -273,9 +273,13 @@ def _parse_only(items: list[str], p: argparse.ArgumentParser) -> dict[str, set[i
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", type=Path, default=Path.cwd(), help="checkout to test (default: cwd)")
-    p.add_argument("--modules", nargs="+", default=list(MODULE_TESTS), choices=list(MODULE_TESTS))
-    p.add_argument("--per-module", type=int, default=15, help="mutants per module (0: all)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--modules", nargs="+", default=None, choices=list(MODULE_TESTS), help="default: all"
+    )
+    p.add_argument(
+        "--per-module", type=int, default=None, help="mutants per module (0: all; default 15)"
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampling (default 0)")
     p.add_argument("--jobs", type=int, default=1, help="modules scored in parallel")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant's tests")
     p.add_argument("--time-cap", type=float, default=3600.0, help="stop after this many seconds")
@@ -289,6 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     only = _parse_only(args.only, p) if args.only is not None else None
+    sampling = ("modules", "per_module", "seed")
+    given = [f"--{k.replace('_', '-')}" for k in sampling if getattr(args, k) is not None]
+    if only is not None and given:
+        p.error(f"--only names its mutants; it does not combine with {', '.join(given)}")
+    args.modules = args.modules or list(MODULE_TESTS)
+    args.per_module = 15 if args.per_module is None else args.per_module
+    args.seed = 0 if args.seed is None else args.seed
     root = args.root.resolve()
     started = time.monotonic()
     wanted = list(only) if only is not None else args.modules
