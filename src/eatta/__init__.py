@@ -20,7 +20,7 @@ from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
 from eatta.methods import EATTA, AdaptiveMethod, InvalidInputError
 from eatta.methods.registry import available, create, describe
 from eatta.noise import GaussianNoise, RecordedNoise
-from eatta.oracle import ABSTAIN, GroundTruthOracle, ModelOracle, OracleError
+from eatta.annotate.oracle import ABSTAIN, GroundTruthOracle, ModelOracle, OracleError
 from eatta.selection import PerturbationSelector
 from eatta.split import ModelSplit, SplitNotFoundError, split_model
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from eatta.history import make_history
 from eatta.methods.eatta import EATTA
 from eatta.noise import RecordedNoise
-from eatta.oracle import GroundTruthOracle
+from eatta.annotate.oracle import GroundTruthOracle
 from eatta.selection.perturbation import PerturbationSelector
 
 __all__ = ["FieldReport", "ReplayReport", "TinyResNetLike", "build_model", "replay_trace"]

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, Subset
 
 from eatta.data.stream import Domain
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 
 __all__ = ["BenchmarkData", "OnDevice", "prepare_domains"]
 

@@ -36,7 +36,7 @@ from eatta.budget import Budget
 from eatta.data.stream import TestStream
 from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
-from eatta.oracle import GroundTruthOracle, Oracle
+from eatta.annotate.oracle import GroundTruthOracle, Oracle
 
 __all__ = ["RunOptions", "run_cell", "run_grid"]
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from eatta.bench.benchmark import BenchmarkData
-from eatta.oracle import ModelOracle, Oracle
+from eatta.annotate.oracle import ModelOracle, Oracle
 from eatta.split import split_model
 
 __all__ = [

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from eatta.history import ClassHistory, Selection
-from eatta.oracle import ABSTAIN, Oracle, OracleError, validate_labels
+from eatta.annotate.oracle import ABSTAIN, Oracle, OracleError, validate_labels
 from eatta.selection.base import SelectionContext, Selector
 
 __all__ = ["ask_oracle", "select_and_ask", "split_answer"]

@@ -23,7 +23,7 @@ from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 from eatta.selection.uncertainty import RandomSelector
 from eatta.split import ModelSplit
 

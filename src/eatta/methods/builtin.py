@@ -26,7 +26,7 @@ from eatta.methods.eatta import EATTA, GradMode
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.source import Source
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 from eatta.selection import SELECTORS, Selector, make_selector
 
 #: Selector names ``selector=`` takes (Table 7).

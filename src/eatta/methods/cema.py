@@ -43,7 +43,7 @@ from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 from eatta.selection.base import SelectionContext
 from eatta.selection.dynamic_margin import DynamicMarginSelector
 from eatta.split import ModelSplit

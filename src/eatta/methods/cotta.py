@@ -51,7 +51,7 @@ from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 from eatta.split import ModelSplit
 
 __all__ = ["CoTTA", "CoTTAStep", "TTAAugment", "cotta_param_filter", "symmetric_cross_entropy"]

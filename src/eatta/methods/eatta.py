@@ -25,7 +25,7 @@ from eatta.methods._active import select_and_ask, split_answer
 from eatta.methods._grads import SegmentPlan
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
 from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOptions
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
 from eatta.split import ModelSplit

@@ -20,7 +20,7 @@ from eatta.methods.builtin import EATTAConfig, build_eatta
 from eatta.methods.config import hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, register
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 
 __all__ = ["EATTAStableConfig"]
 

@@ -39,7 +39,7 @@ from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 from eatta.split import ModelSplit
 
 __all__ = ["ETA", "EATAFisher", "ETAStep", "FisherInfo", "compute_fishers"]

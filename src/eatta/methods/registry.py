@@ -25,7 +25,7 @@ from eatta.budget import Budget
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import MethodConfig, OptimizerConfig, check_keys, type_name
 from eatta.methods.presets import DATASETS
-from eatta.oracle import Oracle
+from eatta.annotate.oracle import Oracle
 
 __all__ = [
     "DATASETS",

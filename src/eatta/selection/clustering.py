@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from eatta.history import ClassHistory, Selection
-from eatta.oracle import ABSTAIN
+from eatta.annotate.oracle import ABSTAIN
 from eatta.selection.base import ScoreSelector, SelectionContext
 
 __all__ = ["Clustering", "IncrementalClusteringSelector", "cluster_with_anchors"]

@@ -1,0 +1,132 @@
+"""Synchronous annotators: a callable that labels the selected samples at once.
+
+An oracle is any callable ``oracle(selected_inputs, indices) -> labels``: ``selected_inputs`` is
+``x[indices]`` and ``indices`` the positions in the batch (CPU int64). It returns one integer class
+per selected sample, ``ABSTAIN`` (-1) for a sample it will not label, or ``None`` to abstain on all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from eatta.annotate.requests import LabelRequest
+    from eatta.annotate.simulated import ThreadedAnnotator
+
+__all__ = [
+    "ABSTAIN",
+    "GroundTruthOracle",
+    "ModelOracle",
+    "Oracle",
+    "OracleError",
+    "validate_labels",
+]
+
+ABSTAIN = -1
+
+Oracle = Callable[[Tensor, Tensor], "Tensor | None"]
+
+
+class OracleError(RuntimeError):
+    """The oracle raised, or answered with labels of the wrong shape, dtype or range."""
+
+
+class GroundTruthOracle:
+    """Simulated annotator that reveals only the selected samples' true labels.
+
+    The labels belong to one batch: give them before the step (``method(x, labels=y)``,
+    ``set_labels(y)`` or ``with oracle.labels(y):``); the method ends the batch when its forward
+    returns or fails (:meth:`end_batch`), so a forgotten ``set_labels`` raises instead of serving
+    the previous batch's labels. ``revealed`` counts the labels handed out.
+    """
+
+    def __init__(self) -> None:
+        self._labels: Tensor | None = None
+        self.revealed = 0
+
+    def set_labels(self, labels: Tensor) -> None:
+        """The current batch's labels, one per sample."""
+        labels = torch.as_tensor(labels)
+        if labels.dim() != 1:
+            raise ValueError(f"labels must be 1-d [batch], got shape {tuple(labels.shape)}")
+        self._labels = labels
+
+    def end_batch(self) -> None:
+        """Forget the batch's labels (called by the method after each forward)."""
+        self._labels = None
+
+    @contextmanager
+    def labels(self, labels: Tensor) -> Iterator[GroundTruthOracle]:
+        self.set_labels(labels)
+        try:
+            yield self
+        finally:
+            self._labels = None
+
+    def __call__(self, inputs: Tensor, indices: Tensor) -> Tensor:
+        if self._labels is None:
+            raise RuntimeError(
+                "GroundTruthOracle has no labels for this batch; call set_labels(y) before each "
+                "batch or pass method(x, labels=y)"
+            )
+        if indices.numel() and int(indices.max()) >= len(self._labels):
+            raise IndexError(f"index {int(indices.max())} beyond {len(self._labels)} labels")
+        self.revealed += int(indices.numel())
+        return self._labels[indices.to(self._labels.device)]
+
+
+class ModelOracle:
+    """A (large) model as annotator: labels the selected samples by its argmax (paper Tab. 8).
+
+    Called, it answers at once; :meth:`asynchronous` gives the same model as an annotator that
+    answers from another thread (and so from another device) while the stream goes on.
+    """
+
+    def __init__(self, model: nn.Module, transform: Callable[[Tensor], Tensor] | None = None):
+        self.model = model.eval()
+        self.transform = transform
+
+    @torch.no_grad()
+    def __call__(self, inputs: Tensor, indices: Tensor) -> Tensor:
+        x = self.transform(inputs) if self.transform is not None else inputs
+        device = next(self.model.parameters()).device
+        return self.model(x.to(device)).argmax(dim=1)
+
+    def asynchronous(self, *, delay_s: float = 0.0, workers: int = 1) -> ThreadedAnnotator:
+        """This model as an asynchronous annotator: each request is labelled by a worker thread
+        on the model's own device, ``delay_s`` seconds after it was sent at the earliest."""
+        from eatta.annotate.simulated import ThreadedAnnotator
+
+        def label(request: LabelRequest) -> int:
+            return int(self(request.sample.unsqueeze(0), torch.zeros(1, dtype=torch.long))[0])
+
+        return ThreadedAnnotator(label, delay_s=delay_s, workers=workers)
+
+
+def validate_labels(answer: object, count: int, num_classes: int) -> Tensor | None:
+    """Check an oracle's answer; return int64 CPU labels (``ABSTAIN`` allowed) or None."""
+    if answer is None:
+        return None
+    try:
+        labels = torch.as_tensor(answer)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise OracleError(f"oracle returned {type(answer).__name__}, not labels") from err
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise OracleError(f"oracle labels must be integers, got dtype {labels.dtype}")
+    if labels.shape != (count,):
+        raise OracleError(
+            f"oracle returned labels of shape {tuple(labels.shape)}, expected ({count},)"
+        )
+    labels = labels.to(device="cpu", dtype=torch.long)
+    bad = (labels < ABSTAIN) | (labels >= num_classes)
+    if bool(bad.any()):
+        raise OracleError(
+            f"oracle labels must be in [0, {num_classes}) or {ABSTAIN} to abstain, "
+            f"got {labels[bad].tolist()}"
+        )
+    return labels
