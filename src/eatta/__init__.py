@@ -12,6 +12,7 @@ or build any registered method by name with the paper's per-dataset hyperparamet
     eatta.available()  # the names; eatta.describe("tent") lists its keys and defaults
 """
 
+from eatta.annotate.oracle import ABSTAIN, GroundTruthOracle, ModelOracle, OracleError
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params, configure, configure_model
@@ -20,7 +21,6 @@ from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
 from eatta.methods import EATTA, AdaptiveMethod, InvalidInputError
 from eatta.methods.registry import available, create, describe
 from eatta.noise import GaussianNoise, RecordedNoise
-from eatta.annotate.oracle import ABSTAIN, GroundTruthOracle, ModelOracle, OracleError
 from eatta.selection import PerturbationSelector
 from eatta.split import ModelSplit, SplitNotFoundError, split_model
 

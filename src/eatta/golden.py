@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import GroundTruthOracle
 from eatta.history import make_history
 from eatta.methods.eatta import EATTA
 from eatta.noise import RecordedNoise
-from eatta.annotate.oracle import GroundTruthOracle
 from eatta.selection.perturbation import PerturbationSelector
 
 __all__ = ["FieldReport", "ReplayReport", "TinyResNetLike", "build_model", "replay_trace"]

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, Subset
 
-from eatta.data.stream import Domain
 from eatta.annotate.oracle import Oracle
+from eatta.data.stream import Domain
 
 __all__ = ["BenchmarkData", "OnDevice", "prepare_domains"]
 

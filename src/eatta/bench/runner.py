@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eatta.annotate.oracle import GroundTruthOracle, Oracle
 from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
 from eatta.bench.checkpoint import atomic_save, rng_state, seed_all, set_rng_state
 from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
@@ -36,7 +37,6 @@ from eatta.budget import Budget
 from eatta.data.stream import TestStream
 from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
-from eatta.annotate.oracle import GroundTruthOracle, Oracle
 
 __all__ = ["RunOptions", "run_cell", "run_grid"]
 

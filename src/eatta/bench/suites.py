@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from eatta.bench.benchmark import BenchmarkData
 from eatta.annotate.oracle import ModelOracle, Oracle
+from eatta.bench.benchmark import BenchmarkData
 from eatta.split import split_model
 
 __all__ = [

@@ -5,11 +5,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from eatta.methods._active import AsyncAsking
 from eatta.split import ModelSplit, split_model
 
 __all__ = ["AdaptiveMethod", "InvalidInputError"]
@@ -46,6 +47,9 @@ class AdaptiveMethod(nn.Module):
     before everything that can fail has run (validate, then mutate).
     """
 
+    #: Whether forward updates the model (False: predictions only, fine under inference_mode).
+    adapts: ClassVar[bool] = True
+
     def __init__(
         self,
         model: nn.Module,
@@ -74,6 +78,7 @@ class AdaptiveMethod(nn.Module):
         )
         self._rank = _expected_rank(model)
         self.last_step: Any = None  # what the last step did (method-specific record)
+        self._asking: AsyncAsking | None = None  # an active method's asynchronous annotator
         self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot
         self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._initial_optimizer = (
@@ -104,6 +109,12 @@ class AdaptiveMethod(nn.Module):
         """Labels requested from the oracle so far (0 for non-active methods)."""
         return 0
 
+    @property
+    def annotation_stats(self) -> dict[str, int]:
+        """With an asynchronous annotator: requests sent, answers received, skipped, expired,
+        refused, dropped by ``reset()``, and pending now (lifetime totals); else empty."""
+        return {} if self._asking is None else self._asking.pending.stats()
+
     # -- prediction ------------------------------------------------------------------------
     def forward(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
         """Predict on ``x`` (logits, computed before this batch's update) and adapt.
@@ -112,7 +123,15 @@ class AdaptiveMethod(nn.Module):
         have ``set_labels``, e.g. :class:`~eatta.oracle.GroundTruthOracle`); it reveals only
         those the method asks for.
         """
+        if self.adapts and torch.is_inference_mode_enabled():
+            raise RuntimeError(
+                f"{type(self).__name__} adapts with autograd and cannot run under "
+                "torch.inference_mode(); call it under torch.no_grad() or outside any context "
+                "(the method enables gradients for its own update)"
+            )
         self.check_input(x)
+        if x.is_inference():  # made under inference_mode: a normal copy can be saved for backward
+            x = x.clone()
         oracle = getattr(self, "oracle", None)
         if labels is not None:
             if not hasattr(oracle, "set_labels"):
@@ -166,13 +185,16 @@ class AdaptiveMethod(nn.Module):
         self._saved_parts = saved
 
     def restore_parts(self) -> None:
-        """Restore every part to the open transaction's snapshot."""
+        """Restore every part to the open transaction's snapshot (and cancel the requests the
+        failed step sent to an asynchronous annotator)."""
         for part, token in self._saved_parts or []:
             restore = getattr(part, "restore", None)
             if restore is not None:
                 restore(token)
             else:
                 part.load_state_dict(copy.deepcopy(token))
+        if self._asking is not None:
+            self._asking.rolled_back()
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         raise NotImplementedError
@@ -224,6 +246,8 @@ class AdaptiveMethod(nn.Module):
         for part in self.state_parts().values():
             if part is not None:
                 part.reset()
+        if self._asking is not None:
+            self._asking.dropped()
 
     def method_state(self) -> dict[str, Any]:
         """Method-specific state to save: every part's state dict (extend for other state)."""
@@ -265,18 +289,42 @@ class AdaptiveMethod(nn.Module):
             )
         return z, o
 
+    def state_signature(self) -> dict[str, Any]:
+        """What a saved state must match to load: the method's class and its state parts (their
+        names and types), so a state from another method or configuration is refused."""
+        return {
+            "method": type(self).__qualname__,
+            "parts": {
+                name: type(part).__qualname__
+                for name, part in self.state_parts().items()
+                if part is not None
+            },
+        }
+
     def get_extra_state(self) -> dict[str, Any]:
         return {
+            "signature": self.state_signature(),
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
             "method": self.method_state(),
         }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
+        theirs, mine = state.get("signature"), self.state_signature()
+        if theirs is not None and theirs != mine:  # states from before signatures load as before
+            raise ValueError(
+                f"this state was saved by {_describe(theirs)} and cannot be loaded into "
+                f"{_describe(mine)}; nothing was changed"
+            )
         if self.optimizer is not None and state.get("optimizer") is not None:
             # deep copy: torch shares same-device tensors with the source dict, so a state taken
             # from a live method would otherwise keep moving with it
             self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.load_method_state(state.get("method", {}))
+
+
+def _describe(signature: dict[str, Any]) -> str:
+    parts = ", ".join(f"{k}={v}" for k, v in sorted(signature.get("parts", {}).items()))
+    return f"{signature.get('method')} ({parts or 'no state parts'})"
 
 
 def unique_params(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:

@@ -14,16 +14,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
+from eatta.methods._active import DEFAULT_MAX_AGE
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.annotate.oracle import Oracle
 from eatta.selection.uncertainty import RandomSelector
 from eatta.split import ModelSplit
 
@@ -36,12 +37,14 @@ class Baseline(EATTA):
     Args:
         model: a classifier prepared with :func:`eatta.configure` (in place).
         optimizer: over the trainable parameters (TENT's: SGD lr 2.5e-4, momentum 0.9).
-        oracle: ``oracle(selected_inputs, indices) -> labels``.
+        oracle: ``oracle(selected_inputs, indices) -> labels``, or an asynchronous annotator
+            (classes or yes/no; see :class:`~eatta.methods.eatta.EATTA`).
         budget: labels per batch (int) or a :class:`~eatta.budget.Budget`.
         seed: seed of the random selection.
         buffer: optional replay buffer of labelled samples (capacity or :class:`LabelBuffer`).
         entropy_margin: confident-sample threshold; default ``0.4 ln C``.
         split: ``(backbone, head)`` for models whose split is not found automatically.
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class Baseline(EATTA):
         entropy_margin: float | None = None,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        label_expiry: int = DEFAULT_MAX_AGE,
     ) -> None:
         super().__init__(
             model,
@@ -69,6 +73,7 @@ class Baseline(EATTA):
             entropy_margin=entropy_margin,
             split=split,
             check_finite=check_finite,
+            label_expiry=label_expiry,
         )
 
 
@@ -81,6 +86,9 @@ class BaselineConfig(OptimizerConfig):
     seed: int = hparam(0, "seed of the random selection and the buffer")
     buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
+    label_expiry: int = hparam(
+        256, "steps an asynchronous annotator's request waits before it expires", min=0
+    )
 
 
 def _build_baseline(
@@ -97,6 +105,7 @@ def _build_baseline(
         buffer=LabelBuffer(cfg.buffer, seed=cfg.seed) if cfg.buffer else None,
         entropy_margin=cfg.entropy_margin,
         split=cfg.split,
+        label_expiry=cfg.label_expiry,
     )
 
 

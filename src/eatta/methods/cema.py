@@ -33,17 +33,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import Oracle
+from eatta.annotate.pending import Arrived
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.history import NoClassBalance, Selection
 from eatta.losses import entropy
-from eatta.methods._active import select_and_ask, split_answer
+from eatta.methods._active import (
+    DEFAULT_MAX_AGE,
+    AsyncAsking,
+    check_annotator,
+    current_answers,
+    select_and_ask,
+    split_answer,
+)
 from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.annotate.oracle import Oracle
 from eatta.selection.base import SelectionContext
 from eatta.selection.dynamic_margin import DynamicMarginSelector
 from eatta.split import ModelSplit
@@ -73,7 +81,9 @@ class CEMA(AdaptiveMethod):
         model: a classifier prepared with :func:`eatta.configure` (norm affine parameters, as in
             CEMA).
         optimizer: over the trainable parameters (EATTA's setting: SGD lr 2.5e-4, momentum 0.9).
-        oracle: ``oracle(selected_inputs, indices) -> labels``.
+        oracle: ``oracle(selected_inputs, indices) -> labels``, or an asynchronous annotator
+            (class labels only): a late label joins the replay buffer and the update of the step
+            it arrives in.
         budget: labels per batch at most (CEMA labels only samples in the band).
         selector: the band rule; default ``DynamicMarginSelector(0.4, 0.02, 1.0, strict=True)``
             (EATTA's settings). It is consulted on every batch, so that its running entropy
@@ -99,11 +109,11 @@ class CEMA(AdaptiveMethod):
         entropy_margin: float | None = None,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        label_expiry: int = DEFAULT_MAX_AGE,
     ) -> None:
         if optimizer is None:
             raise TypeError("CEMA needs an optimizer over the parameters to adapt")
-        if not callable(oracle):
-            raise TypeError(f"oracle must be callable, got {type(oracle).__name__}")
+        feedback = check_annotator(oracle, "CEMA", binary=False)
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -111,6 +121,7 @@ class CEMA(AdaptiveMethod):
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin}")
         super().__init__(model, optimizer, split=split, check_finite=check_finite)
         self.oracle = oracle
+        self._asking = None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)
         self.budget = Budget.coerce(budget)
         self.selector = selector if selector is not None else DynamicMarginSelector(strict=True)
         self.history = NoClassBalance()
@@ -150,9 +161,16 @@ class CEMA(AdaptiveMethod):
                 raise RuntimeError("CEMA labels only samples inside the entropy band")
 
         k = self.budget.allowance()
-        selection, labels = select_and_ask(
-            self.selector, self.history, ctx, k, self.oracle, check=inside_band
-        )
+        late: list[Arrived] = []
+        if self._asking is not None:  # asynchronous: submit, take what arrived
+            self._asking.begin()
+            selection = self._asking.request(self.selector, self.history, ctx, k, check=inside_band)
+            current, late = self._asking.collect()
+            labels: Tensor | None = current_answers(selection.indices, current)[0]
+        else:
+            selection, labels = select_and_ask(
+                self.selector, self.history, ctx, k, self.oracle, check=inside_band
+            )
         idx, band = selection.indices, selection.update["band"]
         lab_idx, lab_y, _ = split_answer(idx, labels)
         record = CEMAStep(
@@ -164,10 +182,19 @@ class CEMA(AdaptiveMethod):
         )
 
         # 2. commit: budget and replay buffer, then one update on uploaded + replayed samples
-        self.budget.commit(len(lab_idx))
+        self.budget.commit(len(lab_idx) if self._asking is None else self._asking.sent)
         if len(lab_idx) and self.buffer is not None:
             self.buffer.add(x[lab_idx.to(x.device)], lab_y.to(x.device))
-        self._update(x, band, lab_idx, lab_y, num_classes, record)
+        late = [a for a in late if a.label is not None]
+        late_x = late_y = None
+        if late:  # late labels: into the buffer, and into this update as labelled rows
+            late_x = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
+            late_y = torch.tensor([a.label for a in late], dtype=torch.long, device=x.device)
+            if self.buffer is not None:
+                self.buffer.add(late_x, late_y)
+        self._update(x, band, lab_idx, lab_y, num_classes, record, late_x, late_y)
+        if self._asking is not None:
+            self._asking.committed()
         self.last_step = record
         return o.detach()
 
@@ -179,6 +206,8 @@ class CEMA(AdaptiveMethod):
         lab_y: Tensor,
         num_classes: int,
         record: CEMAStep,
+        late_x: Tensor | None = None,
+        late_y: Tensor | None = None,
     ) -> None:
         uploaded = band.nonzero().flatten()
         rows = [x[uploaded]]
@@ -188,6 +217,9 @@ class CEMA(AdaptiveMethod):
             position = torch.full((x.shape[0],), -1, dtype=torch.long, device=x.device)
             position[uploaded] = torch.arange(len(uploaded), device=x.device)
             targets[position[lab_idx.to(x.device)]] = lab_y.to(x.device)
+        if late_x is not None and late_y is not None:
+            rows.append(late_x)
+            targets = torch.cat([targets, late_y])
         if self.buffer is not None and len(self.buffer):
             bx, by = self.buffer.sample()
             rows.append(bx)
@@ -217,7 +249,12 @@ class CEMA(AdaptiveMethod):
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
-        return {"budget": self.budget, "selector": self.selector, "buffer": self.buffer}
+        return {
+            "budget": self.budget,
+            "selector": self.selector,
+            "buffer": self.buffer,
+            "pending": None if self._asking is None else self._asking.pending,
+        }
 
 
 # -- registry ------------------------------------------------------------------------------------
@@ -240,6 +277,9 @@ class CEMAConfig(OptimizerConfig):
     gamma: float = hparam(1.0, "weight of the replay term")
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
     seed: int = hparam(0, "seed of the buffer's draws")
+    label_expiry: int = hparam(
+        256, "steps an asynchronous annotator's request waits before it expires", min=0
+    )
 
 
 def _build_cema(
@@ -266,6 +306,7 @@ def _build_cema(
         gamma=cfg.gamma,
         entropy_margin=cfg.entropy_margin,
         split=cfg.split,
+        label_expiry=cfg.label_expiry,
     )
 
 

@@ -143,11 +143,13 @@ def check_keys(
     *,
     subject: str = "",
     whose: str = "its",
+    also: Iterable[str] = (),
 ) -> None:
     """Raise :class:`TypeError` naming every key of ``given`` that is not in ``known``.
 
     The message starts with ``subject`` (default ``"method 'NAME' has no"``), names each unknown
-    key with its closest known key, and lists the known keys (``whose`` keys).
+    key with its closest known key (or closest name of ``also``, e.g. a function's own
+    arguments), and lists the known keys (``whose`` keys).
     """
     known = sorted(known)
     unknown = [k for k in given if k not in known]
@@ -155,7 +157,7 @@ def check_keys(
         return
     hints = []
     for key in unknown:
-        close = difflib.get_close_matches(key, known, n=1)
+        close = difflib.get_close_matches(key, [*known, *also], n=1)
         hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     noun = "hyperparameter" if len(unknown) == 1 else "hyperparameters"
     subject = subject or f"method {method!r} has no"

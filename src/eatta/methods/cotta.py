@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from eatta._compat import import_torchvision
+from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.methods.base import AdaptiveMethod
@@ -51,7 +52,6 @@ from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
-from eatta.annotate.oracle import Oracle
 from eatta.split import ModelSplit
 
 __all__ = ["CoTTA", "CoTTAStep", "TTAAugment", "cotta_param_filter", "symmetric_cross_entropy"]

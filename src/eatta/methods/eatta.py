@@ -7,30 +7,49 @@ is :class:`~eatta.methods.step_options.StepOptions`' business, not the step's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eatta._warn import warn_at_caller
+from eatta.annotate.oracle import Oracle
+from eatta.annotate.pending import Arrived
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
+from eatta.configure import collect_params, configure
 from eatta.debias import GradNormDebiaser, LossWeights
 from eatta.history import ClassHistory, Selection, make_history
-from eatta.losses import default_entropy_margin, entropy, masked_mean
-from eatta.methods._active import select_and_ask, split_answer
+from eatta.losses import (
+    complementary_cross_entropy,
+    default_entropy_margin,
+    entropy,
+    masked_mean,
+)
+from eatta.methods._active import (
+    DEFAULT_MAX_AGE,
+    AsyncAsking,
+    check_annotator,
+    commit_late,
+    current_answers,
+    select_and_ask,
+    split_answer,
+)
 from eatta.methods._grads import SegmentPlan
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
+from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.presets import DATASET_PRESETS
+from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOptions
-from eatta.annotate.oracle import Oracle
+from eatta.selection import SELECTORS, make_selector
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
 from eatta.split import ModelSplit
 
-__all__ = ["EATTA", "GradMode", "StepOptions", "StepRecord"]
+__all__ = ["EATTA", "EATTAConfig", "GradMode", "StepOptions", "StepRecord", "build_eatta"]
 
 
 @dataclass
@@ -38,6 +57,8 @@ class StepRecord:
     """What one adaptation step did; tensors stay on the device (reading them syncs).
 
     ``skipped``: the gradients were not finite, so no update was applied and no state changed.
+    With an asynchronous annotator, ``negatives`` are this batch's samples answered "no" (learned
+    as complementary labels) and ``late`` counts the earlier requests answered in this step.
     """
 
     logits: Tensor
@@ -54,6 +75,8 @@ class StepRecord:
     weights: LossWeights | None = None
     loss: Tensor | None = None
     skipped: bool = False
+    negatives: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    late: int = 0
 
 
 def _global_norm(grads: Sequence[Tensor | None]) -> Tensor:
@@ -61,9 +84,17 @@ def _global_norm(grads: Sequence[Tensor | None]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present)))
 
 
+def _empty() -> Tensor:
+    return torch.empty(0, dtype=torch.long)
+
+
 @dataclass
 class _Labelled:
-    """The step's selection and the oracle's answer (CPU indices and labels)."""
+    """The step's selection and the annotator's answers (CPU indices and labels).
+
+    ``negatives``/``not_labels``: this batch's samples answered "no" and the class each is not;
+    ``late``: answers to earlier steps' requests; ``requested``: requests sent in this step.
+    """
 
     ctx: SelectionContext | None
     selection: Selection | None
@@ -71,6 +102,11 @@ class _Labelled:
     indices: Tensor
     targets: Tensor
     answered: Tensor
+    negatives: Tensor = field(default_factory=_empty)
+    not_labels: Tensor = field(default_factory=_empty)
+    late: list[Arrived] = field(default_factory=list)
+    requested: int = 0
+    late_ctx: SelectionContext | None = None
 
 
 class EATTA(AdaptiveMethod):
@@ -88,7 +124,9 @@ class EATTA(AdaptiveMethod):
     Args:
         model: a classifier prepared with :func:`eatta.configure` (in place).
         optimizer: optimizes the trainable parameters (SGD lr 2.5e-4, momentum 0.9 in the paper).
-        oracle: ``oracle(selected_inputs, indices) -> labels`` (see :mod:`eatta.oracle`).
+        oracle: ``oracle(selected_inputs, indices) -> labels`` (see :mod:`eatta.annotate`), or
+            an asynchronous annotator (``submit``/``collect``/``cancel``) whose answers arrive in
+            later steps: a class, or yes/no on the prediction (``feedback="binary"``).
         budget: labels per batch (int) or a :class:`~eatta.budget.Budget`.
         selector: sample selector; default :class:`PerturbationSelector` (σ = 0.01).
         history: class balancing: ``"reference"`` (the authors' code, default), ``"last-k"``
@@ -104,6 +142,13 @@ class EATTA(AdaptiveMethod):
         split: ``(backbone, head)`` for models whose split is not found automatically.
         options: performance options (:class:`StepOptions`); or give ``grad_mode``,
             ``autocast``, ``channels_last`` as keywords (not both).
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+
+    A late answer (docs/real-annotators.md) enters the step in which it arrives: the kept sample
+    is re-run through the current model into ``L_sup`` (cross-entropy for a class,
+    ``-log(1 - p_c)`` for a "no" on class ``c``) and, with a buffer, added to it; the class history
+    and the selector learn of it then. With an asynchronous annotator the budget counts requests
+    (the annotator's time is spent when asked), a synchronous oracle's answered labels.
 
     On accelerators the input's finiteness check is read at the step's host synchronisation
     (the selection), not before the forward pass, when the forward pass has no side effects.
@@ -129,6 +174,7 @@ class EATTA(AdaptiveMethod):
         autocast: bool | None = None,
         channels_last: bool | None = None,
         options: StepOptions | None = None,
+        label_expiry: int = DEFAULT_MAX_AGE,
     ) -> None:
         if optimizer is None:
             raise TypeError("EATTA needs an optimizer over the trainable parameters")
@@ -137,8 +183,7 @@ class EATTA(AdaptiveMethod):
         if options is not None and given:
             raise ValueError(f"give either options= or {sorted(given)}, not both")
         options = options if options is not None else StepOptions(**given)
-        if not callable(oracle):
-            raise TypeError(f"oracle must be callable, got {type(oracle).__name__}")
+        feedback = check_annotator(oracle, type(self).__name__, binary=True)
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         options.prepare_model(model)
@@ -146,6 +191,7 @@ class EATTA(AdaptiveMethod):
         self.options = options
         self.gradients = options.gradient_strategy(model)
         self.oracle = oracle
+        self._asking = None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)
         self.budget = Budget.coerce(budget)
         self.selector: Selector = selector if selector is not None else PerturbationSelector()
         self.history = make_history(history)
@@ -225,7 +271,7 @@ class EATTA(AdaptiveMethod):
         record = StepRecord(logits=o.detach(), pseudo_labels=o.detach().argmax(1))
         k = self.budget.allowance()
         # cut points for segmented gradients, planned while an accelerator runs the forward pass
-        plan = self._plan(o) if k > 0 else None
+        plan = self._plan(o) if k > 0 or self._asking is not None else None
 
         # 1. select the samples and ask the oracle (no state changes until it has answered)
         lab = self._select_and_ask(x, z, o, k)
@@ -233,7 +279,8 @@ class EATTA(AdaptiveMethod):
 
         # 2. the two losses (L_sup is None without a label)
         loss_sup, replayed = self._supervised_loss(x, o, lab)
-        loss_unsup, n_unsup = self._confident_entropy(o, lab.indices)
+        answered = torch.cat([lab.indices, lab.negatives]) if len(lab.negatives) else lab.indices
+        loss_unsup, n_unsup = self._confident_entropy(o, answered)
         if replayed:
             plan = None  # a second graph through the same weights: plan from the losses
 
@@ -250,6 +297,7 @@ class EATTA(AdaptiveMethod):
         self.optimizer.zero_grad(set_to_none=True)
 
         record.selected, record.labels = lab.indices, lab.targets
+        record.negatives, record.late = lab.negatives, len(lab.late)
         record.class_history = list(getattr(self.history, "classes", []))
         record.loss_unsup, record.num_unsup = loss_unsup.detach(), n_unsup
         record.loss_sup = None if loss_sup is None else loss_sup.detach()
@@ -264,6 +312,8 @@ class EATTA(AdaptiveMethod):
     # -- the parts of the step ---------------------------------------------------------------
     def _select_and_ask(self, x: Tensor, z: Tensor, o: Tensor, k: int) -> _Labelled:
         """Up to ``k`` samples picked by the selector under the class history, and their labels."""
+        if self._asking is not None:
+            return self._request_and_collect(x, z, o, k)
         ctx = selection = labels = None
         if k > 0:
             backbone, head = self.split
@@ -276,21 +326,90 @@ class EATTA(AdaptiveMethod):
         indices, targets, answered = split_answer(asked, labels)
         return _Labelled(ctx, selection, labels, indices, targets, answered)
 
+    def _request_and_collect(self, x: Tensor, z: Tensor, o: Tensor, k: int) -> _Labelled:
+        """The asynchronous path: submit this step's requests, take the answers that arrived."""
+        asking = self._asking
+        assert asking is not None
+        asking.begin()
+        ctx = selection = None
+        if k > 0:
+            backbone, head = self.split
+            ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
+            selection = asking.request(
+                self.selector, self.history, ctx, k, check=self._raise_if_not_finite
+            )
+        current, late = asking.collect()
+        asked = _empty() if selection is None else selection.indices
+        labels, negatives, not_labels = current_answers(asked, current)
+        indices, targets, answered = split_answer(asked, labels)
+        return _Labelled(
+            ctx,
+            selection,
+            labels,
+            indices,
+            targets,
+            answered,
+            negatives,
+            not_labels,
+            late,
+            asking.sent,
+        )
+
     def _supervised_loss(self, x: Tensor, o: Tensor, lab: _Labelled) -> tuple[Tensor | None, bool]:
         """Cross-entropy on the labelled samples plus, with a buffer, on a replayed mini-batch
-        (the new samples are added first, so they can be replayed at once)."""
+        (the new samples are added first, so they can be replayed at once). With an asynchronous
+        annotator also: ``-log(1 - p_c)`` for this batch's "no" answers, and the late answers'
+        samples re-run through the current model (see the class docstring)."""
         terms = []
         if len(lab.indices):
             idx, y = lab.indices.to(o.device), lab.targets.to(o.device)
             terms.append(F.cross_entropy(o[idx], y))
             if self.buffer is not None:
                 self.buffer.add(x[idx], y)
-        replayed = self.buffer is not None and len(self.buffer) > 0
-        if replayed:
+        if len(lab.negatives):
+            neg = lab.negatives.to(o.device)
+            terms.append(complementary_cross_entropy(o[neg], lab.not_labels.to(o.device)))
+        if lab.late:
+            terms.extend(self._late_terms(x, lab))
+        replayed = bool(lab.late) or (self.buffer is not None and len(self.buffer) > 0)
+        if self.buffer is not None and len(self.buffer) > 0:
             bx, by = self.buffer.sample()  # type: ignore[union-attr]
             head = self.split.head
             terms.append(F.cross_entropy(head(self.options.features(self.split.backbone, bx)), by))
         return (sum(terms[1:], terms[0]) if terms else None), replayed
+
+    def _late_terms(self, x: Tensor, lab: _Labelled) -> list[Tensor]:
+        """Loss terms of the late answers: their kept samples through the current model."""
+        late = lab.late
+        xs = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
+        backbone, head = self.split
+        joined = self._has_batchnorm and len(late) == 1 and x.dim() == 2
+        if joined:  # a lone feature vector cannot be batch-normalized: run it with the batch
+            zl = self.options.features(backbone, torch.cat([x, xs]))[x.shape[0] :]
+        else:
+            zl = self.options.features(backbone, xs)
+        ol = head(zl)
+        terms = []
+        pos = [i for i, a in enumerate(late) if a.label is not None]
+        if pos:
+            rows = torch.tensor(pos, device=ol.device)
+            ys = torch.tensor([late[i].label for i in pos], dtype=torch.long, device=ol.device)
+            terms.append(F.cross_entropy(ol[rows], ys))
+            if self.buffer is not None:
+                self.buffer.add(xs[rows.to(xs.device)], ys)
+            lab.late_ctx = SelectionContext(
+                inputs=xs[rows.to(xs.device)],
+                features=zl.detach()[rows],
+                logits=ol.detach()[rows],
+                head=head,
+                backbone=backbone,
+            )
+        neg = [i for i, a in enumerate(late) if a.not_label is not None]
+        if neg:
+            rows = torch.tensor(neg, device=ol.device)
+            cs = torch.tensor([late[i].not_label for i in neg], dtype=torch.long, device=ol.device)
+            terms.append(complementary_cross_entropy(ol[rows], cs))
+        return terms
 
     def _confident_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
         """Mean entropy of the unlabelled samples below the margin, and their count."""
@@ -363,8 +482,9 @@ class EATTA(AdaptiveMethod):
         return bool(ok_update)
 
     def _skip(self, record: StepRecord) -> Tensor:
-        """A step with non-finite gradients: every part back as it was, nothing applied."""
-        self.restore_parts()
+        """A step with non-finite gradients: every part back as it was, nothing applied (this
+        step's requests are cancelled, the answers it collected dropped)."""
+        self.restore_parts()  # also cancels this step's requests (AdaptiveMethod.restore_parts)
         self.skipped_steps += 1
         if self.skipped_steps == 1:
             warn_at_caller(
@@ -378,11 +498,15 @@ class EATTA(AdaptiveMethod):
 
     def _commit(self, lab: _Labelled) -> None:
         """Record the answered labels: budget, class history (annotated classes), selector."""
-        self.budget.commit(len(lab.indices))
+        self.budget.commit(len(lab.indices) if self._asking is None else lab.requested)
         if lab.selection is not None and len(lab.indices):
             assert lab.ctx is not None and lab.labels is not None
             self.history.commit(lab.selection, lab.answered.tolist(), lab.labels.tolist())
             self.selector.commit(lab.ctx, lab.selection, lab.labels)
+        if lab.late:
+            commit_late(self.history, self.selector, lab.late, lab.late_ctx)
+        if self._asking is not None:
+            self._asking.committed()
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
@@ -392,6 +516,7 @@ class EATTA(AdaptiveMethod):
             "history": self.history,
             "debiaser": self.debiaser,
             "buffer": self.buffer,
+            "pending": None if self._asking is None else self._asking.pending,
         }
 
     def method_state(self) -> dict[str, Any]:
@@ -408,3 +533,101 @@ class EATTA(AdaptiveMethod):
 
 def _zero_if_none(g: Tensor | None, p: nn.Parameter) -> Tensor:
     return torch.zeros_like(p) if g is None else g
+
+
+# -- registry ------------------------------------------------------------------------------------
+
+#: Selector names ``selector=`` takes (Table 7).
+SelectorName = Literal[tuple(SELECTORS)]  # type: ignore[valid-type]
+#: Class-history names ``history=`` takes (see :func:`eatta.history.make_history`).
+HistoryName = Literal["reference", "last-k", "paper", "none"]
+
+
+@dataclass(frozen=True)
+class EATTAConfig(OptimizerConfig):
+    """EATTA's keys: the wrapper's switches plus the optimizer's (paper defaults)."""
+
+    EXPANSIONS: ClassVar[Mapping[str, Mapping[Any, Mapping[str, Any]]]] = {
+        "preset": {"reference": {"params": "reference", "steps": 2}}
+    }
+
+    nesterov: bool = hparam(True, "SGD Nesterov momentum")
+    preset: Literal["reference"] | None = hparam(
+        None, "'reference': the authors' ImageNet-C set (params='reference', steps=2)"
+    )
+    params: ParamSelection = hparam("norm", "parameters to adapt (eatta.configure preset)")
+    selector: SelectorName | Selector | None = hparam(
+        "perturbation", "sample selector, by name or instance (None: perturbation)"
+    )
+    selector_kwargs: Mapping[str, Any] | None = hparam(
+        None, "keyword arguments of a named selector"
+    )
+    noise_std: float = hparam(0.01, "std of the perturbation selector's feature noise", min=0.0)
+    seed: int = hparam(0, "seed of the selector's and the buffer's random draws")
+    history: HistoryName | ClassHistory | None = hparam("reference", "class-balancing history")
+    ema_alpha: float = hparam(0.8, "EMA factor of the gradient-norm debiaser", min=0.0, max=1.0)
+    gnd: bool = hparam(True, "weight the losses by gradient norm (GND)")
+    ema: bool = hparam(True, "smooth the gradient norms with an EMA")
+    buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
+    entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
+    steps: int = hparam(1, "optimizer steps per batch", min=1)
+    grad_mode: GradMode = hparam("auto", "how the two backward passes are run")
+    autocast: bool = hparam(False, "bf16 autocast of the feature extractor")
+    channels_last: bool = hparam(False, "channels-last memory format")
+    label_expiry: int = hparam(
+        256, "steps an asynchronous annotator's request waits before it expires", min=0
+    )
+
+
+def build_eatta(
+    model: nn.Module,
+    cfg: EATTAConfig,
+    oracle: Oracle | None,
+    budget: Budget,
+    *,
+    debiaser: GradNormDebiaser | None = None,
+) -> AdaptiveMethod:
+    """EATTA from a validated config; ``debiaser`` replaces the config's GND (variants)."""
+    params = configure(model, cfg.params)
+    norm_params = None
+    if cfg.params == "reference":
+        norm_params, _ = collect_params(model, "norm")
+    assert oracle is not None
+    selector = cfg.selector or "perturbation"  # a Selector, or a name (Table 7)
+    if isinstance(selector, str):
+        kw = dict(cfg.selector_kwargs or {})
+        if selector == "perturbation":
+            kw.setdefault("std", cfg.noise_std)
+        selector = make_selector(selector, seed=cfg.seed, **kw)
+    return EATTA(
+        model,
+        make_optimizer(params, cfg),
+        oracle=oracle,
+        budget=budget,
+        selector=selector,
+        history=cfg.history,
+        debiaser=debiaser
+        if debiaser is not None
+        else GradNormDebiaser(alpha=cfg.ema_alpha, normalize=cfg.gnd, ema=cfg.ema),
+        buffer=LabelBuffer(cfg.buffer, seed=cfg.seed) if cfg.buffer else None,
+        entropy_margin=cfg.entropy_margin,
+        steps=cfg.steps,
+        grad_norm_params=norm_params,
+        split=cfg.split,
+        grad_mode=cfg.grad_mode,
+        autocast=cfg.autocast,
+        channels_last=cfg.channels_last,
+        label_expiry=cfg.label_expiry,
+    )
+
+
+register(
+    MethodSpec(
+        "eatta",
+        build_eatta,
+        active=True,
+        config=EATTAConfig,
+        datasets=DATASET_PRESETS["eatta"],
+        summary="EATTA: perturbation selection, class balancing, gradient-norm debiasing",
+    )
+)

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.debias_bounded import BoundedGradNormDebiaser
 from eatta.methods.base import AdaptiveMethod
-from eatta.methods.builtin import EATTAConfig, build_eatta
 from eatta.methods.config import hparam
+from eatta.methods.eatta import EATTAConfig, build_eatta
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, register
-from eatta.annotate.oracle import Oracle
 
 __all__ = ["EATTAStableConfig"]
 

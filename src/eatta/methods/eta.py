@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import default_entropy_margin, entropy
@@ -39,7 +40,6 @@ from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
-from eatta.annotate.oracle import Oracle
 from eatta.split import ModelSplit
 
 __all__ = ["ETA", "EATAFisher", "ETAStep", "FisherInfo", "compute_fishers"]

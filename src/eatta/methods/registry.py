@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import MethodConfig, OptimizerConfig, check_keys, type_name
 from eatta.methods.presets import DATASETS
-from eatta.annotate.oracle import Oracle
 
 __all__ = [
     "DATASETS",
@@ -184,6 +184,7 @@ def create(
     ``model`` (modes, BatchNorm statistics, ``requires_grad``) are undone.
     """
     spec = get_spec(name)
+    check_keys(spec.name, overrides, spec.keys, also=("dataset", "oracle", "budget"))
     if spec.active and oracle is None:
         raise ValueError(f"method {spec.name!r} is active: pass oracle=")
     config = spec.config_for(dataset, overrides)

@@ -34,6 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import NORM_TYPES, configure
 from eatta.losses import default_entropy_margin, entropy, masked_mean
@@ -42,7 +43,6 @@ from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
-from eatta.annotate.oracle import Oracle
 from eatta.split import ModelSplit
 
 __all__ = ["SAM", "SAR", "SARStep", "sar_param_filter", "sar_params"]

@@ -32,17 +32,26 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import Oracle
+from eatta.annotate.pending import Arrived
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.history import NoClassBalance
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods._active import select_and_ask, split_answer
+from eatta.methods._active import (
+    DEFAULT_MAX_AGE,
+    AsyncAsking,
+    check_annotator,
+    commit_late,
+    current_answers,
+    select_and_ask,
+    split_answer,
+)
 from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.annotate.oracle import Oracle
 from eatta.selection.base import SelectionContext
 from eatta.selection.clustering import IncrementalClusteringSelector
 from eatta.split import ModelSplit
@@ -73,7 +82,9 @@ class SimATTA(AdaptiveMethod):
         model: a classifier prepared with :func:`eatta.configure` (SimATTA's code fine-tunes
             every parameter: ``configure(model, "all")``).
         optimizer: over the parameters to adapt (EATTA's setting: SGD lr 2.5e-4, momentum 0.9).
-        oracle: ``oracle(selected_inputs, indices) -> labels``.
+        oracle: ``oracle(selected_inputs, indices) -> labels``, or an asynchronous annotator
+            (class labels only): a late label joins the labelled buffer and the anchors when it
+            arrives.
         budget: labels per batch (the paper compares SimATTA with 3).
         max_anchors: anchors kept for clustering (50).
         buffer_size: capacity of each of the two sample buffers (300).
@@ -88,6 +99,7 @@ class SimATTA(AdaptiveMethod):
         refresh_anchors: recompute the anchors' features after each update.
         seed: seed of the buffers' sampling.
         split: ``(backbone, head)`` for models whose split is not found automatically.
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
     """
 
     def __init__(
@@ -110,11 +122,11 @@ class SimATTA(AdaptiveMethod):
         seed: int = 0,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        label_expiry: int = DEFAULT_MAX_AGE,
     ) -> None:
         if optimizer is None:
             raise TypeError("SimATTA needs an optimizer over the parameters to adapt")
-        if not callable(oracle):
-            raise TypeError(f"oracle must be callable, got {type(oracle).__name__}")
+        feedback = check_annotator(oracle, "SimATTA", binary=False)
         for name, value, low in (
             ("steps", steps, 0),
             ("source_per_batch", source_per_batch, 0),
@@ -127,6 +139,7 @@ class SimATTA(AdaptiveMethod):
             raise ValueError(f"low_entropy_bound must be > 0, got {low_entropy_bound}")
         super().__init__(model, optimizer, split=split, check_finite=check_finite)
         self.oracle = oracle
+        self._asking = None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)
         self.budget = Budget.coerce(budget)
         self.selector = IncrementalClusteringSelector(
             max_anchors, entropy_bound=high_entropy_bound, keep_inputs=refresh_anchors
@@ -172,7 +185,15 @@ class SimATTA(AdaptiveMethod):
         # 1. select and ask; nothing changes before the oracle's answer is validated
         k = self.budget.allowance()
         selection = labels = None
-        if k > 0:
+        late: list[Arrived] = []
+        if self._asking is not None:  # asynchronous: submit, take what arrived
+            self._asking.begin()
+            if k > 0:
+                selection = self._asking.request(self.selector, self.history, ctx, k)
+            current, late = self._asking.collect()
+            asked = torch.empty(0, dtype=torch.long) if selection is None else selection.indices
+            labels = current_answers(asked, current)[0]
+        elif k > 0:
             selection, labels = select_and_ask(self.selector, self.history, ctx, k, self.oracle)
         lab_idx, lab_y, _ = split_answer(
             torch.empty(0, dtype=torch.long) if selection is None else selection.indices, labels
@@ -180,13 +201,16 @@ class SimATTA(AdaptiveMethod):
         src_idx, src_y = self._source_like(x, num_classes)
 
         # 2. commit: budget, anchors, buffers
-        self.budget.commit(len(lab_idx))
+        self.budget.commit(len(lab_idx) if self._asking is None else self._asking.sent)
         if len(lab_idx):
             assert selection is not None and labels is not None
             self.selector.commit(ctx, selection, labels)
             self.labelled.add(x[lab_idx.to(x.device)], lab_y.to(x.device))
+        self._add_late(x, late)
         if len(src_idx):
             self.source_buffer.add(x[src_idx], src_y)
+        if self._asking is not None:
+            self._asking.committed()
 
         # 3. fine-tune on both buffers, then refresh the anchors' features
         record = SimATTAStep(
@@ -197,6 +221,21 @@ class SimATTA(AdaptiveMethod):
             self.selector.refresh(backbone)
         self.last_step = record
         return o.detach()
+
+    def _add_late(self, x: Tensor, late: list[Arrived]) -> None:
+        """Late labels join the labelled buffer and the anchors (features by the current model,
+        computed with the batch so that BatchNorm sees more than one sample)."""
+        late = [a for a in late if a.label is not None]
+        if not late:
+            return
+        xs = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
+        ys = torch.tensor([a.label for a in late], dtype=torch.long, device=x.device)
+        backbone, head = self.split
+        with torch.no_grad():
+            zl = backbone(torch.cat([x, xs]))[x.shape[0] :]
+            ctx = SelectionContext(inputs=xs, features=zl, logits=head(zl), head=head)
+        commit_late(self.history, self.selector, late, ctx)
+        self.labelled.add(xs, ys)
 
     def _source_like(self, x: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
         """Indices and pseudo-labels of the batch's most confident samples (teacher's view)."""
@@ -260,6 +299,7 @@ class SimATTA(AdaptiveMethod):
             "selector": self.selector,
             "labelled": self.labelled,
             "source_like": self.source_buffer,
+            "pending": None if self._asking is None else self._asking.pending,
         }
 
 
@@ -284,6 +324,9 @@ class SimATTAConfig(OptimizerConfig):
     use_teacher: bool = hparam(True, "pseudo-label source-like samples with the source model")
     refresh_anchors: bool = hparam(True, "recompute the anchors' features each batch")
     seed: int = hparam(0, "seed of the clustering and the buffers")
+    label_expiry: int = hparam(
+        256, "steps an asynchronous annotator's request waits before it expires", min=0
+    )
 
 
 def _build_simatta(
@@ -308,6 +351,7 @@ def _build_simatta(
         refresh_anchors=cfg.refresh_anchors,
         seed=cfg.seed,
         split=cfg.split,
+        label_expiry=cfg.label_expiry,
     )
 
 

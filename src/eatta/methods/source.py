@@ -5,13 +5,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import Oracle
+from eatta.budget import Budget
 from eatta.methods.base import AdaptiveMethod
+from eatta.methods.config import MethodConfig
+from eatta.methods.registry import MethodSpec, register
 
 __all__ = ["Source"]
 
 
 class Source(AdaptiveMethod):
     """Predicts with the model as trained (eval mode, running statistics); never adapts."""
+
+    adapts = False
 
     def __init__(self, model: nn.Module, **kwargs: object) -> None:
         super().__init__(model.eval(), None, **kwargs)  # type: ignore[arg-type]
@@ -24,3 +30,12 @@ class Source(AdaptiveMethod):
     @torch.no_grad()
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         return self.model(x)
+
+
+def _build_source(
+    model: nn.Module, cfg: MethodConfig, oracle: Oracle | None, budget: Budget
+) -> AdaptiveMethod:
+    return Source(model, split=cfg.split)
+
+
+register(MethodSpec("source", _build_source, summary="no adaptation"))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import entropy
@@ -21,7 +22,6 @@ from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.annotate.oracle import Oracle
 from eatta.split import ModelSplit
 
 __all__ = ["Tent", "set_grads"]

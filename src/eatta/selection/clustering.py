@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from eatta.history import ClassHistory, Selection
 from eatta.annotate.oracle import ABSTAIN
+from eatta.history import ClassHistory, Selection
 from eatta.selection.base import ScoreSelector, SelectionContext
 
 __all__ = ["Clustering", "IncrementalClusteringSelector", "cluster_with_anchors"]
