@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from types import FrameType
 
 import torch
 
@@ -18,7 +19,8 @@ def warn_at_caller(message: str, category: type[Warning]) -> None:
     """``warnings.warn`` with the stack level of the first frame outside eatta and
     ``torch.nn.modules`` (a method is called through ``nn.Module.__call__``, whose depth varies
     across torch versions)."""
-    level, frame = 2, sys._getframe(1)  # level 2: the frame that called this function
+    level = 2  # the frame that called this function
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         level, frame = level + 1, frame.f_back
     warnings.warn(message, category, stacklevel=level)

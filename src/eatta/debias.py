@@ -10,7 +10,7 @@ from torch import Tensor
 __all__ = ["GradNormDebiaser", "LossWeights"]
 
 
-class LossWeights(tuple):
+class LossWeights(tuple[Tensor, ...]):
     """``(sup, unsup, sup_raw, unsup_raw)`` tensors: applied weights and the raw Eq. 4-5 values."""
 
     __slots__ = ()
@@ -18,10 +18,21 @@ class LossWeights(tuple):
     def __new__(cls, sup: Tensor, unsup: Tensor, sup_raw: Tensor, unsup_raw: Tensor) -> LossWeights:
         return super().__new__(cls, (sup, unsup, sup_raw, unsup_raw))
 
-    sup = property(lambda self: self[0])
-    unsup = property(lambda self: self[1])
-    sup_raw = property(lambda self: self[2])
-    unsup_raw = property(lambda self: self[3])
+    @property
+    def sup(self) -> Tensor:
+        return self[0]
+
+    @property
+    def unsup(self) -> Tensor:
+        return self[1]
+
+    @property
+    def sup_raw(self) -> Tensor:
+        return self[2]
+
+    @property
+    def unsup_raw(self) -> Tensor:
+        return self[3]
 
 
 class GradNormDebiaser:

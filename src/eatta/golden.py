@@ -131,16 +131,17 @@ def _as_list(v: Any) -> list[int]:
 
 def replay_trace(trace: dict[str, Any] | str | Path) -> ReplayReport:
     """Replay one trace (a dict or a ``.pt`` path) and compare every recorded field."""
-    path = str(trace) if not isinstance(trace, dict) else "<dict>"
-    if not isinstance(trace, dict):
-        trace = torch.load(trace, weights_only=True)
-    cfg = trace["config"]
+    if isinstance(trace, dict):
+        path, data = "<dict>", trace
+    else:
+        path, data = str(trace), torch.load(trace, weights_only=True)
+    cfg = data["config"]
     torch.manual_seed(0)
-    model = build_model(trace["model"])
-    model.load_state_dict(trace["initial_state"], strict=True)
+    model = build_model(data["model"])
+    model.load_state_dict(data["initial_state"], strict=True)
     import eatta
 
-    trainable = list(trace["trainable"])
+    trainable = list(data["trainable"])
     params = eatta.configure(model, lambda mod, m, p: f"{mod}.{p}" in trainable)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if sorted(names) != sorted(trainable):
@@ -155,7 +156,7 @@ def replay_trace(trace: dict[str, Any] | str | Path) -> ReplayReport:
         dampening=cfg.get("dampening", 0.0),
         weight_decay=cfg.get("weight_decay", 0.0),
     )
-    steps = trace["steps"]
+    steps = data["steps"]
     oracle = GroundTruthOracle()
     method = EATTA(
         model,

@@ -24,7 +24,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -43,13 +43,38 @@ class ModelSplit(NamedTuple):
     head: nn.Module
 
 
+class _NormalizedWrapper(Protocol):
+    """eatta's input-normalization wrapper (``eatta.bench.models.Normalized``) by attributes."""
+
+    model: nn.Module
+    normalize_mean: Tensor
+    normalize_std: Tensor
+
+
+class _SubsetWrapper(Protocol):
+    """eatta's logit-subset wrapper (e.g. ImageNet-R/A's 200 of 1000 classes), by its attributes."""
+
+    model: nn.Module
+    indices: Tensor
+
+
+class _TimmModel(Protocol):
+    """A timm model, by the methods the split uses."""
+
+    def forward_features(self, x: Tensor) -> Tensor: ...
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor: ...
+
+    def get_classifier(self) -> Any: ...
+
+
 class _TorchvisionResNetFeatures(nn.Module):
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
         self.net = net
 
     def forward(self, x: Tensor) -> Tensor:
-        n = self.net
+        n: Any = self.net  # a torchvision ResNet: its layers by name (torchvision is untyped)
         x = n.maxpool(n.relu(n.bn1(n.conv1(x))))
         x = n.layer4(n.layer3(n.layer2(n.layer1(x))))
         return torch.flatten(n.avgpool(x), 1)
@@ -61,7 +86,7 @@ class _TorchvisionViTFeatures(nn.Module):
         self.net = net
 
     def forward(self, x: Tensor) -> Tensor:
-        n = self.net
+        n: Any = self.net  # a torchvision VisionTransformer (torchvision is untyped)
         x = n._process_input(x)
         cls = n.class_token.expand(x.shape[0], -1, -1)
         x = n.encoder(torch.cat([cls, x], dim=1))
@@ -69,7 +94,7 @@ class _TorchvisionViTFeatures(nn.Module):
 
 
 class _TimmFeatures(nn.Module):
-    def __init__(self, net: nn.Module) -> None:
+    def __init__(self, net: _TimmModel) -> None:
         super().__init__()
         self.net = net
 
@@ -78,7 +103,7 @@ class _TimmFeatures(nn.Module):
 
 
 class _Normalize(nn.Module):
-    def __init__(self, wrapper: nn.Module) -> None:
+    def __init__(self, wrapper: _NormalizedWrapper) -> None:
         super().__init__()
         self.wrapper = wrapper
 
@@ -88,7 +113,7 @@ class _Normalize(nn.Module):
 
 
 class _SelectLogits(nn.Module):
-    def __init__(self, head: nn.Module, wrapper: nn.Module) -> None:
+    def __init__(self, head: nn.Module, wrapper: _SubsetWrapper) -> None:
         super().__init__()
         self.head = head
         self.wrapper = wrapper
@@ -97,12 +122,16 @@ class _SelectLogits(nn.Module):
         return self.head(z).index_select(1, self.wrapper.indices)
 
 
-def _is_subset_wrapper(model: nn.Module) -> bool:
+def _is_subset_wrapper(model: nn.Module) -> TypeGuard[_SubsetWrapper]:
     return hasattr(model, "model") and isinstance(getattr(model, "indices", None), Tensor)
 
 
-def _is_normalized_wrapper(model: nn.Module) -> bool:
+def _is_normalized_wrapper(model: nn.Module) -> TypeGuard[_NormalizedWrapper]:
     return all(hasattr(model, a) for a in ("model", "normalize_mean", "normalize_std"))
+
+
+def _is_timm_model(model: nn.Module) -> TypeGuard[_TimmModel]:
+    return all(hasattr(model, a) for a in ("forward_features", "forward_head", "get_classifier"))
 
 
 def _torchvision_class(name: str) -> type | None:
@@ -135,7 +164,7 @@ class _LinearInputFeatures(nn.Module):
     call and per thread, so nested calls and other threads' forward passes are left alone.
     """
 
-    def __init__(self, model: nn.Module, head: nn.Linear) -> None:
+    def __init__(self, model: nn.Module, head: nn.Module) -> None:
         super().__init__()
         self.model = model
         self._head = (head,)  # inside ``model`` already: a tuple, so it is not registered twice
@@ -263,7 +292,7 @@ def _discover(model: nn.Module, example: Tensor) -> ModelSplit:
     return ModelSplit(_LinearInputFeatures(model, head), head)
 
 
-def _normalized_example(wrapper: nn.Module, example: Tensor | None) -> Tensor | None:
+def _normalized_example(wrapper: _NormalizedWrapper, example: Tensor | None) -> Tensor | None:
     if example is None:
         return None
     with torch.no_grad():
@@ -285,11 +314,11 @@ def split_model(model: nn.Module, example: Tensor | None = None) -> ModelSplit:
         return ModelSplit(inner.backbone, _SelectLogits(inner.head, model))
     resnet = _torchvision_class("ResNet")
     if resnet is not None and isinstance(model, resnet):
-        return ModelSplit(_TorchvisionResNetFeatures(model), model.fc)
+        return ModelSplit(_TorchvisionResNetFeatures(model), model.get_submodule("fc"))
     vit = _torchvision_class("VisionTransformer")
     if vit is not None and isinstance(model, vit):
-        return ModelSplit(_TorchvisionViTFeatures(model), model.heads)
-    if all(hasattr(model, a) for a in ("forward_features", "forward_head", "get_classifier")):
+        return ModelSplit(_TorchvisionViTFeatures(model), model.get_submodule("heads"))
+    if _is_timm_model(model):
         classifier = model.get_classifier()
         if isinstance(classifier, nn.Linear):  # a conv or tuple classifier: discovery decides
             return ModelSplit(_TimmFeatures(model), classifier)

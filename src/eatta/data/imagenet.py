@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -163,7 +163,7 @@ class EvalTransform:
             size = (self.resize, int(self.resize * h / w))
         else:
             size = (int(self.resize * w / h), self.resize)
-        img = img.resize(size, Image.BILINEAR)
+        img = img.resize(size, Image.Resampling.BILINEAR)
         w, h = img.size
         top = round((h - self.crop) / 2.0)
         left = round((w - self.crop) / 2.0)
@@ -179,7 +179,7 @@ def _subset_key(seed: int, wnid: str, name: str) -> str:
 
 
 def select_subset(
-    files_by_class: dict[str, Sequence[str]], n: int, seed: int = 0
+    files_by_class: Mapping[str, Sequence[str]], n: int, seed: int = 0
 ) -> dict[str, list[str]]:
     """Choose ``n`` files, stratified over classes, from file names alone (no randomness state).
 

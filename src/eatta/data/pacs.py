@@ -91,7 +91,7 @@ class ResizeTransform:
     def __call__(self, img: Any) -> Tensor:
         from PIL import Image
 
-        return pil_to_tensor(img.resize((self.size, self.size), Image.BILINEAR))
+        return pil_to_tensor(img.resize((self.size, self.size), Image.Resampling.BILINEAR))
 
     def __repr__(self) -> str:
         return f"ResizeTransform(size={self.size})"

@@ -23,10 +23,14 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
 from torch.torch_version import TorchVersion
+
+if TYPE_CHECKING:
+    from torch.autograd.graph import GradientEdge, Node
 
 __all__ = [
     "EDGES_SUPPORTED",
@@ -43,7 +47,7 @@ __all__ = [
 ]
 
 #: ``torch.autograd.grad`` takes ``GradientEdge`` outputs and inputs from PyTorch 2.4 on.
-EDGES_SUPPORTED = TorchVersion(torch.__version__) >= (2, 4) and hasattr(
+EDGES_SUPPORTED = TorchVersion(torch.__version__) >= "2.4" and hasattr(
     torch.autograd.graph, "GradientEdge"
 )
 
@@ -66,7 +70,7 @@ class SegmentPlan:
     the losses do not depend on it. ``graph_bytes``: the gradient bytes all nodes receive.
     """
 
-    cuts: tuple[object, ...]
+    cuts: tuple[GradientEdge, ...]
     segment_of: tuple[int, ...]
     graph_bytes: float
 
@@ -147,8 +151,9 @@ def plan_segments(
             chosen.append(best)
     chosen.sort()
     bounds = [0, *chosen, len(order)]
+    # a cut is a real backward node, never the virtual root (``top`` is excluded above)
     cuts = tuple(
-        torch.autograd.graph.GradientEdge(order[pos], next(iter(g.slots[order[pos]])))
+        torch.autograd.graph.GradientEdge(cast("Node", order[pos]), next(iter(g.slots[order[pos]])))
         for pos in chosen
     )
     parts = [order[a:b] for a, b in itertools.pairwise(bounds)]
@@ -189,11 +194,14 @@ class _Graph:
 
 
 def _plan(
-    params: Sequence[Tensor], parts: list[list[object]], cuts: tuple[object, ...], mass: float
+    params: Sequence[Tensor],
+    parts: list[list[object]],
+    cuts: tuple[GradientEdge, ...],
+    mass: float,
 ) -> SegmentPlan:
     """The plan whose segment ``s`` holds the nodes ``parts[s]``."""
     segment_of_leaf = {
-        id(node.variable): s  # type: ignore[attr-defined]
+        id(node.variable): s
         for s, nodes in enumerate(parts)
         for node in nodes
         if hasattr(node, "variable")
@@ -234,14 +242,17 @@ def segmented_grads(
         return two_pass_grads(first, second, params)
     grads_a: Grads = [None] * len(params)
     grads_b: Grads = [None] * len(params)
-    out_a: list[object] | None = [first]
-    out_b: list[object] | None = [second]
+    # what each pass starts from: its loss, then the cut edge above the segment
+    out_a: list[Tensor] | list[GradientEdge] | None = [first]
+    out_b: list[Tensor] | list[GradientEdge] | None = [second]
     cot_a: list[Tensor] | None = None
     cot_b: list[Tensor] | None = None
     last = plan.num_segments - 1
     for s in range(plan.num_segments):
         where = [i for i, seg in enumerate(plan.segment_of) if seg == s]
-        inputs: list[object] = [params[i] for i in where]
+        # this segment's parameters and the cut below it: autograd.grad takes tensors and edges
+        # mixed in one sequence, though its annotations accept a sequence of one kind only
+        inputs: list[Tensor | GradientEdge] = [params[i] for i in where]
         if s < last:
             inputs.append(plan.cuts[s])
         if not inputs:
@@ -250,17 +261,17 @@ def segmented_grads(
         if out_a is not None:  # first: keep this segment's graph for the second pass
             res_a = torch.autograd.grad(
                 out_a,
-                inputs,
+                inputs,  # type: ignore[arg-type]  # tensors and an edge mixed (see above)
                 cot_a,
                 retain_graph=True,
-                allow_unused=True,  # type: ignore[arg-type]
+                allow_unused=True,
             )
         if out_b is not None:  # second: frees the segment's saved tensors as it goes
             res_b = torch.autograd.grad(
                 out_b,
-                inputs,
+                inputs,  # type: ignore[arg-type]  # tensors and an edge mixed (see above)
                 cot_b,
-                allow_unused=True,  # type: ignore[arg-type]
+                allow_unused=True,
             )
         for j, i in enumerate(where):
             grads_a[i] = None if res_a is None else res_a[j]

@@ -27,6 +27,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 from torch import nn
+from typing_extensions import Self
 
 from eatta.configure import ParamFilter
 from eatta.split import ModelSplit
@@ -234,7 +235,7 @@ class MethodConfig:
         return out
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], *, method: str = "") -> MethodConfig:
+    def from_dict(cls, values: Mapping[str, Any], *, method: str = "") -> Self:
         """A validated config from ``values`` (missing keys take the defaults)."""
         checked = cls.validate(values, method=method)
         for key, table in cls.EXPANSIONS.items():

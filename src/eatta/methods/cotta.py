@@ -178,6 +178,8 @@ class CoTTA(AdaptiveMethod):
     saved in ``state_dict()`` and reset with the model.
     """
 
+    optimizer: torch.optim.Optimizer  # required here (AdaptiveMethod's may be None)
+
     def __init__(
         self,
         model: nn.Module,

@@ -92,7 +92,11 @@ class SAM(torch.optim.Optimizer):
         if not params:
             return torch.zeros(())
         dev = params[0].device
-        norms = [((p.abs() * p.grad) if self.adaptive else p.grad).norm(2).to(dev) for p in params]
+        norms = []
+        for p in params:
+            g = p.grad
+            assert g is not None  # _with_grad keeps the parameters that have a gradient
+            norms.append(((p.abs() * g) if self.adaptive else g).norm(2).to(dev))
         return torch.linalg.vector_norm(torch.stack(norms))
 
     @torch.no_grad()
@@ -128,7 +132,7 @@ class SAM(torch.optim.Optimizer):
             self.zero_grad()
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Both steps; ``closure`` must recompute the loss and its gradients (it is required)."""
         if closure is None:
             raise ValueError("SAM.step needs a closure that recomputes the loss and gradients")

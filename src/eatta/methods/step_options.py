@@ -62,7 +62,8 @@ class StepOptions:
     def prepare_model(self, model: nn.Module) -> None:
         """Convert ``model`` in place as the options say (channels-last)."""
         if self.channels_last:
-            model.to(memory_format=torch.channels_last)
+            # Module.to takes memory_format (as Tensor.to does), but torch's overloads omit it
+            model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
 
     def prepare_input(self, x: Tensor) -> Tensor:
         """The batch in the memory format the options say."""

@@ -129,6 +129,12 @@ class IncrementalClusteringSelector(ScoreSelector):
         max_iter: Lloyd iterations at most.
     """
 
+    #: the anchors (oldest first): features ``[A, D]``, labels ``[A]`` (on the CPU) and, with
+    #: ``keep_inputs``, inputs; None before the first anchor
+    features: Tensor | None
+    labels: Tensor | None
+    inputs: Tensor | None
+
     def __init__(
         self,
         max_anchors: int = 50,
@@ -238,9 +244,9 @@ class IncrementalClusteringSelector(ScoreSelector):
 
     # -- state -------------------------------------------------------------------------------
     def reset(self) -> None:
-        self.features: Tensor | None = None
-        self.labels: Tensor | None = None
-        self.inputs: Tensor | None = None
+        self.features = None
+        self.labels = None
+        self.inputs = None
 
     def state_dict(self) -> dict[str, Any]:
         def copy(t: Tensor | None) -> Tensor | None:

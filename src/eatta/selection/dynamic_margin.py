@@ -59,6 +59,12 @@ class DynamicMarginSelector(ScoreSelector):
         strict: select only inside the band.
     """
 
+    #: running entropy statistics: sum and count over the batches seen, and the warm-up mean
+    #: entropy (None until ``warmup_samples`` were seen)
+    _sum: float
+    _count: int
+    _warm: float | None
+
     def __init__(
         self,
         high_factor: float = 0.4,
@@ -134,7 +140,7 @@ class DynamicMarginSelector(ScoreSelector):
     def reset(self) -> None:
         self._sum = 0.0
         self._count = 0
-        self._warm: float | None = None
+        self._warm = None
 
     def state_dict(self) -> dict[str, Any]:
         return {"sum": self._sum, "count": self._count, "warm": self._warm}
