@@ -86,6 +86,12 @@ class AnswerInbox:
             out, self._ready = self._ready, []
         return out
 
+    def withdraw(self, ids: Sequence[str]) -> None:
+        """Forget open ``ids`` as if they had never been opened (a submit that failed)."""
+        with self._lock:
+            for i in ids:
+                self._open.pop(i, None)
+
     def close(self, ids: Sequence[str], why: str) -> None:
         """Stop accepting answers for ``ids`` (``why``: e.g. ``"expired"``, ``"cancelled"``)."""
         with self._lock:
@@ -148,7 +154,11 @@ class QueuedAnnotator:
                     f"{self.feedback!r}"
                 )
         self.inbox.open(requests)
-        self.on_submit(requests)
+        try:
+            self.on_submit(requests)
+        except BaseException:  # not taken: the ids were never open, and may be used again
+            self.inbox.withdraw([r.id for r in requests])
+            raise
 
     def answer(
         self,

@@ -71,6 +71,7 @@ class PendingLabels:
         self.nonce = uuid.uuid4().hex[:8]  # distinguishes runs that share one annotator or queue
         self.epoch = 0
         self.step = 0  # steps begun in this epoch
+        self.retries = 0  # steps rolled back (restore); not itself rolled back, so ids stay unique
         self._entries: dict[str, _Entry] = {}
         self._selections: dict[int, Selection] = {}
         self.counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
@@ -109,9 +110,11 @@ class PendingLabels:
         rows = selection.indices.to(dev)
         samples = inputs.detach()[rows].clone()
         scores = logits.detach()[rows.to(logits.device)].clone()
+        # a retried step asks again under new ids: the failed attempt's are closed (cancelled)
+        step = f"{self.step}" if not self.retries else f"{self.step}r{self.retries}"
         requests = [
             LabelRequest(
-                id=f"{self.nonce}-{self.epoch}-{self.step}-{j}",
+                id=f"{self.nonce}-{self.epoch}-{step}-{j}",
                 sample=samples[j],
                 logits=scores[j],
                 kind=kind,
@@ -188,6 +191,7 @@ class PendingLabels:
 
     def restore(self, token: tuple[Any, ...]) -> None:
         entries, selections, self.step, self.epoch, counts = token
+        self.retries += 1
         self._entries, self._selections, self.counts = dict(entries), dict(selections), dict(counts)
 
     def to(self, device: torch.device | str) -> PendingLabels:
@@ -206,6 +210,7 @@ class PendingLabels:
             "nonce": self.nonce,
             "epoch": self.epoch,
             "step": self.step,
+            "retries": self.retries,
             "counts": dict(self.counts),
             "requests": [
                 {
@@ -247,6 +252,7 @@ class PendingLabels:
             int(state["epoch"]),
             int(state["step"]),
         )
+        self.retries = int(state.get("retries", 0))
         self.counts = {k: int(state["counts"].get(k, 0)) for k in _COUNTERS}
         self._entries, self._selections = entries, selections
         self.dropped_ids = []
