@@ -123,7 +123,7 @@ class LabelBuffer:
             x, y = self.contents()
             x, y = x.clone(), y.clone()
         else:
-            x = y = None
+            x = y = None  # type: ignore[assignment]  # an empty buffer saves None
         return {"x": x, "y": y, "rng": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

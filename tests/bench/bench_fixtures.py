@@ -83,7 +83,7 @@ def fake_digits_c(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
 
     calls: list[str | None] = []
 
-    def fake(cache_dir=None, *, log=None, gradual=False):
+    def fake(cache_dir=None, *, log=None, gradual=False, ccc=None):
         calls.append(cache_dir)
         b = tiny_benchmark(name="digits-c")
         b.defaults_key = "digits-c"

@@ -287,7 +287,13 @@ def test_resume_in_the_middle_of_a_round_reaches_the_identical_result(tmp_path, 
     assert resumed.sessions == 2 and len(full.online) == 27
     assert len(full.round_errors) == 3 and len(full.domains) == 9
     assert full.round_errors[1] == pytest.approx(sum(full.domain_errors[3:6]) / 3)
-    assert full.protocol == {"rounds": 3, "dirichlet": 0.2, "gradual": False}
+    assert full.protocol == {
+        "rounds": 3,
+        "dirichlet": 0.2,
+        "gradual": False,
+        "mixed": False,
+        "ccc": None,
+    }
     one = run_cell(spec, data, opts(), tmp_path / "one")
     assert one.fingerprint != full.fingerprint and one.rounds == 1
 

@@ -16,7 +16,8 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -321,7 +322,9 @@ class ThreadedAnnotator(QueuedAnnotator):
             left = None if end is None else max(0.0, end - time.monotonic())
             try:
                 f.result(timeout=left)
-            except TimeoutError:
+            except CancelledError:  # not started before close(): never worked on, nothing to wait
+                continue
+            except FuturesTimeout:  # not the builtin TimeoutError before Python 3.11
                 return False
         return True
 

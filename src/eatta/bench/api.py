@@ -15,33 +15,44 @@ unknown keyword a :class:`TypeError`) naming the option.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
-from eatta.bench.grid import SETTINGS, make_grid, make_jobs, parse_shard
+from eatta.bench.fingerprint import code_digest
+from eatta.bench.grid import SETTINGS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
+from eatta.bench.options import RunOptions
+from eatta.bench.protocol import StreamProtocol
 from eatta.bench.results import CellResult
-from eatta.bench.runner import RunOptions, run_grid
+from eatta.bench.runner import run_cell, run_grid
 from eatta.methods import registry
 
 __all__ = [
     "DEFAULT_METHODS",
     "DIGITS_ROUNDS",
+    "AnnotatorOptions",
     "BenchmarkRun",
+    "StreamProtocol",
     "load_benchmarks",
     "method_names",
     "run",
 ]
 
-#: The methods of the default run: the source model, two label-free methods, two active ones.
-DEFAULT_METHODS = ("source", "tent", "eta", "baseline", "eatta")
+#: The methods of the default run: the source model, the label-free anchors (TENT, ETA and
+#: RDumb, ETA reset to the source every 1,000 steps) and one label per batch (the Baseline, the
+#: faithful EATTA and the library's recommendation for long streams, eatta-stable).
+DEFAULT_METHODS = ("source", "tent", "eta", "rdumb", "baseline", "eatta", "eatta-stable")
 #: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
 DIGITS_ROUNDS = 10
 #: The keywords of :func:`load_benchmarks` that :func:`run` passes on (``**loading``).
@@ -167,6 +178,7 @@ def load_benchmarks(
     *,
     roots: str | Mapping[str, str] | None = None,
     gradual: bool = False,
+    ccc: str | None = None,
     sequences: str | Sequence[str] = ("P-A-C-S",),
     severity: int = 5,
     subset: int | str | None = None,
@@ -211,10 +223,12 @@ def load_benchmarks(
     for name in names:
         if gradual and name not in ("digits-c", "imagenet-c"):
             raise ValueError(f"gradual needs severities; {name} has none (digits-c, imagenet-c)")
+        if ccc is not None and name != "digits-c":
+            raise ValueError(f"the CCC-style stream is built for digits-c, not {name}")
         if name == "digits-c":
             if oracle_backbone is not None:
                 raise ValueError("digits-C has no model annotator; use the ground truth")
-            b = suites.digits_c_benchmark(cache_dir, log=log, gradual=gradual)
+            b = suites.digits_c_benchmark(cache_dir, log=log, gradual=gradual, ccc=ccc)
             out[b.name] = b
             continue
         if name not in root_of:
@@ -255,6 +269,9 @@ def run(
     rounds: int | None = None,
     gradual: bool = False,
     dirichlet: float | None = None,
+    protocol: StreamProtocol | None = None,
+    annotator: AnnotatorOptions | None = None,
+    jobs: int | None = None,
     hparams: Mapping[str, Mapping[str, Any]] | None = None,
     batch_size: int = 64,
     limit: int | None = None,
@@ -284,8 +301,14 @@ def run(
         labels, every, buffers: active methods' budgets (``labels`` per ``every``-th batch) and
             buffer sizes (None: the method's own); every combination is a cell.
         seeds: every cell runs once per seed (tables then show mean ± std).
-        rounds, gradual, dirichlet: the stream protocol (recurring rounds, default 10 for
-            digits-C alone and 1 otherwise; gradual severities; Dirichlet label shift).
+        rounds, gradual, dirichlet: shorthands for the same fields of ``protocol``.
+        protocol: the stream protocol (:class:`StreamProtocol`: recurring rounds, default 10
+            for digits-C alone and 1 otherwise; gradual severities; Dirichlet label shift; mixed
+            domains; the CCC-style stream); give it or the shorthands, not both.
+        annotator: who answers the active methods (:class:`AnnotatorOptions`: label delay,
+            noise, yes/no feedback, seconds per answer); default: the ground truth, at once.
+        jobs: cells run in parallel, each in a forked process with one thread (default 1;
+            ``eatta-bench`` uses every core on the CPU); results are identical to a serial run.
         hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
             ``{"tent": {...}}`` for one; checked against each method's configuration.
         batch_size, limit, device, workers, checkpoint_every: see
@@ -308,6 +331,22 @@ def run(
     """
     started = time.perf_counter()
     say = log if log is not None else (lambda _msg: None)
+    shorthand = {"rounds": rounds, "gradual": gradual, "dirichlet": dirichlet}
+    if protocol is not None:
+        given = [k for k, v in shorthand.items() if v not in (None, False)]
+        if given:
+            raise TypeError(f"give protocol= or {given}, not both")
+        if not isinstance(protocol, StreamProtocol):
+            raise TypeError(f"protocol must be a StreamProtocol, got {type(protocol).__name__}")
+    else:
+        protocol = StreamProtocol(rounds=rounds, gradual=gradual, dirichlet=dirichlet)
+    rounds, gradual, dirichlet = protocol.rounds, protocol.gradual, protocol.dirichlet
+    if annotator is None:
+        annotator = AnnotatorOptions()
+    if not isinstance(annotator, AnnotatorOptions):
+        raise TypeError(f"annotator must be AnnotatorOptions, got {type(annotator).__name__}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     # --- every option checked before anything is loaded or written
     flags = {"gradual": gradual, "reuse": reuse, "progress": progress, "plot": plot}
     for flag, value in flags.items():
@@ -349,6 +388,8 @@ def run(
         seed=seed_list[0],
         rounds=rounds,
         dirichlet=dirichlet,
+        mixed=protocol.mixed,
+        annotator=annotator,
         limit=limit,
         device=_device(device),
         workers=workers,
@@ -384,7 +425,13 @@ def run(
             if bad_data or not data:
                 raise TypeError(f"load() must return BenchmarkData by name (bad: {bad_data})")
         else:
-            data = load_benchmarks(requested, gradual=gradual, workers=workers, log=log, **loading)
+            data = load_benchmarks(
+                requested, gradual=gradual, ccc=protocol.ccc, workers=workers, log=log, **loading
+            )
+        if protocol.mixed:
+            single = [n for n, b in data.items() if len(b.domains) < 2]
+            if single:
+                raise ValueError(f"mixed domains need at least two domains; {single} has one")
         if "eata" in chosen:
             missing = [n for n, b in data.items() if b.fisher_data is None]
             if missing:
@@ -397,8 +444,8 @@ def run(
                     "table (see docs/benchmarks.md, 'Same numbers on every machine')"
                 )
         grid = make_grid(list(data), chosen, setting_list, budgets, buffer_list)
-        jobs = make_jobs(grid, seed_list)
-        cells = shard_jobs(jobs, *shard_ix)
+        all_jobs = make_jobs(grid, seed_list)
+        cells = shard_jobs(all_jobs, *shard_ix)
         if out is None:
             run_name = name or "+".join(requested)
             if shard is not None:
@@ -409,6 +456,12 @@ def run(
         proto = f", {options.rounds} rounds" if options.rounds > 1 else ""
         if gradual:
             proto += ", gradual"
+        if protocol.mixed:
+            proto += ", mixed domains"
+        if protocol.ccc:
+            proto += f", CCC {protocol.ccc}"
+        if annotator.simulated:
+            proto += f", {annotator.text()}"
         if options.dirichlet is not None:
             proto += f", Dirichlet {options.dirichlet:g}"
         seed_text = (
@@ -417,10 +470,14 @@ def run(
             else f"seed {seed_list[0]}"
         )
         say(
-            f"{len(cells)} of {len(jobs)} runs ({len(grid)} cells x {len(seed_list)} seeds) on "
+            f"{len(cells)} of {len(all_jobs)} runs ({len(grid)} cells x {len(seed_list)} seeds) on "
             f"{options.device} (batch size {options.batch_size}, {seed_text}{proto}) -> {out_dir}"
         )
-        results = run_grid(cells, data, options, out_dir, log=log)
+        jobs = min(jobs or 1, len(cells)) if cells else 1
+        if jobs > 1 and options.device == "cpu" and _can_fork():
+            results = _run_parallel(cells, data, options, out_dir, jobs, log)
+        else:
+            results = run_grid(cells, data, options, out_dir, log=log)
         from eatta.bench.report import markdown_table, write_outputs
 
         description = {
@@ -432,6 +489,12 @@ def run(
             "rounds": options.rounds,
             "dirichlet": options.dirichlet,
             "gradual": bool(gradual),
+            "mixed": protocol.mixed,
+            "ccc": protocol.ccc,
+            "annotator": {**annotator.describe(), "cost": vars(annotator.cost)},
+            "jobs": jobs,
+            "code_digest": code_digest(),
+            "git_commit": _git_commit(),
             "provenance": {
                 n: {"found": b.provenance, "expected": b.expected_provenance}
                 for n, b in data.items()
@@ -448,3 +511,91 @@ def run(
     say("outputs: " + ", ".join(str(p) for p in paths.values()))
     say(f"total wall time {time.perf_counter() - started:.1f} s")
     return BenchmarkRun(results=results, out=out_dir, paths=dict(paths), table=table)
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit (with ``+dirty`` if it has changes), or None outside a checkout."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+# -- parallel cells: forked processes that inherit the loaded datasets ---------------------------
+
+_WORKER_DATA: dict[str, BenchmarkData] = {}
+
+
+def _can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)
+
+
+def _run_job(
+    grid_index: int, spec: CellSpec, seed: int, options: RunOptions, out_dir: Path
+) -> CellResult:
+    import dataclasses
+
+    opts = options if seed == options.seed else dataclasses.replace(options, seed=seed)
+    opts = dataclasses.replace(opts, progress=False)
+    return run_cell(spec, _WORKER_DATA[spec.dataset], opts, out_dir, grid_index=grid_index)
+
+
+def _run_parallel(
+    cells: Sequence[tuple[int, tuple[CellSpec, int]]],
+    data: Mapping[str, BenchmarkData],
+    options: RunOptions,
+    out_dir: Path,
+    jobs: int,
+    log: Callable[[str], None] | None,
+) -> list[CellResult]:
+    """Run the cells in ``jobs`` forked processes of one thread each (they inherit ``data``;
+    the parent has run with one thread, so no thread pool is forked); same results as serial."""
+    _WORKER_DATA.clear()
+    _WORKER_DATA.update(data)
+    context = multiprocessing.get_context("fork")
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker) as pool:
+            futures = [
+                pool.submit(_run_job, j, spec, seed, options, out_dir) for j, (spec, seed) in cells
+            ]
+            results = []
+            for n, f in enumerate(futures):
+                r = f.result()
+                if log is not None:
+                    log(f"[{n + 1}/{len(cells)}] " + _done_text(r))
+                results.append(r)
+    finally:
+        _WORKER_DATA.clear()
+    return results
+
+
+def _done_text(r: CellResult) -> str:
+    rounds = ""
+    if r.rounds > 1:
+        rounds = f", round 1 {r.round_errors[0]:.1f}% -> round {r.rounds} {r.round_errors[-1]:.1f}%"
+    how = " (finished earlier: read back)" if r.reused else ""
+    return (
+        f"{r.spec.dataset} {r.spec.setting} {r.label} seed {r.seed}: avg error "
+        f"{r.average_error:.1f}%{rounds}, {r.labels_used} labels, {r.wall_time_s:.1f} s{how}"
+    )

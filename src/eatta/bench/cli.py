@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from eatta.annotate.cost import AnnotatorCost
+from eatta.annotate.requests import FEEDBACK
 from eatta.bench import api
+from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.api import DEFAULT_METHODS, DIGITS_ROUNDS
 from eatta.bench.benchmark import BenchmarkData
+from eatta.bench.protocol import CCC_SPEEDS, StreamProtocol
 from eatta.methods import registry
 
 __all__ = [
@@ -77,6 +82,20 @@ def _seeds(text: str) -> list[int]:
     if not out or len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"seeds must be distinct and non-empty, got {text!r}")
     return out
+
+
+def _delay(text: str) -> int | str:
+    if text.strip().lower() == "never":
+        return "never"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"label delay is a number of batches >= 0 or 'never', got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"label delay must be >= 0 batches, got {value}")
+    return value
 
 
 def _buffers(text: str) -> list[int | None]:
@@ -180,6 +199,53 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         help="label shift: order each domain by a Dirichlet(DELTA) class process "
         "(0.1: strongly class-correlated batches)",
     )
+    g.add_argument(
+        "--mixed",
+        action="store_true",
+        help="mixed domains: every batch drawn across all domains of the round",
+    )
+    g.add_argument(
+        "--ccc",
+        choices=CCC_SPEEDS,
+        default=None,
+        help="CCC-style stream (digits-c): corruption pairs blended with a continuously "
+        "changing mix and severity, at this speed",
+    )
+    g = p.add_argument_group("annotator (active methods; simulated from the ground truth)")
+    g.add_argument(
+        "--label-delay",
+        type=_delay,
+        default=None,
+        metavar="D|never",
+        help="labels arrive D batches after they are asked for ('never': they never come); "
+        "0 gives the numbers of a run without it",
+    )
+    g.add_argument(
+        "--label-noise",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="probability that an answer is wrong (a uniformly drawn other class, or a "
+        "flipped yes/no)",
+    )
+    g.add_argument(
+        "--feedback",
+        choices=FEEDBACK,
+        default="label",
+        help="label: the annotator gives a class; binary: yes/no on the model's prediction",
+    )
+    g.add_argument(
+        "--seconds-per-label",
+        type=float,
+        default=AnnotatorCost.seconds_per_label,
+        help="annotator seconds per full label (for the reported annotator time)",
+    )
+    g.add_argument(
+        "--seconds-per-binary",
+        type=float,
+        default=AnnotatorCost.seconds_per_binary,
+        help="annotator seconds per yes/no answer",
+    )
     g = p.add_argument_group("models and annotator")
     g.add_argument(
         "--backbone",
@@ -251,6 +317,13 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         help="data-loading worker processes (default: 0 on the CPU, up to 8 on a GPU)",
     )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, or auto")
+    g.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="cells run in parallel processes of one thread each (default: every core for "
+        "digits-C on the CPU, else 1); results are identical to a serial run",
+    )
     g.add_argument(
         "--threads",
         type=int,
@@ -381,14 +454,20 @@ def _subset(text: str) -> int | str | None:
     return int(text) if text.isdigit() else text
 
 
-def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
-    """The datasets named on the command line, loaded by :func:`eatta.bench.api.load_benchmarks`
-    (fails fast on layout or weights)."""
+def _default_jobs(args: argparse.Namespace) -> int:
+    """Every core for the embedded digits-C benchmark on the CPU (one thread per cell), else 1."""
+    import torch
+
+    cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    return (os.cpu_count() or 1) if cpu and _csv(args.dataset) == ["digits-c"] else 1
+
+
+def loading_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command line's keywords of :func:`eatta.bench.api.load_benchmarks` (those that
+    :func:`eatta.bench.run` passes on)."""
     datasets = _csv(args.dataset)
-    return api.load_benchmarks(
-        datasets,
+    return dict(
         roots=_roots(args.root, datasets),
-        gradual=args.gradual,
         sequences=_csv(args.sequence),
         severity=args.severity,
         subset=_subset(args.subset),
@@ -400,8 +479,19 @@ def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
         oracle_checkpoint=args.oracle_checkpoint,
         fisher_root=args.fisher_root,
         cache_dir=args.cache_dir,
+    )
+
+
+def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
+    """The datasets named on the command line, loaded by :func:`eatta.bench.api.load_benchmarks`
+    (fails fast on layout or weights)."""
+    return api.load_benchmarks(
+        _csv(args.dataset),
+        gradual=args.gradual,
+        ccc=args.ccc,
         workers=args.workers,
         log=_log,
+        **loading_options(args),
     )
 
 
@@ -454,9 +544,20 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         every=args.every,
         buffers=args.buffer,
         seeds=args.seeds if args.seeds is not None else [args.seed],
-        rounds=args.rounds,
-        gradual=args.gradual,
-        dirichlet=args.dirichlet,
+        protocol=StreamProtocol(
+            rounds=args.rounds,
+            gradual=args.gradual,
+            dirichlet=args.dirichlet,
+            mixed=args.mixed,
+            ccc=args.ccc,
+        ),
+        annotator=AnnotatorOptions(
+            delay=args.label_delay,
+            noise=args.label_noise,
+            feedback=args.feedback,
+            cost=AnnotatorCost(args.seconds_per_label, args.seconds_per_binary),
+        ),
+        jobs=args.jobs if args.jobs is not None else _default_jobs(args),
         hparams=_parse_hparams(args.hp, methods),
         batch_size=args.batch_size,
         limit=args.limit,
@@ -472,7 +573,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         plot=not args.no_plot,
         log=_log,
         meta={"argv": list(argv)},
-        load=lambda _names: build_benchmarks(args),
+        **loading_options(args),
     )
     print(done.table, end="")
     return 0

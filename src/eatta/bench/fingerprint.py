@@ -23,7 +23,7 @@ from eatta.methods import registry
 
 if TYPE_CHECKING:
     from eatta.bench.benchmark import BenchmarkData
-    from eatta.bench.runner import RunOptions
+    from eatta.bench.options import RunOptions
 
 __all__ = ["code_digest", "fingerprint", "model_digest", "to_plain"]
 
@@ -95,6 +95,8 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
         "limit": options.limit,
         "rounds": options.rounds,
         "dirichlet": options.dirichlet,
+        **({"mixed": True} if options.mixed else {}),
+        **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         "provenance": to_plain(data.provenance),
         "oracle": "ground-truth" if data.oracle_fn is None else "model",
         "version": __version__,

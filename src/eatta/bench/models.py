@@ -189,10 +189,10 @@ def _torchvision_model(
     if state is not None:
         _load_strict(model, state, f"{name} pretrained weights")
     if num_classes != 1000:
-        fc = model.fc  # type: ignore[attr-defined]
+        fc = model.fc
         if not isinstance(fc, nn.Linear):
             raise TypeError(f"{arch} has no Linear classifier to replace")
-        model.fc = nn.Linear(fc.in_features, num_classes)  # type: ignore[attr-defined]
+        model.fc = nn.Linear(fc.in_features, num_classes)
     return model
 
 

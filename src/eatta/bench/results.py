@@ -55,6 +55,9 @@ class CellResult:
     protocol: dict[str, Any] = field(default_factory=dict)
     #: digests of the data and source model the cell ran on (see ``BenchmarkData.provenance``)
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: what the annotator did (active methods): requested, received, expired, pending, skipped,
+    #: dropped, wrong, seconds, feedback (see :func:`eatta.bench.annotation.annotation_summary`)
+    annotation: dict[str, Any] | None = None
     #: True when this result was read back from an earlier finished run (not stored).
     reused: bool = field(default=False, compare=False)
 

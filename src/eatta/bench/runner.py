@@ -20,18 +20,20 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import ConcatDataset, DataLoader
 
-from eatta.annotate.oracle import GroundTruthOracle, Oracle
+from eatta.annotate.oracle import Oracle
+from eatta.bench.annotation import annotation_summary
 from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
 from eatta.bench.checkpoint import atomic_save, rng_state, seed_all, set_rng_state
 from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
-from eatta.bench.grid import CellSpec
+from eatta.bench.grid import STATIC_METHODS, CellSpec
+from eatta.bench.options import RunOptions
 from eatta.bench.results import CellResult
 from eatta.budget import Budget
 from eatta.data.stream import TestStream
@@ -39,50 +41,6 @@ from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
 
 __all__ = ["RunOptions", "run_cell", "run_grid"]
-
-
-@dataclass
-class RunOptions:
-    """How cells are run (identical options give identical results).
-
-    ``reuse=False`` ignores finished results and checkpoints in the output folder (runs afresh).
-    """
-
-    batch_size: int = 64
-    seed: int = 0
-    limit: int | None = None
-    device: str = "cpu"
-    workers: int | None = None  # None: 0 on the CPU, up to 8 worker processes on a GPU
-    checkpoint_every: int = 100
-    hparams: dict[str, dict[str, Any]] = field(default_factory=dict)
-    progress: bool = True
-    reuse: bool = True
-    rounds: int = 1
-    dirichlet: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 2:
-            raise ValueError(
-                f"batch size must be >= 2 (BatchNorm adapts on batches), got {self.batch_size}"
-            )
-        if self.limit is not None and self.limit < 2:
-            raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
-        if self.checkpoint_every < 0 or (self.workers is not None and self.workers < 0):
-            raise ValueError("checkpoint_every and workers must be >= 0")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
-            raise ValueError(f"rounds must be an int >= 1, got {self.rounds!r}")
-        if self.dirichlet is not None and not (
-            isinstance(self.dirichlet, int | float)
-            and not isinstance(self.dirichlet, bool)
-            and 0 < self.dirichlet < math.inf
-        ):
-            raise ValueError(f"dirichlet must be a finite number > 0, got {self.dirichlet!r}")
-
-    def overrides(self, method: str) -> dict[str, Any]:
-        """Hyperparameter overrides for ``method``: those for all (``"*"``), then its own."""
-        out = dict(self.hparams.get("*", {}))
-        out.update(self.hparams.get(method, {}))
-        return out
 
 
 # ----------------------------------------------------------------------------- running
@@ -107,7 +65,15 @@ def _build_method(
         hp["fisher_data"] = OnDevice(data.fisher_data(device), device)
     oracle: Oracle | None = None
     if spec_.active:
-        oracle = data.oracle_fn(device) if data.oracle_fn is not None else GroundTruthOracle()
+        if data.oracle_fn is not None and options.annotator.simulated:
+            raise ValueError(
+                "label delay, noise and yes/no feedback are simulated from the ground truth; "
+                f"{data.name!r} is annotated by a model (leave out the model annotator)"
+            )
+        if data.oracle_fn is not None:
+            oracle = data.oracle_fn(device)
+        else:
+            oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
     budget = Budget(spec.labels, every=spec.every) if spec_.active else Budget(0)
     method = registry.create(
         spec.method, model, dataset=data.defaults_key, oracle=oracle, budget=budget, **hp
@@ -154,6 +120,7 @@ def run_cell(
         seed=options.seed,
         rounds=options.rounds,
         dirichlet=options.dirichlet,
+        **({"mixed": True} if options.mixed else {}),
         num_workers=workers,
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
@@ -174,13 +141,19 @@ def run_cell(
             saved = None
     if saved is not None:
         method.load_state_dict(saved["method"])
+        if saved.get("annotator") is not None:
+            oracle.load_state_dict(saved["annotator"])  # type: ignore[union-attr]
         start, online, wall = saved["position"], saved["online"], saved["wall_time_s"]
         sessions, peak_prev = saved["sessions"] + 1, saved["peak_mem_mb"]
+    if spec.method in STATIC_METHODS and start == 0:  # predictions independent of the stream
+        t_static = time.perf_counter()
+        online = _static_online(method, stream, device)
+        wall, start = time.perf_counter() - t_static, len(stream)
     batches = iter(stream.loader(start))  # creating the iterator draws from torch's global RNG,
     if saved is not None:  # so the saved generator states are restored only afterwards
         set_rng_state(saved["rng"], device)
 
-    gt = oracle if isinstance(oracle, GroundTruthOracle) else None
+    gt = oracle if hasattr(oracle, "set_labels") else None
     total = len(stream)
     n_seen = sum(b[0] for b in online)
     n_wrong = sum(b[1] for b in online)
@@ -241,6 +214,7 @@ def run_cell(
                         "position": t + 1,
                         "online": online,
                         "method": method.state_dict(),
+                        "annotator": _annotator_state(oracle),
                         "rng": rng_state(device),
                         "wall_time_s": wall + (c0 - t0 - ckpt_time),
                         "sessions": sessions,
@@ -262,8 +236,15 @@ def run_cell(
         "rounds": options.rounds,
         "dirichlet": options.dirichlet,
         "gradual": bool(data.config.get("gradual", False)),
+        "mixed": options.mixed,
+        "ccc": data.config.get("ccc"),
+        **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
     }
     result.provenance = dict(data.provenance)
+    if spec_active(spec):
+        result.annotation = annotation_summary(
+            method, oracle, result.labels_used, options.annotator
+        )
     result.peak_mem_mb = _peak(device, rss_before, peak_prev)
     result.max_rss_mb = _max_rss_mb()
     result.model_digest = model_digest(method.model)
@@ -271,6 +252,38 @@ def run_cell(
     result.save(result_path)
     ckpt_path.unlink(missing_ok=True)
     return result
+
+
+@torch.no_grad()
+def _static_online(
+    method: AdaptiveMethod, stream: TestStream, device: torch.device
+) -> list[list[int]]:
+    """The online record of a method whose prediction for a sample does not depend on the
+    stream (the source model, in eval mode): every sample predicted once, in dataset order, then
+    counted per batch of the stream. Its error is the same in every round."""
+    data = ConcatDataset([d.dataset for d in stream.domains])
+    wrong = torch.zeros(len(data), dtype=torch.bool)
+    pos = 0
+    for x, y in DataLoader(data, batch_size=max(stream.batch_size, 256)):
+        pred = method(x.to(device)).argmax(1).cpu()
+        wrong[pos : pos + len(y)] = pred != torch.as_tensor(y)
+        pos += len(y)
+    online = []
+    for t in range(len(stream)):
+        idx = stream.batch_indices(t)[1]
+        online.append([len(idx), int(wrong[idx].sum()), 0])
+    return online
+
+
+def spec_active(spec: CellSpec) -> bool:
+    """Whether the cell's method asks an annotator."""
+    return registry.get_spec(spec.method).active
+
+
+def _annotator_state(oracle: object) -> dict[str, Any] | None:
+    """A simulated annotator's state (its schedule and generator) for checkpoints."""
+    save = getattr(oracle, "state_dict", None)
+    return save() if callable(save) else None
 
 
 def _peak(device: torch.device, rss_before: float | None, previous: float | None) -> float | None:

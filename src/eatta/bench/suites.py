@@ -97,9 +97,11 @@ def digits_c_benchmark(
     *,
     log: Callable[[str], None] | None = None,
     gradual: bool = False,
+    ccc: str | None = None,
 ) -> BenchmarkData:
     """The embedded digits-C benchmark (data corrupted on first use, cached). ``gradual``: CoTTA's
-    gradual sequence, severity 1→5→1 within each corruption (other severities built lazily)."""
+    gradual sequence, severity 1→5→1 within each corruption (other severities built lazily);
+    ``ccc``: the CCC-style stream at that speed (:mod:`eatta.data.ccc`) instead."""
     from eatta.bench import provenance as prov
     from eatta.bench.digits_model import (
         DIGITS_MODEL_VERSION,
@@ -131,6 +133,10 @@ def digits_c_benchmark(
         domains = gradual_domains(
             DIGITS_C_CORRUPTIONS, lambda c, sev: digits_c(c, sev, cache_dir=cache_dir)
         )
+    elif ccc is not None:
+        from eatta.data.ccc import digits_ccc_domains
+
+        domains = digits_ccc_domains(ccc, cache_dir=cache_dir)
     else:
         domains = digits_c_domains(cache_dir=cache_dir)
     source = digits_source()
@@ -146,9 +152,10 @@ def digits_c_benchmark(
             "model": f"digits-cnn v{DIGITS_MODEL_VERSION}",
             "data": f"v{DIGITS_C_VERSION}",
             "gradual": gradual,
+            **({"ccc": ccc} if ccc is not None else {}),
         },
         provenance={"model_sha256": state_digest(model), "data_sha256": data_digest},
-        expected_provenance=prov.digits_reference(names),
+        expected_provenance=None if ccc is not None else prov.digits_reference(names),
     )
 
 

@@ -93,7 +93,7 @@ def _upscale(images: np.ndarray) -> np.ndarray:
     u8 = np.clip(np.rint(images * (255.0 / 16.0)), 0, 255).astype(np.uint8)
     out = np.empty((len(u8), IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
     for i, img in enumerate(u8):
-        big = Image.fromarray(img).resize((IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR)
+        big = Image.fromarray(img).resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BILINEAR)
         out[i] = np.asarray(big)[..., None]
     return out
 

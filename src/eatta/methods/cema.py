@@ -94,6 +94,8 @@ class CEMA(AdaptiveMethod):
         split: ``(backbone, head)`` for models whose split is not found automatically.
     """
 
+    optimizer: torch.optim.Optimizer  # required here (the base allows None)
+
     def __init__(
         self,
         model: nn.Module,
@@ -121,7 +123,9 @@ class CEMA(AdaptiveMethod):
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin}")
         super().__init__(model, optimizer, split=split, check_finite=check_finite)
         self.oracle = oracle
-        self._asking = None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)
+        self._asking = (
+            None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)  # type: ignore[arg-type]  # asynchronous: checked
+        )
         self.budget = Budget.coerce(budget)
         self.selector = selector if selector is not None else DynamicMarginSelector(strict=True)
         self.history = NoClassBalance()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -154,6 +154,8 @@ class EATTA(AdaptiveMethod):
     (the selection), not before the forward pass, when the forward pass has no side effects.
     """
 
+    optimizer: torch.optim.Optimizer  # required here (the base allows None)
+
     def __init__(
         self,
         model: nn.Module,
@@ -182,7 +184,7 @@ class EATTA(AdaptiveMethod):
         given = {k: v for k, v in keywords.items() if v is not None}
         if options is not None and given:
             raise ValueError(f"give either options= or {sorted(given)}, not both")
-        options = options if options is not None else StepOptions(**given)
+        options = options if options is not None else StepOptions(**given)  # type: ignore[arg-type]  # values checked by StepOptions
         feedback = check_annotator(oracle, type(self).__name__, binary=True)
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
@@ -191,7 +193,9 @@ class EATTA(AdaptiveMethod):
         self.options = options
         self.gradients = options.gradient_strategy(model)
         self.oracle = oracle
-        self._asking = None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)
+        self._asking = (
+            None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)  # type: ignore[arg-type]  # asynchronous: checked
+        )
         self.budget = Budget.coerce(budget)
         self.selector: Selector = selector if selector is not None else PerturbationSelector()
         self.history = make_history(history)
@@ -373,7 +377,7 @@ class EATTA(AdaptiveMethod):
             terms.extend(self._late_terms(x, lab))
         replayed = bool(lab.late) or (self.buffer is not None and len(self.buffer) > 0)
         if self.buffer is not None and len(self.buffer) > 0:
-            bx, by = self.buffer.sample()  # type: ignore[union-attr]
+            bx, by = self.buffer.sample()
             head = self.split.head
             terms.append(F.cross_entropy(head(self.options.features(self.split.backbone, bx)), by))
         return (sum(terms[1:], terms[0]) if terms else None), replayed
@@ -453,7 +457,7 @@ class EATTA(AdaptiveMethod):
         weights = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
         sup = [_zero_if_none(g, p) for g, p in zip(gs, train, strict=False)]
         unsup = [_zero_if_none(g, p) for g, p in zip(gu, train, strict=False)]
-        grads = torch._foreach_mul(sup, weights.sup)  # fused
+        grads = list(torch._foreach_mul(sup, weights.sup))  # fused
         torch._foreach_add_(grads, torch._foreach_mul(unsup, weights.unsup))
         return list(grads), weights, g_sup, g_unsup
 
@@ -538,7 +542,19 @@ def _zero_if_none(g: Tensor | None, p: nn.Parameter) -> Tensor:
 # -- registry ------------------------------------------------------------------------------------
 
 #: Selector names ``selector=`` takes (Table 7).
-SelectorName = Literal[tuple(SELECTORS)]  # type: ignore[valid-type]
+SelectorName = Literal[
+    "perturbation",
+    "max-entropy",
+    "least-confidence",
+    "min-margin",
+    "random",
+    "entropy-margin",
+    "plpd",
+    "k-clustering",
+    "dynamic-margin",
+]
+if set(get_args(SelectorName)) != set(SELECTORS):  # the Literal spells out the registry's names
+    raise ImportError("SelectorName is out of date with eatta.selection.SELECTORS")
 #: Class-history names ``history=`` takes (see :func:`eatta.history.make_history`).
 HistoryName = Literal["reference", "last-k", "paper", "none"]
 

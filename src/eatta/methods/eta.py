@@ -76,6 +76,8 @@ class ETA(AdaptiveMethod):
     passed the first filter and both filters.
     """
 
+    optimizer: torch.optim.Optimizer  # required here (the base allows None)
+
     def __init__(
         self,
         model: nn.Module,
@@ -377,6 +379,7 @@ def _build_eata(
         )
     params = configure(model, cfg.params)
     if fishers is None:
+        assert data is not None  # checked above
         fishers = compute_fishers(model, data, params)
     return EATAFisher(
         model,

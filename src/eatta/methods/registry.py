@@ -241,7 +241,9 @@ def make_optimizer(
             nesterov=hp.nesterov,
             weight_decay=hp.weight_decay,
         )
-    return torch.optim.Adam(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+    return torch.optim.Adam(
+        params, lr=hp.lr, betas=(hp.betas[0], hp.betas[1]), weight_decay=hp.weight_decay
+    )
 
 
 def entropy_margin(num_classes: int, factor: float = 0.4) -> float:

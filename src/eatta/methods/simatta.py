@@ -102,6 +102,8 @@ class SimATTA(AdaptiveMethod):
         label_expiry: steps an asynchronous request waits for its answer before it expires.
     """
 
+    optimizer: torch.optim.Optimizer  # required here (the base allows None)
+
     def __init__(
         self,
         model: nn.Module,
@@ -139,7 +141,9 @@ class SimATTA(AdaptiveMethod):
             raise ValueError(f"low_entropy_bound must be > 0, got {low_entropy_bound}")
         super().__init__(model, optimizer, split=split, check_finite=check_finite)
         self.oracle = oracle
-        self._asking = None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)
+        self._asking = (
+            None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)  # type: ignore[arg-type]  # asynchronous: checked
+        )
         self.budget = Budget.coerce(budget)
         self.selector = IncrementalClusteringSelector(
             max_anchors, entropy_bound=high_entropy_bound, keep_inputs=refresh_anchors
@@ -163,6 +167,7 @@ class SimATTA(AdaptiveMethod):
             teacher = copy.deepcopy(model).requires_grad_(False)
         # Kept out of the module tree: constant, so not part of state_dict() or parameters().
         object.__setattr__(self, "_teacher", teacher)
+        self._teacher: nn.Module | None
         self.last_step: SimATTAStep | None = None
 
     @property

@@ -62,6 +62,8 @@ class Tent(AdaptiveMethod):
         split: unused by TENT; accepted for a uniform constructor.
     """
 
+    optimizer: torch.optim.Optimizer  # required here (the base allows None)
+
     def __init__(
         self,
         model: nn.Module,

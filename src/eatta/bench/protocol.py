@@ -1,0 +1,60 @@
+"""The stream protocol of a benchmark run: :class:`StreamProtocol`.
+
+How the test domains are streamed: ``rounds`` (the sequence repeated, each round reshuffled),
+``gradual`` severities (1→5→1), ``dirichlet`` label shift, ``mixed`` domains (every batch drawn
+across all domains of a round) and the CCC-style stream (``ccc``: consecutive corruption pairs
+blended with a continuously changing mix and severity, at a slow, medium or fast speed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CCC_SPEEDS", "StreamProtocol"]
+
+#: The CCC-style stream's speeds (see :mod:`eatta.data.ccc`).
+CCC_SPEEDS = ("slow", "medium", "fast")
+
+
+@dataclass(frozen=True)
+class StreamProtocol:
+    """How a benchmark streams its domains (see the module docstring).
+
+    ``rounds=None`` means the run's default: 10 for the embedded digits-C benchmark alone, else 1.
+    """
+
+    rounds: int | None = None
+    gradual: bool = False
+    dirichlet: float | None = None
+    mixed: bool = False
+    ccc: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.rounds is not None and (
+            isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1
+        ):
+            raise ValueError(f"rounds must be an int >= 1, got {self.rounds!r}")
+        for name in ("gradual", "mixed"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.dirichlet is not None and (
+            isinstance(self.dirichlet, bool)
+            or not isinstance(self.dirichlet, int | float)
+            or not 0 < self.dirichlet < math.inf
+        ):
+            raise ValueError(f"dirichlet must be a finite number > 0, got {self.dirichlet!r}")
+        if self.ccc is not None and self.ccc not in CCC_SPEEDS:
+            raise ValueError(f"unknown CCC speed {self.ccc!r}; use one of {', '.join(CCC_SPEEDS)}")
+        if self.ccc is not None and self.gradual:
+            raise ValueError("the CCC stream sets its own severities; leave out gradual")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "gradual": self.gradual,
+            "dirichlet": self.dirichlet,
+            "mixed": self.mixed,
+            "ccc": self.ccc,
+        }
