@@ -130,6 +130,20 @@ def _protocol_text(r: CellResult) -> str:
         parts.append("gradual severities 1→5→1")
     if r.protocol.get("dirichlet") is not None:
         parts.append(f"label shift Dirichlet(δ={r.protocol['dirichlet']:g})")
+    if r.protocol.get("mixed"):
+        parts.append("mixed domains (every batch across the round's domains)")
+    if r.protocol.get("ccc"):
+        parts.append(f"CCC-style stream, {r.protocol['ccc']}")
+    annotator = r.protocol.get("annotator")
+    if annotator:
+        bits = []
+        if annotator.get("delay") is not None:
+            bits.append(f"labels {annotator['delay']} batches late")
+        if annotator.get("noise"):
+            bits.append(f"{100 * annotator['noise']:g}% wrong")
+        if annotator.get("feedback") == "binary":
+            bits.append("yes/no answers")
+        parts.append("annotator: " + ", ".join(bits or ["simulated, at once"]))
     return ", ".join(parts)
 
 
@@ -167,6 +181,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
         domains = _base_domains(ref)[0]
         seeds = sorted({r.seed for r in rows})
         many = any(len(c) > 1 for c in cells)
+        annotated = any(r.protocol.get("annotator") for r in rows)
         cols = [f"R{i + 1}" for i in range(rounds)] if per_round else [_short(d) for d in domains]
         head = [
             "Method",
@@ -175,6 +190,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
             "Avg. Err.",
             *(["Seeds"] if many else []),
             "Labels",
+            *(_ANNOTATION_HEAD if annotated else []),
             "img/s",
             "Wall s",
             "Peak MB",
@@ -210,6 +226,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
                 _fmt([c.average_error for c in cell], bold=True),
                 *([str(len(cell))] if many else []),
                 f"{np.mean([c.labels_used for c in cell]):.0f}",
+                *(_annotation_cells(cell) if annotated else []),
                 f"{np.mean([c.images_per_s for c in cell]):.0f}",
                 f"{np.mean([c.wall_time_s for c in cell]):.1f}",
                 "-" if not peaks else f"{max(peaks):.0f}",
@@ -220,6 +237,21 @@ def markdown_table(results: Sequence[CellResult]) -> str:
             lines += ["", *notes]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+#: Columns of the annotator's counts (shown when an annotator is simulated).
+_ANNOTATION_HEAD = ["Asked", "Got", "Expired", "Pending", "Wrong", "Annot. min"]
+_ANNOTATION_KEYS = ("requested", "received", "expired", "pending", "wrong")
+
+
+def _annotation_cells(cell: Sequence[CellResult]) -> list[str]:
+    """Mean counts of the annotator over a cell's seeds ("-" for a method that asks nobody)."""
+    notes = [c.annotation for c in cell if c.annotation]
+    if not notes:
+        return ["-"] * len(_ANNOTATION_HEAD)
+    out = [f"{np.mean([n.get(k, 0) for n in notes]):.0f}" for k in _ANNOTATION_KEYS]
+    out.append(f"{np.mean([n.get('seconds', 0.0) for n in notes]) / 60:.1f}")
+    return out
 
 
 _CSV_FIXED = [
@@ -239,6 +271,16 @@ _CSV_FIXED = [
     "last_round_error",
     "overall_error",
     "labels_used",
+    "feedback",
+    "label_delay",
+    "label_noise",
+    "requested",
+    "received",
+    "expired",
+    "pending",
+    "skipped",
+    "wrong",
+    "annotator_seconds",
     "images",
     "images_per_s",
     "wall_time_s",
@@ -249,6 +291,20 @@ _CSV_FIXED = [
     "model_digest",
     "grid_index",
 ]
+
+
+def _annotation_csv(r: CellResult) -> dict[str, Any]:
+    proto = r.protocol.get("annotator") or {}
+    note = r.annotation or {}
+    row: dict[str, Any] = {
+        "feedback": note.get("feedback", ""),
+        "label_delay": "" if proto.get("delay") is None else proto["delay"],
+        "label_noise": proto.get("noise", ""),
+    }
+    for k in ("requested", "received", "expired", "pending", "skipped", "wrong"):
+        row[k] = note.get(k, "")
+    row["annotator_seconds"] = "" if "seconds" not in note else f"{note['seconds']:.1f}"
+    return row
 
 
 def csv_text(results: Sequence[CellResult]) -> str:
@@ -284,6 +340,7 @@ def csv_text(results: Sequence[CellResult]) -> str:
             "last_round_error": f"{r.round_errors[-1]:.4f}",
             "overall_error": f"{r.overall_error:.4f}",
             "labels_used": r.labels_used,
+            **_annotation_csv(r),
             "images": r.images,
             "images_per_s": f"{r.images_per_s:.2f}",
             "wall_time_s": f"{r.wall_time_s:.3f}",
@@ -406,6 +463,12 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
                 "protocol": r.protocol,
                 "seeds": [c.seed for c in cell],
             }
+            notes = [c.annotation for c in cell if c.annotation]
+            if notes:
+                entry["annotation"] = {
+                    k: float(np.mean([n.get(k, 0) for n in notes]))
+                    for k in (*_ANNOTATION_KEYS, "skipped", "seconds")
+                }
             for name, values in (
                 ("average_error", [c.average_error for c in cell]),
                 ("first_round_error", [c.round_errors[0] for c in cell]),
