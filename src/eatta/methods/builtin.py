@@ -12,6 +12,7 @@ import eatta.methods.baseline  # registers on import
 import eatta.methods.cema  # registers on import
 import eatta.methods.cotta  # registers on import
 import eatta.methods.eta  # registers on import
+import eatta.methods.rdumb  # registers on import
 import eatta.methods.sar  # registers on import
 import eatta.methods.simatta  # registers on import
 import eatta.methods.tent
