@@ -1,10 +1,11 @@
 """Test streams for continual test-time adaptation: domains in order, seeded, resumable, and the
-long-term protocols (recurring rounds, gradual severities, Dirichlet label shift).
+long-term protocols (recurring rounds, gradual severities, Dirichlet label shift, mixed domains).
 
 A stream is a sequence of :class:`Domain` (a name and a map-style dataset of ``(x, y)``), visited
 ``rounds`` times (the *recurring* protocol of PeTTA, NeurIPS 2024: round ``r`` repeats the whole
 domain sequence in a fresh order). Visit ``j`` (domain ``j mod K`` of round ``j // K``, ``K``
-domains) is cut into batches (a batch never mixes domains; a visit's last batch may be short).
+domains) is cut into batches (a batch never mixes domains, unless ``mixed``; a visit's last batch
+may be short).
 Visit ``j``'s order is fixed by ``(seed, j)`` alone:
 
 * i.i.d. (default): ``torch.randperm`` with a generator seeded by ``(seed, j)``;
