@@ -234,3 +234,109 @@ def test_bad_protocols_are_rejected() -> None:
         TestStream(domains(), dirichlet=0.1, shuffle=False)
     with pytest.raises(IndexError):
         TestStream(domains(), rounds=2).permutation(6)
+
+
+# ----------------------------------------------------------------------------- mixed domains
+
+
+def mixed_domains() -> list[Domain]:
+    """Three domains of 40, 30 and 20 items; item values ``100 k + i`` name their domain ``k``."""
+    return domains((40, 30, 20))
+
+
+def test_mixed_round_has_every_sample_once_and_batches_mix_domains() -> None:
+    stream = TestStream(mixed_domains(), batch_size=8, seed=3, rounds=2, mixed=True)
+    assert stream.batches_per_visit == [12, 12] and len(stream) == 24  # ceil(90 / 8) a round
+    out = ids(list(stream))
+    assert [name for name, _ in out] == ["mixed"] * 24
+    want = sorted(100 * k + i for k, n in enumerate((40, 30, 20)) for i in range(n))
+    rounds = [[i for _, b in out[r * 12 : (r + 1) * 12] for i in b] for r in range(2)]
+    for r in range(2):
+        assert sorted(rounds[r]) == want, r  # every sample of the round exactly once
+    assert rounds[0] != rounds[1]  # each round reshuffled
+    per_batch = [{i // 100 for i in b} for _, b in out]
+    assert sum(len(d) == 3 for d in per_batch) >= 15  # most batches hold all 3 domains
+    assert all(len(d) >= 2 for d in per_batch[:-1])
+    # the domains are spread over the round, not read one after the other
+    first_half = {i // 100 for _, b in out[:6] for i in b}
+    assert first_half == {0, 1, 2}
+
+
+def test_mixed_visits_are_rounds_and_sample_domains_name_each_sample() -> None:
+    ds = mixed_domains()
+    stream = TestStream(ds, batch_size=8, seed=1, rounds=3, mixed=True)
+    assert stream.visits_per_round == 1 and stream.visit_names == ["mixed"] * 3
+    assert stream.visit_first_batch == [0, 12, 24] and stream.batches_per_round == 12
+    assert stream.locate(13) == (1, 1) and stream.locate(35) == (2, 11)
+    assert [stream.round_of_batch(t) for t in (0, 11, 12, 35)] == [0, 0, 1, 2]
+    assert stream.domain_of_batch(5) == "mixed" and "mixed" in repr(stream)
+    assert stream.num_samples == 270 and stream.domain_names == ["d0", "d1", "d2"]
+    doms = [stream.sample_domains(t) for t in range(len(stream))]
+    assert sum(d.dataset.reads for d in ds) == 0  # computed without loading an image
+    for t, (x, _, _) in enumerate(stream):
+        assert doms[t] == [int(v) // 100 for v in x.flatten()], t
+    counts = [0, 0, 0]
+    for d in doms[:12]:
+        for k in d:
+            counts[k] += 1
+    assert counts == [40, 30, 20]
+    assert len(stream.batch_indices(11)[1]) == 90 - 11 * 8  # the round's last batch is short
+
+
+def test_sample_domains_of_an_unmixed_stream_is_the_batch_domain() -> None:
+    stream = TestStream(domains(), batch_size=4, seed=2, rounds=2)
+    assert stream.visits_per_round == 3 and stream.batches_per_round == 7
+    assert [stream.sample_domains(t) for t in (0, 3, 5, 7)] == [[0] * 4, [1] * 4, [2] * 4, [0] * 4]
+
+
+def test_mixed_stream_is_seeded() -> None:
+    torch.manual_seed(0)
+    a = ids(list(TestStream(mixed_domains(), batch_size=8, seed=7, rounds=2, mixed=True)))
+    torch.manual_seed(99)  # the global RNG must not matter
+    b = ids(list(TestStream(mixed_domains(), batch_size=8, seed=7, rounds=2, mixed=True)))
+    c = ids(list(TestStream(mixed_domains(), batch_size=8, seed=8, rounds=2, mixed=True)))
+    assert a == b and a != c
+    perm = TestStream(mixed_domains(), batch_size=8, seed=7, rounds=2, mixed=True).permutation(1)
+    assert perm.tolist() == [i for _, batch in a[12:] for i in ids_to_global(batch)]
+
+
+def ids_to_global(values: list[int]) -> list[int]:
+    """Item values ``100 k + i`` of :func:`mixed_domains` -> concatenated-dataset indices."""
+    offsets = [0, 40, 70]
+    return [offsets[v // 100] + v % 100 for v in values]
+
+
+@pytest.mark.parametrize("start", [0, 1, 11, 12, 17, 23])
+def test_mixed_resume_yields_the_identical_tail(start: int) -> None:
+    full = ids(list(TestStream(mixed_domains(), batch_size=8, seed=4, rounds=2, mixed=True)))
+    ds = mixed_domains()
+    stream = TestStream(ds, batch_size=8, seed=4, rounds=2, mixed=True)
+    assert ids(list(stream.iter_from(start))) == full[start:]
+    assert sum(d.dataset.reads for d in ds) == sum(len(b) for _, b in full[start:])
+
+
+def test_mixed_label_shift_orders_the_pooled_samples_by_class() -> None:
+    data = [Domain("a", labelled(300, 10)), Domain("b", labelled(200, 10, base=1000))]
+    stream = TestStream(data, batch_size=10, seed=2, rounds=2, dirichlet=0.1, mixed=True)
+    iid = TestStream(data, batch_size=10, seed=2, rounds=2, mixed=True)
+    out = list(stream)
+    assert len(out) == 2 * 50 and stream.batches_per_visit == [50, 50]
+    for r in range(2):
+        xs = [int(v) for x, _, _ in out[r * 50 : (r + 1) * 50] for v in x]
+        assert sorted(xs) == list(range(300)) + list(range(1000, 1200))  # once per round
+    labels = [int(v) for _, y, _ in out for v in y]
+    iid_labels = [int(v) for _, y, _ in iid for v in y]
+    assert same_class_neighbours(labels) > 0.35 > 0.2 > same_class_neighbours(iid_labels)
+    both = sum(len(set(stream.sample_domains(t))) == 2 for t in range(len(stream)))
+    assert both > 60  # class runs, but each class's samples still come from both domains
+    again = TestStream(data, batch_size=10, seed=2, rounds=2, dirichlet=0.1, mixed=True)
+    assert ids(list(again.iter_from(57))) == ids(out[57:])
+
+
+def test_bad_mixed_streams_are_rejected() -> None:
+    with pytest.raises(ValueError, match="mixed needs at least two domains"):
+        TestStream(domains((5,)), mixed=True)
+    with pytest.raises(ValueError, match="shuffle"):
+        TestStream(domains(), mixed=True, shuffle=False)
+    with pytest.raises(TypeError, match="mixed must be a bool"):
+        TestStream(domains(), mixed=1)  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""Benchmark data: ImageNet-C/R/Sketch/A, PACS, digits-C and seeded CTTA test streams (paper §6).
+"""Benchmark data: ImageNet-C/R/Sketch/A, PACS, digits-C (and its CCC-style stream) and seeded
+CTTA test streams (paper §6).
 
 Datasets check their folder layout when built and raise :class:`DatasetLayoutError` (a
 ``ValueError``) naming the expected pattern and what was found. Images are decoded with PIL and
@@ -9,6 +10,7 @@ returned as float tensors in ``[0, 1]``; input normalization belongs to the mode
 from __future__ import annotations
 
 from eatta.data._layout import DatasetLayoutError, FolderDataset
+from eatta.data.ccc import CCC_SPEEDS, CCCStream, CCCWalk, ccc_images, ccc_walk, digits_ccc
 from eatta.data.digits import (
     DIGITS_C_CORRUPTIONS,
     DIGITS_C_VERSION,
@@ -46,17 +48,21 @@ from eatta.data.pacs import (
     pacs_domains,
     parse_pacs_sequence,
 )
-from eatta.data.stream import Domain, TestStream
+from eatta.data.stream import MIXED, Domain, TestStream
 
 __all__ = [
+    "CCC_SPEEDS",
     "CORRUPTIONS",
     "DIGITS_C_CORRUPTIONS",
     "DIGITS_C_VERSION",
+    "MIXED",
     "PACS",
     "PACS_CLASSES",
     "PACS_DOMAINS",
     "PACS_LETTERS",
     "PACS_SEQUENCES",
+    "CCCStream",
+    "CCCWalk",
     "DatasetLayoutError",
     "Domain",
     "EvalTransform",
@@ -68,10 +74,13 @@ __all__ = [
     "ResizeTransform",
     "SubsetLogits",
     "TestStream",
+    "ccc_images",
+    "ccc_walk",
     "class_indices",
     "digits_c",
     "digits_c_cache_dir",
     "digits_c_domains",
+    "digits_ccc",
     "digits_source",
     "digits_split",
     "digits_test",

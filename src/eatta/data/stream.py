@@ -1,10 +1,11 @@
 """Test streams for continual test-time adaptation: domains in order, seeded, resumable, and the
-long-term protocols (recurring rounds, gradual severities, Dirichlet label shift).
+long-term protocols (recurring rounds, gradual severities, Dirichlet label shift, mixed domains).
 
 A stream is a sequence of :class:`Domain` (a name and a map-style dataset of ``(x, y)``), visited
 ``rounds`` times (the *recurring* protocol of PeTTA, NeurIPS 2024: round ``r`` repeats the whole
 domain sequence in a fresh order). Visit ``j`` (domain ``j mod K`` of round ``j // K``, ``K``
-domains) is cut into batches (a batch never mixes domains; a visit's last batch may be short).
+domains) is cut into batches (a batch never mixes domains, unless ``mixed``; a visit's last batch
+may be short).
 Visit ``j``'s order is fixed by ``(seed, j)`` alone:
 
 * i.i.d. (default): ``torch.randperm`` with a generator seeded by ``(seed, j)``;
@@ -15,6 +16,13 @@ Visit ``j``'s order is fixed by ``(seed, j)`` alone:
 So any batch's indices can be computed without touching an image: :meth:`TestStream.iter_from`
 resumes at batch ``t`` (also in the middle of a round) and loads only what follows. With
 ``rounds=1`` and no label shift the stream is the one of earlier versions, batch for batch.
+
+*Mixed domains* (``mixed=True``): each round pools the samples of all ``K`` domains and shuffles
+them together (seeded by ``(seed, round)``, or ordered by the Dirichlet process over the pooled
+labels), so every batch draws from all domains. A round is then one visit, named ``"mixed"``:
+``visits_per_round`` is 1, ``locate(t)`` gives ``(round, batch within the round)``,
+``batches_per_visit[r]`` is ``ceil(N / batch_size)`` for the ``N`` samples of a round, and
+:meth:`TestStream.sample_domains` gives the domain of each sample of a batch (per-domain errors).
 :func:`gradual_domains` builds CoTTA's *gradual* sequence (severity 1→5→1 within each corruption).
 """
 
@@ -32,6 +40,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, Sampler, Subset
 
 __all__ = [
     "GRADUAL_SEVERITIES",
+    "MIXED",
     "Domain",
     "TestStream",
     "base_domain_name",
@@ -41,6 +50,10 @@ __all__ = [
 ]
 
 _MASK63 = (1 << 63) - 1
+_MIXED_SALT = 0x6D69786564  # "mixed": mixed rounds get orders unrelated to the domains' visits
+
+#: Visit name of every round of a ``mixed`` stream.
+MIXED = "mixed"
 
 #: Severity order of CoTTA's gradual setting within one corruption.
 GRADUAL_SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5, 4, 3, 2, 1)
@@ -161,6 +174,8 @@ class TestStream:
         shuffle: if False each domain is read in dataset order (every round alike).
         rounds: how many times the domain sequence is repeated (recurring protocol).
         dirichlet: if given, the Dirichlet concentration δ of the label-shift order.
+        mixed: shuffle the samples of all domains together within each round (module docstring);
+            needs at least two domains and ``shuffle=True``.
         num_workers, pin_memory, persistent_workers, prefetch_factor: passed to the
             :class:`~torch.utils.data.DataLoader` that :meth:`loader` builds.
     """
@@ -176,6 +191,7 @@ class TestStream:
         shuffle: bool = True,
         rounds: int = 1,
         dirichlet: float | None = None,
+        mixed: bool = False,
         num_workers: int = 0,
         pin_memory: bool = False,
         persistent_workers: bool = False,
@@ -198,6 +214,12 @@ class TestStream:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not domains:
             raise ValueError("a stream needs at least one domain")
+        if not isinstance(mixed, bool):
+            raise TypeError(f"mixed must be a bool, got {type(mixed).__name__}")
+        if mixed and len(domains) < 2:
+            raise ValueError(f"mixed needs at least two domains, got {len(domains)}")
+        if mixed and not shuffle:
+            raise ValueError("mixed shuffles the domains together; it cannot use shuffle=False")
         self.domains: list[Domain] = []
         for i, item in enumerate(domains):
             try:
@@ -216,6 +238,7 @@ class TestStream:
         self.shuffle = shuffle
         self.rounds = rounds
         self.dirichlet = None if dirichlet is None else float(dirichlet)
+        self.mixed = mixed
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
@@ -224,10 +247,15 @@ class TestStream:
         self._offsets = [0]
         for n in self._sizes:
             self._offsets.append(self._offsets[-1] + n)
-        #: Batches per domain (one visit).
+        #: Batches per domain read alone (one visit, unless ``mixed``).
         self.batches_per_domain: list[int] = [math.ceil(n / batch_size) for n in self._sizes]
-        #: Batches per visit, over all rounds (visit ``j`` is domain ``j % K`` of round ``j // K``).
-        self.batches_per_visit: list[int] = self.batches_per_domain * rounds
+        #: Batches per visit, over all rounds (visit ``j`` is domain ``j % K`` of round ``j // K``;
+        #: with ``mixed``, visit ``j`` is round ``j``).
+        self.batches_per_visit: list[int] = (
+            [math.ceil(self._offsets[-1] / batch_size)] * rounds
+            if mixed
+            else self.batches_per_domain * rounds
+        )
         self._first_batch = [0]
         for b in self.batches_per_visit:
             self._first_batch.append(self._first_batch[-1] + b)
@@ -240,9 +268,15 @@ class TestStream:
         return [d.name for d in self.domains]
 
     @property
+    def visits_per_round(self) -> int:
+        """Visits in one round: the number of domains, or 1 with ``mixed``."""
+        return 1 if self.mixed else len(self.domains)
+
+    @property
     def visit_names(self) -> list[str]:
-        """Domain name of every visit, all rounds (``domain_names`` repeated ``rounds`` times)."""
-        return self.domain_names * self.rounds
+        """Domain name of every visit, all rounds (``domain_names`` repeated ``rounds`` times;
+        ``"mixed"`` for each round with ``mixed``)."""
+        return [MIXED] * self.rounds if self.mixed else self.domain_names * self.rounds
 
     @property
     def visit_first_batch(self) -> list[int]:
@@ -252,7 +286,7 @@ class TestStream:
     @property
     def batches_per_round(self) -> int:
         """Number of batches in one round."""
-        return sum(self.batches_per_domain)
+        return self._first_batch[self.visits_per_round]
 
     @property
     def num_samples(self) -> int:
@@ -264,7 +298,8 @@ class TestStream:
         return self._first_batch[-1]
 
     def permutation(self, j: int) -> Tensor:
-        """The order (dataset indices of domain ``j % K``) in which visit ``j`` is read."""
+        """The order (dataset indices of domain ``j % K``) in which visit ``j`` is read; with
+        ``mixed``, the order of round ``j`` as global (concatenated-dataset) indices."""
         if not 0 <= j < len(self.batches_per_visit):
             raise IndexError(f"visit {j} out of range for {len(self.batches_per_visit)} visits")
         return self._perm(j).clone()
@@ -278,6 +313,9 @@ class TestStream:
         if j not in self._perms:
             if len(self._perms) >= 4:  # visits are read in order: keep only the latest few
                 self._perms.pop(next(iter(self._perms)))
+            if self.mixed:
+                self._perms[j] = self._mixed_perm(j)
+                return self._perms[j]
             k = j % len(self.domains)
             n = self._sizes[k]
             if self.dirichlet is not None:
@@ -293,9 +331,21 @@ class TestStream:
                 self._perms[j] = torch.arange(n)
         return self._perms[j]
 
+    def _mixed_perm(self, r: int) -> Tensor:
+        """Round ``r``'s order of all samples (global indices), seeded by ``(seed, r)``."""
+        seed = _domain_seed(self.seed ^ _MIXED_SALT, r)
+        if self.dirichlet is not None:
+            labels = np.concatenate([self._domain_labels(k) for k in range(len(self.domains))])
+            rng = np.random.default_rng(seed)
+            order = dirichlet_order(labels, self.dirichlet, self.batches_per_visit[r], rng)
+            return torch.from_numpy(order.astype(np.int64))
+        g = torch.Generator().manual_seed(seed)
+        return torch.randperm(self._offsets[-1], generator=g)
+
     def locate(self, t: int) -> tuple[int, int]:
         """``(visit index, batch index within that visit)`` of global batch ``t``; the visit is
-        domain ``visit % K`` of round ``visit // K`` (with one round: the domain index)."""
+        domain ``visit % K`` of round ``visit // K`` (with one round: the domain index), or,
+        with ``mixed``, round ``visit``."""
         if not 0 <= t < len(self):
             raise IndexError(f"batch {t} out of range for a stream of {len(self)} batches")
         j = bisect.bisect_right(self._first_batch, t) - 1
@@ -303,15 +353,23 @@ class TestStream:
 
     def round_of_batch(self, t: int) -> int:
         """Round (0-based) batch ``t`` belongs to."""
-        return self.locate(t)[0] // len(self.domains)
+        return self.locate(t)[0] // self.visits_per_round
 
     def batch_indices(self, t: int) -> tuple[str, list[int]]:
-        """Domain name and global (concatenated-dataset) indices of batch ``t``; loads no image
-        (a Dirichlet order reads the domain's labels once)."""
+        """Visit name (the domain's, or ``"mixed"``) and global (concatenated-dataset) indices
+        of batch ``t``; loads no image (a Dirichlet order reads the domain's labels once)."""
         j, b = self.locate(t)
-        k = j % len(self.domains)
         local = self._perm(j)[b * self.batch_size : (b + 1) * self.batch_size]
+        if self.mixed:
+            return MIXED, local.tolist()
+        k = j % len(self.domains)
         return self.domains[k].name, (local + self._offsets[k]).tolist()
+
+    def sample_domains(self, t: int) -> list[int]:
+        """Domain index (into :attr:`domains`) of each sample of batch ``t``, in batch order:
+        what per-domain errors of a ``mixed`` stream are counted by. Loads no image."""
+        _, idx = self.batch_indices(t)
+        return [bisect.bisect_right(self._offsets, i) - 1 for i in idx]
 
     def loader(self, start: int = 0) -> DataLoader[Any]:
         """A DataLoader yielding the ``(x, y)`` batches from batch ``start`` on, in stream order."""
@@ -337,7 +395,9 @@ class TestStream:
             yield x, y, self.domain_of_batch(t)
 
     def domain_of_batch(self, t: int) -> str:
-        """Name of the domain batch ``t`` belongs to."""
+        """Name of the domain batch ``t`` belongs to (``"mixed"`` with ``mixed``)."""
+        if self.mixed:
+            return MIXED
         return self.domains[self.locate(t)[0] % len(self.domains)].name
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor, str]]:
@@ -347,6 +407,8 @@ class TestStream:
         extra = "" if self.rounds == 1 else f", rounds={self.rounds}"
         if self.dirichlet is not None:
             extra += f", dirichlet={self.dirichlet:g}"
+        if self.mixed:
+            extra += ", mixed"
         return (
             f"TestStream({len(self.domains)} domains, {self.num_samples} samples, "
             f"{len(self)} batches of {self.batch_size}, seed={self.seed}{extra})"

@@ -50,6 +50,7 @@ DATASET_PRESETS: dict[str, Rows] = {
     "baseline": TENT_LR,
     "eta": ETA_LR,
     "eata": ETA_LR,
+    "rdumb": ETA_LR,  # RDumb is ETA with resets (SGD 2.5e-4, momentum 0.9 in its paper)
     # SAM over SGD 1e-3 on ImageNet, over Adam 1e-3 on PACS.
     "sar": {"pacs": _adam(1e-3), **_DIGITS_SGD},
     # SGD 0.01 on ImageNet (Digits-C too), Adam 0.01 on PACS with anchor threshold 0.72.
