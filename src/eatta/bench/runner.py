@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader
 
 from eatta.annotate.oracle import Oracle
@@ -132,6 +133,8 @@ def run_cell(
     method, oracle, hparams = _build_method(spec, data, options, device)
 
     start, online, wall, sessions, peak_prev = 0, [], 0.0, 1, None
+    # mixed streams: images and errors per (round, domain), counted per sample
+    tally = [[[0, 0] for _ in stream.domains] for _ in range(stream.rounds)] if stream.mixed else []
     saved = None
     if ckpt_path.is_file() and options.reuse:
         # written by run_cell itself into this output folder: trusted, holds RNG states and
@@ -144,10 +147,11 @@ def run_cell(
         if saved.get("annotator") is not None:
             oracle.load_state_dict(saved["annotator"])  # type: ignore[union-attr]
         start, online, wall = saved["position"], saved["online"], saved["wall_time_s"]
+        tally = saved.get("tally", tally)
         sessions, peak_prev = saved["sessions"] + 1, saved["peak_mem_mb"]
     if spec.method in STATIC_METHODS and start == 0:  # predictions independent of the stream
         t_static = time.perf_counter()
-        online = _static_online(method, stream, device)
+        online = _static_online(method, stream, device, tally)
         wall, start = time.perf_counter() - t_static, len(stream)
     batches = iter(stream.loader(start))  # creating the iterator draws from torch's global RNG,
     if saved is not None:  # so the saved generator states are restored only afterwards
@@ -189,7 +193,10 @@ def run_cell(
             before = method.labels_used
             logits = method(x)
             used = method.labels_used - before
-            wrong = int((logits.argmax(1).cpu() != y).sum())
+            wrong_each = logits.argmax(1).cpu() != y
+            wrong = int(wrong_each.sum())
+            if tally:
+                _count_domains(stream, t, wrong_each, tally)
             online.append([len(y), wrong, used])
             n_seen += len(y)
             n_wrong += wrong
@@ -213,6 +220,7 @@ def run_cell(
                         "spec": dataclasses.asdict(spec),
                         "position": t + 1,
                         "online": online,
+                        "tally": tally,
                         "method": method.state_dict(),
                         "annotator": _annotator_state(oracle),
                         "rng": rng_state(device),
@@ -230,7 +238,7 @@ def run_cell(
             bar.close()
     wall += time.perf_counter() - t0 - ckpt_time
 
-    result = _summarize(spec, stream, online, grid_index, fp, wall, device, notes, hparams)
+    result = _summarize(spec, stream, online, grid_index, fp, wall, device, notes, hparams, tally)
     result.seed = options.seed
     result.protocol = {
         "rounds": options.rounds,
@@ -254,9 +262,24 @@ def run_cell(
     return result
 
 
+def _count_domains(stream: TestStream, t: int, wrong: Tensor, tally: list[list[list[int]]]) -> None:
+    """Add batch ``t``'s images and errors to its round's per-domain counts (mixed streams)."""
+    k = len(stream.domains)
+    doms = torch.tensor(stream.sample_domains(t), dtype=torch.long)
+    n = torch.bincount(doms, minlength=k).tolist()
+    w = torch.bincount(doms, weights=wrong.to(torch.float64), minlength=k).tolist()
+    row = tally[stream.round_of_batch(t)]
+    for d in range(k):
+        row[d][0] += int(n[d])
+        row[d][1] += round(w[d])
+
+
 @torch.no_grad()
 def _static_online(
-    method: AdaptiveMethod, stream: TestStream, device: torch.device
+    method: AdaptiveMethod,
+    stream: TestStream,
+    device: torch.device,
+    tally: list[list[list[int]]] | None = None,
 ) -> list[list[int]]:
     """The online record of a method whose prediction for a sample does not depend on the
     stream (the source model, in eval mode): every sample predicted once, in dataset order, then
@@ -272,6 +295,8 @@ def _static_online(
     for t in range(len(stream)):
         idx = stream.batch_indices(t)[1]
         online.append([len(idx), int(wrong[idx].sum()), 0])
+        if tally:
+            _count_domains(stream, t, wrong[idx], tally)
     return online
 
 
@@ -338,6 +363,7 @@ def _summarize(
     device: torch.device,
     notes: list[str],
     hparams: dict[str, Any],
+    tally: list[list[list[int]]] | None = None,
 ) -> CellResult:
     names = stream.visit_names
     first = list(stream.visit_first_batch)
@@ -348,6 +374,13 @@ def _summarize(
         imgs.append(n)
         errs.append(100.0 * sum(r[1] for r in rows) / n)
         labs.append(sum(r[2] for r in rows))
+    if tally:  # mixed: one entry per (round, domain), counted per sample; labels per round
+        k = len(stream.domains)
+        names = [d.name for _ in range(stream.rounds) for d in stream.domains]
+        first = [f for f in first for _ in range(k)]
+        labs = [labs[j // k] if j % k == 0 else 0 for j in range(len(names))]
+        imgs = [c[0] for row in tally for c in row]
+        errs = [100.0 * c[1] / c[0] if c[0] else 0.0 for row in tally for c in row]
     images = sum(imgs)
     k = len(stream.domains)
     round_errors = [float(np.mean(errs[r * k : (r + 1) * k])) for r in range(stream.rounds)]

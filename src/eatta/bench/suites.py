@@ -134,9 +134,9 @@ def digits_c_benchmark(
             DIGITS_C_CORRUPTIONS, lambda c, sev: digits_c(c, sev, cache_dir=cache_dir)
         )
     elif ccc is not None:
-        from eatta.data.ccc import digits_ccc_domains
+        from eatta.data.ccc import digits_ccc
 
-        domains = digits_ccc_domains(ccc, cache_dir=cache_dir)
+        domains = digits_ccc(ccc, cache_dir=cache_dir).domains
     else:
         domains = digits_c_domains(cache_dir=cache_dir)
     source = digits_source()
