@@ -11,6 +11,7 @@ ORDER = (
     "inference",
     "tent",
     "eatta",
+    "eatta-async-0",
     "eatta-two-pass",
     "eatta-batched",
     "reference-style",

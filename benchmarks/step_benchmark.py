@@ -10,6 +10,9 @@ measured in a separate, untimed call (``_common.peak_bytes``):
   parameters).
 * ``eatta``: :class:`eatta.EATTA`, budget 1, a :class:`~eatta.GroundTruthOracle`, defaults
   (``grad_mode="auto"``, i.e. segmented two-pass gradients).
+* ``eatta-async-0``: the same with an asynchronous zero-delay annotator
+  (:class:`~eatta.annotate.SimulatedAnnotator`): requests submitted, answers collected in the
+  same step; it should cost what the synchronous oracle does.
 * ``eatta-two-pass``: the same with ``grad_mode="two-pass"`` (first pass retains the whole graph).
 * ``eatta-batched``: the same with ``grad_mode="batched"`` (one vmapped pass; full runs only).
 * ``reference-style``: :class:`ReferenceStyleStep`, the step structure of the authors' code: a
@@ -57,6 +60,7 @@ import _summary
 
 import eatta
 from eatta._compat import TorchvisionOpsWarning, import_torchvision
+from eatta.annotate import SimulatedAnnotator
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.tent import Tent
 
@@ -282,6 +286,11 @@ def build_variants(
         variants[name] = lambda method=method: method(x, labels=y)
 
     model, params = fresh(case, state, device, channels_last)
+    annotator = SimulatedAnnotator(delay=0)
+    zero_delay = eatta.EATTA(model, sgd(params), oracle=annotator, budget=budget)
+    variants["eatta-async-0"] = lambda: zero_delay(x, labels=y)
+
+    model, params = fresh(case, state, device, channels_last)
     reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)
     variants["reference-style"] = lambda: reference(x)
 
@@ -324,10 +333,13 @@ def parity(
 ) -> dict[str, float]:
     """Max |Δθ| after one step between EATTA (auto) and the other exact variants."""
     after: dict[str, list[Tensor]] = {}
-    for name in ("eatta", "eatta-two-pass", "eatta-batched", "reference-style"):
+    for name in ("eatta", "eatta-async-0", "eatta-two-pass", "eatta-batched", "reference-style"):
         model, params = fresh(case, state, device, False)
         if name == "reference-style":
             ReferenceStyleStep(model, sgd(params), params, y)(x)
+        elif name == "eatta-async-0":
+            annotator = SimulatedAnnotator(delay=0)
+            eatta.EATTA(model, sgd(params), oracle=annotator)(x, labels=y)
         else:
             mode = "auto" if name == "eatta" else name.removeprefix("eatta-")
             oracle = eatta.GroundTruthOracle()

@@ -5,6 +5,9 @@
 - :mod:`eatta.bench.provenance`: digests of data and source model, compared with the reference.
 - :mod:`eatta.bench.suites`: datasets and streams per benchmark (digits-C, ImageNet-C/R/K/A, PACS).
 - :mod:`eatta.bench.benchmark`: :class:`BenchmarkData`, a dataset ready to run.
+- :mod:`eatta.bench.protocol`: :class:`StreamProtocol`, how the domains are streamed.
+- :mod:`eatta.bench.annotation`: :class:`AnnotatorOptions`, who answers the active methods.
+- :mod:`eatta.bench.options`: :class:`RunOptions`, how cells are run.
 - :mod:`eatta.bench.grid`: grid cells (method, dataset, setting, budget, buffer), seeds, shards.
 - :mod:`eatta.bench.runner`: the run loop: one cell on one stream (CTTA/FTTA, rounds, label shift),
   resumable from checkpoints.
@@ -17,6 +20,8 @@
 - :mod:`eatta.bench.cli`: the ``eatta-bench`` command (``run``, ``merge``, ``list``), built on it.
 """
 
+from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.api import BenchmarkRun, load_benchmarks, run
+from eatta.bench.protocol import StreamProtocol
 
-__all__ = ["BenchmarkRun", "load_benchmarks", "run"]
+__all__ = ["AnnotatorOptions", "BenchmarkRun", "StreamProtocol", "load_benchmarks", "run"]

@@ -1,13 +1,13 @@
 """Imports the built-in methods, each of which registers itself (config, presets) on import."""
 
-import eatta.methods.baseline  # noqa: F401
-import eatta.methods.cema  # noqa: F401
-import eatta.methods.cotta  # noqa: F401
-import eatta.methods.eatta  # noqa: F401
-import eatta.methods.eatta_variants  # noqa: F401
-import eatta.methods.eta  # noqa: F401
-import eatta.methods.rdumb  # noqa: F401
-import eatta.methods.sar  # noqa: F401
-import eatta.methods.simatta  # noqa: F401
-import eatta.methods.source  # noqa: F401
+import eatta.methods.baseline
+import eatta.methods.cema
+import eatta.methods.cotta
+import eatta.methods.eatta
+import eatta.methods.eatta_variants
+import eatta.methods.eta
+import eatta.methods.rdumb
+import eatta.methods.sar
+import eatta.methods.simatta
+import eatta.methods.source
 import eatta.methods.tent  # noqa: F401

@@ -1,0 +1,314 @@
+"""The real-annotators study: EATTA and the Baseline with late, wrong and yes/no labels.
+
+Regenerates the tables and plot of ``docs/real-annotators.md`` (mean ± std over seeds) on three
+long digits-C streams:
+
+* ``recurring``: the embedded benchmark, 15 corruptions × 10 rounds (2,250 batches);
+* ``mixed``: every batch drawn across the 15 corruptions, 3 rounds (633 batches);
+* ``ccc``: the CCC-style stream at its slow speed, 5 rounds (280 batches).
+
+Parts: error against label delay (``--label-delay``) for eatta, eatta-stable and the Baseline,
+with TENT and ETA as label-free references; error against label noise; yes/no feedback against
+full labels at equal annotator time; a replay buffer as a way to recover what delay costs (its
+size tuned on ``ccc`` only, reported on the other two). Every run is a cell of
+:func:`eatta.bench.run` in ``--out`` (finished cells are read back, so an interrupted study
+resumes). A delay of 0 is not run again: it is bit-identical to the default synchronous annotator
+(tests/methods/test_async_annotation.py), so the default cells stand for it.
+
+    python benchmarks/real_annotators.py --seeds 0-2 --out runs/real-annotators
+    python benchmarks/real_annotators.py --quick      # a smoke run (2 seeds, short streams)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import eatta.bench
+from eatta.bench import AnnotatorOptions, StreamProtocol
+from eatta.bench.results import CellResult
+
+ACTIVE = ("baseline", "eatta", "eatta-stable")
+REFERENCES = ("source", "tent", "eta")
+DELAYS: tuple[int | str, ...] = (1, 4, 16, 64, "never")
+NOISE = (0.1, 0.2, 0.3)
+#: Replay-buffer sizes tried under delay (tuned on TUNE_STREAM, reported on the others).
+BUFFERS = (32, 300)
+TUNE_DELAY = 16
+TUNE_STREAM = "ccc"
+#: Yes/no answers per batch at about the annotator time of one full label (11.7 s / 1.6 s).
+BINARY_PER_LABEL = 7
+
+
+def streams(quick: bool) -> dict[str, StreamProtocol]:
+    if quick:
+        return {
+            "recurring": StreamProtocol(rounds=2),
+            "mixed": StreamProtocol(rounds=1, mixed=True),
+            "ccc": StreamProtocol(rounds=1, ccc="fast"),
+        }
+    return {
+        "recurring": StreamProtocol(rounds=10),
+        "mixed": StreamProtocol(rounds=3, mixed=True),
+        "ccc": StreamProtocol(rounds=5, ccc="slow"),
+    }
+
+
+def run(
+    out: Path,
+    part: str,
+    protocol: StreamProtocol,
+    methods: Sequence[str],
+    seeds: list[int],
+    jobs: int,
+    *,
+    annotator: AnnotatorOptions | None = None,
+    labels: int = 1,
+    buffers: int | None = None,
+) -> list[CellResult]:
+    started = time.perf_counter()
+    done = eatta.bench.run(
+        "digits-c",
+        list(methods),
+        protocol=protocol,
+        annotator=annotator,
+        labels=labels,
+        buffers=buffers,
+        seeds=seeds,
+        jobs=jobs,
+        out=out / part,
+        progress=False,
+        plot=False,
+    )
+    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
+    return done.results
+
+
+def stats(results: Sequence[CellResult], method: str, field: str = "average_error") -> list[float]:
+    values = []
+    for r in results:
+        if r.spec.method == method:
+            values.append(r.round_errors[-1] if field == "last" else float(getattr(r, field)))
+    return values
+
+
+def fmt(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{np.mean(values):.1f} ± {np.std(values, ddof=1):.1f}"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]:
+    data: dict[str, Any] = {"seeds": seeds, "streams": {}}
+    for name, proto in streams(quick).items():
+        print(f"stream {name}: {proto}", flush=True)
+        s: dict[str, Any] = {"protocol": proto.describe()}
+        base = run(out / name, "default", proto, REFERENCES + ACTIVE, seeds, jobs)
+        s["default"] = {m: stats(base, m) for m in REFERENCES + ACTIVE}
+        s["default_last"] = {m: stats(base, m, "last") for m in REFERENCES + ACTIVE}
+        s["delay"] = {"0": {m: stats(base, m) for m in ACTIVE}}
+        s["delay_last"] = {"0": {m: stats(base, m, "last") for m in ACTIVE}}
+        s["delay_counts"] = {}
+        for d in DELAYS:
+            res = run(
+                out / name,
+                f"delay-{d}",
+                proto,
+                ACTIVE,
+                seeds,
+                jobs,
+                annotator=AnnotatorOptions(delay=d),
+            )
+            s["delay"][str(d)] = {m: stats(res, m) for m in ACTIVE}
+            s["delay_last"][str(d)] = {m: stats(res, m, "last") for m in ACTIVE}
+            s["delay_counts"][str(d)] = {
+                m: {
+                    k: float(np.mean([r.annotation[k] for r in res if r.spec.method == m]))
+                    for k in ("requested", "received", "expired", "pending")
+                }
+                for m in ACTIVE
+            }
+        s["noise"] = {"0": {m: stats(base, m) for m in ACTIVE}}
+        for p in NOISE:
+            res = run(
+                out / name,
+                f"noise-{p:g}",
+                proto,
+                ACTIVE,
+                seeds,
+                jobs,
+                annotator=AnnotatorOptions(noise=p),
+            )
+            s["noise"][f"{p:g}"] = {m: stats(res, m) for m in ACTIVE}
+        s["binary"] = {}
+        for k in (1, BINARY_PER_LABEL):
+            res = run(
+                out / name,
+                f"binary-{k}",
+                proto,
+                ACTIVE,
+                seeds,
+                jobs,
+                annotator=AnnotatorOptions(feedback="binary"),
+                labels=k,
+            )
+            s["binary"][str(k)] = {m: stats(res, m) for m in ACTIVE}
+            s["binary"][f"{k}_minutes"] = float(
+                np.mean([r.annotation["seconds"] for r in res]) / 60
+            )
+        s["label_minutes"] = float(
+            np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
+        )
+        s["buffer"] = {}
+        for b in BUFFERS:
+            res = run(
+                out / name,
+                f"delay-{TUNE_DELAY}-buffer-{b}",
+                proto,
+                ACTIVE,
+                seeds,
+                jobs,
+                annotator=AnnotatorOptions(delay=TUNE_DELAY),
+                buffers=b,
+            )
+            s["buffer"][str(b)] = {m: stats(res, m) for m in ACTIVE}
+        data["streams"][name] = s
+    return data
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(data["streams"])
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    keys = ["0", *[str(d) for d in DELAYS]]
+    xs = np.arange(len(keys))
+    for ax, name in zip(axes[0], names, strict=True):
+        s = data["streams"][name]
+        for m in ACTIVE:
+            ys = [np.mean(s["delay"][k][m]) for k in keys]
+            sd = [
+                np.std(s["delay"][k][m], ddof=1) if len(s["delay"][k][m]) > 1 else 0 for k in keys
+            ]
+            ax.errorbar(xs, ys, yerr=sd, marker="o", capsize=3, label=m)
+        for m, style in (("tent", ":"), ("eta", "--"), ("source", "-.")):
+            ax.axhline(np.mean(s["default"][m]), color="gray", linestyle=style, label=m)
+        ax.set_xticks(xs, keys)
+        ax.set_xlabel("label delay (batches)")
+        ax.set_title(name)
+        ax.set_ylabel("error % (mean over rounds)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def report(data: dict[str, Any]) -> str:
+    seeds = data["seeds"]
+    out = [f"Seeds {seeds[0]}-{seeds[-1]}; error % averaged over all rounds, mean ± std.", ""]
+    for name, s in data["streams"].items():
+        out += [f"### {name}: {json.dumps(s['protocol'])}", ""]
+        keys = ["0", *[str(d) for d in DELAYS]]
+        rows = [[m, *[fmt(s["delay"][k][m]) for k in keys]] for m in ACTIVE]
+        rows += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
+        out += ["Error against label delay (batches):", "", table(["method", *keys], rows), ""]
+        rows = [[m, *[fmt(s["delay_last"][k][m]) for k in keys]] for m in ACTIVE]
+        out += ["Last round's error against label delay:", "", table(["method", *keys], rows), ""]
+        counts = s["delay_counts"]
+        rows = [
+            [
+                k,
+                *[
+                    f"{counts[k]['eatta'][c]:.0f}"
+                    for c in ("requested", "received", "expired", "pending")
+                ],
+            ]
+            for k in counts
+        ]
+        out += [
+            "Labels per run (eatta):",
+            "",
+            table(["delay", "asked", "received", "expired", "pending"], rows),
+            "",
+        ]
+        ps = ["0", *[f"{p:g}" for p in NOISE]]
+        rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
+        out += [
+            "Error against label noise (share of wrong labels):",
+            "",
+            table(["method", *ps], rows),
+            "",
+        ]
+        k = str(BINARY_PER_LABEL)
+        rows = [
+            [m, fmt(s["delay"]["0"][m]), fmt(s["binary"]["1"][m]), fmt(s["binary"][k][m])]
+            for m in ACTIVE
+        ]
+        head = [
+            "method",
+            f"1 label/batch ({s['label_minutes']:.0f} min)",
+            f"1 yes/no/batch ({s['binary']['1_minutes']:.0f} min)",
+            f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)",
+        ]
+        out += [
+            "Yes/no against full labels (annotator minutes per run):",
+            "",
+            table(head, rows),
+            "",
+        ]
+        rows = [
+            [
+                m,
+                fmt(s["delay"][str(TUNE_DELAY)][m]),
+                *[fmt(s["buffer"][str(b)][m]) for b in BUFFERS],
+            ]
+            for m in ACTIVE
+        ]
+        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in BUFFERS]]
+        out += [f"Replay buffer under delay {TUNE_DELAY}:", "", table(head, rows), ""]
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2")
+    p.add_argument("--out", default="runs/real-annotators", help="folder of the runs")
+    p.add_argument("--jobs", type=int, default=2, help="cells run in parallel")
+    p.add_argument("--quick", action="store_true", help="short streams (a smoke run)")
+    p.add_argument("--plot", default="docs/img/real-annotators-delay.png")
+    p.add_argument("--tables", default="benchmarks/results/real_annotators.md")
+    args = p.parse_args(argv)
+    lo, _, hi = args.seeds.partition("-")
+    seeds = list(range(int(lo), int(hi or lo) + 1))
+    started = time.perf_counter()
+    data = study(Path(args.out), seeds, args.jobs, args.quick)
+    Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.tables).write_text(report(data) + "\n", encoding="utf-8")
+    Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    plot(data, Path(args.plot))
+    print(f"tables: {args.tables}; plot: {args.plot}; {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
