@@ -76,6 +76,7 @@ class PendingLabels:
         self._selections: dict[int, Selection] = {}
         self.counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self.dropped_ids: list[str] = []  # dropped by the last reset, for the annotator
+        self.carried: list[Answer] = []  # collected by a step that was rolled back: kept
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -130,13 +131,15 @@ class PendingLabels:
         return requests
 
     def resolve(self, answers: list[Answer]) -> tuple[list[Arrived], list[Arrived]]:
-        """Match answers with pending requests: ``(this step's, earlier steps')``.
+        """Match answers with pending requests: ``(this step's, earlier steps')``; answers
+        :attr:`carried` over from a rolled-back step come first.
 
         Answers for requests that are not pending (unknown, expired, answered, dropped) are
         counted as refused and not applied; skips are counted.
         """
         current: list[Arrived] = []
         late: list[Arrived] = []
+        answers, self.carried = [*self.carried, *answers], []
         for a in answers:
             entry = self._entries.get(a.id)
             if entry is None or (
@@ -175,6 +178,7 @@ class PendingLabels:
         start a new epoch of ids; the counters are lifetime totals and stay."""
         self.dropped_ids = list(self._entries)
         self.counts["dropped"] += len(self._entries)
+        self.carried = []
         self._entries.clear()
         self._selections.clear()
         self.epoch += 1
@@ -224,6 +228,7 @@ class PendingLabels:
                 }
                 for e in self._entries.values()
             ],
+            "carried": [a.to_dict() for a in self.carried],
             "selections": {
                 s: {"indices": sel.indices, "classes": list(sel.classes), "update": sel.update}
                 for s, sel in self._selections.items()
@@ -256,3 +261,4 @@ class PendingLabels:
         self.counts = {k: int(state["counts"].get(k, 0)) for k in _COUNTERS}
         self._entries, self._selections = entries, selections
         self.dropped_ids = []
+        self.carried = [Answer.from_mapping(a) for a in state.get("carried", [])]

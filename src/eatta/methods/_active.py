@@ -126,8 +126,9 @@ class AsyncAsking:
     Per step: :meth:`begin` (expire old requests), :meth:`request` (select and submit),
     :meth:`collect` (the answers that arrived, split into this step's and earlier steps'), and
     after the update :meth:`committed` (tell the annotator which requests expired). If the step
-    fails or is skipped, :meth:`rolled_back` cancels what this step submitted; the answers it
-    collected are dropped, as a synchronous oracle's answers are in such a step.
+    fails or is skipped, :meth:`rolled_back` cancels what this step submitted and keeps the
+    answers it collected for the next step (answers to its own, cancelled, requests are then
+    refused), so no answer an annotator delivered is lost.
     """
 
     def __init__(self, annotator: Annotator, feedback: Feedback, max_age: int) -> None:
@@ -136,10 +137,11 @@ class AsyncAsking:
         self.pending = PendingLabels(max_age)
         self._expired: list[str] = []
         self._sent: list[str] = []
+        self._collected: list[Answer] = []
 
     def begin(self) -> None:
         self._expired = self.pending.begin_step()
-        self._sent = []
+        self._sent, self._collected = [], []
 
     def request(
         self,
@@ -177,6 +179,7 @@ class AsyncAsking:
         if bad:
             name = type(bad[0]).__name__
             raise OracleError(f"the annotator's collect returned {name}, not Answer")
+        self._collected = [*self.pending.carried, *answers]
         return self.pending.resolve(answers)
 
     @property
@@ -187,12 +190,15 @@ class AsyncAsking:
     def committed(self) -> None:
         if self._expired:
             self.annotator.cancel(list(self._expired))
-        self._expired, self._sent = [], []
+        self._expired, self._sent, self._collected = [], [], []
 
     def rolled_back(self) -> None:
+        """After the parts were restored: cancel this step's requests, and keep the answers it
+        collected for the next step (an annotator delivers an answer once)."""
         if self._sent:
             self.annotator.cancel(list(self._sent))
-        self._expired, self._sent = [], []
+        self.pending.carried = list(self._collected)
+        self._expired, self._sent, self._collected = [], [], []
 
     def dropped(self) -> None:
         """After ``reset()``: cancel what the reset dropped."""

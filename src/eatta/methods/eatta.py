@@ -487,7 +487,7 @@ class EATTA(AdaptiveMethod):
 
     def _skip(self, record: StepRecord) -> Tensor:
         """A step with non-finite gradients: every part back as it was, nothing applied (this
-        step's requests are cancelled, the answers it collected dropped)."""
+        step's requests are cancelled, the answers it collected kept for the next step)."""
         self.restore_parts()  # also cancels this step's requests (AdaptiveMethod.restore_parts)
         self.skipped_steps += 1
         if self.skipped_steps == 1:
