@@ -47,19 +47,27 @@ def _url(host: str, port: int, token: str | None) -> str:
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
 
 
+def token_for(host: str, token: str | None) -> str | None:
+    """The token to require: the one given, or a fresh one when ``host`` is not loopback."""
+    from eatta.annotate.server import is_loopback
+
+    if token:
+        return token
+    return None if is_loopback(host) else secrets.token_urlsafe(24)
+
+
 def serve(queue: str, host: str, port: int, token: str | None) -> None:
     """Bind, print the page's URL (with the token), and serve until interrupted."""
     try:
         import uvicorn
 
-        from eatta.annotate.server import is_loopback, make_app
+        from eatta.annotate.server import make_app
     except ImportError as err:
         raise SystemExit(
             f"eatta-annotate serve needs Starlette and uvicorn: pip install 'eatta[annotate]' "
             f"({err})"
         ) from None
-    if not is_loopback(host) and not token:
-        token = secrets.token_urlsafe(24)
+    token = token_for(host, token)
     LabelQueue(queue).close()  # create the file and fail early on a bad path or schema
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)
