@@ -66,27 +66,41 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
-def start_server_process(
-    queue_path: Path, timeout: float = 60.0
-) -> tuple[subprocess.Popen[str], str]:
-    """``eatta-annotate serve --port 0`` as a child process; returns it and its base URL."""
-    proc = subprocess.Popen(
-        [*SERVE, "--queue", str(queue_path), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=subprocess_env(),
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if " at http://" in line:
-            url = line.split(" at ", 1)[1].strip().rstrip("/")
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
-            return proc, url
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise RuntimeError(f"the server process did not start: {line!r}")
+class ServerProcess:
+    """``eatta-annotate serve --port 0`` as a child process; :attr:`url` is set (by a thread that
+    reads its output) once it serves, so a restart does not block the caller."""
+
+    def __init__(self, queue_path: Path) -> None:
+        self.url: str | None = None
+        self.output: list[str] = []
+        self.proc = subprocess.Popen(
+            [*SERVE, "--queue", str(queue_path), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=subprocess_env(),
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if self.url is None and " at http://" in line:
+                self.url = line.split(" at ", 1)[1].strip().rstrip("/")
+
+    def wait_url(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while self.url is None:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.proc.kill()
+                raise RuntimeError(f"the server did not start: {''.join(self.output)}")
+            time.sleep(0.02)
+        return self.url
+
+
+def start_server_process(queue_path: Path, timeout: float = 60.0) -> tuple[ServerProcess, str]:
+    """A :class:`ServerProcess` on ``queue_path`` and its base URL, once it serves."""
+    server = ServerProcess(queue_path)
+    return server, server.wait_url(timeout)
