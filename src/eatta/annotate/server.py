@@ -213,7 +213,7 @@ def _read_cookie(header: str, name: str) -> str | None:
 
 
 def _page_file(name: str) -> bytes:
-    return resources.files("eatta.annotate").joinpath("page", name).read_bytes()
+    return resources.files("eatta.annotate").joinpath("page").joinpath(name).read_bytes()
 
 
 def make_app(
@@ -254,6 +254,9 @@ def make_app(
         if name not in _STATIC:
             raise HTTPException(404, "no such file")
         return Response(_page_file(name), media_type=_STATIC[name])
+
+    def favicon(request: Request) -> Response:
+        return Response(status_code=204)  # no icon, and no 404 in the browser's console
 
     def pending(request: Request) -> Response:
         raw = request.query_params.get("limit", str(page_limit))
@@ -306,6 +309,7 @@ def make_app(
     app = Starlette(
         routes=[
             Route("/", index, methods=["GET"]),
+            Route("/favicon.ico", favicon, methods=["GET"]),
             Route("/static/{name}", static, methods=["GET"]),
             Route("/api/pending", pending, methods=["GET"]),
             Route("/api/stats", stats, methods=["GET"]),
