@@ -29,7 +29,7 @@ pytest.importorskip("uvicorn")
 from _adapter import expected, request  # noqa: E402
 from _annotate_helpers import ServerProcess, subprocess_env  # noqa: E402
 
-from eatta.annotate import LabelQueue  # noqa: E402
+from eatta.annotate import Answer, LabelQueue  # noqa: E402
 from eatta.annotate.queue import sample_digest  # noqa: E402
 
 ADAPTER = Path(__file__).with_name("_adapter.py")
@@ -177,3 +177,76 @@ def check_exactly_once(
         assert not orphans and not superseded
     assert all("." in key or latest[key][0] != key for key in orphans)
     return superseded
+
+
+def test_a_real_method_resumes_on_the_same_queue(tmp_path: Path) -> None:
+    """eatta with a LabelQueue: a checkpoint (method + queue state), more steps and answers, then
+    a fresh method and queue restored from it re-run the steps: every answer it gets is the one
+    given to the sample it asked about, none twice, none refused."""
+    import copy
+
+    import torch
+
+    import eatta
+    from conftest import confident_cnn, image_batches
+
+    path = tmp_path / "q.db"
+    page = LabelQueue(path)
+    batches = image_batches(7, size=16, seed=3)
+
+    class Recording(LabelQueue):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.asked: dict[str, str] = {}
+            self.got: list[Any] = []
+
+        def submit(self, requests: Any) -> None:
+            super().submit(requests)
+            self.asked.update({r.id: sample_digest(r.sample) for r in requests})
+
+        def collect(self) -> list[Any]:
+            out = super().collect()
+            self.got.extend(out)
+            return out
+
+    def answer_all() -> None:
+        for item in page.pending():
+            page.answer(Answer(item["id"], label=(item["prediction"] + 1) % 5))
+
+    def build(queue: LabelQueue) -> Any:
+        torch.manual_seed(0)
+        return eatta.create("eatta", copy.deepcopy(confident_cnn()), oracle=queue, budget=1)
+
+    first = Recording(path)
+    method = build(first)
+    for x in batches[:3]:
+        method(x)
+        answer_all()
+    saved = copy.deepcopy((method.state_dict(), first.state_dict()))
+    for x in batches[3:6]:
+        method(x)
+        answer_all()
+    assert first.got and method.annotation_stats["refused"] == 0
+    second = Recording(path)
+    restored = build(second)
+    restored.load_state_dict(saved[0])
+    second.load_state_dict(saved[1])
+    base = restored.annotation_stats  # lifetime counters, as at the checkpoint
+    for x in batches[3:]:
+        restored(x)
+        answer_all()
+    restored(batches[0])  # one more step collects the last answers
+    ids = [a.id for a in second.got]
+    assert ids and len(ids) == len(set(ids))
+    stats = restored.annotation_stats
+    assert stats["refused"] == 0
+    assert stats["received"] + stats["skipped"] - base["received"] - base["skipped"] == len(ids)
+    log = {a["id"]: a for a in page.answers()}
+    asked = {**first.asked, **second.asked}  # asked before the checkpoint, or by the re-run
+    for a in second.got:
+        key = second.request(a.id)
+        # the key the re-run's request is stored under: its id, or id.n for another sample
+        keys = [k for k, v in log.items() if k.split(".")[0] == a.id]
+        match = [k for k in keys if second.request(k)["digest"] == asked[a.id]]
+        assert key is not None and match, a
+        assert log[match[-1]]["label"] == a.label

@@ -36,6 +36,7 @@ def test_answers_reach_the_consumer_once_in_answer_order(path: Path) -> None:
     assert page.answer(Answer("b", correct=False)) == 1
     assert page.answer(Answer("a", label=7), seconds=3.0) == 2
     assert consumer.collect() == [Answer("b", correct=False), Answer("a", label=7)]
+    assert consumer.state_dict()["cursor"] == 2  # the log was read up to its last answer
     assert consumer.collect() == []
     assert consumer.awaited == ["c"]
     page.answer(Answer("c", skip=True))
@@ -225,8 +226,12 @@ def test_a_pending_old_sample_is_superseded(path: Path) -> None:
 
 def test_cancel_expires_and_reset_cancels_everything(path: Path) -> None:
     q = LabelQueue(path)
-    q.submit([req("a", 1), req("b", 2), req("c", 3)])
+    q.submit([req("a", 1), req("b", 2), req("c", 3), req("d", 4)])
     q.cancel(["a", "unknown"])
+    q.answer(Answer("d", label=1))
+    q.cancel(["d"])  # given up on after it was answered: the answer stays in the log
+    assert q.request("d")["status"] == "answered"  # type: ignore[index]
+    assert q.stats()["answered"] == 1 and q.collect() == []
     assert [p["id"] for p in q.pending()] == ["b", "c"]
     q.reset()
     assert q.pending() == [] and q.awaited == []
