@@ -4,7 +4,7 @@ acknowledged answer, applies none twice and none to the wrong sample (real proce
 The test is the poster: it answers every pending request through the HTTP API from the image it
 is shown (``_adapter.expected``) and records each acknowledged (200) answer. Meanwhile it kills
 the adapter (``_adapter.py``), the server (``eatta-annotate serve``) or both with SIGKILL, and
-restarts them on the same queue file. ``EATTA_KILL_ROUNDS`` sets the number of kills (default 3;
+restarts them on the same queue file. ``EATTA_KILL_ROUNDS`` sets the number of kills (default 2;
 each restart costs a second or two of imports).
 """
 
@@ -33,7 +33,7 @@ from eatta.annotate import Answer, LabelQueue  # noqa: E402
 from eatta.annotate.queue import sample_digest  # noqa: E402
 
 ADAPTER = Path(__file__).with_name("_adapter.py")
-ROUNDS = int(os.environ.get("EATTA_KILL_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("EATTA_KILL_ROUNDS", "2"))
 STEPS = 24
 MODES = ("same", "diverge")
 
