@@ -19,6 +19,7 @@ from eatta.annotate.oracle import (
     validate_labels,
 )
 from eatta.annotate.pending import Arrived, PendingLabels
+from eatta.annotate.queue import LabelQueue
 from eatta.annotate.requests import FEEDBACK, Answer, AnswerError, Feedback, LabelRequest
 from eatta.annotate.simulated import SimulatedAnnotator, ThreadedAnnotator, parse_delay
 
@@ -33,6 +34,7 @@ __all__ = [
     "Arrived",
     "Feedback",
     "GroundTruthOracle",
+    "LabelQueue",
     "LabelRequest",
     "ModelOracle",
     "Oracle",

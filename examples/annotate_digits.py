@@ -1,0 +1,212 @@
+"""Label with a person: the digits CNN adapts to corrupted digits while a web page asks you.
+
+EATTA adapts the packaged digits CNN on the digits-C stream (a batch every ``--interval`` seconds)
+and asks for at most one label per batch. Its requests go into a durable label queue
+(``--queue``, one SQLite file); the labelling page on ``http://127.0.0.1:PORT/`` shows them, and
+your answers come back to the model on its next steps. It prints the online error and the labels
+received as it goes.
+
+    python examples/annotate_digits.py --queue labels.db --port 8765          # then open the page
+    python examples/annotate_digits.py --queue labels.db --simulate --delay 2 --error-rate 0.1
+
+``--simulate`` answers through the page's HTTP API (as any script or tool can), ``--delay``
+seconds after each request, wrong with probability ``--error-rate``, so the example also runs
+unattended. The process checkpoints the method and the queue's cursor together
+(``--checkpoint``, default ``QUEUE.ckpt``) every ``--checkpoint-every`` batches; kill it at any
+moment (even ``kill -9``) and start it again with the same arguments: it resumes where its
+checkpoint is, and no answer is lost or applied twice. ``--no-serve`` leaves the page to a
+separate ``eatta-annotate serve --queue labels.db``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import eatta
+from eatta.annotate import LabelQueue, LabelRequest
+from eatta.bench.digits_model import packaged_digits_source
+from eatta.data import TestStream, digits_c_domains
+
+CORRUPTIONS = ("gaussian_noise", "defocus_blur", "snow", "fog", "contrast", "elastic_transform")
+
+
+class DigitsQueue(LabelQueue):
+    """The label queue, remembering each request's true class for ``--simulate`` only."""
+
+    def __init__(self, path: str, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.truth: dict[str, int] = {}
+        self.batch_labels: torch.Tensor | None = None
+
+    def submit(self, requests: list[LabelRequest]) -> None:  # type: ignore[override]
+        super().submit(requests)
+        if self.batch_labels is not None:
+            for r in requests:
+                self.truth[r.id] = int(self.batch_labels[r.index])
+
+
+def serve_page(queue: str, port: int) -> tuple[str, threading.Thread]:
+    """The labelling page in a background thread on 127.0.0.1:``port``."""
+    import uvicorn
+
+    from eatta.annotate.server import make_app
+
+    sock = socket.create_server(("127.0.0.1", port))
+    config = uvicorn.Config(make_app(queue), log_level="warning", server_header=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", thread
+
+
+def _api(url: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method="GET" if body is None else "POST")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def simulate(
+    url: str, queue: DigitsQueue, delay: float, error_rate: float, stop: threading.Event
+) -> None:
+    """A simulated person: answers each pending request over HTTP ``delay`` s after it was made,
+    with the true class, or another one with probability ``error_rate``."""
+    rng = random.Random(0)
+    reader = LabelQueue(queue.path)  # for the method id behind a key (keys of re-asked ids differ)
+    while not stop.is_set():
+        try:
+            _, items = _api(url, "/api/pending")
+            for item in items:
+                wait = item["created"] + delay - time.time()
+                if wait > 0:
+                    break  # oldest first: the rest are younger
+                record = reader.request(item["id"])
+                truth = queue.truth.get(record["method_id"]) if record else None
+                if truth is None:
+                    body: dict[str, Any] = {"id": item["id"], "skip": True}
+                else:
+                    label = truth
+                    if rng.random() < error_rate:
+                        label = rng.choice([c for c in range(10) if c != truth])
+                    body = {"id": item["id"], "label": label, "seconds": delay}
+                _api(url, "/api/answers", body)
+        except (urllib.error.URLError, OSError):
+            pass  # the server is restarting
+        stop.wait(0.05)
+    reader.close()
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` atomically: a crash leaves the old checkpoint or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queue", required=True, help="the label queue file (SQLite)")
+    parser.add_argument("--port", type=int, default=8765, help="the page's port (0: any free)")
+    parser.add_argument("--no-serve", action="store_true", help="do not serve the page here")
+    parser.add_argument("--url", help="the page's URL when served elsewhere (for --simulate)")
+    parser.add_argument("--simulate", action="store_true", help="answer over HTTP, unattended")
+    parser.add_argument("--delay", type=float, default=2.0, help="--simulate: seconds to answer")
+    parser.add_argument("--error-rate", type=float, default=0.0, help="--simulate: wrong share")
+    parser.add_argument("--interval", type=float, default=None, help="seconds between batches")
+    parser.add_argument("--batches", type=int, default=None, help="stop after this many batches")
+    parser.add_argument("--corruptions", nargs="+", default=list(CORRUPTIONS))
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--checkpoint", help="checkpoint file (default: QUEUE.ckpt)")
+    parser.add_argument("--checkpoint-every", type=int, default=1, help="batches between saves")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    interval = args.interval if args.interval is not None else (0.2 if args.simulate else 3.0)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    checkpoint = Path(args.checkpoint or f"{args.queue}.ckpt")
+
+    source, _ = packaged_digits_source()
+    stream = TestStream(digits_c_domains(args.corruptions), args.batch_size, seed=args.seed)
+    total = len(stream) if args.batches is None else min(args.batches, len(stream))
+    queue = DigitsQueue(args.queue, class_names=[str(k) for k in range(10)])
+    model = copy.deepcopy(source)
+    method = eatta.create("eatta", model, dataset="digits-c", oracle=queue, budget=1)
+    start, tally = 0, {"wrong": 0, "seen": 0}
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        method.load_state_dict(saved["method"])
+        queue.load_state_dict(saved["queue"])
+        queue.truth = saved["truth"]
+        start, tally = saved["batch"], saved["tally"]
+        print(f"resumed from {checkpoint} at batch {start}")
+
+    url = args.url
+    if not args.no_serve:
+        url, _ = serve_page(args.queue, args.port)
+        print(f"labelling page: {url}/  (queue {args.queue})", flush=True)
+    stop = threading.Event()
+    if args.simulate:
+        if url is None:
+            parser.error("--simulate with --no-serve needs --url")
+        sim = (url, queue, args.delay, args.error_rate, stop)
+        threading.Thread(target=simulate, args=sim, daemon=True).start()
+
+    print(f"{'batch':>9} {'domain':<18} {'err %':>6} {'online err %':>13} {'labels':>7} "
+          f"{'waiting':>8}", flush=True)  # fmt: skip
+    due = time.monotonic()
+    for t, (x, y, domain) in enumerate(stream.iter_from(start), start):
+        if t >= total:
+            break
+        due += interval
+        queue.batch_labels = y
+        logits = method(x)
+        wrong = int((logits.argmax(1) != y).sum())
+        tally["wrong"] += wrong
+        tally["seen"] += len(y)
+        for rid in list(queue.truth):  # keep the truths of requests still awaited
+            if rid not in queue.awaited:
+                del queue.truth[rid]
+        if (t + 1) % args.checkpoint_every == 0 or t + 1 == total:
+            state = {"method": method.state_dict(), "queue": queue.state_dict()}
+            state.update(truth=dict(queue.truth), batch=t + 1, tally=dict(tally))
+            save_checkpoint(checkpoint, state)
+        stats = method.annotation_stats
+        print(
+            f"{t + 1:>4}/{total:<4} {domain:<18} {100 * wrong / len(y):>6.1f} "
+            f"{100 * tally['wrong'] / tally['seen']:>13.1f} {stats.get('received', 0):>7} "
+            f"{stats.get('pending', 0):>8}",
+            flush=True,
+        )
+        time.sleep(max(0.0, due - time.monotonic()))
+    stop.set()
+    page = queue.stats()
+    print(
+        f"done: online error {100 * tally['wrong'] / max(1, tally['seen']):.1f}% on "
+        f"{tally['seen']} images; labels received {method.annotation_stats.get('received', 0)}; "
+        f"answers in the queue {page['answered']}, model right on "
+        f"{page['model_right']}/{page['model_judged']} answered samples"
+    )
+
+
+if __name__ == "__main__":
+    main()

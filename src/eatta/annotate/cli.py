@@ -1,0 +1,99 @@
+"""``eatta-annotate``: serve the labelling page for a label queue, or print the queue's numbers.
+
+    eatta-annotate serve --queue labels.db [--host 127.0.0.1] [--port 8765] [--token T]
+    eatta-annotate stats --queue labels.db
+
+``serve`` binds to 127.0.0.1 by default, where a token is optional. Any other host needs a token:
+``--token``, ``$EATTA_ANNOTATE_TOKEN``, or one generated at start; the URL printed at start
+carries it. ``--port 0`` picks a free port (the printed URL names it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import socket
+import sys
+from collections.abc import Sequence
+
+from eatta.annotate.queue import LabelQueue
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eatta-annotate", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the labelling page and its JSON API")
+    serve.add_argument("--queue", required=True, help="the label queue file (SQLite)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8765, help="port (0: a free one)")
+    serve.add_argument(
+        "--token",
+        default=os.environ.get("EATTA_ANNOTATE_TOKEN"),
+        help="token every request must carry (default $EATTA_ANNOTATE_TOKEN; generated when "
+        "--host is not loopback)",
+    )
+    stats = sub.add_parser("stats", help="print the queue's numbers as JSON")
+    stats.add_argument("--queue", required=True, help="the label queue file (SQLite)")
+    return parser
+
+
+def _url(host: str, port: int, token: str | None) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def token_for(host: str, token: str | None) -> str | None:
+    """The token to require: the one given, or a fresh one when ``host`` is not loopback."""
+    from eatta.annotate.server import is_loopback
+
+    if token:
+        return token
+    return None if is_loopback(host) else secrets.token_urlsafe(24)
+
+
+def serve(queue: str, host: str, port: int, token: str | None) -> None:
+    """Bind, print the page's URL (with the token), and serve until interrupted."""
+    try:
+        import uvicorn
+
+        from eatta.annotate.server import make_app
+    except ImportError as err:
+        raise SystemExit(
+            f"eatta-annotate serve needs Starlette and uvicorn: pip install 'eatta[annotate]' "
+            f"({err})"
+        ) from None
+    token = token_for(host, token)
+    LabelQueue(queue).close()  # create the file and fail early on a bad path or schema
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family)
+    bound = sock.getsockname()[1]
+    app = make_app(queue, token=token)
+    print(f"eatta-annotate: serving {queue} at {_url(host, bound, token)}", flush=True)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=2,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        serve(args.queue, args.host, args.port, args.token)
+        return 0
+    with LabelQueue(args.queue) as q:
+        json.dump(q.stats(), sys.stdout, indent=2)
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
