@@ -355,15 +355,17 @@ def run(
     preloaded = isinstance(datasets, Mapping)
     if load is not None and (preloaded or loading):
         raise TypeError("load= loads dataset names; give neither loaded data nor loading options")
-    if preloaded:
+    given_data: dict[str, BenchmarkData] = {}
+    if isinstance(datasets, Mapping):  # ready data by grid name
+        given_data = dict(datasets)
         if loading:
             raise TypeError(
                 f"loading options {sorted(loading)} apply to dataset names, not to loaded data"
             )
-        bad_data = [k for k, v in datasets.items() if not isinstance(v, BenchmarkData)]
-        if bad_data or not datasets:
+        bad_data = [k for k, v in given_data.items() if not isinstance(v, BenchmarkData)]
+        if bad_data or not given_data:
             raise TypeError(f"datasets must map names to BenchmarkData (bad: {bad_data})")
-        requested = list(datasets)
+        requested = list(given_data)
     else:
         requested = _names(datasets, "datasets")
         unknown = sorted(set(loading) - set(_LOADING))
@@ -418,7 +420,7 @@ def run(
     try:
         # --- data (fails fast on layouts and weights), then the grid
         if preloaded:
-            data = dict(datasets)  # type: ignore[arg-type]
+            data = given_data
         elif load is not None:
             data = dict(load(requested))
             bad_data = [k for k, v in data.items() if not isinstance(v, BenchmarkData)]

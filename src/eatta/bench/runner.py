@@ -284,7 +284,7 @@ def _static_online(
     """The online record of a method whose prediction for a sample does not depend on the
     stream (the source model, in eval mode): every sample predicted once, in dataset order, then
     counted per batch of the stream. Its error is the same in every round."""
-    data = ConcatDataset([d.dataset for d in stream.domains])
+    data: ConcatDataset[Any] = ConcatDataset([d.dataset for d in stream.domains])
     wrong = torch.zeros(len(data), dtype=torch.bool)
     pos = 0
     for x, y in DataLoader(data, batch_size=max(stream.batch_size, 256)):

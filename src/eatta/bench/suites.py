@@ -238,7 +238,7 @@ def imagenet_benchmark(
     wnids = {"imagenet-r": inet.imagenet_r_wnids, "imagenet-a": inet.imagenet_a_wnids}.get(dataset)
     sub = wnids() if wnids is not None else None
     transform = inet.EvalTransform(resize=round(image_size * 256 / 224), crop=image_size)
-    domains: list[tuple[str, Dataset[Any]]]
+    domains: Sequence[tuple[str, Dataset[Any]]]
     if dataset == "imagenet-c" and gradual:
         from eatta.data.stream import gradual_domains
 
