@@ -239,10 +239,13 @@ class SweepPlan:
         return "\n".join(lines)
 
 
-def plan(run_argv: Sequence[str], shards: int | None = None) -> SweepPlan:
+def plan(
+    run_argv: Sequence[str], shards: int | None = None, *, count_images: bool = True
+) -> SweepPlan:
     """Check the run options ``run_argv`` (an ``eatta-bench run`` command line without
     ``--shard`` and ``--out``) and list the grid's runs in ``shards`` shards (None: one run per
-    shard), without loading any data. Bad options raise :class:`ValueError`."""
+    shard), without loading any data (``count_images``: count digits-C's images per run from its
+    split; else every dataset's count is None). Bad options raise :class:`ValueError`."""
     from eatta.bench import api, cli
 
     if isinstance(run_argv, str) or not all(isinstance(a, str) for a in run_argv):
@@ -276,7 +279,7 @@ def plan(run_argv: Sequence[str], shards: int | None = None) -> SweepPlan:
         if args.rounds is not None
         else (api.DIGITS_ROUNDS if _csv(args.dataset) == ["digits-c"] else 1)
     )
-    stream = {d: _stream_images(d, args, rounds) for d in datasets}
+    stream = {d: _stream_images(d, args, rounds) if count_images else None for d in datasets}
     base = SweepPlan(tuple(run_argv), len(jobs), jobs, len(grid), stream, not args.no_plot)
     return base if shards is None else base.with_count(shards)
 
@@ -752,7 +755,7 @@ def launch(
     parallel = 0
     if launcher == "local":
         parallel = _local_slots(jobs)[0]
-    sweep_plan = plan(list(run_argv), None)
+    sweep_plan = plan(list(run_argv), None, count_images=dry_run)
     if shards is None:
         shards = (
             min(parallel, len(sweep_plan.jobs)) if launcher == "local" else len(sweep_plan.jobs)
