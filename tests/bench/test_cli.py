@@ -62,7 +62,7 @@ def test_help_names_the_subcommands(capsys):
         cli.main(["--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    assert "{run,merge,list}" in text and "merge the output folders" in text
+    assert "{run,merge,list,sweep}" in text and "merge the output folders" in text
     with pytest.raises(SystemExit):
         cli.main(["merge", "--help"])
     assert "usage: eatta-bench merge" in capsys.readouterr().out

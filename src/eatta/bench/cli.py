@@ -2,7 +2,9 @@
 
 Subcommands: ``eatta-bench run [options]`` (the default: options without a subcommand, or none at
 all, mean ``run``), ``eatta-bench merge DIR...`` (join the output folders of ``--shard`` runs into
-one table) and ``eatta-bench list`` (methods with their ``--hp`` keys, dataset layouts).
+one table), ``eatta-bench list`` (methods with their ``--hp`` keys, dataset layouts) and
+``eatta-bench sweep`` (a grid's shards as a Slurm job array or local processes, see
+:mod:`eatta.bench.sweep`).
 
 Without arguments it runs the long-term embedded digits-C benchmark on the CPU: the packaged
 digits source model, the corrupted test split in the 15-corruption CTTA order repeated for 10
@@ -39,10 +41,11 @@ __all__ = [
     "main_parser",
     "merge_parser",
     "run_parser",
+    "sweep_parser",
 ]
 
 #: The subcommands; a command line that starts with an option (or is empty) means ``run``.
-COMMANDS = ("run", "merge", "list")
+COMMANDS = ("run", "merge", "list", "sweep")
 
 
 def _log(msg: str) -> None:
@@ -305,8 +308,9 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument(
         "--shard",
         default=None,
-        metavar="i/n",
-        help="run only grid cells j with j mod n == i (0 <= i < n)",
+        metavar="i/n|auto",
+        help="run only grid cells j with j mod n == i (0 <= i < n); auto: i and n from a Slurm "
+        "job array (sbatch --array=0-<n-1>) or EATTA_SHARD=i/n",
     )
     g.add_argument("--out", default=None, help="output folder (default ./runs/<name>)")
     g.add_argument("--name", default=None, help="run name for the default output folder")
@@ -370,6 +374,13 @@ def merge_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+def sweep_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The sweep's own options (``eatta-bench sweep``; the others are run options)."""
+    from eatta.bench.sweep import sweep_parser as parser
+
+    return parser(add_help)
+
+
 def main_parser() -> argparse.ArgumentParser:
     """``eatta-bench`` with its subcommands (``--help`` lists them)."""
     p = argparse.ArgumentParser(
@@ -377,7 +388,7 @@ def main_parser() -> argparse.ArgumentParser:
         description="Benchmark test-time adaptation methods. Options without a subcommand (or "
         "no arguments at all: the long-term digits-C benchmark) mean 'run'.",
     )
-    sub = p.add_subparsers(dest="command", metavar="{run,merge,list}")
+    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     sub.add_parser(
         "run",
         parents=[run_parser(add_help=False)],
@@ -395,6 +406,11 @@ def main_parser() -> argparse.ArgumentParser:
         "list",
         help="list methods (with their --hp keys) and dataset layouts",
         description="List the registered methods with their --hp keys and the datasets' layouts.",
+    )
+    sub.add_parser(  # parsed by eatta.bench.sweep.main: its unknown options are run options
+        "sweep",
+        help="run a grid's shards as a Slurm job array or local processes, then merge",
+        add_help=False,
     )
     return p
 
@@ -600,6 +616,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
     try:
+        if argv[0] == "sweep":
+            from eatta.bench import sweep
+
+            return sweep.main(argv[1:])
         args = main_parser().parse_args(argv)
         if args.command == "list":
             print(list_text())

@@ -2,11 +2,14 @@
 
 :func:`make_grid` lists the cells in a canonical order, :func:`make_jobs` repeats them per seed,
 and :func:`shard` splits the jobs round robin so that several machines share one grid.
+:func:`parse_shard` reads ``"i/n"``, or ``"auto"``: the shard of this process from a Slurm job
+array or ``EATTA_SHARD`` (:func:`resolve_shard`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -19,6 +22,7 @@ __all__ = [
     "make_grid",
     "make_jobs",
     "parse_shard",
+    "resolve_shard",
     "shard",
 ]
 
@@ -107,8 +111,11 @@ def make_grid(
     return cells
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"i/n"`` (0 <= i < n) -> ``(i, n)``."""
+def parse_shard(text: str, environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``"i/n"`` (0 <= i < n) -> ``(i, n)``; ``"auto"``: :func:`resolve_shard` of ``environ``
+    (default ``os.environ``), so ``--shard auto`` and ``eatta.bench.run(shard="auto")`` work."""
+    if text.strip().lower() == "auto":
+        return resolve_shard(os.environ if environ is None else environ)
     try:
         i_text, n_text = text.split("/")
         i, n = int(i_text), int(n_text)
@@ -117,6 +124,58 @@ def parse_shard(text: str) -> tuple[int, int]:
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"shard i/n needs 0 <= i < n, got {text!r}")
     return i, n
+
+
+def _env_int(environ: Mapping[str, str], name: str) -> int | None:
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--shard auto: {name}={text!r} is not an integer") from None
+
+
+def resolve_shard(environ: Mapping[str, str]) -> tuple[int, int]:
+    """The shard ``(i, n)`` of this process, for ``--shard auto``.
+
+    ``EATTA_SHARD=i/n`` wins when set. Otherwise a Slurm job array started with
+    ``sbatch --array=0-(n-1)``: ``i`` is ``SLURM_ARRAY_TASK_ID`` and ``n`` is
+    ``SLURM_ARRAY_TASK_COUNT`` (Slurm also sets ``SLURM_ARRAY_TASK_MIN``, ``_MAX`` and ``_STEP``;
+    an array that does not count 0, 1, ..., n-1, such as ``--array=1-8``, ``--array=0-14:2`` or
+    the list ``--array=3,5`` of a resubmission, is an error rather than a wrong split: set
+    ``EATTA_SHARD=$SLURM_ARRAY_TASK_ID/n`` for those). Neither set: a :class:`ValueError`.
+    """
+    own = environ.get("EATTA_SHARD", "").strip()
+    if own:
+        if own.lower() == "auto":
+            raise ValueError("EATTA_SHARD must be i/n (e.g. 0/4), not 'auto'")
+        try:
+            return parse_shard(own)
+        except ValueError as err:
+            raise ValueError(f"EATTA_SHARD: {err}") from None
+    task = _env_int(environ, "SLURM_ARRAY_TASK_ID")
+    if task is None:
+        where = "a Slurm job but not an array" if environ.get("SLURM_JOB_ID") else "neither is set"
+        raise ValueError(
+            "--shard auto takes the shard from a Slurm job array (sbatch --array=0-<n-1>: "
+            f"SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT) or from EATTA_SHARD=i/n; {where}"
+        )
+    count = _env_int(environ, "SLURM_ARRAY_TASK_COUNT")
+    low = _env_int(environ, "SLURM_ARRAY_TASK_MIN")
+    high = _env_int(environ, "SLURM_ARRAY_TASK_MAX")
+    step = _env_int(environ, "SLURM_ARRAY_TASK_STEP")
+    if count is None and low == 0 and high is not None:  # no task count set: from the id range
+        count = high + 1
+    if count is None or not (
+        low in (None, 0) and step in (None, 1) and high in (None, count - 1) and 0 <= task < count
+    ):
+        raise ValueError(
+            f"--shard auto needs an array numbered 0 to n-1 (sbatch --array=0-<n-1>); this one "
+            f"has task {task} of ids {low}-{high} step {step}, {count} tasks: set "
+            "EATTA_SHARD=$SLURM_ARRAY_TASK_ID/<n> for a partial or renumbered array"
+        )
+    return task, count
 
 
 def shard(cells: Sequence[_J], index: int, count: int) -> list[tuple[int, _J]]:
