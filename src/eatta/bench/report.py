@@ -193,6 +193,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
             *(_ANNOTATION_HEAD if annotated else []),
             "img/s",
             "Wall s",
+            "CPU s",
             "Peak MB",
         ]
         per_pass = ref.images // max(1, ref.rounds)
@@ -229,6 +230,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
                 *(_annotation_cells(cell) if annotated else []),
                 f"{np.mean([c.images_per_s for c in cell]):.0f}",
                 f"{np.mean([c.wall_time_s for c in cell]):.1f}",
+                _cpu_cell(cell),
                 "-" if not peaks else f"{max(peaks):.0f}",
             ]
             lines.append("| " + " | ".join(row) + " |")
@@ -284,6 +286,7 @@ _CSV_FIXED = [
     "images",
     "images_per_s",
     "wall_time_s",
+    "cpu_time_s",
     "peak_mem_mb",
     "max_rss_mb",
     "device",
@@ -291,6 +294,11 @@ _CSV_FIXED = [
     "model_digest",
     "grid_index",
 ]
+
+
+def _cpu_cell(cell: Sequence[CellResult]) -> str:
+    cpus = [c.cpu_time_s for c in cell if c.cpu_time_s is not None]
+    return "-" if not cpus else f"{np.mean(cpus):.1f}"
 
 
 def _annotation_csv(r: CellResult) -> dict[str, Any]:
@@ -344,6 +352,7 @@ def csv_text(results: Sequence[CellResult]) -> str:
             "images": r.images,
             "images_per_s": f"{r.images_per_s:.2f}",
             "wall_time_s": f"{r.wall_time_s:.3f}",
+            "cpu_time_s": "" if r.cpu_time_s is None else f"{r.cpu_time_s:.3f}",
             "peak_mem_mb": "" if r.peak_mem_mb is None else f"{r.peak_mem_mb:.1f}",
             "max_rss_mb": "" if r.max_rss_mb is None else f"{r.max_rss_mb:.1f}",
             "device": r.device,

@@ -55,6 +55,8 @@ class CellResult:
     protocol: dict[str, Any] = field(default_factory=dict)
     #: digests of the data and source model the cell ran on (see ``BenchmarkData.provenance``)
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: CPU seconds of the run's thread (wall time grows with the machine's load, this does not)
+    cpu_time_s: float | None = None
     #: what the annotator did (active methods): requested, received, expired, pending, skipped,
     #: dropped, wrong, seconds, feedback (see :func:`eatta.bench.annotation.annotation_summary`)
     annotation: dict[str, Any] | None = None

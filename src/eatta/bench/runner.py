@@ -122,6 +122,7 @@ def run_cell(
         rounds=options.rounds,
         dirichlet=options.dirichlet,
         **({"mixed": True} if options.mixed else {}),
+        shuffle=not data.config.get("ccc"),  # a CCC walk is read in its order
         num_workers=workers,
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
@@ -133,6 +134,7 @@ def run_cell(
     method, oracle, hparams = _build_method(spec, data, options, device)
 
     start, online, wall, sessions, peak_prev = 0, [], 0.0, 1, None
+    cpu = 0.0  # this thread's CPU seconds: unlike wall time, not inflated by a busy machine
     # mixed streams: images and errors per (round, domain), counted per sample
     tally = [[[0, 0] for _ in stream.domains] for _ in range(stream.rounds)] if stream.mixed else []
     saved = None
@@ -147,12 +149,14 @@ def run_cell(
         if saved.get("annotator") is not None:
             oracle.load_state_dict(saved["annotator"])  # type: ignore[union-attr]
         start, online, wall = saved["position"], saved["online"], saved["wall_time_s"]
+        cpu = saved.get("cpu_time_s", 0.0)
         tally = saved.get("tally", tally)
         sessions, peak_prev = saved["sessions"] + 1, saved["peak_mem_mb"]
     if spec.method in STATIC_METHODS and start == 0:  # predictions independent of the stream
-        t_static = time.perf_counter()
+        t_static, c_static = time.perf_counter(), time.thread_time()
         online = _static_online(method, stream, device, tally)
         wall, start = time.perf_counter() - t_static, len(stream)
+        cpu = time.thread_time() - c_static
     batches = iter(stream.loader(start))  # creating the iterator draws from torch's global RNG,
     if saved is not None:  # so the saved generator states are restored only afterwards
         set_rng_state(saved["rng"], device)
@@ -177,8 +181,8 @@ def run_cell(
             file=sys.stderr,
         )
     prev_domain = stream.locate(start - 1)[0] if start > 0 else None
-    t0 = time.perf_counter()
-    ckpt_time = 0.0
+    t0, cpu0 = time.perf_counter(), time.thread_time()
+    ckpt_time = ckpt_cpu = 0.0
     try:
         for t in range(start, total):
             x, y = next(batches)
@@ -204,7 +208,7 @@ def run_cell(
                 bar.update(1)
                 bar.set_postfix(
                     err=f"{100 * n_wrong / n_seen:.1f}%",
-                    domain=domains[k % len(domains)].name[:12],
+                    domain=stream.visit_names[k][:12],
                 )
             if milestone_log is not None and _milestone(stream, t):
                 milestone_log(_milestone_text(spec, stream, online, t))
@@ -213,7 +217,7 @@ def run_cell(
                 and (t + 1) % options.checkpoint_every == 0
                 and t + 1 < total
             ):
-                c0 = time.perf_counter()
+                c0, cc0 = time.perf_counter(), time.thread_time()
                 atomic_save(
                     {
                         "fingerprint": fp,
@@ -225,21 +229,25 @@ def run_cell(
                         "annotator": _annotator_state(oracle),
                         "rng": rng_state(device),
                         "wall_time_s": wall + (c0 - t0 - ckpt_time),
+                        "cpu_time_s": cpu + (cc0 - cpu0 - ckpt_cpu),
                         "sessions": sessions,
                         "peak_mem_mb": _peak(device, rss_before, peak_prev),
                     },
                     ckpt_path,
                 )
                 ckpt_time += time.perf_counter() - c0
+                ckpt_cpu += time.thread_time() - cc0
             if callback is not None:
                 callback(t, {"error": 100 * n_wrong / n_seen, "images": n_seen, "spec": spec})
     finally:
         if bar is not None:
             bar.close()
     wall += time.perf_counter() - t0 - ckpt_time
+    cpu += time.thread_time() - cpu0 - ckpt_cpu
 
     result = _summarize(spec, stream, online, grid_index, fp, wall, device, notes, hparams, tally)
     result.seed = options.seed
+    result.cpu_time_s = cpu
     result.protocol = {
         "rounds": options.rounds,
         "dirichlet": options.dirichlet,
@@ -336,14 +344,14 @@ def _milestone(stream: TestStream, t: int) -> bool:
     j, b = stream.locate(t)
     if b + 1 < stream.batches_per_visit[j]:
         return False
-    return stream.rounds == 1 or (j + 1) % len(stream.domains) == 0
+    return stream.rounds == 1 or (j + 1) % stream.visits_per_round == 0
 
 
 def _milestone_text(spec: CellSpec, stream: TestStream, online: list[list[int]], t: int) -> str:
     j, _ = stream.locate(t)
-    k = len(stream.domains)
+    k = stream.visits_per_round
     if stream.rounds == 1:
-        lo, what = stream.visit_first_batch[j], f"domain {j + 1}/{k} {stream.domains[j].name}"
+        lo, what = stream.visit_first_batch[j], f"domain {j + 1}/{k} {stream.visit_names[j]}"
     else:
         lo = stream.visit_first_batch[(j // k) * k]
         what = f"round {j // k + 1}/{stream.rounds}"

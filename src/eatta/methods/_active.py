@@ -141,7 +141,8 @@ class AsyncAsking:
 
     def begin(self) -> None:
         self._expired = self.pending.begin_step()
-        self._sent, self._collected = [], []
+        # what a failure before collect() must keep: the answers carried over, not yet resolved
+        self._sent, self._collected = [], list(self.pending.carried)
 
     def request(
         self,
