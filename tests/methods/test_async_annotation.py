@@ -466,6 +466,80 @@ def test_a_failed_step_cancels_its_requests_and_the_method_goes_on(monkeypatch):
     assert m.annotation_stats["received"] == 1 and m.annotation_stats["requested"] == 3
 
 
+def fail_once_after_collect(monkeypatch):
+    """Make the next EATTA step fail after it collected its answers (then work again)."""
+    real = EATTA._confident_entropy
+
+    def boom(self, *a):
+        monkeypatch.setattr(EATTA, "_confident_entropy", real)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(EATTA, "_confident_entropy", boom)
+
+
+def test_answers_collected_by_a_failed_step_are_applied_by_the_next(monkeypatch):
+    xs = stream(2, seed=31)[0]
+    ann, twin_ann = Manual(), Manual()
+    m, twin = build("eatta", ann, budget=1), build("eatta", twin_ann, budget=1)
+    m(xs[0])
+    twin(xs[0])
+    ann.answer(ann.requests[0].id, 3)
+    twin_ann.answer(twin_ann.requests[0].id, 3)
+    fail_once_after_collect(monkeypatch)
+    with pytest.raises(RuntimeError, match="boom"):
+        m(xs[1])
+    assert m.annotation_stats["received"] == 0 and m.annotation_stats["pending"] == 1
+    assert m.method_state()["pending"]["carried"] == [{"id": ann.requests[0].id, "label": 3}]
+    assert ann.collect() == []  # delivered once, kept by the method
+    out = m(xs[1])
+    assert m.last_step.late == 1 and m.annotation_stats["received"] == 1
+    assert torch.equal(out, twin(xs[1]))
+    assert differences(model_state(m), model_state(twin)) == []
+    assert m.history.classes == twin.history.classes
+    assert m.method_state()["pending"]["carried"] == []
+
+
+def test_carried_answers_survive_a_second_failure_before_collecting(monkeypatch):
+    xs, _ = stream(2, seed=32)
+    ann = Manual()
+    m = build("eatta", ann, budget=1)
+    m(xs[0])
+    ann.answer(ann.requests[0].id, 1)
+    fail_once_after_collect(monkeypatch)
+    with pytest.raises(RuntimeError, match="boom"):
+        m(xs[1])
+
+    def broken_submit(requests):
+        raise ConnectionError("annotator down")
+
+    monkeypatch.setattr(ann, "submit", broken_submit)
+    with pytest.raises(eatta.OracleError, match="submit raised ConnectionError"):
+        m(xs[1])
+    assert m.method_state()["pending"]["carried"] == [{"id": ann.requests[0].id, "label": 1}]
+    monkeypatch.undo()
+    m(xs[1])
+    assert m.last_step.late == 1 and m.annotation_stats["received"] == 1
+
+
+def test_carried_answers_are_saved_and_dropped_by_reset(monkeypatch):
+    xs, _ = stream(2, seed=33)
+    ann = Manual()
+    m = build("eatta", ann, budget=1, history="last-k")
+    m(xs[0])
+    ann.answer(ann.requests[0].id, 4)
+    fail_once_after_collect(monkeypatch)
+    with pytest.raises(RuntimeError, match="boom"):
+        m(xs[1])
+    resumed = build("eatta", Manual(), budget=1, history="last-k")
+    resumed.load_state_dict(copy.deepcopy(m.state_dict()))
+    resumed(xs[1])
+    assert resumed.last_step.late == 1 and resumed.history.classes == [4]
+    m.reset()
+    assert m.method_state()["pending"]["carried"] == []
+    m(xs[1])
+    assert m.last_step.late == 0 and m.annotation_stats["received"] == 0
+
+
 def test_a_batch_without_labels_fails_once_and_the_next_one_works():
     xs, ys = stream(2, seed=13)
     ann = SimulatedAnnotator()
