@@ -35,7 +35,7 @@ from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.results import CellResult
 
 ACTIVE = ("baseline", "eatta", "eatta-stable")
-REFERENCES = ("source", "tent", "eta")
+REFERENCES = ("source", "tent", "eta", "rdumb")
 DELAYS: tuple[int | str, ...] = (1, 4, 16, 64, "never")
 NOISE = (0.1, 0.2, 0.3)
 #: Replay-buffer sizes tried under delay (tuned on TUNE_STREAM, reported on the others).
@@ -47,16 +47,17 @@ BINARY_PER_LABEL = 7
 
 
 def streams(quick: bool) -> dict[str, StreamProtocol]:
+    """The streams, the tuning stream first (the buffer size chosen there is used on the others)."""
     if quick:
         return {
-            "recurring": StreamProtocol(rounds=2),
-            "mixed": StreamProtocol(rounds=1, mixed=True),
             "ccc": StreamProtocol(rounds=1, ccc="fast"),
+            "mixed": StreamProtocol(rounds=1, mixed=True),
+            "recurring": StreamProtocol(rounds=2),
         }
     return {
-        "recurring": StreamProtocol(rounds=10),
-        "mixed": StreamProtocol(rounds=3, mixed=True),
         "ccc": StreamProtocol(rounds=5, ccc="slow"),
+        "mixed": StreamProtocol(rounds=3, mixed=True),
+        "recurring": StreamProtocol(rounds=10),
     }
 
 
@@ -117,6 +118,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]:
     data: dict[str, Any] = {"seeds": seeds, "streams": {}}
+    chosen_buffer: int | None = None
     for name, proto in streams(quick).items():
         print(f"stream {name}: {proto}", flush=True)
         s: dict[str, Any] = {"protocol": proto.describe()}
@@ -158,7 +160,8 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             )
             s["noise"][f"{p:g}"] = {m: stats(res, m) for m in ACTIVE}
         s["binary"] = {}
-        for k in (1, BINARY_PER_LABEL):
+        # the long stream: only the equal-time comparison (7 yes/no vs 1 label), to save time
+        for k in (BINARY_PER_LABEL,) if name == "recurring" else (1, BINARY_PER_LABEL):
             res = run(
                 out / name,
                 f"binary-{k}",
@@ -177,7 +180,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
         )
         s["buffer"] = {}
-        for b in BUFFERS:
+        for b in BUFFERS if name == TUNE_STREAM else (chosen_buffer,):
             res = run(
                 out / name,
                 f"delay-{TUNE_DELAY}-buffer-{b}",
@@ -189,6 +192,13 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 buffers=b,
             )
             s["buffer"][str(b)] = {m: stats(res, m) for m in ACTIVE}
+        if name == TUNE_STREAM:  # the size with the lowest error, averaged over the methods
+            errors = {
+                b: np.mean([np.mean(v) for v in s["buffer"][str(b)].values()]) for b in BUFFERS
+            }
+            chosen_buffer = min(BUFFERS, key=lambda b: float(errors[b]))
+            data["chosen_buffer"] = chosen_buffer
+            print(f"  buffer size chosen on {name}: {chosen_buffer}", flush=True)
         data["streams"][name] = s
     return data
 
@@ -259,16 +269,12 @@ def report(data: dict[str, Any]) -> str:
             table(["method", *ps], rows),
             "",
         ]
-        k = str(BINARY_PER_LABEL)
-        rows = [
-            [m, fmt(s["delay"]["0"][m]), fmt(s["binary"]["1"][m]), fmt(s["binary"][k][m])]
-            for m in ACTIVE
-        ]
+        ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s["binary"]]
+        rows = [[m, fmt(s["delay"]["0"][m]), *[fmt(s["binary"][k][m]) for k in ks]] for m in ACTIVE]
         head = [
             "method",
             f"1 label/batch ({s['label_minutes']:.0f} min)",
-            f"1 yes/no/batch ({s['binary']['1_minutes']:.0f} min)",
-            f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)",
+            *[f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)" for k in ks],
         ]
         out += [
             "Yes/no against full labels (annotator minutes per run):",
@@ -280,11 +286,11 @@ def report(data: dict[str, Any]) -> str:
             [
                 m,
                 fmt(s["delay"][str(TUNE_DELAY)][m]),
-                *[fmt(s["buffer"][str(b)][m]) for b in BUFFERS],
+                *[fmt(s["buffer"][b][m]) for b in s["buffer"]],
             ]
             for m in ACTIVE
         ]
-        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in BUFFERS]]
+        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in s["buffer"]]]
         out += [f"Replay buffer under delay {TUNE_DELAY}:", "", table(head, rows), ""]
     return "\n".join(out)
 
