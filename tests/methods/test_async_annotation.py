@@ -855,7 +855,7 @@ def test_a_mistyped_budget_suggests_budget():
 
 
 def test_a_threaded_annotator_answers_in_later_steps_while_the_stream_goes_on():
-    n = 6
+    n = 4
     xs, ys = stream(n, seed=24)
     answered_in = []
 
@@ -863,14 +863,14 @@ def test_a_threaded_annotator_answers_in_later_steps_while_the_stream_goes_on():
         answered_in.append(threading.current_thread().name)
         return int(ys[request.step - 1][request.index])
 
-    with ThreadedAnnotator(label, delay_s=0.05) as ann:
+    with ThreadedAnnotator(label, delay_s=0.2) as ann:
         m = build("baseline", ann, budget=1)
         late = []
         for x in xs:
             m(x)
             late.append(m.last_step.late)
             assert len(m.last_step.selected) == 0  # never in the step that asked
-            time.sleep(0.08)
+            time.sleep(0.3)  # longer than the delay: answered by the next step
         assert ann.wait(timeout=10)
         m(xs[0])
         late.append(m.last_step.late)
@@ -922,7 +922,7 @@ def test_a_model_oracle_answers_asynchronously_with_its_argmax():
     teacher = confident_cnn(seed=4)
     xs = stream(3, seed=27)[0]
     oracle = ModelOracle(teacher)
-    with oracle.asynchronous(delay_s=0.0) as ann:
+    with oracle.asynchronous(delay_s=0.2) as ann:
         assert isinstance(ann, ThreadedAnnotator) and ann.feedback == "label"
         m = build("eatta", ann, budget=2, history="last-k")
         m(xs[0])
