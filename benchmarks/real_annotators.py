@@ -4,7 +4,7 @@ Regenerates the tables and plot of ``docs/real-annotators.md`` (mean ± std over
 long digits-C streams:
 
 * ``recurring``: the embedded benchmark, 15 corruptions × 10 rounds (2,250 batches);
-* ``mixed``: every batch drawn across the 15 corruptions, 3 rounds (633 batches);
+* ``mixed``: every batch drawn across the 15 corruptions, 2 rounds (422 batches);
 * ``ccc``: the CCC-style stream at its slow speed, 5 rounds (280 batches).
 
 Parts: error against label delay (``--label-delay``) for eatta, eatta-stable and the Baseline,
@@ -56,7 +56,7 @@ def streams(quick: bool) -> dict[str, StreamProtocol]:
         }
     return {
         "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "mixed": StreamProtocol(rounds=3, mixed=True),
+        "mixed": StreamProtocol(rounds=2, mixed=True),
         "recurring": StreamProtocol(rounds=10),
     }
 
@@ -122,6 +122,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
     for name, proto in streams(quick).items():
         print(f"stream {name}: {proto}", flush=True)
         s: dict[str, Any] = {"protocol": proto.describe()}
+        data["streams"][name] = s  # filled part by part, saved after each (save())
         base = run(out / name, "default", proto, REFERENCES + ACTIVE, seeds, jobs)
         s["default"] = {m: stats(base, m) for m in REFERENCES + ACTIVE}
         s["default_last"] = {m: stats(base, m, "last") for m in REFERENCES + ACTIVE}
@@ -140,6 +141,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             )
             s["delay"][str(d)] = {m: stats(res, m) for m in ACTIVE}
             s["delay_last"][str(d)] = {m: stats(res, m, "last") for m in ACTIVE}
+            save(out, data)
             s["delay_counts"][str(d)] = {
                 m: {
                     k: float(np.mean([r.annotation[k] for r in res if r.spec.method == m]))
@@ -147,18 +149,6 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 }
                 for m in ACTIVE
             }
-        s["noise"] = {"0": {m: stats(base, m) for m in ACTIVE}}
-        for p in NOISE:
-            res = run(
-                out / name,
-                f"noise-{p:g}",
-                proto,
-                ACTIVE,
-                seeds,
-                jobs,
-                annotator=AnnotatorOptions(noise=p),
-            )
-            s["noise"][f"{p:g}"] = {m: stats(res, m) for m in ACTIVE}
         s["binary"] = {}
         # the long stream: only the equal-time comparison (7 yes/no vs 1 label), to save time
         for k in (BINARY_PER_LABEL,) if name == "recurring" else (1, BINARY_PER_LABEL):
@@ -176,6 +166,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             s["binary"][f"{k}_minutes"] = float(
                 np.mean([r.annotation["seconds"] for r in res]) / 60
             )
+            save(out, data)
         s["label_minutes"] = float(
             np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
         )
@@ -192,6 +183,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 buffers=b,
             )
             s["buffer"][str(b)] = {m: stats(res, m) for m in ACTIVE}
+            save(out, data)
         if name == TUNE_STREAM:  # the size with the lowest error, averaged over the methods
             errors = {
                 b: np.mean([np.mean(v) for v in s["buffer"][str(b)].values()]) for b in BUFFERS
@@ -199,8 +191,29 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             chosen_buffer = min(BUFFERS, key=lambda b: float(errors[b]))
             data["chosen_buffer"] = chosen_buffer
             print(f"  buffer size chosen on {name}: {chosen_buffer}", flush=True)
-        data["streams"][name] = s
+        s["noise"] = {"0": {m: stats(base, m) for m in ACTIVE}}
+        for p in NOISE:
+            res = run(
+                out / name,
+                f"noise-{p:g}",
+                proto,
+                ACTIVE,
+                seeds,
+                jobs,
+                annotator=AnnotatorOptions(noise=p),
+            )
+            s["noise"][f"{p:g}"] = {m: stats(res, m) for m in ACTIVE}
+            save(out, data)
+        save(out, data)
     return data
+
+
+def save(out: Path, data: dict[str, Any]) -> None:
+    """The study so far, as JSON (``--report-only`` renders tables from it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "study.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    tmp.replace(out / "study.json")
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
@@ -215,6 +228,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
     xs = np.arange(len(keys))
     for ax, name in zip(axes[0], names, strict=True):
         s = data["streams"][name]
+        if len(s.get("delay", {})) < len(keys):
+            continue
         for m in ACTIVE:
             ys = [np.mean(s["delay"][k][m]) for k in keys]
             sd = [
@@ -237,6 +252,10 @@ def report(data: dict[str, Any]) -> str:
     seeds = data["seeds"]
     out = [f"Seeds {seeds[0]}-{seeds[-1]}; error % averaged over all rounds, mean ± std.", ""]
     for name, s in data["streams"].items():
+        if len(s.get("delay", {})) < 1 + len(DELAYS) or len(s.get("delay_counts", {})) < len(
+            DELAYS
+        ):
+            continue  # not measured (an interrupted study)
         out += [f"### {name}: {json.dumps(s['protocol'])}", ""]
         keys = ["0", *[str(d) for d in DELAYS]]
         rows = [[m, *[fmt(s["delay"][k][m]) for k in keys]] for m in ACTIVE]
@@ -261,7 +280,7 @@ def report(data: dict[str, Any]) -> str:
             table(["delay", "asked", "received", "expired", "pending"], rows),
             "",
         ]
-        ps = ["0", *[f"{p:g}" for p in NOISE]]
+        ps = [p for p in ["0", *[f"{p:g}" for p in NOISE]] if p in s.get("noise", {})]
         rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
         out += [
             "Error against label noise (share of wrong labels):",
@@ -269,7 +288,7 @@ def report(data: dict[str, Any]) -> str:
             table(["method", *ps], rows),
             "",
         ]
-        ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s["binary"]]
+        ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s.get("binary", {})]
         rows = [[m, fmt(s["delay"]["0"][m]), *[fmt(s["binary"][k][m]) for k in ks]] for m in ACTIVE]
         head = [
             "method",
@@ -286,11 +305,11 @@ def report(data: dict[str, Any]) -> str:
             [
                 m,
                 fmt(s["delay"][str(TUNE_DELAY)][m]),
-                *[fmt(s["buffer"][b][m]) for b in s["buffer"]],
+                *[fmt(s["buffer"][b][m]) for b in s.get("buffer", {})],
             ]
             for m in ACTIVE
         ]
-        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in s["buffer"]]]
+        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in s.get("buffer", {})]]
         out += [f"Replay buffer under delay {TUNE_DELAY}:", "", table(head, rows), ""]
     return "\n".join(out)
 
@@ -301,13 +320,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="runs/real-annotators", help="folder of the runs")
     p.add_argument("--jobs", type=int, default=2, help="cells run in parallel")
     p.add_argument("--quick", action="store_true", help="short streams (a smoke run)")
+    p.add_argument(
+        "--report-only", action="store_true", help="render the tables from --out/study.json"
+    )
     p.add_argument("--plot", default="docs/img/real-annotators-delay.png")
     p.add_argument("--tables", default="benchmarks/results/real_annotators.md")
     args = p.parse_args(argv)
     lo, _, hi = args.seeds.partition("-")
     seeds = list(range(int(lo), int(hi or lo) + 1))
     started = time.perf_counter()
-    data = study(Path(args.out), seeds, args.jobs, args.quick)
+    if args.report_only:
+        data = json.loads((Path(args.out) / "study.json").read_text(encoding="utf-8"))
+    else:
+        data = study(Path(args.out), seeds, args.jobs, args.quick)
     Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
     Path(args.tables).write_text(report(data) + "\n", encoding="utf-8")
     Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
