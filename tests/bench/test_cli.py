@@ -145,11 +145,12 @@ def test_protocols_and_seeds_end_to_end(tmp_path, capsys, toy_digits):
     firsts = [r["round_errors"][0] for r in tent]
     mean, std = np.mean(firsts), np.std(firsts, ddof=1)
     assert rows[1][2] == f"{mean:.1f} ± {std:.1f}"  # R1: mean ± sample std over seeds
-    assert rows[1][-5] == "3"  # the Seeds column
+    assert rows[1][-6] == "3"  # the Seeds column
     summary = next(s for s in doc["summary"] if s["key"] == tent[0]["key"])
     assert summary["seeds"] == [0, 1, 2]
     assert summary["first_round_error"]["mean"] == pytest.approx(mean)
-    assert all(r["protocol"] == {"rounds": 3, "dirichlet": 0.1, "gradual": False} for r in tent)
+    proto = {"rounds": 3, "dirichlet": 0.1, "gradual": False, "mixed": False, "ccc": None}
+    assert all(r["protocol"] == proto for r in tent)
     table = list(csv.DictReader((out / "results.csv").open()))
     assert len(table) == 9 and {"err_round:1", "err_round:3", "seed"} <= set(table[0])
     assert_png(out / "online_error.png")
@@ -242,7 +243,7 @@ def test_shards_merge_into_the_full_table(tmp_path, capsys, toy_digits):
     dirs = [str(tmp_path / f"s{i}") for i in range(3)]
     assert cli.main(["merge", *dirs, "--out", str(tmp_path / "merged")]) == 0
     merged = capsys.readouterr().out
-    strip = lambda rows: [r[:-3] for r in rows]  # noqa: E731 - drop img/s, wall time, memory
+    strip = lambda rows: [r[:-4] for r in rows]  # noqa: E731 - drop img/s, wall, CPU s, memory
     assert strip(table_rows(merged)) == strip(table_rows(full))
     a = json.loads((tmp_path / "full" / "results.json").read_text())["results"]
     b = json.loads((tmp_path / "merged" / "results.json").read_text())["results"]
@@ -261,6 +262,8 @@ def test_interrupted_cli_run_resumes_to_the_same_result(tmp_path, capsys, toy_di
         "--checkpoint-every",
         "2",
         "--no-plot",
+        "--jobs",
+        "1",  # one process: the interruption below is injected into run_grid
         *QUIET,
     ]
     assert cli.main([*argv, "--out", str(tmp_path / "full")]) == 0
@@ -469,7 +472,8 @@ def test_real_digits_c_default_smoke(tmp_path, capsys, monkeypatch):
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
     rows = table_rows(captured.out)
-    names = ["source", "tent", "eta", "baseline (1/batch)", "eatta (1/batch)"]
+    names = ["source", "tent", "eta", "rdumb"]
+    names += ["baseline (1/batch)", "eatta (1/batch)", "eatta-stable (1/batch)"]
     assert [r[0] for r in rows] == names
     doc = json.loads((out / "results.json").read_text())
     source, tent = doc["results"][0], doc["results"][1]
@@ -499,7 +503,13 @@ def test_gradual_imagenet_c_long_term_on_a_miniature_tree(tmp_path, capsys):
     tent = doc["results"][1]
     one_round = [f"{c}@{s}" for c in suites_corruptions() for s in (1, 2, 3, 4, 5, 4, 3, 2, 1)]
     assert tent["domains"] == one_round * 2 and len(tent["online"]) == 270
-    assert tent["protocol"] == {"rounds": 2, "dirichlet": None, "gradual": True}
+    assert tent["protocol"] == {
+        "rounds": 2,
+        "dirichlet": None,
+        "gradual": True,
+        "mixed": False,
+        "ccc": None,
+    }
     assert doc["results"][0]["round_errors"][0] == doc["results"][0]["round_errors"][1]
     # one round: one column per corruption, its nine severities pooled
     argv[argv.index("--rounds") + 1] = "1"
@@ -507,7 +517,7 @@ def test_gradual_imagenet_c_long_term_on_a_miniature_tree(tmp_path, capsys):
     argv[argv.index("--methods") + 1] = "source"
     assert cli.main(argv) == 0
     header = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| Method"))
-    assert "| Gauss. | Shot |" in header and header.count("|") == 15 + 8
+    assert "| Gauss. | Shot |" in header and header.count("|") == 15 + 9
 
 
 def suites_corruptions() -> tuple[str, ...]:
@@ -530,6 +540,6 @@ def test_seeded_long_term_shards_merge_into_the_full_table(tmp_path, capsys, toy
         assert cli.main(["merge", *dirs, "--out", str(tmp_path / "merged"), "--no-plot"]) == 0
     assert not [w for w in caught if "different arguments" in str(w.message)]  # seeds differ
     captured = capsys.readouterr()
-    strip = lambda rows: [r[:-3] for r in rows]  # noqa: E731 - drop img/s, wall time, memory
+    strip = lambda rows: [r[:-4] for r in rows]  # noqa: E731 - drop img/s, wall, CPU s, memory
     assert strip(table_rows(captured.out)) == strip(table_rows(full))
     assert "± " in table_rows(full)[0][2]

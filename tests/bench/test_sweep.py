@@ -46,7 +46,7 @@ EXACT = (
     "protocol",
     "provenance",
 )
-TIMING = ("wall_time_s", "images_per_s", "peak_mem_mb", "max_rss_mb")
+TIMING = ("wall_time_s", "cpu_time_s", "images_per_s", "peak_mem_mb", "max_rss_mb")
 
 
 def numbers(folder: Path) -> list[dict[str, Any]]:
