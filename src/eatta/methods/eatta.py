@@ -387,8 +387,9 @@ class EATTA(AdaptiveMethod):
         late = lab.late
         xs = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
         backbone, head = self.split
-        joined = self._has_batchnorm and len(late) == 1 and x.dim() == 2
-        if joined:  # a lone feature vector cannot be batch-normalized: run it with the batch
+        if self._has_batchnorm:  # normalized with the batch's statistics, as if asked now: a
+            # few late samples alone would be normalized by their own statistics (measured on
+            # digits-C: labels one batch late then help no more than labels that never come)
             zl = self.options.features(backbone, torch.cat([x, xs]))[x.shape[0] :]
         else:
             zl = self.options.features(backbone, xs)
