@@ -167,6 +167,50 @@ def collapse_notes(results: Sequence[CellResult]) -> list[str]:
     return notes
 
 
+#: A cell whose last round is within this many points of its first (or better) holds.
+HOLD_POINTS = 2.0
+
+
+def stability_sentence(rows: Sequence[CellResult]) -> str | None:
+    """One sentence over a dataset's long-stream cells: which hold (last round within
+    :data:`HOLD_POINTS` of the first, or better), which drift, which collapse, and which end
+    worse than the unadapted source model. None for one-round runs."""
+    held, drifted, collapsed, worse = [], [], [], []
+    sources = [c for c in _cells(rows) if c[0].spec.method == "source"]
+    source = _stats([c.round_errors[-1] for c in sources[0]])[0] if sources else None
+    for cell in _cells(rows):
+        r = cell[0]
+        if r.rounds < 2 or any(len(c.round_errors) != r.rounds for c in cell):
+            return None
+        first, _ = _stats([c.round_errors[0] for c in cell])
+        last, _ = _stats([c.round_errors[-1] for c in cell])
+        if r.spec.method == "source":
+            continue
+        text = f"{r.label} ({first:.1f} → {last:.1f})"
+        if last - first >= COLLAPSE_POINTS:
+            collapsed.append(text)
+        elif last - first > HOLD_POINTS:
+            drifted.append(text)
+        else:
+            held.append(text)
+        if source is not None and last > source:
+            worse.append(r.label)
+    parts = []
+    if collapsed:
+        parts.append("collapse: " + ", ".join(collapsed))
+    if drifted:
+        parts.append("drift: " + ", ".join(drifted))
+    if held:
+        parts.append("hold or improve: " + ", ".join(held))
+    if not parts:
+        return None
+    text = "Over the rounds (error % in round 1 → last round), " + "; ".join(parts) + "."
+    if worse:
+        text += f" Ending worse than the unadapted source model ({source:.1f}): "
+        text += ", ".join(worse) + "."
+    return text
+
+
 def markdown_table(results: Sequence[CellResult]) -> str:
     """One markdown table per dataset. One round: error % per domain; several rounds: error %
     per round; then the average, labels used, images/s, wall time and peak memory (MB; CPU:
@@ -235,6 +279,9 @@ def markdown_table(results: Sequence[CellResult]) -> str:
             ]
             lines.append("| " + " | ".join(row) + " |")
         notes = collapse_notes(rows)
+        sentence = stability_sentence(rows)
+        if sentence:
+            notes.append(sentence)
         if notes:
             lines += ["", *notes]
         blocks.append("\n".join(lines))
