@@ -1,0 +1,64 @@
+"""The sentence under a long-stream table: which methods hold, drift, collapse."""
+
+from __future__ import annotations
+
+from eatta.bench.grid import CellSpec
+from eatta.bench.report import markdown_table, stability_sentence
+from eatta.bench.results import CellResult
+
+
+def _result(method: str, rounds: list[float], seed: int = 0, labels: int = 0) -> CellResult:
+    setting = "-" if method == "source" else "ctta"
+    spec = CellSpec("toy", method, setting, labels)
+    return CellResult(
+        spec=spec,
+        grid_index=0,
+        fingerprint=f"{method}{seed}",
+        domains=[f"d{r}" for r in range(len(rounds))],
+        domain_images=[10] * len(rounds),
+        domain_errors=list(rounds),
+        domain_labels=[0] * len(rounds),
+        average_error=sum(rounds) / len(rounds),
+        overall_error=sum(rounds) / len(rounds),
+        labels_used=0,
+        images=10 * len(rounds),
+        wall_time_s=1.0,
+        images_per_s=10.0,
+        peak_mem_mb=None,
+        max_rss_mb=None,
+        device="cpu",
+        online=[[10, 1, 0]] * len(rounds),
+        domain_first_batch=list(range(len(rounds))),
+        model_digest="",
+        hparams={},
+        seed=seed,
+        rounds=len(rounds),
+        round_errors=list(rounds),
+        protocol={"rounds": len(rounds)},
+    )
+
+
+def test_the_sentence_sorts_methods_by_how_their_last_round_compares_with_the_first():
+    rows = [
+        _result("tent", [40.0, 60.0, 80.0]),  # +40: collapses, ends worse than the source
+        _result("source", [73.0, 73.0, 73.0]),  # listed after tent: still the reference
+        _result("eatta", [40.0, 44.0, 42.5], labels=1),  # +2.5: drifts
+        _result("eta", [39.6, 39.0, 41.6]),  # +2.0 exactly: holds
+        _result("baseline", [40.0, 37.0, 35.0], labels=1),  # improves
+    ]
+    text = stability_sentence(rows)
+    assert text is not None
+    assert "collapse: tent (40.0 → 80.0)" in text
+    assert "drift: eatta (1/batch) (40.0 → 42.5)" in text
+    assert "hold or improve: eta (39.6 → 41.6), baseline (1/batch) (40.0 → 35.0)" in text
+    assert text.endswith("Ending worse than the unadapted source model (73.0): tent.")
+    assert "source (" not in text
+    assert "Ending worse than the unadapted source model (73.0): tent." in markdown_table(rows)
+
+
+def test_no_sentence_for_one_round_and_means_over_seeds():
+    assert stability_sentence([_result("tent", [40.0])]) is None
+    seeds = [_result("tent", [40.0, 41.0], seed=0), _result("tent", [40.0, 45.0], seed=1)]
+    assert stability_sentence(seeds) == (
+        "Over the rounds (error % in round 1 → last round), drift: tent (40.0 → 43.0)."
+    )
