@@ -57,16 +57,18 @@ def streams(quick: bool) -> dict[str, StreamProtocol]:
         }
     return {
         "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
         "recurring": StreamProtocol(rounds=10),
+        "mixed": StreamProtocol(rounds=2, mixed=True),
     }
 
 
 #: Parts without late answers: their path is the synchronous one, unchanged by the fix of
 #: late-sample normalization, so finished cells of an earlier code version may stand (--frozen).
 ZERO_DELAY_PARTS = ("default", "noise-", "binary-")
-#: Streams on which the noise part runs (left out on the 10-round stream for time).
+#: Streams on which the noise, yes/no and buffer parts run: the 10-round stream (each of its runs
+#: takes 8x a CCC run) gets the delay part only, for the study to fit in one session.
 NOISE_STREAMS = ("ccc", "mixed")
+FULL_STREAMS = ("ccc", "mixed")
 FROZEN: Path | None = None
 
 
@@ -164,27 +166,9 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 }
                 for m in ACTIVE
             }
-        s["binary"] = {}
-        # the long stream: only the equal-time comparison (7 yes/no vs 1 label), to save time
-        for k in (BINARY_PER_LABEL,) if name == "recurring" else (1, BINARY_PER_LABEL):
-            res = run(
-                out / name,
-                f"binary-{k}",
-                proto,
-                ACTIVE,
-                seeds,
-                jobs,
-                annotator=AnnotatorOptions(feedback="binary"),
-                labels=k,
-            )
-            s["binary"][str(k)] = {m: stats(res, m) for m in ACTIVE}
-            s["binary"][f"{k}_minutes"] = float(
-                np.mean([r.annotation["seconds"] for r in res]) / 60
-            )
+        if name not in FULL_STREAMS:
             save(out, data)
-        s["label_minutes"] = float(
-            np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
-        )
+            continue
         s["buffer"] = {}
         for b in BUFFERS if name == TUNE_STREAM else (chosen_buffer,):
             res = run(
@@ -206,6 +190,26 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             chosen_buffer = min(BUFFERS, key=lambda b: float(errors[b]))
             data["chosen_buffer"] = chosen_buffer
             print(f"  buffer size chosen on {name}: {chosen_buffer}", flush=True)
+        s["binary"] = {}
+        for k in (1, BINARY_PER_LABEL):
+            res = run(
+                out / name,
+                f"binary-{k}",
+                proto,
+                ACTIVE,
+                seeds,
+                jobs,
+                annotator=AnnotatorOptions(feedback="binary"),
+                labels=k,
+            )
+            s["binary"][str(k)] = {m: stats(res, m) for m in ACTIVE}
+            s["binary"][f"{k}_minutes"] = float(
+                np.mean([r.annotation["seconds"] for r in res]) / 60
+            )
+            save(out, data)
+        s["label_minutes"] = float(
+            np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
+        )
         s["noise"] = {"0": {m: stats(base, m) for m in ACTIVE}}
         for p in NOISE if name in NOISE_STREAMS else ():
             res = run(
