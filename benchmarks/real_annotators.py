@@ -300,13 +300,14 @@ def report(data: dict[str, Any]) -> str:
             "",
         ]
         ps = [p for p in ["0", *[f"{p:g}" for p in NOISE]] if p in s.get("noise", {})]
-        rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
-        out += [
-            "Error against label noise (share of wrong labels):",
-            "",
-            table(["method", *ps], rows),
-            "",
-        ]
+        if len(ps) > 1:
+            rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
+            out += [
+                "Error against label noise (share of wrong labels):",
+                "",
+                table(["method", *ps], rows),
+                "",
+            ]
         ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s.get("binary", {})]
         ks = ks if "label_minutes" in s else []
         if ks:
@@ -324,16 +325,14 @@ def report(data: dict[str, Any]) -> str:
                 table(head, rows),
                 "",
             ]
-        rows = [
-            [
-                m,
-                fmt(s["delay"][str(TUNE_DELAY)][m]),
-                *[fmt(s["buffer"][b][m]) for b in s.get("buffer", {})],
+        sizes = list(s.get("buffer", {}))
+        if sizes:
+            rows = [
+                [m, fmt(s["delay"][str(TUNE_DELAY)][m]), *[fmt(s["buffer"][b][m]) for b in sizes]]
+                for m in ACTIVE
             ]
-            for m in ACTIVE
-        ]
-        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in s.get("buffer", {})]]
-        out += [f"Replay buffer under delay {TUNE_DELAY}:", "", table(head, rows), ""]
+            head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in sizes]]
+            out += [f"Replay buffer under delay {TUNE_DELAY}:", "", table(head, rows), ""]
     return "\n".join(out)
 
 
