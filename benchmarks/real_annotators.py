@@ -65,10 +65,13 @@ def streams(quick: bool) -> dict[str, StreamProtocol]:
 #: Parts without late answers: their path is the synchronous one, unchanged by the fix of
 #: late-sample normalization, so finished cells of an earlier code version may stand (--frozen).
 ZERO_DELAY_PARTS = ("default", "noise-", "binary-")
-#: Streams on which the noise, yes/no and buffer parts run: the 10-round stream (each of its runs
-#: takes 8x a CCC run) gets the delay part only, for the study to fit in one session.
-NOISE_STREAMS = ("ccc", "mixed")
-FULL_STREAMS = ("ccc", "mixed")
+#: What ran where, for the study to fit in one session on 2 cores: every part on ``ccc``; the
+#: delays and the buffer on ``mixed``; the delays but 64 on the 10-round stream (each of its runs
+#: takes 8x a CCC run).
+NOISE_STREAMS = ("ccc",)
+BINARY_STREAMS = ("ccc",)
+BUFFER_STREAMS = ("ccc", "mixed")
+SKIP_DELAYS = {"recurring": (64,)}
 FROZEN: Path | None = None
 
 
@@ -147,6 +150,8 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
         s["delay_last"] = {"0": {m: stats(base, m, "last") for m in ACTIVE}}
         s["delay_counts"] = {}
         for d in DELAYS:
+            if d in SKIP_DELAYS.get(name, ()):
+                continue
             res = run(
                 out / name,
                 f"delay-{d}",
@@ -166,7 +171,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 }
                 for m in ACTIVE
             }
-        if name not in FULL_STREAMS:
+        if name not in BUFFER_STREAMS:
             save(out, data)
             continue
         s["buffer"] = {}
@@ -191,7 +196,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             data["chosen_buffer"] = chosen_buffer
             print(f"  buffer size chosen on {name}: {chosen_buffer}", flush=True)
         s["binary"] = {}
-        for k in (1, BINARY_PER_LABEL):
+        for k in (1, BINARY_PER_LABEL) if name in BINARY_STREAMS else ():
             res = run(
                 out / name,
                 f"binary-{k}",
@@ -207,9 +212,10 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 np.mean([r.annotation["seconds"] for r in res]) / 60
             )
             save(out, data)
-        s["label_minutes"] = float(
-            np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
-        )
+        if name in BINARY_STREAMS:
+            s["label_minutes"] = float(
+                np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
+            )
         s["noise"] = {"0": {m: stats(base, m) for m in ACTIVE}}
         for p in NOISE if name in NOISE_STREAMS else ():
             res = run(
@@ -243,12 +249,13 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     names = list(data["streams"])
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
-    keys = ["0", *[str(d) for d in DELAYS]]
-    xs = np.arange(len(keys))
+    every = ["0", *[str(d) for d in DELAYS]]
     for ax, name in zip(axes[0], names, strict=True):
         s = data["streams"][name]
-        if len(s.get("delay", {})) < len(keys):
+        keys = [k for k in every if k in s.get("delay", {})]
+        if len(keys) < 2:
             continue
+        xs = np.array([every.index(k) for k in keys])
         for m in ACTIVE:
             ys = [np.mean(s["delay"][k][m]) for k in keys]
             sd = [
@@ -257,7 +264,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
             ax.errorbar(xs, ys, yerr=sd, marker="o", capsize=3, label=m)
         for m, style in (("tent", ":"), ("eta", "--"), ("source", "-.")):
             ax.axhline(np.mean(s["default"][m]), color="gray", linestyle=style, label=m)
-        ax.set_xticks(xs, keys)
+        ax.set_xticks(np.arange(len(every)), every)
         ax.set_xlabel("label delay (batches)")
         ax.set_title(name)
         ax.set_ylabel("error % (mean over rounds)")
@@ -271,12 +278,10 @@ def report(data: dict[str, Any]) -> str:
     seeds = data["seeds"]
     out = [f"Seeds {seeds[0]}-{seeds[-1]}; error % averaged over all rounds, mean ± std.", ""]
     for name, s in data["streams"].items():
-        if len(s.get("delay", {})) < 1 + len(DELAYS) or len(s.get("delay_counts", {})) < len(
-            DELAYS
-        ):
+        keys = [k for k in ["0", *[str(d) for d in DELAYS]] if k in s.get("delay", {})]
+        if len(keys) < 2 or not all(k in s.get("delay_counts", {}) for k in keys[1:]):
             continue  # not measured (an interrupted study)
         out += [f"### {name}: {json.dumps(s['protocol'])}", ""]
-        keys = ["0", *[str(d) for d in DELAYS]]
         rows = [[m, *[fmt(s["delay"][k][m]) for k in keys]] for m in ACTIVE]
         rows += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
         out += ["Error against label delay (batches):", "", table(["method", *keys], rows), ""]
