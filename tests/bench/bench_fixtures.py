@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,3 +157,32 @@ def assert_png(path: Path) -> None:
         img.verify()
     with Image.open(path) as img:
         assert img.format == "PNG" and img.size[0] > 100 and img.size[1] > 100
+
+
+class Interrupted(Exception):
+    """Raised by :func:`cli_run_interrupted` to stop a run in the middle of a cell."""
+
+
+def cli_run_interrupted(
+    argv: list[str], out: Path, monkeypatch: pytest.MonkeyPatch, stop_after: int
+) -> None:
+    """Run ``eatta-bench run ARGV --out OUT`` once, stopped after batch ``stop_after`` of the
+    first cell (its checkpoint stays), then again to the end (one process: ``--jobs 1``)."""
+    import eatta.bench.api as api
+    import eatta.bench.cli as cli
+
+    real = api.run_grid
+
+    def interrupting(*args: Any, **kwargs: Any) -> Any:
+        def callback(t: int, info: Any) -> None:
+            if t == stop_after:
+                raise Interrupted
+
+        return real(*args, **kwargs, callback=callback)
+
+    monkeypatch.setattr(api, "run_grid", interrupting)
+    with pytest.raises(Interrupted):
+        cli.main([*argv, "--out", str(out)])
+    assert len(list((out / "checkpoints").glob("*.pt"))) == 1
+    monkeypatch.setattr(api, "run_grid", real)
+    assert cli.main([*argv, "--out", str(out)]) == 0

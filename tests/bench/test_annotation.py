@@ -8,13 +8,13 @@ import math
 
 import pytest
 from bench_fixtures import (
+    cli_run_interrupted,
     fake_digits_c,
     one_thread,  # noqa: F401  (autouse fixture)
     tiny_benchmark,
 )
 
 import eatta.bench
-import eatta.bench.api as api
 import eatta.bench.cli as cli
 from eatta.annotate import AnnotatorCost
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -195,23 +195,7 @@ def test_results_json_names_the_code(tmp_path, toy_digits):
 def test_a_delayed_run_resumes_to_the_identical_result(tmp_path, toy_digits, monkeypatch):
     argv = [*BASE, "--label-delay", "2", "--label-noise", "0.3", "--checkpoint-every", "2"]
     assert cli.main([*argv, "--out", str(tmp_path / "full")]) == 0
-    real = api.run_grid
-
-    class Stop(Exception):
-        pass
-
-    def interrupting(*args, **kwargs):
-        def callback(t, info):
-            if t == 5:
-                raise Stop
-
-        return real(*args, **kwargs, callback=callback)
-
-    monkeypatch.setattr(api, "run_grid", interrupting)
-    with pytest.raises(Stop):
-        cli.main([*argv, "--out", str(tmp_path / "part")])
-    monkeypatch.setattr(api, "run_grid", real)
-    assert cli.main([*argv, "--out", str(tmp_path / "part")]) == 0
+    cli_run_interrupted(argv, tmp_path / "part", monkeypatch, stop_after=5)
     full, part = _doc(tmp_path / "full"), _doc(tmp_path / "part")
     assert _numbers(full) == _numbers(part)
     assert [r["annotation"] for r in full["results"]] == [r["annotation"] for r in part["results"]]

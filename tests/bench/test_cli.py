@@ -13,6 +13,7 @@ import pytest
 import torch
 from bench_fixtures import (
     assert_png,
+    cli_run_interrupted,
     fake_digits_c,
     make_imagenet_c,
     make_pacs,
@@ -267,24 +268,7 @@ def test_interrupted_cli_run_resumes_to_the_same_result(tmp_path, capsys, toy_di
         *QUIET,
     ]
     assert cli.main([*argv, "--out", str(tmp_path / "full")]) == 0
-    real = api.run_grid
-
-    class Stop(Exception):
-        pass
-
-    def interrupting(*args, **kwargs):
-        def callback(t, info):
-            if t == 6:
-                raise Stop
-
-        return real(*args, **kwargs, callback=callback)
-
-    monkeypatch.setattr(api, "run_grid", interrupting)
-    with pytest.raises(Stop):
-        cli.main([*argv, "--out", str(tmp_path / "cut")])
-    assert len(list((tmp_path / "cut" / "checkpoints").glob("*.pt"))) == 1
-    monkeypatch.setattr(api, "run_grid", real)
-    assert cli.main([*argv, "--out", str(tmp_path / "cut")]) == 0
+    cli_run_interrupted(argv, tmp_path / "cut", monkeypatch, stop_after=6)
     a = json.loads((tmp_path / "full" / "results.json").read_text())["results"]
     b = json.loads((tmp_path / "cut" / "results.json").read_text())["results"]
     assert [(x["online"], x["model_digest"]) for x in a] == [
