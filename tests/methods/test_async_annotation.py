@@ -997,3 +997,15 @@ def test_cemas_late_rows_join_the_update_as_labelled_rows():
     params = [(n, p) for n, p in current.named_parameters() if p.requires_grad]
     torch.testing.assert_close(m.last_step.loss_sup, loss_sup.detach(), rtol=0, atol=1e-6)
     assert_params(m, hand_update(current, loss, params))
+
+
+def test_label_expiry_with_a_synchronous_oracle_is_an_error_naming_it():
+    model = confident_cnn()
+    with pytest.raises(ValueError, match="label_expiry=8"):
+        eatta.create("eatta", model, oracle=eatta.GroundTruthOracle(), label_expiry=8)
+    with pytest.raises(ValueError, match="label_expiry=3"):
+        eatta.create("cema", confident_cnn(), oracle=eatta.GroundTruthOracle(), label_expiry=3)
+    # the default is fine with either kind, and a non-default one with an asynchronous annotator
+    eatta.create("eatta", confident_cnn(), oracle=eatta.GroundTruthOracle())
+    m = eatta.create("eatta", confident_cnn(), oracle=SimulatedAnnotator(), label_expiry=8)
+    assert m._asking is not None and m._asking.pending.max_age == 8

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Self
 
 if TYPE_CHECKING:
     from eatta.annotate.requests import LabelRequest
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABSTAIN",
+    "BatchLabels",
     "GroundTruthOracle",
     "ModelOracle",
     "Oracle",
@@ -36,18 +38,16 @@ class OracleError(RuntimeError):
     """The oracle raised, or answered with labels of the wrong shape, dtype or range."""
 
 
-class GroundTruthOracle:
-    """Simulated annotator that reveals only the selected samples' true labels.
+class BatchLabels:
+    """The true labels of the batch in progress, for annotators simulated from the ground truth.
 
     The labels belong to one batch: give them before the step (``method(x, labels=y)``,
-    ``set_labels(y)`` or ``with oracle.labels(y):``); the method ends the batch when its forward
-    returns or fails (:meth:`end_batch`), so a forgotten ``set_labels`` raises instead of serving
-    the previous batch's labels. ``revealed`` counts the labels handed out.
+    ``set_labels(y)`` or ``with annotator.labels(y):``); the method ends the batch when its
+    forward returns or fails (:meth:`end_batch`), so a forgotten ``set_labels`` raises instead of
+    serving the previous batch's labels.
     """
 
-    def __init__(self) -> None:
-        self._labels: Tensor | None = None
-        self.revealed = 0
+    _labels: Tensor | None = None
 
     def set_labels(self, labels: Tensor) -> None:
         """The current batch's labels, one per sample."""
@@ -61,12 +61,24 @@ class GroundTruthOracle:
         self._labels = None
 
     @contextmanager
-    def labels(self, labels: Tensor) -> Iterator[GroundTruthOracle]:
+    def labels(self, labels: Tensor) -> Iterator[Self]:
         self.set_labels(labels)
         try:
             yield self
         finally:
             self._labels = None
+
+
+class GroundTruthOracle(BatchLabels):
+    """Simulated annotator that reveals only the selected samples' true labels, at once.
+
+    The batch's labels are given as :class:`BatchLabels` says. ``revealed`` counts the labels
+    handed out.
+    """
+
+    def __init__(self) -> None:
+        self._labels: Tensor | None = None
+        self.revealed = 0
 
     def __call__(self, inputs: Tensor, indices: Tensor) -> Tensor:
         if self._labels is None:

@@ -15,16 +15,16 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
-from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from eatta.annotate.base import QueuedAnnotator
+from eatta.annotate.oracle import BatchLabels
 from eatta.annotate.requests import Answer, AnswerError, Feedback, LabelRequest
 
 __all__ = ["Delay", "SimulatedAnnotator", "ThreadedAnnotator", "parse_delay"]
@@ -59,8 +59,9 @@ def _probability(value: object, name: str) -> float:
     return float(value)
 
 
-class SimulatedAnnotator(QueuedAnnotator):
-    """Answers from the true labels, as late, noisy and partial as configured.
+class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
+    """Answers from the true labels (given per batch as :class:`BatchLabels` says), as late,
+    noisy and partial as configured.
 
     Args:
         delay: steps until an answer arrives: an int, ``(lo, hi)`` (uniform per request, so
@@ -108,25 +109,6 @@ class SimulatedAnnotator(QueuedAnnotator):
         self._scheduled: list[tuple[int, int, Answer]] = []  # (due step, order, answer)
         self._order = 0
         self.counts = {"requests": 0, "answers": 0, "wrong": 0, "skipped": 0}
-
-    # -- the batch's truth -------------------------------------------------------------------
-    def set_labels(self, labels: Tensor) -> None:
-        """The current batch's true labels, one per sample."""
-        labels = torch.as_tensor(labels)
-        if labels.dim() != 1:
-            raise ValueError(f"labels must be 1-d [batch], got shape {tuple(labels.shape)}")
-        self._labels = labels.to("cpu", torch.long)
-
-    def end_batch(self) -> None:
-        self._labels = None
-
-    @contextmanager
-    def labels(self, labels: Tensor) -> Iterator[SimulatedAnnotator]:
-        self.set_labels(labels)
-        try:
-            yield self
-        finally:
-            self._labels = None
 
     # -- answering ---------------------------------------------------------------------------
     def on_submit(self, requests: Sequence[LabelRequest]) -> None:

@@ -35,7 +35,7 @@ from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.options import RunOptions
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.results import CellResult
-from eatta.bench.runner import run_cell, run_grid
+from eatta.bench.runner import done_text, run_cell, run_grid
 from eatta.methods import registry
 
 __all__ = [
@@ -585,19 +585,8 @@ def _run_parallel(
             for n, f in enumerate(futures):
                 r = f.result()
                 if log is not None:
-                    log(f"[{n + 1}/{len(cells)}] " + _done_text(r))
+                    log(f"[{n + 1}/{len(cells)}] {done_text(r)}")
                 results.append(r)
     finally:
         _WORKER_DATA.clear()
     return results
-
-
-def _done_text(r: CellResult) -> str:
-    rounds = ""
-    if r.rounds > 1:
-        rounds = f", round 1 {r.round_errors[0]:.1f}% -> round {r.rounds} {r.round_errors[-1]:.1f}%"
-    how = " (finished earlier: read back)" if r.reused else ""
-    return (
-        f"{r.spec.dataset} {r.spec.setting} {r.label} seed {r.seed}: avg error "
-        f"{r.average_error:.1f}%{rounds}, {r.labels_used} labels, {r.wall_time_s:.1f} s{how}"
-    )

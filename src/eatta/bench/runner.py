@@ -440,20 +440,21 @@ def run_grid(
             spec, data[spec.dataset], opts, out_dir, grid_index=j, callback=callback, log=log
         )
         if log is not None:
-            how = " (finished earlier: read back)" if r.reused else ""
-            rounds = ""
-            if r.rounds > 1:
-                rounds = (
-                    f", round 1 {r.round_errors[0]:.1f}% -> round {r.rounds} "
-                    f"{r.round_errors[-1]:.1f}%"
-                )
-            log(
-                f"[{i + 1}/{len(cells)}] {spec.dataset} {spec.setting} {r.label} seed {seed}: "
-                f"avg error {r.average_error:.1f}%{rounds}, {r.labels_used} labels, "
-                f"{r.wall_time_s:.1f} s{how}"
-            )
+            log(f"[{i + 1}/{len(cells)}] {done_text(r)}")
         results.append(r)
     return results
+
+
+def done_text(r: CellResult) -> str:
+    """The log line of a finished cell: its error (first and last round), labels and time."""
+    rounds = ""
+    if r.rounds > 1:
+        rounds = f", round 1 {r.round_errors[0]:.1f}% -> round {r.rounds} {r.round_errors[-1]:.1f}%"
+    how = " (finished earlier: read back)" if r.reused else ""
+    return (
+        f"{r.spec.dataset} {r.spec.setting} {r.label} seed {r.seed}: avg error "
+        f"{r.average_error:.1f}%{rounds}, {r.labels_used} labels, {r.wall_time_s:.1f} s{how}"
+    )
 
 
 # ----------------------------------------------------------------------------- memory

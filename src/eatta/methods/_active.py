@@ -99,11 +99,14 @@ def select_and_ask(
     return selection, labels
 
 
-def check_annotator(oracle: object, method: str, *, binary: bool) -> Feedback | None:
+def check_annotator(
+    oracle: object, method: str, *, binary: bool, label_expiry: int = DEFAULT_MAX_AGE
+) -> Feedback | None:
     """The feedback kind of an asynchronous annotator (None for a synchronous callable).
 
     A :class:`TypeError` if it is neither, or gives yes/no answers to a method that cannot use
-    them."""
+    them; a :class:`ValueError` for a ``label_expiry`` other than the default with a synchronous
+    oracle (it would be ignored: nothing waits)."""
     if is_asynchronous(oracle):
         kind = check_feedback(getattr(oracle, "feedback", "label"))
         if kind == "binary" and not binary:
@@ -116,6 +119,11 @@ def check_annotator(oracle: object, method: str, *, binary: bool) -> Feedback | 
         raise TypeError(
             f"oracle must be a callable oracle(inputs, indices) or an asynchronous annotator "
             f"(submit/collect/cancel), got {type(oracle).__name__}"
+        )
+    if label_expiry != DEFAULT_MAX_AGE:
+        raise ValueError(
+            f"label_expiry={label_expiry!r} applies to asynchronous annotators; {method}'s oracle "
+            "answers at once"
         )
     return None
 

@@ -87,7 +87,7 @@ class BaselineConfig(OptimizerConfig):
     buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
     label_expiry: int = hparam(
-        256, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
     )
 
 

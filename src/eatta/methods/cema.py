@@ -115,7 +115,7 @@ class CEMA(AdaptiveMethod):
     ) -> None:
         if optimizer is None:
             raise TypeError("CEMA needs an optimizer over the parameters to adapt")
-        feedback = check_annotator(oracle, "CEMA", binary=False)
+        feedback = check_annotator(oracle, "CEMA", binary=False, label_expiry=label_expiry)
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -282,7 +282,7 @@ class CEMAConfig(OptimizerConfig):
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
     seed: int = hparam(0, "seed of the buffer's draws")
     label_expiry: int = hparam(
-        256, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
     )
 
 

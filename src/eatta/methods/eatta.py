@@ -185,7 +185,9 @@ class EATTA(AdaptiveMethod):
         if options is not None and given:
             raise ValueError(f"give either options= or {sorted(given)}, not both")
         options = options if options is not None else StepOptions(**given)  # type: ignore[arg-type]  # values checked by StepOptions
-        feedback = check_annotator(oracle, type(self).__name__, binary=True)
+        feedback = check_annotator(
+            oracle, type(self).__name__, binary=True, label_expiry=label_expiry
+        )
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         options.prepare_model(model)
@@ -592,7 +594,7 @@ class EATTAConfig(OptimizerConfig):
     autocast: bool = hparam(False, "bf16 autocast of the feature extractor")
     channels_last: bool = hparam(False, "channels-last memory format")
     label_expiry: int = hparam(
-        256, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
     )
 
 

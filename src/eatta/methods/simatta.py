@@ -128,7 +128,7 @@ class SimATTA(AdaptiveMethod):
     ) -> None:
         if optimizer is None:
             raise TypeError("SimATTA needs an optimizer over the parameters to adapt")
-        feedback = check_annotator(oracle, "SimATTA", binary=False)
+        feedback = check_annotator(oracle, "SimATTA", binary=False, label_expiry=label_expiry)
         for name, value, low in (
             ("steps", steps, 0),
             ("source_per_batch", source_per_batch, 0),
@@ -330,7 +330,7 @@ class SimATTAConfig(OptimizerConfig):
     refresh_anchors: bool = hparam(True, "recompute the anchors' features each batch")
     seed: int = hparam(0, "seed of the clustering and the buffers")
     label_expiry: int = hparam(
-        256, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
     )
 
 
