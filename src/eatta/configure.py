@@ -1,8 +1,12 @@
 """Put a model into test-time-adaptation mode and choose its trainable parameters.
 
-As TENT does (docs/method.md §1): the whole model in eval mode (no dropout or stochastic
-depth), every BatchNorm normalizing with the statistics of the current batch, and only the chosen
-parameters trainable. The model is modified in place, as in TENT: BatchNorm running statistics are
+The whole model goes into eval mode, every BatchNorm normalizes with the statistics of the current
+batch, and only the chosen parameters stay trainable (docs/method.md §1). The BatchNorm part is
+TENT's (``configure_model`` in its public ``tent.py``); the mode is not: TENT calls
+``model.train()``, so dropout and stochastic depth stay active during its adaptation, while here
+they are off (eval mode). For a model without dropout or
+stochastic depth the two agree; with them, call ``model.train()`` after :func:`configure` to get
+TENT's behaviour. The model is modified in place, as in TENT: BatchNorm running statistics are
 dropped (``track_running_stats=False``); keep a copy of the model if you need them later.
 """
 

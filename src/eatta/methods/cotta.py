@@ -11,7 +11,8 @@ Per batch (following the authors' ImageNet code, github.com/qinenergy/cotta):
    ``-½ Σ p_t log p_s - ½ Σ p_s log p_t`` (batch mean, teacher detached), with one optimizer step;
 4. the teacher becomes ``m · teacher + (1 - m) · student`` for every parameter (m = 0.999);
 5. stochastic restore: each element of each adapted parameter goes back to its source value with
-   probability ``restore_prob`` (0.01).
+   probability ``restore_prob`` (0.01, the paper's supplement; CoTTA's ImageNet code hard-codes
+   0.001, see the ``cotta`` row of :data:`eatta.methods.presets.DATASET_PRESETS`).
 
 The returned prediction is the teacher's (augmentation-averaged when augmenting), as in CoTTA's
 code; it is computed before this batch's update. All the model's ``weight`` and ``bias``
