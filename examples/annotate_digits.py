@@ -7,10 +7,11 @@ your answers come back to the model on its next steps. It prints the online erro
 received as it goes.
 
     python examples/annotate_digits.py --queue labels.db --port 8765          # then open the page
-    python examples/annotate_digits.py --queue labels.db --simulate --delay 2 --error-rate 0.1
+    python examples/annotate_digits.py --queue labels.db --simulate --delay-s 2 --noise 0.1
 
-``--simulate`` answers through the page's HTTP API (as any script or tool can), ``--delay``
-seconds after each request, wrong with probability ``--error-rate``, so the example also runs
+``--simulate`` answers through the page's HTTP API (as any script or tool can), ``--delay-s``
+seconds after each request, wrong with probability ``--noise`` (the names of ``delay_s`` and
+``noise`` in ``eatta.annotate``; a delay without ``_s`` counts batches), so the example also runs
 unattended. The process checkpoints the method and the queue's cursor together
 (``--checkpoint``, default ``QUEUE.ckpt``) every ``--checkpoint-every`` batches; kill it at any
 moment (even ``kill -9``) and start it again with the same arguments: it resumes where its
@@ -84,17 +85,17 @@ def _api(url: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, 
 
 
 def simulate(
-    url: str, queue: DigitsQueue, delay: float, error_rate: float, stop: threading.Event
+    url: str, queue: DigitsQueue, delay_s: float, noise: float, stop: threading.Event
 ) -> None:
-    """A simulated person: answers each pending request over HTTP ``delay`` s after it was made,
-    with the true class, or another one with probability ``error_rate``."""
+    """A simulated person: answers each pending request over HTTP ``delay_s`` seconds after it
+    was made, with the true class, or another one with probability ``noise``."""
     rng = random.Random(0)
     reader = LabelQueue(queue.path)  # for the method id behind a key (keys of re-asked ids differ)
     while not stop.is_set():
         try:
             _, items = _api(url, "/api/pending")
             for item in items:
-                wait = item["created"] + delay - time.time()
+                wait = item["created"] + delay_s - time.time()
                 if wait > 0:
                     break  # oldest first: the rest are younger
                 record = reader.request(item["id"])
@@ -103,9 +104,9 @@ def simulate(
                     body: dict[str, Any] = {"id": item["id"], "skip": True}
                 else:
                     label = truth
-                    if rng.random() < error_rate:
+                    if rng.random() < noise:
                         label = rng.choice([c for c in range(10) if c != truth])
-                    body = {"id": item["id"], "label": label, "seconds": delay}
+                    body = {"id": item["id"], "label": label, "seconds": delay_s}
                 _api(url, "/api/answers", body)
         except (urllib.error.URLError, OSError):
             pass  # the server is restarting
@@ -130,8 +131,8 @@ def main() -> None:
     parser.add_argument("--no-serve", action="store_true", help="do not serve the page here")
     parser.add_argument("--url", help="the page's URL when served elsewhere (for --simulate)")
     parser.add_argument("--simulate", action="store_true", help="answer over HTTP, unattended")
-    parser.add_argument("--delay", type=float, default=2.0, help="--simulate: seconds to answer")
-    parser.add_argument("--error-rate", type=float, default=0.0, help="--simulate: wrong share")
+    parser.add_argument("--delay-s", type=float, default=2.0, help="--simulate: seconds to answer")
+    parser.add_argument("--noise", type=float, default=0.0, help="--simulate: wrong share")
     parser.add_argument("--interval", type=float, default=None, help="seconds between batches")
     parser.add_argument("--batches", type=int, default=None, help="stop after this many batches")
     parser.add_argument("--corruptions", nargs="+", default=list(CORRUPTIONS))
@@ -168,7 +169,7 @@ def main() -> None:
     if args.simulate:
         if url is None:
             parser.error("--simulate with --no-serve needs --url")
-        sim = (url, queue, args.delay, args.error_rate, stop)
+        sim = (url, queue, args.delay_s, args.noise, stop)
         threading.Thread(target=simulate, args=sim, daemon=True).start()
 
     print(f"{'batch':>9} {'domain':<18} {'err %':>6} {'online err %':>13} {'labels':>7} "

@@ -1,8 +1,9 @@
 """Quick start: adapt a small digits CNN to corrupted digits with one label per batch.
 
-A BatchNorm CNN is trained on clean scikit-learn digits (cached after the first run), then serves
-a stream of corrupted test digits (ImageNet-C corruptions at severity 5, one after another). EATTA
-adapts it online, asking a simulated annotator for at most one label per batch of 64.
+The packaged BatchNorm CNN (trained on clean scikit-learn digits; the source model of
+``eatta-bench``) serves a stream of corrupted test digits (ImageNet-C corruptions at severity 5,
+one after another). EATTA adapts it online, asking a simulated annotator for at most one label
+per batch of 64.
 
     python examples/quickstart.py
 """
@@ -16,7 +17,7 @@ import time
 import torch
 
 import eatta
-from eatta.bench.digits_model import load_digits_source
+from eatta.bench.digits_model import packaged_digits_source
 from eatta.data import TestStream, digits_c_domains
 
 CORRUPTIONS = ("gaussian_noise", "defocus_blur", "snow", "fog", "contrast", "elastic_transform")
@@ -32,12 +33,12 @@ def main() -> None:
     torch.set_num_threads(1)  # a 24k-parameter network runs fastest on one thread
     start = time.perf_counter()
 
-    source, report = load_digits_source()
+    source, report = packaged_digits_source()
     print(f"source model: clean test accuracy {100 * report['clean_test_accuracy']:.1f}%")
     domains = digits_c_domains(args.corruptions)
     stream = TestStream(domains, batch_size=args.batch_size, seed=args.seed)
 
-    # the two lines
+    # wrap the model (README: "Wrap your own model")
     model = copy.deepcopy(source)
     params = eatta.configure(model)
     oracle = eatta.GroundTruthOracle()
