@@ -116,7 +116,7 @@ def _buffers(text: str) -> list[int | None]:
 
 _RUN_DESCRIPTION = (
     "Benchmark test-time adaptation methods. Without --dataset: the long-term embedded "
-    "digits-C benchmark (10 rounds, CPU, about 5 minutes; --rounds 1 for one pass)."
+    "digits-C benchmark (10 rounds, CPU, about 2.5 minutes on 2 cores; --rounds 1 for one pass)."
 )
 
 
