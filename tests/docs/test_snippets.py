@@ -219,7 +219,8 @@ def test_python_block_runs(block: Block, tmp_path, monkeypatch):
 
 def commands(code: str) -> Iterator[list[str]]:
     """The command lines of a shell block: ``\\`` continuations joined, comments dropped, ``&&``
-    chains split; in a block with ``$ `` prompts only the prompted lines (the rest is output)."""
+    chains split, a ``for VAR in A ...; do`` loop's body read with its first value; in a block
+    with ``$ `` prompts only the prompted lines (the rest is output)."""
     prompted = any(line.startswith("$ ") for line in code.splitlines())
     joined: list[str] = []
     for line in code.splitlines():
@@ -232,7 +233,16 @@ def commands(code: str) -> Iterator[list[str]]:
             joined[-1] = joined[-1][:-1] + " " + line.strip()
         else:
             joined.append(line.strip())
+    loop: dict[str, str] = {}  # for VAR in A B ...; do: the body is checked with VAR=A
     for line in joined:
+        m = re.fullmatch(r"for (\w+) in (\S+).*; do", line)
+        if m:
+            loop[m[1]] = m[2]
+            continue
+        if line in ("done", "done;"):
+            continue
+        for var, value in loop.items():
+            line = line.replace("${" + var + "}", value).replace("$" + var, value)
         try:
             words = shlex.split(line, comments=True)
         except ValueError as err:  # pragma: no cover - a broken quote in the docs
@@ -370,6 +380,9 @@ def test_the_shell_checks_can_fail(monkeypatch, capsys):
         ["eatta-bench", "list"],
         ["a", "b"],
         ["c"],
+    ]
+    assert list(commands("for lr in 1e-3 5e-3; do\n  x --lr=$lr ${lr}\ndone")) == [
+        ["x", "--lr=1e-3", "1e-3"]
     ]
 
 
