@@ -424,3 +424,40 @@ def test_python_blocks_parse():
     """Also the skipped ones: a block must at least be Python."""
     for b in PYTHON:
         ast.parse(b.code, b.name)
+
+
+# ----------------------------------------------------------------------------- links
+
+_LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = page.read_text(encoding="utf-8")
+    return {_slug(m[1]) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def test_relative_links_and_anchors_resolve():
+    broken = []
+    checked = 0
+    for page in PAGES:
+        for m in _LINK.finditer(page.read_text(encoding="utf-8")):
+            target = m["target"]
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s), mailto
+            checked += 1
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert broken == [] and checked >= 10
+    assert _slug("Long streams: one label per batch against the field's anchors") == (
+        "long-streams-one-label-per-batch-against-the-fields-anchors"
+    )
