@@ -8,7 +8,7 @@ parameters, the parameters and the optimizer's buffers. float32's smallest norma
 1.18e-38: a minimum far above it means no denormals. It then says whether the two runs'
 predictions and final parameters are bit-identical (flushing changes nothing when there are none).
 
-    python tools/denormal_check.py                    # TENT, 2 rounds (~30 s of CPU per run)
+    python tools/denormal_check.py                    # TENT, 2 rounds (~25 s of CPU per run)
     python tools/denormal_check.py --method baseline --rounds 10
 """
 
