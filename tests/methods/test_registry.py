@@ -11,7 +11,7 @@ from torch import nn
 
 import eatta
 from conftest import confident_cnn, image_batches
-from eatta.bench import cli
+from eatta.bench import api, cli, commands
 from eatta.methods import registry
 from eatta.methods.config import MethodConfig
 from eatta.methods.presets import DATASET_PRESETS, DATASETS
@@ -278,10 +278,10 @@ def test_describe_lists_keys_defaults_and_dataset_values():
 def no_data(monkeypatch):
     """Fail if the CLI gets as far as loading data."""
 
-    def refuse(args: Any) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("data was loaded")
 
-    monkeypatch.setattr(cli, "build_benchmarks", refuse)
+    monkeypatch.setattr(api, "load_benchmarks", refuse)
 
 
 @pytest.mark.parametrize(
@@ -305,8 +305,8 @@ def test_cli_rejects_bad_hp_before_loading_data(hp, methods, needles, capsys, no
 
 
 def test_cli_all_methods_key_applies_to_those_that_declare_it():
-    got = cli._parse_hparams(["buffer=4", "lr=1e-3", "tent.lr=0.5"], ["tent", "eatta"])
+    got = commands.parse_hparams(["buffer=4", "lr=1e-3", "tent.lr=0.5"], ["tent", "eatta"])
     assert got == {"tent": {"lr": 0.5}, "eatta": {"buffer": 4, "lr": 1e-3}}
     # a method's own key wins whatever the order
-    assert cli._parse_hparams(["tent.lr=0.5", "*.lr=1"], ["tent"]) == {"tent": {"lr": 0.5}}
-    assert cli._parse_hparams(["optimizer=adam"], ["source", "tent"])["source"] == {}
+    assert commands.parse_hparams(["tent.lr=0.5", "*.lr=1"], ["tent"]) == {"tent": {"lr": 0.5}}
+    assert commands.parse_hparams(["optimizer=adam"], ["source", "tent"])["source"] == {}
