@@ -80,6 +80,42 @@ def test_unknown_key_names_the_key_the_method_and_the_known_keys(name):
     assert same_state(before, model_state(model))
 
 
+LABEL_FREE = [n for n in METHODS if not registry.get_spec(n).active]
+ACTIVE = [n for n in METHODS if registry.get_spec(n).active]
+
+
+@pytest.mark.parametrize("name", LABEL_FREE)
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"oracle": annotator}, "oracle"),
+        ({"budget": 3}, "budget"),
+        ({"budget": 0}, "budget"),
+        ({"oracle": annotator, "budget": 3}, "oracle, budget"),
+        ({"label_expiry": 8}, "label_expiry"),
+        ({"buffer": 4}, "buffer"),
+    ],
+)
+def test_a_label_free_method_refuses_label_arguments(name, given, named):
+    """``create("tent", model, oracle=..., budget=3)`` once ignored both silently."""
+    model = confident_cnn()
+    before = model_state(model)
+    with pytest.raises(TypeError) as err:
+        eatta.create(name, model, **{**required(name), **given})
+    text = str(err.value)
+    assert f"method {name!r} is label-free" in text
+    assert f"takes no {named};" in text
+    assert "the methods that take labels are " + ", ".join(ACTIVE) in text
+    assert same_state(model_state(model), before)
+
+
+@pytest.mark.parametrize("name", ACTIVE)
+def test_an_active_method_takes_oracle_and_budget_with_a_default_of_one(name):
+    assert eatta.create(name, confident_cnn(), **required(name)).budget.per_batch == 1
+    got = eatta.create(name, confident_cnn(), budget=3, **required(name))
+    assert got.budget.per_batch == 3
+
+
 def test_every_unknown_key_is_listed():
     with pytest.raises(TypeError, match="'lrr' \\(did you mean 'lr'\\?\\), 'stepz'"):
         eatta.create("tent", confident_cnn(), lrr=0.1, stepz=2)

@@ -75,10 +75,10 @@ def _build_method(
             oracle = data.oracle_fn(device)
         else:
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
-    budget = Budget(spec.labels, every=spec.every) if spec_.active else Budget(0)
-    method = registry.create(
-        spec.method, model, dataset=data.defaults_key, oracle=oracle, budget=budget, **hp
-    )
+    labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
+    if spec_.active:
+        labels = {"oracle": oracle, "budget": Budget(spec.labels, every=spec.every)}
+    method = registry.create(spec.method, model, dataset=data.defaults_key, **labels, **hp)
     shown = {k: v for k, v in spec_.hparams(data.defaults_key, hp).items() if k != "fisher_data"}
     return method, oracle, to_plain(shown)
 
