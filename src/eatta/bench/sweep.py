@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -73,6 +74,7 @@ __all__ = [
     "plan",
     "shard_dir",
     "slurm_executor",
+    "slurm_queue",
     "sweep_parser",
 ]
 
@@ -142,8 +144,9 @@ def _merge(out: Path, sweep_plan: SweepPlan) -> None:
         raise ValueError(f"merging {out} failed (status {status})")
 
 
-def _outcome(job: submitit.Job[Any], out: Path, index: int) -> str | None:
-    """None when shard ``index`` finished; otherwise why not."""
+def _outcome(job: submitit.Job[Any], out: Path, index: int, state: str | None = None) -> str | None:
+    """None when shard ``index`` finished; otherwise why not (``state``: the job's last state
+    as Slurm's queue showed it; None: ask submitit)."""
     if job.paths.result_pickle.exists():
         err = job.exception()
         if err is not None:
@@ -152,30 +155,86 @@ def _outcome(job: submitit.Job[Any], out: Path, index: int) -> str | None:
             return f"{tail.strip()} (log: {job.paths.stderr})"
     if (shard_dir(out, index) / "results.json").is_file():
         return None
+    state = job.state if state is None else state
     return (
-        f"ended without a result ({job.state}: killed, out of memory or out of time?); "
+        f"ended without a result ({state}: cancelled, killed, out of memory or out of time?); "
         f"log: {job.paths.stderr}"
     )
 
 
+#: Slurm job states of a job that has not ended (it may still write its result).
+_SLURM_ACTIVE = frozenset(
+    "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING "
+    "SIGNALING STAGE_OUT SUSPENDED PREEMPTED".split()
+)
+
+
+def slurm_queue(job_ids: Sequence[str], timeout_s: float = 60.0) -> dict[str, str] | None:
+    """The state of each array task of ``job_ids`` that Slurm's queue still shows (``squeue``,
+    never ``sacct``, which fails on clusters without accounting); a task it does not show has
+    ended. None when ``squeue`` does not answer."""
+    arrays = sorted({j.split("_")[0] for j in job_ids})
+    try:
+        done = subprocess.run(
+            [
+                "squeue",
+                "--noheader",
+                "--array",
+                "--states=all",
+                "--format=%i %T",
+                "--jobs",
+                ",".join(arrays),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:  # every job long gone: "Invalid job id specified"
+        return {} if "invalid job id" in done.stderr.lower() else None
+    states: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        if job_id:
+            states[job_id] = state.strip().split(" ")[0].upper()
+    return states
+
+
 def _wait(
-    jobs: Mapping[int, submitit.Job[Any]], out: Path, poll_s: float, say: Callable[[str], None]
+    jobs: Mapping[int, submitit.Job[Any]],
+    out: Path,
+    poll_s: float | None,
+    say: Callable[[str], None],
 ) -> dict[int, str]:
-    """Wait for ``jobs`` (shard -> job); the failed shards with why."""
+    """Wait for the Slurm jobs ``jobs`` (shard -> job); the failed shards with why.
+
+    A job has ended when it wrote its result or Slurm's queue shows it ended (or no longer
+    shows it). Only ``squeue`` is asked: submitit's own ``done()`` asks ``sacct``, which on a
+    cluster without accounting fails (two warnings a call) and never reports a cancelled job.
+    ``poll_s``: seconds between two looks (None: half a second, growing by a quarter each time
+    up to 30 s)."""
     failed: dict[int, str] = {}
     running = dict(jobs)
+    pause = poll_s if poll_s is not None else 0.5
     while running:
+        queue = slurm_queue([job.job_id for job in running.values()])
         for i, job in list(running.items()):
-            if job.done():
-                del running[i]
-                why = _outcome(job, out, i)
-                if why is None:
-                    say(f"shard {i} (job {job.job_id}): finished")
-                else:
-                    failed[i] = why
-                    say(f"shard {i} (job {job.job_id}): FAILED: {why}")
+            state = None if queue is None else queue.get(job.job_id, "GONE")
+            if not job.paths.result_pickle.exists() and (state is None or state in _SLURM_ACTIVE):
+                continue
+            del running[i]
+            gone = "no longer in the queue" if state in (None, "GONE") else state
+            why = _outcome(job, out, i, gone)
+            if why is None:
+                say(f"shard {i} (job {job.job_id}): finished")
+            else:
+                failed[i] = why
+                say(f"shard {i} (job {job.job_id}): FAILED: {why}")
         if running:
-            time.sleep(poll_s)
+            time.sleep(pause)
+            if poll_s is None:
+                pause = min(30.0, pause * 1.25)
     return failed
 
 
@@ -387,7 +446,7 @@ def launch(
                 f"{shlex.quote(str(folder))} (finished cells are read back)"
             )
             return result
-        result.failed = _wait(dict(zip(pending, submitted, strict=True)), folder, poll_s or 30, say)
+        result.failed = _wait(dict(zip(pending, submitted, strict=True)), folder, poll_s, say)
     if result.failed:
         show(
             f"{len(result.failed)} shard(s) failed: {sorted(result.failed)}; resubmit them with: "
