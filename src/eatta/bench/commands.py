@@ -557,9 +557,13 @@ def merge(args: argparse.Namespace) -> int:
 
 def exit_status(call: Callable[[], int]) -> int:
     """``call()``'s exit status; a usage error (bad input, missing data or weights) is printed as
-    ``eatta-bench: error: ...`` and gives status 2. Other errors propagate."""
+    ``eatta-bench: error: ...`` and gives status 2; Ctrl-C says what was kept and gives 130.
+    Other errors propagate."""
     try:
         return call()
+    except KeyboardInterrupt as stop:
+        print(f"eatta-bench: {stop if str(stop) else 'interrupted'}", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError) as err:
         from eatta.bench.models import WeightsUnavailableError
 

@@ -421,9 +421,17 @@ def launch(
         f"-> {folder} [{launcher}]"
     )
     if launcher == "local":
-        result.failed = _run_local(
-            sweep_plan, folder, pending, parallel, time_min, record, poll_s or 0.2, say
-        )
+        try:
+            result.failed = _run_local(
+                sweep_plan, folder, pending, parallel, time_min, record, poll_s or 0.2, say
+            )
+        except KeyboardInterrupt:
+            done = len(finished_shards(folder, shards))
+            raise KeyboardInterrupt(
+                f"interrupted: {done} of {shards} shards finished (their results are kept; the "
+                "others were stopped and resume from their checkpoints); continue with: "
+                f"eatta-bench sweep --resubmit --out {shlex.quote(str(folder))}"
+            ) from None
     else:
         assert slurm is not None
         ex = slurm_executor(folder / "submitit" / "%j", slurm)
@@ -446,7 +454,13 @@ def launch(
                 f"{shlex.quote(str(folder))} (finished cells are read back)"
             )
             return result
-        result.failed = _wait(dict(zip(pending, submitted, strict=True)), folder, poll_s, say)
+        try:
+            result.failed = _wait(dict(zip(pending, submitted, strict=True)), folder, poll_s, say)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(
+                f"stopped waiting: the Slurm jobs of {folder} keep running (squeue shows them; "
+                f"scancel {first} stops them); when they have finished: {merge_command}"
+            ) from None
     if result.failed:
         show(
             f"{len(result.failed)} shard(s) failed: {sorted(result.failed)}; resubmit them with: "
