@@ -122,3 +122,19 @@ def _is_cell_of(proc: Path, out_dir: Path) -> bool:
         return str(out_dir) in (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+def test_a_local_sweep_stops_cleanly_and_names_the_resubmit_command(tmp_path: Path) -> None:
+    pytest.importorskip("submitit")
+    out = tmp_path / "sweep"
+    argv = ["-m", "eatta.bench.cli", "sweep", "--launcher", "local", "--jobs", "2"]
+    argv += ["--shards", "2", "--out", str(out), "--", "--rounds", "2", "--methods", "tent"]
+    argv += ["--limit", "128", "--batch-size", "16", "--seeds", "0,1"]
+    argv += ["--checkpoint-every", "5", "--no-plot", "--no-progress"]
+    status, _, err = interrupted(argv, lambda _: any(out.glob("shard-*/checkpoints/*.pt")))
+    assert status == 130, err
+    # submitit's local controllers, interrupted by job.cancel(), write to a log, not here
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "eatta-bench: interrupted: 0 of 2 shards finished" in err
+    assert f"continue with: eatta-bench sweep --resubmit --out {out}" in err
+    assert "KeyboardInterrupt" in (out / "submitit" / "controllers.log").read_text()

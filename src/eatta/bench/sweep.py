@@ -27,13 +27,14 @@ command line).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -238,6 +239,21 @@ def _wait(
     return failed
 
 
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 appended to ``path`` (what a child process started inside inherits)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _run_local(
     sweep_plan: SweepPlan,
     out: Path,
@@ -272,7 +288,9 @@ def _run_local(
                 task = ShardJob(
                     sweep_plan.argv, i, sweep_plan.count, str(shard_dir(out, i)), threads
                 )
-                with _environment(env):
+                # the controller process submitit starts writes to our stderr; on Ctrl-C,
+                # job.cancel() interrupts it and it prints a traceback: send it to a log instead
+                with _environment(env), _stderr_to(out / "submitit" / "controllers.log"):
                     job = ex.submit(task)
                 running[i] = (job, slot)
                 record(i, job.job_id)
