@@ -75,7 +75,7 @@ def test_eatta_annotate_serve_stops_cleanly(tmp_path: Path) -> None:
     assert f"eatta-annotate: stopped; the queue {queue} keeps every answer" in err
 
 
-def test_the_annotation_example_stops_cleanly_and_resumes_from_its_checkpoint(
+def test_the_annotation_example_stops_cleanly_and_names_its_checkpoint(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("uvicorn")
@@ -90,11 +90,11 @@ def test_the_annotation_example_stops_cleanly_and_resumes_from_its_checkpoint(
     )
     assert found is not None, out
     saved = int(found[1])
-    assert saved >= 2 and Path(f"{queue}.ckpt").is_file()
-    # the same command again resumes at the batch the checkpoint holds
-    status, out, err = interrupted(argv, lambda text: "resumed from" in text)
-    assert status == 130 and "Traceback" not in err
-    assert f"resumed from {queue}.ckpt at batch {saved}" in out
+    assert saved >= 2
+    # the checkpoint holds the batch the line names: what the same command resumes from
+    import torch
+
+    assert torch.load(f"{queue}.ckpt", weights_only=False)["batch"] == saved
 
 
 def test_eatta_bench_stops_cleanly_and_says_what_it_kept(tmp_path: Path) -> None:
@@ -127,14 +127,14 @@ def _is_cell_of(proc: Path, out_dir: Path) -> bool:
 def test_a_local_sweep_stops_cleanly_and_names_the_resubmit_command(tmp_path: Path) -> None:
     pytest.importorskip("submitit")
     out = tmp_path / "sweep"
-    argv = ["-m", "eatta.bench.cli", "sweep", "--launcher", "local", "--jobs", "2"]
-    argv += ["--shards", "2", "--out", str(out), "--", "--rounds", "2", "--methods", "tent"]
-    argv += ["--limit", "128", "--batch-size", "16", "--seeds", "0,1"]
+    argv = ["-m", "eatta.bench.cli", "sweep", "--launcher", "local", "--jobs", "1"]
+    argv += ["--shards", "1", "--out", str(out), "--", "--rounds", "2", "--methods", "tent"]
+    argv += ["--limit", "128", "--batch-size", "16", "--seeds", "0"]
     argv += ["--checkpoint-every", "5", "--no-plot", "--no-progress"]
     status, _, err = interrupted(argv, lambda _: any(out.glob("shard-*/checkpoints/*.pt")))
     assert status == 130, err
     # submitit's local controllers, interrupted by job.cancel(), write to a log, not here
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    assert "eatta-bench: interrupted: 0 of 2 shards finished" in err
+    assert "eatta-bench: interrupted: 0 of 1 shards finished" in err
     assert f"continue with: eatta-bench sweep --resubmit --out {out}" in err
     assert "KeyboardInterrupt" in (out / "submitit" / "controllers.log").read_text()

@@ -3,35 +3,44 @@ it (the high-water mark is reset at the run's start; Linux only)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
-import torch
 
 from eatta.bench import runner
 
-CPU = torch.device("cpu")
-
-
-def _touch(mb: int) -> torch.Tensor:
-    return torch.ones(mb * 2**18)  # float32: 4 bytes each, every page written
+# in a fresh interpreter: what other tests left in this process's heap cannot blur the numbers
+_SCRIPT = """
+import json, torch
+from eatta.bench import runner
+cpu = torch.device("cpu")
+first = runner._memory_start()
+big = torch.ones(400 * 2**18)          # 400 MB, every page written
+peaks = [first[1], runner._peak(cpu, first, None)]
+del big                                 # freed: getrusage's lifetime peak stays ~400 MB higher
+second = runner._memory_start()
+small = torch.ones(100 * 2**18)
+peaks.append(runner._peak(cpu, second, None))
+peaks.append(runner._peak(cpu, runner._memory_start(), 500.0))
+print(json.dumps(peaks))
+"""
 
 
 @pytest.mark.skipif(
     not os.access("/proc/self/clear_refs", os.W_OK), reason="needs /proc/self/clear_refs"
 )
 def test_a_run_after_a_bigger_one_reports_its_own_peak():
-    first = runner._memory_start()
-    big = _touch(400)
-    assert first[1] and runner._peak(CPU, first, None) >= 380
-    del big  # freed: the process's lifetime peak (getrusage) stays ~400 MB above
-    second = runner._memory_start()
-    small = _touch(100)
-    peak = runner._peak(CPU, second, None)
-    assert 90 <= peak <= 140, peak
-    del small
-    # an earlier session's peak (a resumed run) is kept when larger
-    assert runner._peak(CPU, runner._memory_start(), 500.0) == 500.0
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120, check=True
+    )
+    reset, first, second, resumed = json.loads(done.stdout)
+    assert reset is True
+    assert first >= 380
+    assert 90 <= second <= 140  # was ~0: measured against the 400 MB run's lifetime peak
+    assert resumed == 500.0  # an earlier session's larger peak (a resumed run) is kept
 
 
 def test_without_a_reset_the_lifetime_peak_is_the_baseline(monkeypatch):
