@@ -139,17 +139,19 @@ class AdaptiveMethod(nn.Module):
             x = x.clone()
         oracle = getattr(self, "oracle", None)
         if labels is not None:
-            if not hasattr(oracle, "set_labels"):
+            auditor = None if self.monitor is None else self.monitor.auditor
+            if not hasattr(oracle, "set_labels") and not hasattr(auditor, "set_labels"):
                 raise TypeError(
-                    f"{type(self).__name__}(x, labels=...) needs an oracle with set_labels "
-                    "(a GroundTruthOracle)"
+                    f"{type(self).__name__}(x, labels=...) needs an oracle (or a monitor's "
+                    "auditor) with set_labels (a GroundTruthOracle)"
                 )
             labels = torch.as_tensor(labels)
             if labels.shape != (x.shape[0],):
                 raise InvalidInputError(
                     f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}"
                 )
-            oracle.set_labels(labels)  # type: ignore[union-attr]
+            if hasattr(oracle, "set_labels"):
+                oracle.set_labels(labels)  # type: ignore[union-attr]  # checked just above
         if self._split is None:
             self._split_example = x
         try:
