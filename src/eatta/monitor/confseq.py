@@ -10,14 +10,23 @@ the chance it ever exceeds ``1/alpha``, so with probability ``>= 1 - alpha``, fo
 ``|S_t| <= sqrt((v_t + rho) log((v_t + rho) / (rho alpha^2)))`` with ``v_t = sigma^2 t``.
 Observations in ``[a, b]`` are sub-Gaussian with ``sigma^2 = (b - a)^2 / 4`` (Hoeffding's lemma).
 
-:func:`hoeffding_radius`: the fixed-sample Hoeffding bound, for a block of a known size.
+:func:`hoeffding_radius`: the fixed-sample Hoeffding bound, for a block of a known size;
+:func:`bernstein_radius`: the empirical Bernstein bound of Maurer & Pontil ("Empirical Bernstein
+bounds and sample variance penalization", COLT 2009, Theorem 4), tighter when the observations
+vary less than their range allows.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["check_level", "hoeffding_radius", "mixture_radius", "mixture_rho"]
+__all__ = [
+    "bernstein_radius",
+    "check_level",
+    "hoeffding_radius",
+    "mixture_radius",
+    "mixture_rho",
+]
 
 
 def check_level(alpha: object, name: str = "level") -> float:
@@ -54,3 +63,13 @@ def hoeffding_radius(n: int, alpha: float, span: float = 1.0) -> float:
     if n <= 0:
         return math.inf
     return span * math.sqrt(math.log(2.0 / alpha) / (2.0 * n))
+
+
+def bernstein_radius(n: int, variance: float, alpha: float, span: float = 1.0) -> float:
+    """Two-sided empirical Bernstein radius (Maurer & Pontil 2009, Theorem 4, each side at
+    ``alpha / 2``) of the mean of ``n`` independent observations in an interval of length
+    ``span`` whose unbiased sample variance is ``variance`` (``inf`` for ``n < 2``)."""
+    if n < 2:
+        return math.inf
+    log = math.log(4.0 / alpha)
+    return math.sqrt(2.0 * variance * log / n) + 7.0 * span * log / (3.0 * (n - 1))

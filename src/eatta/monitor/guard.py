@@ -2,10 +2,12 @@
 
 Audits (each: was the adapted model right, was the source model right, on the same sample) are
 grouped, in arrival order, into consecutive blocks of ``window`` audits. Each completed block ``j``
-(counted over the guard's whole life) gets a Hoeffding interval for its mean paired gain
+(counted over the guard's whole life) gets an interval for its mean paired gain
 ``g = acc(adapted) - acc(source)`` (observations in [-1, 1]) at level
-``alpha_j = alpha / (j (j + 1))``. These levels sum to ``alpha``, so with probability at least
-``1 - alpha`` every block's interval holds at once, for the whole stream (a union bound). Then:
+``alpha_j = alpha / (j (j + 1))``: the tighter of Hoeffding's and the empirical Bernstein bound
+(each valid at ``alpha_j / 2``, so both hold at ``alpha_j``). These levels sum to ``alpha``, so
+with probability at least ``1 - alpha`` every block's interval holds at once, for the whole
+stream (a union bound). Then:
 
 - ``"source"``: reset when a block's upper bound is below 0: the adapted model is worse than the
   source model on that block's samples;
@@ -22,10 +24,11 @@ starts again) and audits asked before the reset no longer count for the test.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from eatta.monitor.confseq import check_level, hoeffding_radius
+from eatta.monitor.confseq import bernstein_radius, check_level, hoeffding_radius
 
 __all__ = ["GUARD_POLICIES", "Guard", "ResetEvent", "check_policy"]
 
@@ -88,25 +91,40 @@ class Guard:
         self.blocks = 0  # completed blocks, lifetime (the union bound's index)
         self._n = 0
         self._sum = 0  # sum of paired differences in the open block
+        self._abs = 0  # audits in the open block where the two models differ in correctness
         self._segment: list[_Block] = []  # completed blocks since the last reset
 
     def block_level(self, j: int) -> float:
         """``alpha_j = alpha / (j (j + 1))`` of block ``j`` (1-based)."""
         return self.level / (j * (j + 1))
 
+    @staticmethod
+    def radius(n: int, total: int, absolute: int, alpha: float) -> float:
+        """Radius of a block's mean gain: ``n`` differences in {-1, 0, 1} summing to ``total``,
+        ``absolute`` of them nonzero; the tighter of Hoeffding and empirical Bernstein, each at
+        ``alpha / 2``."""
+        mean = total / n
+        variance = (absolute - n * mean * mean) / (n - 1) if n > 1 else math.inf
+        return min(
+            hoeffding_radius(n, alpha / 2, span=2.0),
+            bernstein_radius(n, max(variance, 0.0), alpha / 2, span=2.0),
+        )
+
     def update(self, adapted: int, source: int) -> ResetEvent | None:
         """Add one paired audit; a :class:`ResetEvent` when the block it completes says reset."""
+        d = int(adapted) - int(source)
         self._n += 1
-        self._sum += int(adapted) - int(source)
+        self._sum += d
+        self._abs += abs(d)
         if self._n < self.window:
             return None
         self.blocks += 1
         j = self.blocks
         alpha_j = self.block_level(j)
+        r = self.radius(self._n, self._sum, self._abs, alpha_j)
         gain = self._sum / self._n
-        r = hoeffding_radius(self._n, alpha_j, span=2.0)
         block = _Block(j, self._n, gain, gain - r, gain + r)
-        self._n, self._sum = 0, 0
+        self._n, self._sum, self._abs = 0, 0, 0
         event = None
         if self.policy in ("paired", "source") and block.high < 0.0:
             event = ResetEvent(
@@ -131,7 +149,7 @@ class Guard:
 
     def restart(self) -> None:
         """After a reset: forget the open block and the blocks since the last reset."""
-        self._n, self._sum = 0, 0
+        self._n, self._sum, self._abs = 0, 0, 0
         self._segment = []
 
     def reset(self) -> None:
@@ -147,6 +165,7 @@ class Guard:
             "blocks": self.blocks,
             "n": self._n,
             "sum": self._sum,
+            "abs": self._abs,
             "segment": [asdict(b) for b in self._segment],
         }
 
@@ -155,4 +174,5 @@ class Guard:
         self.level = check_level(state["level"], "guard level")
         self.window = int(state["window"])
         self.blocks, self._n, self._sum = int(state["blocks"]), int(state["n"]), int(state["sum"])
+        self._abs = int(state["abs"])
         self._segment = [_Block(**b) for b in state["segment"]]
