@@ -144,6 +144,12 @@ def _protocol_text(r: CellResult) -> str:
         if annotator.get("feedback") == "binary":
             bits.append("yes/no answers")
         parts.append("annotator: " + ", ".join(bits or ["simulated, at once"]))
+    monitor = r.protocol.get("monitor")
+    if monitor:
+        text = f"audit {monitor['audit']:g} of the samples"
+        if monitor.get("guard"):
+            text += f", guard {monitor['guard']} at level {monitor['guard_level']:g}"
+        parts.append(text)
     return ", ".join(parts)
 
 
