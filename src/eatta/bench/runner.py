@@ -36,6 +36,7 @@ from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
 from eatta.bench.grid import STATIC_METHODS, CellSpec
 from eatta.bench.monitoring import monitor_summary
 from eatta.bench.options import RunOptions
+from eatta.bench.provenance import machine_provenance
 from eatta.bench.results import CellResult
 from eatta.budget import Budget
 from eatta.data.stream import TestStream
@@ -271,7 +272,7 @@ def run_cell(
     }
     if monitor is not None:
         result.monitor = monitor_summary(monitor, stream.rounds, options.annotator)
-    result.provenance = dict(data.provenance)
+    result.provenance = {**data.provenance, **machine_provenance()}
     if spec_active(spec):
         result.annotation = annotation_summary(
             method, oracle, result.labels_used, options.annotator
