@@ -199,7 +199,11 @@ class AccuracyMonitor:
             if len(idx):
                 self._ask(x, logits, idx)
             if self.asynchronous:
+                before = self._overall.n
                 self._collect()
+                publish = getattr(self.auditor, "publish_monitor", None)
+                if publish is not None and self._overall.n > before:  # the label page shows it
+                    publish(self.page_summary())
         finally:
             end = getattr(self.auditor, "end_batch", None)
             if end is not None:
@@ -345,6 +349,15 @@ class AccuracyMonitor:
             w = list(self._window)
             return self._estimate(_Tally(len(w), sum(v >> 1 for v in w), sum(v & 1 for v in w)))
         raise ValueError(f"estimate of {which!r}: use 'overall', 'segment', 'recent' or a period")
+
+    def page_summary(self) -> dict[str, Any]:
+        """The overall figures for the label page (plain JSON): audits, adapted and source
+        accuracy with their interval bounds, the level, the resets."""
+        e = self.estimate("overall")
+        out: dict[str, Any] = {"audits": e.audits, "level": self.level, "resets": len(self.resets)}
+        for name, iv in (("adapted", e.adapted), ("source", e.source), ("gain", e.difference)):
+            out[name], out[f"{name}_low"], out[f"{name}_high"] = iv.value, iv.low, iv.high
+        return out
 
     @property
     def periods(self) -> list[int]:
