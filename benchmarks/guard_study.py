@@ -236,6 +236,24 @@ def render(data: dict[str, Any]) -> str:
         "that block's lower bound). Resets are counted, logged with their evidence "
         "(`results.json`: `monitor.resets`), and shown in the table.",
         "",
+        "## Use",
+        "",
+        "```python",
+        "import eatta",
+        "from eatta.monitor import attach",
+        "",
+        'method = eatta.create("tent", model)  # any method; label-free ones too',
+        'attach(method, auditor, source=model_as_trained, share=0.2, guard="paired")',
+        "logits = method(x)  # audits a uniform share; answers score adapted and source",
+        'method.monitor.estimate("recent")  # Estimate(audits, adapted, source, difference)',
+        "method.monitor.resets  # each reset with its evidence",
+        "```",
+        "",
+        "`auditor` is a synchronous `oracle(inputs, indices)` or an asynchronous annotator "
+        "(`SimulatedAnnotator`, `LabelQueue`: the label page then shows the audited figures). "
+        "A guard reset keeps the monitor (its tallies, resets; the guard's blocks restart); "
+        "`method.reset()` by the user clears it. Command line: `eatta-bench --audit F --guard`.",
+        "",
         "## Tuning (recurring stream, seed "
         f"{data['tune_seed']} only; reported below on seeds {','.join(map(str, seeds))})",
         "",
@@ -309,6 +327,17 @@ def render(data: dict[str, Any]) -> str:
             ),
             "",
         ]
+        per_round = []
+        for m in METHODS:
+            for arm in ("audit", "guard"):
+                if arm in s and len(s[arm][m]["rounds"][0]) > 1:
+                    means = np.mean(np.array(s[arm][m]["rounds"]), axis=0)
+                    label = f"{NAMES[m]} {'+ guard' if arm == 'guard' else ''}".strip()
+                    per_round.append([label, *(f"{v:.1f}" for v in means)])
+        if per_round:
+            L += ["Per round (mean over seeds):", ""]
+            cols = [f"R{i + 1}" for i in range(len(per_round[0]) - 1)]
+            L += [table(["method", *cols], per_round), ""]
         if "delay" in s:
             L += [f"Label delay {DELAY} (the method's labels and the audits), with the guard:", ""]
             rows = []
@@ -384,6 +413,43 @@ def render(data: dict[str, Any]) -> str:
         f"**{'met' if hit >= 0.9 * total else 'missed'}**."
     )
     L += [*items, ""]
+    # what the audits cost
+    L += ["## What the audits cost", ""]
+    c_share = data["chosen"]["share"]
+    L += [
+        f"Annotator time: at audit share {c_share:g}, a 64-sample batch sends "
+        f"{64 * c_share:.1f} audits on average, against the active methods' one label per batch "
+        "(11.7 s per label, `eatta.annotate.AnnotatorCost`); the *audit hours* columns above "
+        "are per run. Yes/no audits cost 1.6 s each.",
+        "",
+    ]
+    bench = REPO / "benchmarks" / "results" / "step_benchmark_cpu_audit.json"
+    if bench.is_file():
+        sb = json.loads(bench.read_text())
+        rows = []
+        for model, r in sb["models"].items():
+            tr, mr = r.get("time_ratios", {}), r.get("memory_ratios", {})
+            for key in ("tent+audit/tent", "eatta+audit/eatta"):
+                if key in tr:
+                    mem = mr.get(key)
+                    rows.append(
+                        [
+                            model,
+                            key,
+                            f"{tr[key]['median']:.3f} (paired {tr[key]['paired']:.3f})",
+                            "-" if mem is None else f"{mem:.3f}",
+                        ]
+                    )
+        L += [
+            "Compute (`python benchmarks/step_benchmark.py --tag audit ...`, "
+            "`benchmarks/results/step_benchmark_cpu_audit.json`; batch 64, one run, the "
+            "variants timed interleaved): the step with a monitor at the default audit share "
+            "(`eatta.bench.monitoring.DEFAULT_AUDIT_SHARE`) and the paired guard, against the "
+            "same step without:",
+            "",
+            table(["model", "ratio", "time", "peak memory"], rows),
+            "",
+        ]
     # false resets
     L += [
         "## Resets where nothing degrades",
