@@ -231,3 +231,26 @@ def test_bad_input_is_refused_before_the_method_is_touched():
     assert method.monitor is None
     with pytest.raises(ValueError, match="estimate"):
         AccuracyMonitor(GroundTruthOracle(), src).estimate("weekly")
+
+
+def test_a_source_on_batch_statistics_sees_the_whole_batch():
+    """attach() without a source copies the method's configured model (BatchNorm on batch
+    statistics): its prediction for an audited sample is the one it makes within the batch."""
+    method = tent()
+    oracle = GroundTruthOracle()
+    monitor = attach(method, oracle, share=0.25, seed=4)
+    assert monitor.source_sees_batch
+    initial = tent()  # the same model, unadapted, in its configured form
+    sampler = AuditSampler(0.25, seed=4)
+    n = s_right = 0
+    for x, y in stream(3):
+        oracle.set_labels(y)
+        with torch.no_grad():
+            whole = initial.model(x).argmax(1)
+        method(x)
+        idx = sampler.draw(len(y))
+        n += len(idx)
+        s_right += int((whole[idx] == y[idx]).sum())
+    assert monitor.estimate().audits == n > 0
+    assert monitor.estimate().source.value == pytest.approx(s_right / n)
+    assert not attach(tent(), oracle, source=source_model()).source_sees_batch

@@ -115,8 +115,9 @@ class AccuracyMonitor:
         auditor: who labels the audits: a synchronous ``oracle(inputs, indices)`` or an
             asynchronous annotator (``submit``/``collect``/``cancel``, label or yes/no feedback).
         source: the source model, frozen (a copy is kept, in eval mode): what the adapted model
-            is compared with. Give it as trained (BatchNorm with running statistics) so that a
-            sample's prediction does not depend on its batch.
+            is compared with. Give it as trained (BatchNorm with running statistics): it then
+            predicts on the audited samples only. A source whose BatchNorm normalizes with batch
+            statistics (a configured model) predicts on the whole batch instead.
         share: the share of the stream's samples audited, in [0, 1].
         level: error level of the intervals, in (0, 1) (0.05: 95 % intervals).
         guard: a :class:`Guard` (resets the method on evidence), or None (only measure).
@@ -162,6 +163,12 @@ class AccuracyMonitor:
                 raise ValueError(f"{name} must be an int >= {least}, got {v!r}")
         self.auditor = auditor
         self.source = copy.deepcopy(source).eval().requires_grad_(False)
+        # BatchNorm on batch statistics (a configured model): its prediction for a sample depends
+        # on the batch, so the source then sees the whole batch (one forward pass of it)
+        self.source_sees_batch = any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats
+            for m in self.source.modules()
+        )
         self.sampler = AuditSampler(share, seed)
         self.guard = guard
         self.recent = recent
@@ -221,7 +228,10 @@ class AccuracyMonitor:
     def _ask(self, x: Tensor, logits: Tensor, idx: Tensor) -> None:
         rows = idx.to(x.device)
         adapted = logits.detach()[rows.to(logits.device)].argmax(1).cpu()
-        source = self._source_predictions(x.detach()[rows]).cpu()
+        if self.source_sees_batch:
+            source = self._source_predictions(x.detach())[rows].cpu()
+        else:
+            source = self._source_predictions(x.detach()[rows]).cpu()
         if not self.asynchronous:
             try:
                 answer = self.auditor(x.detach()[rows], idx.clone())  # type: ignore[operator]
