@@ -121,3 +121,13 @@ def test_guard_alone_audits_the_default_share_and_the_options_check_their_types(
         MonitorOptions(audit=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs audits"):
         MonitorOptions(guard="paired")
+
+
+def test_resets_at_each_domain_keep_the_audits(tmp_path, toy_digits):
+    out = tmp_path / "ftta"
+    argv = [*BASE, "--methods", "tent", "--setting", "ftta", "--audit", "1", "--out", str(out)]
+    assert cli.main(argv) == 0
+    (r,) = _doc(out)["results"]
+    images = sum(b[0] for b in r["online"])
+    assert r["monitor"]["stats"]["received"] == images  # every sample, over every domain
+    assert [e["audits"] for e in r["monitor"]["rounds"]] == [images // 2, images // 2]

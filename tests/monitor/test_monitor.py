@@ -254,3 +254,15 @@ def test_a_source_on_batch_statistics_sees_the_whole_batch():
     assert monitor.estimate().audits == n > 0
     assert monitor.estimate().source.value == pytest.approx(s_right / n)
     assert not attach(tent(), oracle, source=source_model()).source_sees_batch
+
+
+def test_a_methods_own_resets_keep_the_monitor():
+    """RDumb's scheduled resets (and SAR's recoveries) are not a new stream: audits accumulate."""
+    method = eatta.create("rdumb", tiny_cnn(C), reset_every=2)
+    oracle = GroundTruthOracle()
+    monitor = attach(method, oracle, source=source_model(), share=1.0)
+    for x, y in stream(5):
+        method(x, labels=y)
+    assert monitor.estimate().audits == 5 * 16
+    method.reset(keep_monitor=True)
+    assert monitor.estimate().audits == 5 * 16

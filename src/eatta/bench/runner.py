@@ -197,7 +197,7 @@ def run_cell(
             x, y = next(batches)
             k = stream.locate(t)[0]
             if spec.setting == "ftta" and prev_domain is not None and k != prev_domain:
-                method.reset()
+                method.reset(keep_monitor=True)  # the audits go on measuring the stream
             prev_domain = k
             x = x.to(device, non_blocking=True)
             y = torch.as_tensor(y, dtype=torch.long)

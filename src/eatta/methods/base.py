@@ -237,14 +237,15 @@ class AdaptiveMethod(nn.Module):
             raise InvalidInputError("input contains NaN or infinite values")
 
     # -- state -------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Restore model, optimizer and method state to their values at creation (and clear the
-        monitor, if any: see :mod:`eatta.monitor.monitor`)."""
+    def reset(self, *, keep_monitor: bool = False) -> None:
+        """Restore model, optimizer and method state to their values at creation; the monitor,
+        if any (:mod:`eatta.monitor.monitor`), is cleared too unless ``keep_monitor`` (a guard's
+        reset, or a benchmark's reset at each domain, keeps measuring the same stream)."""
         self.model.load_state_dict(self._initial_model)
         if self.optimizer is not None and self._initial_optimizer is not None:
             self.optimizer.load_state_dict(copy.deepcopy(self._initial_optimizer))
         self.reset_method_state()
-        if self.monitor is not None:
+        if self.monitor is not None and not keep_monitor:
             self.monitor.reset()
 
     def state_parts(self) -> dict[str, Any]:

@@ -325,12 +325,7 @@ class AccuracyMonitor:
         event = ResetEvent(
             **{**event.to_dict(), "step": self.step, "audits_total": self._overall.n}
         )
-        keep = method.monitor
-        method.monitor = None
-        try:
-            method.reset()
-        finally:
-            method.monitor = keep
+        method.reset(keep_monitor=True)
         self.resets.append(event)
         self.epoch += 1
         self._segment = _Tally()
