@@ -443,9 +443,10 @@ def render(data: dict[str, Any]) -> str:
         L += [
             "Compute (`python benchmarks/step_benchmark.py --tag audit ...`, "
             "`benchmarks/results/step_benchmark_cpu_audit.json`; batch 64, one run, the "
-            "variants timed interleaved): the step with a monitor at the default audit share "
-            "(`eatta.bench.monitoring.DEFAULT_AUDIT_SHARE`) and the paired guard, against the "
-            "same step without:",
+            "variants timed interleaved, on the shared, loaded 2-core machine): the step with a "
+            "monitor at audit share 0.1 (the benchmark's `--audit-share` default: about 6 audited "
+            "samples of 64, each one extra forward pass through the source model) and the paired "
+            "guard, against the same step without:",
             "",
             table(["model", "ratio", "time", "peak memory"], rows),
             "",

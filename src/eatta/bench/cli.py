@@ -30,7 +30,7 @@ from eatta.bench import api
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.api import DEFAULT_METHODS, DIGITS_ROUNDS
 from eatta.bench.benchmark import BenchmarkData
-from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE, MonitorOptions
+from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE, DEFAULT_GUARD_LEVEL, MonitorOptions
 from eatta.bench.protocol import CCC_SPEEDS, StreamProtocol
 from eatta.methods import registry
 from eatta.monitor import GUARD_POLICIES
@@ -273,9 +273,10 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument(
         "--guard-level",
         type=float,
-        default=0.05,
+        default=DEFAULT_GUARD_LEVEL,
         metavar="ALPHA",
-        help="the guard's error level: chance of any reset where nothing degrades",
+        help="the guard's error level: chance of any reset over the stream where nothing "
+        f"degrades (default {DEFAULT_GUARD_LEVEL:g}, tuned in docs/guard.md)",
     )
     g.add_argument(
         "--guard-window",
