@@ -484,6 +484,38 @@ def render(data: dict[str, Any]) -> str:
         "",
     ]
     data["false_resets"] = [false_resets, runs_nd]
+    missing = [
+        f"{name} {arm}"
+        for name, s in data["streams"].items()
+        for arm in ("audit", "guard", *(("delay",) if name in DELAY_STREAMS else ()))
+        if arm not in s
+    ]
+    L += [
+        "## Limits",
+        "",
+        "- Power. A block of n audits pins the paired gain to about ±2·sqrt(log(2/α_j)/(2n)) "
+        "(Hoeffding; Bernstein helps once n is in the thousands): with 1,000 audits a block and "
+        "tens of blocks, only a drop of the gain over the source of roughly 15-25 points is "
+        "evidence. TENT's collapse is that large; the faithful `eatta`'s slow drift "
+        "(a few points over several rounds) mostly is not, so the guard resets it late or not "
+        "at all. A sharper test (a betting confidence sequence, a change-point e-detector) would "
+        "need fewer audits; the union bound over blocks is simple and its level is exact.",
+        "- Cost. Audits are labels: at the chosen share a label-free method needs about "
+        f"{64 * data['chosen']['share']:.0f} answers per batch of 64, far more annotator time "
+        "than the active methods' one label per batch (the audit hours above).",
+        "- A reset restarts the method from its source state; the stream goes on, so a reset "
+        "mid-round is paid for by re-adapting. Resets on a degrading stream repeat.",
+        "- The per-round intervals are the monitor's confidence sequence restricted to the "
+        "round's audits (an audit counts for the round it was asked in, whenever answered); the "
+        "'recent' window's interval is valid for a fixed window, not simultaneously over all "
+        'windows. With yes/no audits the source\'s accuracy is a lower bound (after a "no" '
+        "where the two models differ, the source's answer is unknown and counted wrong).",
+        "- Label delay was run with the guard on the mixed and CCC streams only (the recurring "
+        "stream's runs take 8x a CCC run and did not fit the study's time on a shared 2-core "
+        "machine).",
+    ]
+    if missing:
+        L.append("- Did not run (time): " + ", ".join(missing) + ".")
     return "\n".join(L) + "\n"
 
 
