@@ -588,9 +588,7 @@ class LabelQueue:
                 "WHEN a.correct = 1 THEN 1 ELSE 0 END), 0) "
                 "FROM answers a JOIN requests r ON r.key = a.key WHERE r.key LIKE 'audit-%'"
             ).fetchone()
-            published = self._db.execute(
-                "SELECT value FROM meta WHERE name = 'monitor'"
-            ).fetchone()
+            published = self._db.execute("SELECT value FROM meta WHERE name = 'monitor'").fetchone()
         selected_judged = int(judged) - int(audit_judged)
         selected_right = int(right) - int(audit_right)
         return {
