@@ -40,7 +40,7 @@ import numpy as np
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.monitoring import MonitorOptions
-from eatta.bench.report import covered_rounds
+from eatta.bench.report import covered_rounds, load_results
 from eatta.bench.results import CellResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +137,11 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
         m["avg"].append(r.average_error)
         m["rounds"].append(list(r.round_errors))
         m["labels"].append(r.labels_used)
+        k = len(r.domains) // max(r.rounds, 1)
+        first_round = list(zip(r.domains[:k], r.domain_errors[:k], strict=True))
+        m.setdefault("round1_domains", []).append(first_round)
         if r.monitor:
+            m.setdefault("reset_steps", []).append([e["step"] for e in r.monitor["resets"]])
             m["resets"].append(len(r.monitor["resets"]))
             m["audits"].append(r.monitor["stats"]["requested"])
             m["hours"].append(r.monitor["seconds"] / 3600)
@@ -194,6 +198,55 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
         res = run(out / name, part, protos[name], METHODS, seeds, mon, ann)
         data["streams"][name][arm] = summary(res)
         save()
+    return data
+
+
+def collect(out: Path, old: dict[str, Any]) -> dict[str, Any]:
+    """The study's numbers recomputed from the finished cells in ``out`` (the saved JSON gives
+    the seeds, the chosen configuration and the source rows); an arm whose runs are not all
+    finished is left out (and named under Limits)."""
+    seeds = old["seeds"]
+    data: dict[str, Any] = {
+        "seeds": seeds,
+        "tune_seed": old["tune_seed"],
+        "chosen": old["chosen"],
+        "tune": {},
+        "streams": {},
+        "partial": [],
+    }
+    for share, level, window in CONFIGS:
+        d = out / "tune" / f"s{share:g}-a{level:g}-w{window}"
+        if (d / "cells").is_dir():
+            key = f"share {share:g}, level {level:g}, block {window}"
+            data["tune"][key] = {"config": [share, level, window], **summary(load_results([d]))}
+    for name, s in old["streams"].items():
+        new: dict[str, Any] = {"protocol": s["protocol"], "source": s["source"]}
+        src_cells = (
+            load_results([out / name / "source"]) if (out / name / "source").is_dir() else []
+        )
+        if src_cells:
+            k = len(src_cells[0].domains) // max(src_cells[0].rounds, 1)
+            new["source_domains"] = list(
+                zip(src_cells[0].domains[:k], src_cells[0].domain_errors[:k], strict=True)
+            )
+        for arm, part in (
+            ("audit", "audit"),
+            ("guard", "guard"),
+            ("delay", f"guard-delay-{DELAY}"),
+        ):
+            d = out / name / part
+            rs = []
+            if (d / "cells").is_dir():
+                rs = [
+                    r
+                    for r in load_results([d])
+                    if r.spec.method in METHODS and r.seed in seeds and r.monitor
+                ]
+            if len(rs) == len(METHODS) * len(seeds):
+                new[arm] = summary(rs)
+            elif rs:
+                data["partial"].append(f"{name} {arm} ({len(rs)} of {len(METHODS) * len(seeds)})")
+        data["streams"][name] = new
     return data
 
 
@@ -413,6 +466,51 @@ def render(data: dict[str, Any]) -> str:
         f"**{'met' if hit >= 0.9 * total else 'missed'}**."
     )
     L += [*items, ""]
+    # when the resets came
+    steps = [
+        st
+        for s in data["streams"].values()
+        if s["protocol"].get("rounds", 1) == 10 and "guard" in s
+        for m in METHODS
+        for run_steps in s["guard"][m].get("reset_steps", [])
+        for st in run_steps
+    ]
+    rec = data["streams"].get("recurring", {})
+    if steps:
+        early = sum(st <= 450 for st in steps)
+        batches = c["window"] / (64 * c["share"])
+        L += [
+            "## When the resets came (recurring stream)",
+            "",
+            f"{len(steps)} resets over the 9 guarded recurring runs; {early} of them in the first "
+            "two rounds (step ≤ 450 of 2,250), steps: "
+            + ", ".join(str(st) for st in sorted(steps))
+            + f". A block is about {batches:.0f} batches, about {batches / 15:.0f} of the 15 "
+            "corruptions of a round (15 batches each, in a fixed order), so block gains differ "
+            "with the corruptions they hold.",
+        ]
+        if "audit" in rec:
+            rise = max(
+                float(np.mean([r[1] - r[0] for r in rec["audit"][m]["rounds"]])) for m in METHODS
+            )
+            L[-1] += (
+                f" Unguarded, no method's round 2 is more than {rise:.1f} points worse than its "
+                "round 1, so the resets of the first two rounds are not degradation."
+            )
+        if "source_domains" in rec and "guard" in rec:
+            gains = []
+            for j, (dom, src_err) in enumerate(rec["source_domains"]):
+                errs = [run[j][1] for m in METHODS for run in rec["guard"][m]["round1_domains"]]
+                gains.append(f"{dom.split('@')[0]} {src_err - float(np.mean(errs)):.0f}")
+            L[-1] += (
+                " Round 1's gain over the source per corruption (points, mean over the three "
+                "methods and seeds; round 1 is before any reset): " + ", ".join(gains) + ". "
+                "A block of corruptions where adapting gains less than in an earlier block is "
+                "then 'worse than earlier'. Comparing like with like (blocks a round apart on a "
+                "recurring stream, or the gain relative to the source's error) would avoid "
+                "these resets."
+            )
+        L.append("")
     # what the audits cost
     L += ["## What the audits cost", ""]
     c_share = data["chosen"]["share"]
@@ -515,7 +613,11 @@ def render(data: dict[str, Any]) -> str:
         "machine).",
     ]
     if missing:
-        L.append("- Did not run (time): " + ", ".join(missing) + ".")
+        partial = data.get("partial") or []
+        text = "- Did not finish in the study's time: " + ", ".join(missing)
+        if partial:
+            text += " (runs finished, not shown: " + ", ".join(partial) + ")"
+        L.append(text + ".")
     return "\n".join(L) + "\n"
 
 
@@ -531,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path = REPO / "benchmarks" / "results" / "guard_study.json"
     if args.render_only:
         data = json.loads(json_path.read_text())
+        if args.out.is_dir():
+            data = collect(args.out, data)
     else:
         data = study(args.out, seeds, args.quick, None if args.quick else json_path)
     text = render(data)
