@@ -628,9 +628,19 @@ def render(data: dict[str, Any]) -> str:
         "'recent' window's interval is valid for a fixed window, not simultaneously over all "
         'windows. With yes/no audits the source\'s accuracy is a lower bound (after a "no" '
         "where the two models differ, the source's answer is unknown and counted wrong).",
-        "- Label delay was run with the guard on the mixed and CCC streams only (the recurring "
-        "stream's runs take 8x a CCC run and did not fit the study's time on a shared 2-core "
-        "machine).",
+        "- Label delay was run with the guard on the mixed and CCC streams only, and not "
+        "without it (the recurring stream's runs take 8x a CCC run and did not fit the study's "
+        "time on a shared 2-core machine; delay without a guard: docs/real-annotators.md)."
+        + (
+            " With no reset in those runs, the guard changed nothing there: the differences "
+            "from the tables above are the delay's."
+            if not any(
+                sum(x["resets"])
+                for st in data["streams"].values()
+                for x in st.get("delay", {}).values()
+            )
+            else ""
+        ),
     ]
     if missing:
         partial = data.get("partial") or []
