@@ -51,10 +51,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import GroundTruthOracle
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains, digits_source, digits_test
 from eatta.data.stream import TestStream
 from eatta.methods.registry import create
-from eatta.oracle import GroundTruthOracle
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(os.environ.get("EATTA_STUDY_OUT", ROOT / "runs" / "long-stream"))

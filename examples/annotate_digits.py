@@ -26,6 +26,7 @@ import json
 import os
 import random
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -123,7 +124,8 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def main() -> None:
+def main() -> int:
+    """Run the example; the exit status (130 when stopped with Ctrl-C)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queue", required=True, help="the label queue file (SQLite)")
     parser.add_argument("--port", type=int, default=8765, help="the page's port (0: any free)")
@@ -173,6 +175,48 @@ def main() -> None:
 
     print(f"{'batch':>9} {'domain':<18} {'err %':>6} {'online err %':>13} {'labels':>7} "
           f"{'waiting':>8}", flush=True)  # fmt: skip
+    progress = {"saved": start if checkpoint.exists() else None}
+    try:
+        adapt(method, queue, stream, start, total, tally, args, checkpoint, interval, progress)
+    except KeyboardInterrupt:
+        stop.set()
+        saved = progress["saved"]
+        where = (
+            f"its checkpoint {checkpoint} holds batch {saved}/{total}"
+            if saved is not None
+            else "no checkpoint was written yet"
+        )
+        print(
+            f"stopped: {where}; run the same command again to resume (the queue {args.queue} "
+            "keeps every answer)",
+            flush=True,
+        )
+        return 130
+    stop.set()
+    page = queue.stats()
+    print(
+        f"done: online error {100 * tally['wrong'] / max(1, tally['seen']):.1f}% on "
+        f"{tally['seen']} images; labels received {method.annotation_stats.get('received', 0)}; "
+        f"answers in the queue {page['answered']}, model right on "
+        f"{page['model_right']}/{page['model_judged']} answered samples"
+    )
+    return 0
+
+
+def adapt(
+    method: Any,
+    queue: DigitsQueue,
+    stream: Any,
+    start: int,
+    total: int,
+    tally: dict[str, int],
+    args: argparse.Namespace,
+    checkpoint: Path,
+    interval: float,
+    progress: dict[str, int | None],
+) -> None:
+    """Adapt on batches ``start`` to ``total``, checkpointing; ``progress["saved"]`` is the
+    number of batches the checkpoint holds (a Ctrl-C propagates as KeyboardInterrupt)."""
     due = time.monotonic()
     for t, (x, y, domain) in enumerate(stream.iter_from(start), start):
         if t >= total:
@@ -190,6 +234,7 @@ def main() -> None:
             state = {"method": method.state_dict(), "queue": queue.state_dict()}
             state.update(truth=dict(queue.truth), batch=t + 1, tally=dict(tally))
             save_checkpoint(checkpoint, state)
+            progress["saved"] = t + 1
         stats = method.annotation_stats
         print(
             f"{t + 1:>4}/{total:<4} {domain:<18} {100 * wrong / len(y):>6.1f} "
@@ -198,15 +243,11 @@ def main() -> None:
             flush=True,
         )
         time.sleep(max(0.0, due - time.monotonic()))
-    stop.set()
-    page = queue.stats()
-    print(
-        f"done: online error {100 * tally['wrong'] / max(1, tally['seen']):.1f}% on "
-        f"{tally['seen']} images; labels received {method.annotation_stats.get('received', 0)}; "
-        f"answers in the queue {page['answered']}, model right on "
-        f"{page['model_right']}/{page['model_judged']} answered samples"
-    )
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before the first batch: nothing to resume
+        print("stopped before adapting; no checkpoint was written", file=sys.stderr)
+        sys.exit(130)

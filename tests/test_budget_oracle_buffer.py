@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import eatta
 from conftest import confident_cnn
 from eatta import Budget, GaussianNoise, GroundTruthOracle, LabelBuffer, RecordedNoise
-from eatta.oracle import OracleError, validate_labels
+from eatta.annotate.oracle import OracleError, validate_labels
 
 
 @settings(max_examples=200, deadline=None)

@@ -12,6 +12,9 @@ may give other weights (vector kernels round differently): that is why the weigh
 Update ``DIGITS_SOURCE_SHA256`` in ``digits_model.py`` to the printed digest after ``--write``.
 ``--data-only`` keeps the packaged weights and their digest and recomputes only the data's (the
 digits-C arrays are CPU-independent since data version 2; the weights are not, hence shipped).
+The reference also records torch's CPU capability and the architecture of the process that writes
+it, as those the README's main-job table is computed with: write it under the same
+``ATEN_CPU_CAPABILITY`` as that table (``avx2``, docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -441,3 +441,34 @@ def test_cost_refuses_non_numbers(name, bad):
 def test_cost_of_an_unknown_kind_is_an_error():
     with pytest.raises(ValueError, match="unknown feedback kind 'voice'"):
         AnnotatorCost().seconds(1, "voice")
+
+
+_EXIT_SCRIPT = """
+import gc, torch
+from eatta.annotate import ModelOracle
+model = torch.nn.Linear(4, 3)
+closed = ModelOracle(model).asynchronous()
+closed.close()                                  # closed by hand, alive at exit
+gone = ModelOracle(model).asynchronous()
+del gone
+gc.collect()                                    # never closed, collected mid-run
+kept = ModelOracle(model).asynchronous()        # never closed, alive at exit
+print("done")
+"""
+
+
+def test_threaded_annotator_ends_the_interpreter_silently():
+    """A closed or forgotten ThreadedAnnotator prints nothing at interpreter exit (its __del__
+    once used ``warnings`` after the module was torn down: "Exception ignored in ...")."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _EXIT_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "done\n"
+    assert done.stderr == ""

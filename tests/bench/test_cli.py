@@ -82,7 +82,7 @@ def test_no_arguments_or_options_alone_mean_run(tmp_path, capsys, toy_digits, mo
     plain = capsys.readouterr().out
     doc = json.loads((tmp_path / "runs" / "digits-c" / "results.json").read_text())
     assert doc["meta"]["argv"] == [] and doc["meta"]["rounds"] == 10
-    assert [r["spec"]["method"] for r in doc["results"]] == list(cli.DEFAULT_METHODS)
+    assert [r["spec"]["method"] for r in doc["results"]] == list(api.DEFAULT_METHODS)
     assert cli.main(["run"]) == 0  # the same run, read back from the same folder
     assert capsys.readouterr().out == plain
     argv = ["--methods", "tent,eatta", "--rounds", "2", "--batch-size", "8", "--no-plot"]

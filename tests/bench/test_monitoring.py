@@ -15,6 +15,7 @@ from bench_fixtures import (
 
 import eatta.bench.cli as cli
 from eatta.annotate import AnnotatorCost
+from eatta.bench.commands import monitor_options
 from eatta.bench.monitoring import MonitorOptions
 
 BASE = ["--methods", "source,tent,eatta", "--rounds", "2", "--batch-size", "8"]
@@ -114,9 +115,9 @@ def test_guard_alone_audits_the_default_share_and_the_options_check_their_types(
     from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE
 
     args = cli.run_parser().parse_args(["--guard"])
-    opts = cli._monitor_options(args)
+    opts = monitor_options(args)
     assert opts.audit == DEFAULT_AUDIT_SHARE and opts.guard == "paired"
-    assert not cli._monitor_options(cli.run_parser().parse_args([])).active
+    assert not monitor_options(cli.run_parser().parse_args([])).active
     with pytest.raises(TypeError):
         MonitorOptions(audit=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs audits"):

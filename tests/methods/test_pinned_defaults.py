@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from conftest import confident_cnn, image_batches
+from eatta.annotate.oracle import GroundTruthOracle
 from eatta.methods import registry
-from eatta.oracle import GroundTruthOracle
 
 PINNED = Path(__file__).with_name("pinned_defaults.json")
 DATASET_KEYS = ("default", *registry.DATASETS)

@@ -11,7 +11,7 @@ from torch import nn
 
 import eatta
 from conftest import confident_cnn, image_batches
-from eatta.bench import cli
+from eatta.bench import api, cli, commands
 from eatta.methods import registry
 from eatta.methods.config import MethodConfig
 from eatta.methods.presets import DATASET_PRESETS, DATASETS
@@ -78,6 +78,42 @@ def test_unknown_key_names_the_key_the_method_and_the_known_keys(name):
     if "lr" in registry.get_spec(name).keys:
         assert "did you mean 'lr'?" in text
     assert same_state(before, model_state(model))
+
+
+LABEL_FREE = [n for n in METHODS if not registry.get_spec(n).active]
+ACTIVE = [n for n in METHODS if registry.get_spec(n).active]
+
+
+@pytest.mark.parametrize("name", LABEL_FREE)
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"oracle": annotator}, "oracle"),
+        ({"budget": 3}, "budget"),
+        ({"budget": 0}, "budget"),
+        ({"oracle": annotator, "budget": 3}, "oracle, budget"),
+        ({"label_expiry": 8}, "label_expiry"),
+        ({"buffer": 4}, "buffer"),
+    ],
+)
+def test_a_label_free_method_refuses_label_arguments(name, given, named):
+    """``create("tent", model, oracle=..., budget=3)`` once ignored both silently."""
+    model = confident_cnn()
+    before = model_state(model)
+    with pytest.raises(TypeError) as err:
+        eatta.create(name, model, **{**required(name), **given})
+    text = str(err.value)
+    assert f"method {name!r} is label-free" in text
+    assert f"takes no {named};" in text
+    assert "the methods that take labels are " + ", ".join(ACTIVE) in text
+    assert same_state(model_state(model), before)
+
+
+@pytest.mark.parametrize("name", ACTIVE)
+def test_an_active_method_takes_oracle_and_budget_with_a_default_of_one(name):
+    assert eatta.create(name, confident_cnn(), **required(name)).budget.per_batch == 1
+    got = eatta.create(name, confident_cnn(), budget=3, **required(name))
+    assert got.budget.per_batch == 3
 
 
 def test_every_unknown_key_is_listed():
@@ -278,10 +314,10 @@ def test_describe_lists_keys_defaults_and_dataset_values():
 def no_data(monkeypatch):
     """Fail if the CLI gets as far as loading data."""
 
-    def refuse(args: Any) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("data was loaded")
 
-    monkeypatch.setattr(cli, "build_benchmarks", refuse)
+    monkeypatch.setattr(api, "load_benchmarks", refuse)
 
 
 @pytest.mark.parametrize(
@@ -305,8 +341,8 @@ def test_cli_rejects_bad_hp_before_loading_data(hp, methods, needles, capsys, no
 
 
 def test_cli_all_methods_key_applies_to_those_that_declare_it():
-    got = cli._parse_hparams(["buffer=4", "lr=1e-3", "tent.lr=0.5"], ["tent", "eatta"])
+    got = commands.parse_hparams(["buffer=4", "lr=1e-3", "tent.lr=0.5"], ["tent", "eatta"])
     assert got == {"tent": {"lr": 0.5}, "eatta": {"buffer": 4, "lr": 1e-3}}
     # a method's own key wins whatever the order
-    assert cli._parse_hparams(["tent.lr=0.5", "*.lr=1"], ["tent"]) == {"tent": {"lr": 0.5}}
-    assert cli._parse_hparams(["optimizer=adam"], ["source", "tent"])["source"] == {}
+    assert commands.parse_hparams(["tent.lr=0.5", "*.lr=1"], ["tent"]) == {"tent": {"lr": 0.5}}
+    assert commands.parse_hparams(["optimizer=adam"], ["source", "tent"])["source"] == {}

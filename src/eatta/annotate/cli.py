@@ -81,13 +81,21 @@ def serve(queue: str, host: str, port: int, token: str | None) -> None:
         server_header=False,
         timeout_graceful_shutdown=2,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down first, then re-raises Ctrl-C
+        print(f"eatta-annotate: stopped; the queue {queue} keeps every answer", file=sys.stderr)
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``eatta-annotate``; the exit status (130 when stopped with Ctrl-C)."""
     args = _parser().parse_args(argv)
     if args.command == "serve":
-        serve(args.queue, args.host, args.port, args.token)
+        try:
+            serve(args.queue, args.host, args.port, args.token)
+        except KeyboardInterrupt:
+            return 130
         return 0
     with LabelQueue(args.queue) as q:
         json.dump(q.stats(), sys.stdout, indent=2)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -244,6 +243,7 @@ class ThreadedAnnotator(QueuedAnnotator):
         self.delay_s = float(delay_s)
         self.errors: list[BaseException] = []
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eatta-annotator")
+        self._shut = False
         self._futures: list[Future[None]] = []
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
@@ -319,6 +319,7 @@ class ThreadedAnnotator(QueuedAnnotator):
         with self._lock:
             self._cancelled.update(self.inbox.open_ids)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._shut = True
 
     def __enter__(self) -> ThreadedAnnotator:
         return self
@@ -327,8 +328,11 @@ class ThreadedAnnotator(QueuedAnnotator):
         self.close()
 
     def __del__(self) -> None:
-        pool = getattr(self, "_pool", None)
-        if pool is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                pool.shutdown(wait=False, cancel_futures=True)
+        # nothing to do once closed (or when __init__ failed before the pool existed); at
+        # interpreter exit the modules this would use may already be torn down: stay silent
+        if getattr(self, "_shut", True):
+            return
+        try:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        except Exception:  # interpreter shutdown: nothing left to report to
+            pass

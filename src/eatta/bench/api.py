@@ -15,13 +15,14 @@ unknown keyword a :class:`TypeError`) naming the option.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "DIGITS_ROUNDS",
     "AnnotatorOptions",
     "BenchmarkRun",
+    "RunInterrupted",
     "StreamProtocol",
     "load_benchmarks",
     "method_names",
@@ -484,10 +486,13 @@ def run(
             f"{options.device} (batch size {options.batch_size}, {seed_text}{proto}) -> {out_dir}"
         )
         jobs = min(jobs or 1, len(cells)) if cells else 1
-        if jobs > 1 and options.device == "cpu" and _can_fork():
-            results = _run_parallel(cells, data, options, out_dir, jobs, log)
-        else:
-            results = run_grid(cells, data, options, out_dir, log=log)
+        try:
+            if jobs > 1 and options.device == "cpu" and _can_fork():
+                results = _run_parallel(cells, data, options, out_dir, jobs, log)
+            else:
+                results = run_grid(cells, data, options, out_dir, log=log)
+        except KeyboardInterrupt:
+            raise RunInterrupted(out_dir, len(cells)) from None
         from eatta.bench.report import markdown_table, write_outputs
 
         description = {
@@ -578,6 +583,29 @@ def _git_commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped with Ctrl-C while its cells ran; what it leaves in ``out`` resumes it."""
+
+    def __init__(self, out: Path, runs: int) -> None:
+        self.out = Path(out)
+        #: runs of the grid (or shard) this run had to do
+        self.runs = runs
+        #: finished runs, saved in ``out/cells`` (read back by the same command)
+        self.finished = len(list((self.out / "cells").glob("*.json")))
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        """What was kept and how to resume."""
+        ckpt = self.out / "checkpoints"
+        running = len(list(ckpt.glob("*.pt")))
+        return (
+            f"interrupted: {self.finished} of {self.runs} runs finished and saved in "
+            f"{self.out / 'cells'}; {running} unfinished run(s) checkpointed in {ckpt}. "
+            "The same command again resumes: finished runs are read back, checkpointed ones "
+            "continue from their checkpoint (every --checkpoint-every batches)."
+        )
+
+
 # -- parallel cells: forked processes that inherit the loaded datasets ---------------------------
 
 _WORKER_DATA: dict[str, BenchmarkData] = {}
@@ -587,18 +615,29 @@ def _can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _init_worker() -> None:
+def _cell_process(
+    send: Connection,
+    grid_index: int,
+    spec: CellSpec,
+    seed: int,
+    options: RunOptions,
+    out_dir: Path,
+) -> None:
+    """A cell's own process: run it, send ``(result, None)`` or ``(None, (error, traceback))``."""
+    import signal
+    import traceback
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the cells
     torch.set_num_threads(1)
-
-
-def _run_job(
-    grid_index: int, spec: CellSpec, seed: int, options: RunOptions, out_dir: Path
-) -> CellResult:
-    import dataclasses
-
-    opts = options if seed == options.seed else dataclasses.replace(options, seed=seed)
-    opts = dataclasses.replace(opts, progress=False)
-    return run_cell(spec, _WORKER_DATA[spec.dataset], opts, out_dir, grid_index=grid_index)
+    try:
+        opts = options if seed == options.seed else dataclasses.replace(options, seed=seed)
+        opts = dataclasses.replace(opts, progress=False)
+        result = run_cell(spec, _WORKER_DATA[spec.dataset], opts, out_dir, grid_index=grid_index)
+        send.send((result, None))
+    except BaseException as err:  # sent to the parent, which raises it
+        send.send((None, (err, traceback.format_exc())))
+    finally:
+        send.close()
 
 
 def _run_parallel(
@@ -609,22 +648,55 @@ def _run_parallel(
     jobs: int,
     log: Callable[[str], None] | None,
 ) -> list[CellResult]:
-    """Run the cells in ``jobs`` forked processes of one thread each (they inherit ``data``;
-    the parent has run with one thread, so no thread pool is forked); same results as serial."""
+    """Run the cells ``jobs`` at a time, each in a new process forked from this one (it
+    inherits ``data``; this process has run with one thread, so no thread pool is forked); same
+    results as serial. A new process per cell starts every cell from the same state, so each
+    one's peak memory is measured alike (in a shared worker, memory an earlier cell freed but
+    the allocator kept hides part of a later cell's). A cell's error is raised here; a cell
+    process that dies without a result is a RuntimeError."""
     _WORKER_DATA.clear()
     _WORKER_DATA.update(data)
     context = multiprocessing.get_context("fork")
+    todo = list(enumerate(cells))
+    done: dict[int, CellResult] = {}
+    running: dict[int, tuple[Any, Connection]] = {}
     try:
-        with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker) as pool:
-            futures = [
-                pool.submit(_run_job, j, spec, seed, options, out_dir) for j, (spec, seed) in cells
-            ]
-            results = []
-            for n, f in enumerate(futures):
-                r = f.result()
+        while todo or running:
+            while todo and len(running) < jobs:
+                n, (j, (spec, seed)) = todo.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                args = (send, j, spec, seed, options, out_dir)
+                proc = context.Process(target=_cell_process, args=args, daemon=True)
+                proc.start()
+                send.close()
+                running[n] = (proc, receive)
+            wait([c for _, c in running.values()] + [p.sentinel for p, _ in running.values()])
+            for n, (proc, receive) in list(running.items()):
+                if not receive.poll() and proc.is_alive():
+                    continue
+                try:
+                    result, failure = receive.recv()
+                except EOFError:  # died without a word: killed, out of memory
+                    proc.join()
+                    spec = cells[n][1][0]
+                    raise RuntimeError(
+                        f"the process of cell {spec.key} ended with exit code {proc.exitcode} "
+                        "and no result (killed or out of memory?)"
+                    ) from None
+                proc.join()
+                del running[n]
+                receive.close()
+                if failure is not None:
+                    err, text = failure
+                    raise err from RuntimeError(f"in the cell's process:\n{text}")
+                done[n] = result
                 if log is not None:
-                    log(f"[{n + 1}/{len(cells)}] {done_text(r)}")
-                results.append(r)
+                    log(f"[{len(done)}/{len(cells)}] {done_text(result)}")
+        results = [done[n] for n in range(len(cells))]
     finally:
+        for proc, receive in running.values():  # interrupted or failed: stop the others
+            proc.terminate()
+            proc.join()
+            receive.close()
         _WORKER_DATA.clear()
     return results

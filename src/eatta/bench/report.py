@@ -268,8 +268,8 @@ def _kernels_text(rows: Sequence[CellResult]) -> str:
 def markdown_table(results: Sequence[CellResult]) -> str:
     """One markdown table per dataset. One round: error % per domain; several rounds: error %
     per round; then the average, labels used, images/s, wall time and peak memory (MB; CPU:
-    growth of the process's peak RSS, GPU: peak allocated). With several seeds a row is one
-    cell's mean ± sample std over the seeds. Collapses are stated under the table."""
+    the run's peak RSS over its RSS at its start, GPU: peak allocated). With several seeds a
+    row is one cell's mean ± sample std over the seeds. Collapses are stated under the table."""
     blocks = []
     for dataset, rows in _groups(results).items():
         cells = _cells(rows)

@@ -77,10 +77,10 @@ def _build_method(
             oracle = data.oracle_fn(device)
         else:
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
-    budget = Budget(spec.labels, every=spec.every) if spec_.active else Budget(0)
-    method = registry.create(
-        spec.method, model, dataset=data.defaults_key, oracle=oracle, budget=budget, **hp
-    )
+    labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
+    if spec_.active:
+        labels = {"oracle": oracle, "budget": Budget(spec.labels, every=spec.every)}
+    method = registry.create(spec.method, model, dataset=data.defaults_key, **labels, **hp)
     shown = {k: v for k, v in spec_.hparams(data.defaults_key, hp).items() if k != "fisher_data"}
     return method, oracle, to_plain(shown)
 
@@ -130,7 +130,7 @@ def run_cell(
         persistent_workers=workers > 0,
     )
     seed_all(options.seed)
-    rss_before = _max_rss_mb()
+    rss_before = _memory_start()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     method, oracle, hparams = _build_method(spec, data, options, device)
@@ -335,12 +335,17 @@ def _annotator_state(oracle: object) -> dict[str, Any] | None:
     return save() if callable(save) else None
 
 
-def _peak(device: torch.device, rss_before: float | None, previous: float | None) -> float | None:
+def _peak(
+    device: torch.device, start: tuple[float | None, bool], previous: float | None
+) -> float | None:
+    """The cell's peak memory in MB: GPU, peak allocated; CPU, its peak RSS over its RSS at
+    the start (see :func:`_memory_start`); the larger with ``previous`` (earlier sessions)."""
     if device.type == "cuda":
         now: float | None = torch.cuda.max_memory_allocated(device) / 2**20
     else:
-        after = _max_rss_mb()
-        now = None if after is None or rss_before is None else max(after - rss_before, 0.0)
+        before, reset = start
+        after = _status_mb("VmHWM") if reset else _max_rss_mb()
+        now = None if after is None or before is None else max(after - before, 0.0)
     if previous is None:
         return now
     return previous if now is None else max(now, previous)
@@ -474,6 +479,35 @@ def done_text(r: CellResult) -> str:
 
 
 # ----------------------------------------------------------------------------- memory
+
+
+def _status_mb(field: str) -> float | None:
+    """``field`` (``VmRSS``, ``VmHWM``) of ``/proc/self/status`` in MB; None if unreadable."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _memory_start() -> tuple[float | None, bool]:
+    """Start measuring a cell's CPU memory: ``(baseline MB, reset)``.
+
+    On Linux the process's peak RSS is reset to its current RSS (``5`` written to
+    ``/proc/self/clear_refs``), so the cell's peak is its own whatever ran before in the same
+    process (cells share worker processes); the baseline is the RSS now and the peak is read
+    from ``VmHWM``. Elsewhere (``reset`` False) the baseline is the process's lifetime peak
+    (``ru_maxrss``), which an earlier, larger cell in the same process hides."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return _max_rss_mb(), False
+    rss = _status_mb("VmRSS")
+    return (rss, True) if rss is not None and _status_mb("VmHWM") is not None else (None, False)
 
 
 def _max_rss_mb() -> float | None:

@@ -1,16 +1,16 @@
 """``eatta-bench sweep``: a grid's shards as one Slurm job array, or as local processes.
 
 Every shard is one job that runs exactly ``eatta-bench run ARGV --shard i/n --out DIR/shard-i``
-(:class:`ShardJob` calls :func:`eatta.bench.cli.main` with that command line), so a shard run by
-the sweep and the same shard run by hand write the same cell files. ``ARGV`` is the ``run``
-subcommand's options, passed through untouched: ``eatta-bench sweep [sweep options] [--] [run
-options]``; options the sweep does not know are run options, and everything after ``--`` is.
+(:class:`ShardJob` calls :func:`eatta.bench.commands.run_main` with that command line), so a
+shard run by the sweep and the same shard run by hand write the same cell files. ``ARGV`` is the
+``run`` subcommand's options, passed through untouched: ``eatta-bench sweep [sweep options] [--]
+[run options]``; options the sweep does not know are run options, and everything after ``--`` is.
 
 The sweep folder ``DIR`` (``--out``) holds ``sweep.json`` (the run options, the shard count, the
 launcher and every submission with its job ids; written atomically), ``shard-<i>/`` (the output
 folder of shard ``i``: ``results.json`` once it has finished, ``cells/`` and ``checkpoints/``
 while it runs), ``submitit/`` (submitit's job files and logs) and, once every shard has finished,
-the merged table, CSV, JSON and plot of the whole grid (:func:`eatta.bench.cli.main` ``merge``).
+the merged table, CSV, JSON and plot of the whole grid (``eatta-bench merge``).
 
 Launchers: ``slurm`` submits the shards as one job array through ``submitit`` (the optional extra
 ``eatta[cluster]``); ``local`` runs them as processes of submitit's local executor, ``--jobs`` at
@@ -18,18 +18,19 @@ a time (default: one per GPU, else one per core). The same command run again int
 or ``--resubmit``, submits only the shards without ``results.json``: they resume from their
 checkpoints and read their finished cells back. ``--dry-run`` lists the runs and shards with their
 size and submits nothing. ``submitit`` is imported inside functions only.
+
+Modules: :mod:`eatta.bench.sweep_plan` (the grid's runs and shards), :mod:`eatta.bench.sweep_jobs`
+(the job and the executors), this one (the sweep's record, launching, waiting, merging, the
+command line).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
-import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -37,10 +38,22 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from eatta.bench.grid import CellSpec, make_grid, make_jobs
-from eatta.bench.grid import shard as shard_jobs
+from eatta.bench.sweep_jobs import (
+    SLURM_DEFAULT_TIME_MIN,
+    ShardJob,
+    SlurmOptions,
+    _environment,
+    _job_env,
+    _local_slots,
+    _require_submitit,
+    check_slurm,
+    local_executor,
+    parse_time,
+    slurm_executor,
+)
+from eatta.bench.sweep_plan import SweepPlan, finished_shards, plan, shard_dir
 
 if TYPE_CHECKING:
     import submitit
@@ -52,12 +65,17 @@ __all__ = [
     "SlurmOptions",
     "SweepPlan",
     "SweepResult",
+    "check_slurm",
+    "finished_shards",
     "launch",
+    "load_state",
     "local_executor",
     "main",
     "parse_time",
     "plan",
+    "shard_dir",
     "slurm_executor",
+    "slurm_queue",
     "sweep_parser",
 ]
 
@@ -66,472 +84,10 @@ LAUNCHERS = ("slurm", "local")
 #: The sweep's record in its folder.
 STATE_FILE = "sweep.json"
 _STATE_FORMAT = 1
-#: Time limit of a Slurm job when ``--time`` is not given (minutes).
-SLURM_DEFAULT_TIME_MIN = 240
-#: A local job has no time limit unless ``--time`` is given (submitit's default is 2 minutes).
-_LOCAL_NO_LIMIT_MIN = 60 * 24 * 365
-_INSTALL = "pip install 'eatta[cluster]'"
 
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-# ----------------------------------------------------------------------------- the plan
-
-
-def _parse_run_argv(argv: Sequence[str]) -> argparse.Namespace:
-    """``argv`` parsed by ``eatta-bench run``'s own parser; a mistake is a ValueError."""
-    from eatta.bench import cli
-
-    if any(a in ("-h", "--help") for a in argv):
-        raise ValueError("run options: -h/--help shows help; see eatta-bench run --help")
-    parser = cli.run_parser()
-
-    def fail(message: str) -> NoReturn:
-        raise ValueError(f"run options: {message}")
-
-    parser.error = fail  # type: ignore[method-assign]
-    args = parser.parse_args(list(argv))
-    owned = {
-        "shard": "the sweep gives every job its --shard",
-        "out": "the sweep writes shard i to DIR/shard-i (give the sweep's --out DIR before --)",
-        "rerun": "a sweep never recomputes finished cells; start a new sweep in another folder",
-        "list": "see eatta-bench list",
-    }
-    for dest, why in owned.items():
-        if getattr(args, dest) not in (None, False):
-            raise ValueError(f"run options: --{dest} is not a sweep's run option: {why}")
-    return args
-
-
-def _grid_datasets(args: argparse.Namespace) -> list[str]:
-    """The grid's dataset names, as :func:`eatta.bench.api.load_benchmarks` would name them."""
-    from eatta.bench.suites import DATASETS
-
-    names = _csv(args.dataset)
-    unknown = [d for d in names if d not in DATASETS]
-    if unknown or not names:
-        raise ValueError(f"run options: unknown dataset(s) {unknown}; choose from {list(DATASETS)}")
-    if args.gradual and any(d not in ("digits-c", "imagenet-c") for d in names):
-        raise ValueError("run options: --gradual needs severities (digits-c, imagenet-c)")
-    out: list[str] = []
-    for name in names:
-        if name != "pacs":
-            out.append(name)
-            continue
-        from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
-
-        letter = {v: k for k, v in PACS_LETTERS.items()}
-        for seq in _csv(args.sequence):
-            try:
-                domains = parse_pacs_sequence(seq)
-            except (KeyError, ValueError) as err:
-                raise ValueError(f"run options: --sequence {seq!r}: {err}") from None
-            out.append("pacs:" + "-".join(letter[d] for d in domains))
-    return out
-
-
-def _used(n: int, limit: int | None, batch_size: int) -> int:
-    """Images of a domain of ``n`` that a run streams (see ``benchmark.prepare_domains``)."""
-    if limit is not None:
-        n = min(n, limit)
-    return n - 1 if n % batch_size == 1 and n > 1 else n
-
-
-def _stream_images(dataset: str, args: argparse.Namespace, rounds: int) -> tuple[int, str] | None:
-    """Images that one run of ``dataset`` streams, with how they add up; None: unknown without
-    loading the data (only digits-C is known: its test split, not its corrupted arrays)."""
-    if dataset != "digits-c":
-        return None
-    from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
-
-    per_domain = _used(len(digits_split()[1]), args.limit, args.batch_size)
-    domains = len(DIGITS_C_CORRUPTIONS) * (9 if args.gradual else 1)
-    how = f"{per_domain} x {domains} domains x {rounds} round{'s' if rounds > 1 else ''}"
-    return per_domain * domains * rounds, how
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    """A grid's runs and how ``count`` shards split them (what ``--dry-run`` prints)."""
-
-    #: the run options (``eatta-bench run`` command line without ``--shard``/``--out``)
-    argv: tuple[str, ...]
-    #: number of shards
-    count: int
-    #: every run of the grid, ``(cell, seed)`` in grid order (what :func:`grid.shard` splits)
-    jobs: tuple[tuple[CellSpec, int], ...]
-    #: number of grid cells (``len(jobs)`` divided by the seeds)
-    cells: int
-    #: images one run streams, per grid dataset, with how they add up (None: unknown)
-    stream: Mapping[str, tuple[int, str] | None]
-    #: the run options ask for the PNG plot (no ``--no-plot``)
-    plot: bool = True
-
-    def with_count(self, count: int) -> SweepPlan:
-        """The same grid in ``count`` shards (1 <= count <= number of runs)."""
-        if isinstance(count, bool) or not isinstance(count, int):
-            raise TypeError(f"shards must be an int, got {count!r}")
-        if not 1 <= count <= len(self.jobs):
-            raise ValueError(
-                f"--shards must be between 1 and the grid's {len(self.jobs)} runs "
-                f"({self.cells} cells x {len(self.jobs) // max(self.cells, 1)} seeds), got {count}"
-            )
-        return dataclasses.replace(self, count=count)
-
-    def shard(self, index: int) -> list[tuple[int, tuple[CellSpec, int]]]:
-        """The ``(grid index, (cell, seed))`` runs of shard ``index``."""
-        return shard_jobs(self.jobs, index, self.count)
-
-    def images(self, index: int) -> int | None:
-        """Images that shard ``index`` streams in all (None: unknown)."""
-        total = 0
-        for _, (cell, _seed) in self.shard(index):
-            known = self.stream.get(cell.dataset)
-            if known is None:
-                return None
-            total += known[0]
-        return total
-
-    def command(self, index: int, out: str | os.PathLike[str]) -> list[str]:
-        """The ``eatta-bench`` arguments that shard ``index`` runs (sweep folder ``out``)."""
-        return [
-            "run",
-            *self.argv,
-            "--shard",
-            f"{index}/{self.count}",
-            "--out",
-            str(shard_dir(out, index)),
-        ]
-
-    def describe(
-        self, out: str | os.PathLike[str], finished: Sequence[int] = (), launcher: str = ""
-    ) -> str:
-        """The ``--dry-run`` listing: the grid, its shards with their size, their commands."""
-        seeds = len(self.jobs) // max(self.cells, 1)
-        known = [self.images(i) for i in range(self.count)]
-        total = None if any(k is None for k in known) else sum(k or 0 for k in known)
-        lines = [
-            f"sweep of {len(self.jobs)} runs ({self.cells} cells x {seeds} seeds) in "
-            f"{self.count} shards{f' ({launcher})' if launcher else ''} -> {out}",
-            "images per run: "
-            + "; ".join(
-                f"{d} {v[0]:,} ({v[1]})" if v is not None else f"{d} unknown (not loaded)"
-                for d, v in self.stream.items()
-            ),
-            f"images in all (images x runs): {'unknown' if total is None else f'{total:,}'}",
-            "",
-            "| shard | runs | images | state | runs (cell, seed) |",
-            "|---:|---:|---:|---|---|",
-        ]
-        for i in range(self.count):
-            runs = ", ".join(f"{c.key} s{s}" for _, (c, s) in self.shard(i))
-            size = "unknown" if known[i] is None else f"{known[i]:,}"
-            state = "finished" if i in finished else "to run"
-            lines.append(f"| {i} | {len(self.shard(i))} | {size} | {state} | {runs} |")
-        example = " ".join(shlex.quote(a) for a in self.command(0, out))
-        lines += ["", f"shard 0 runs: eatta-bench {example}", ""]
-        return "\n".join(lines)
-
-
-def plan(
-    run_argv: Sequence[str], shards: int | None = None, *, count_images: bool = True
-) -> SweepPlan:
-    """Check the run options ``run_argv`` (an ``eatta-bench run`` command line without
-    ``--shard`` and ``--out``) and list the grid's runs in ``shards`` shards (None: one run per
-    shard), without loading any data (``count_images``: count digits-C's images per run from its
-    split; else every dataset's count is None). Bad options raise :class:`ValueError`."""
-    from eatta.bench import api, cli
-
-    if isinstance(run_argv, str) or not all(isinstance(a, str) for a in run_argv):
-        raise TypeError(f"run_argv must be a list of strings, got {run_argv!r}")
-    args = _parse_run_argv(run_argv)
-    datasets = _grid_datasets(args)
-    methods = api.method_names(args.methods)
-    settings = [s.lower() for s in _csv(args.setting)]
-    if any(k < 0 for k in args.labels) or any(n < 1 for n in args.every):
-        raise ValueError("run options: --labels must be >= 0 and --every >= 1")
-    if args.rounds is not None and args.rounds < 1:
-        raise ValueError(f"run options: --rounds must be >= 1, got {args.rounds}")
-    if args.batch_size < 2 or (args.limit is not None and args.limit < 2):
-        raise ValueError("run options: --batch-size and --limit must be >= 2")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"run options: --threads must be >= 1, got {args.threads}")
-    if args.seeds is not None and any(a == "--seed" or a.startswith("--seed=") for a in run_argv):
-        raise ValueError("run options: give either --seed or --seeds, not both")
-    if args.oracle == "model" and args.oracle_backbone is None:
-        raise ValueError("run options: --oracle model needs --oracle-backbone")
-    cli._parse_hparams(args.hp, methods)  # unknown keys or values: a ValueError naming --hp
-    budgets = [(k, n) for k in args.labels for n in args.every]
-    try:
-        grid = make_grid(datasets, methods, settings, budgets, args.buffer)
-    except ValueError as err:
-        raise ValueError(f"run options: {err}") from None
-    seeds = args.seeds if args.seeds is not None else [args.seed]
-    jobs = tuple(make_jobs(grid, seeds))
-    rounds = (
-        args.rounds
-        if args.rounds is not None
-        else (api.DIGITS_ROUNDS if _csv(args.dataset) == ["digits-c"] else 1)
-    )
-    stream = {d: _stream_images(d, args, rounds) if count_images else None for d in datasets}
-    base = SweepPlan(tuple(run_argv), len(jobs), jobs, len(grid), stream, not args.no_plot)
-    return base if shards is None else base.with_count(shards)
-
-
-def shard_dir(out: str | os.PathLike[str], index: int) -> Path:
-    """The output folder of shard ``index`` in the sweep folder ``out``."""
-    return Path(out) / f"shard-{index}"
-
-
-def finished_shards(out: str | os.PathLike[str], count: int) -> list[int]:
-    """The shards of ``out`` that have written their ``results.json``."""
-    return [i for i in range(count) if (shard_dir(out, i) / "results.json").is_file()]
-
-
-# ----------------------------------------------------------------------------- the job
-
-
-@dataclass(frozen=True)
-class ShardJob:
-    """What one job runs: ``eatta-bench run ARGV --shard index/count --out out``.
-
-    A callable for submitit; ``checkpoint`` (submitit's hook, called when Slurm signals a timeout
-    or a preemption) requeues the same job, which resumes from the run's own checkpoints."""
-
-    argv: tuple[str, ...]
-    index: int
-    count: int
-    out: str
-    #: torch CPU threads for the job (None: the run's default)
-    threads: int | None = None
-
-    def command(self) -> list[str]:
-        return ["run", *self.argv, "--shard", f"{self.index}/{self.count}", "--out", self.out]
-
-    def __call__(self) -> str:
-        from eatta.bench import cli
-
-        if self.threads is not None:
-            import torch
-
-            torch.set_num_threads(self.threads)
-        status = cli.main(self.command())
-        if status != 0:
-            raise RuntimeError(
-                f"shard {self.index}/{self.count}: eatta-bench run exited with status {status} "
-                "(its message is in this job's log)"
-            )
-        return self.out
-
-    def checkpoint(self) -> Any:
-        from submitit.helpers import DelayedSubmission
-
-        return DelayedSubmission(self)
-
-
-# ----------------------------------------------------------------------------- executors
-
-
-def _require_submitit() -> None:
-    """A ValueError naming the extra to install when submitit is missing."""
-    try:
-        import submitit  # noqa: F401
-    except ImportError:
-        raise ValueError(f"the sweep launchers need submitit: {_INSTALL}") from None
-
-
-def parse_time(text: str | int) -> int:
-    """A Slurm time limit as minutes: ``90``, ``MM:SS``, ``H:MM:SS``, ``D-H``, ``D-H:MM``,
-    ``D-H:MM:SS`` (seconds round up)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        minutes = text
-    else:
-        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", str(text).strip())
-        if m is None:
-            raise ValueError(f"--time is minutes or [D-]H:MM:SS, got {text!r}")
-        days, a, b, c = (int(g) if g is not None else None for g in m.groups())
-        assert a is not None
-        if days is not None:  # D-H, D-H:MM, D-H:MM:SS
-            seconds = ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
-        elif c is not None:  # H:MM:SS
-            seconds = (a * 60 + (b or 0)) * 60 + c
-        elif b is not None:  # MM:SS
-            seconds = a * 60 + b
-        else:  # minutes
-            seconds = a * 60
-        minutes = -(-seconds // 60)
-    if minutes < 1:
-        raise ValueError(f"--time must be at least one minute, got {text!r}")
-    return minutes
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    """What each Slurm job of the array asks for."""
-
-    partition: str | None = None
-    #: time limit in minutes
-    time_min: int = SLURM_DEFAULT_TIME_MIN
-    #: GPUs per job (0: none asked for)
-    gpus: int = 0
-    #: CPUs per job (None: the partition's default); also the job's torch threads
-    cpus: int | None = None
-    #: at most this many jobs of the array run at once (None: no limit)
-    array_parallelism: int | None = None
-    #: further ``#SBATCH`` options, e.g. ``{"account": "proj", "mem": "32G"}``
-    sbatch: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.partition is not None and not self.partition.strip():
-            raise ValueError("--partition is empty")
-        for name, value, low in (
-            ("time", self.time_min, 1),
-            ("gpus", self.gpus, 0),
-            ("cpus", self.cpus, 1),
-            ("array-parallelism", self.array_parallelism, 1),
-        ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(f"--{name} must be an int, got {value!r}")
-            if value is not None and value < low:
-                raise ValueError(f"--{name} must be >= {low}, got {value}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "partition": self.partition,
-            "time_min": self.time_min,
-            "gpus": self.gpus,
-            "cpus": self.cpus,
-            "array_parallelism": self.array_parallelism,
-            "sbatch": dict(self.sbatch),
-        }
-
-
-def _source_root() -> Path | None:
-    """The folder that holds the imported ``eatta`` package when it is a source tree (a
-    checkout, ``PYTHONPATH=src``), so that jobs import the same code; None when installed."""
-    import eatta
-
-    root = Path(eatta.__file__).resolve().parents[1]
-    return None if root.name in ("site-packages", "dist-packages") else root
-
-
-def _job_env(threads: int | None) -> dict[str, str]:
-    """Environment changes for a job's process: the same ``eatta`` code, its thread count."""
-    env: dict[str, str] = {}
-    root = _source_root()
-    if root is not None:
-        old = os.environ.get("PYTHONPATH", "")
-        if old.split(os.pathsep)[0] != str(root):
-            env["PYTHONPATH"] = os.pathsep.join([str(root), *([old] if old else [])])
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    return env
-
-
-@contextlib.contextmanager
-def _environment(changes: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``changes`` (what submitit's local executor hands its jobs)."""
-    saved = {k: os.environ.get(k) for k in changes}
-    os.environ.update(changes)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def slurm_executor(folder: str | os.PathLike[str], options: SlurmOptions) -> submitit.SlurmExecutor:
-    """A submitit Slurm executor configured for one shard per array job (submits nothing).
-
-    ``folder``: submitit's job files and logs (``%j`` becomes the job id). Needs ``srun`` on the
-    PATH (submitit checks); :func:`check_slurm` says more clearly what is missing."""
-    _require_submitit()
-    import submitit
-
-    ex = submitit.SlurmExecutor(folder=str(folder))
-    params: dict[str, Any] = {
-        "job_name": "eatta-sweep",
-        "time": options.time_min,
-        "array_parallelism": options.array_parallelism or 100_000,
-    }
-    if options.partition is not None:
-        params["partition"] = options.partition
-    if options.gpus:
-        params["gpus_per_node"] = options.gpus
-    if options.cpus is not None:
-        params["cpus_per_task"] = options.cpus
-    setup = [f"export {k}={shlex.quote(v)}" for k, v in _job_env(options.cpus).items()]
-    if setup:
-        params["setup"] = setup
-    if options.sbatch:
-        params["additional_parameters"] = dict(options.sbatch)
-    ex.update_parameters(**params)
-    return ex
-
-
-def check_slurm(partition: str | None = None, timeout_s: float = 60.0) -> list[str]:
-    """The cluster's partitions; a ValueError when Slurm is not here or does not answer, or when
-    ``partition`` is not among them."""
-    missing = [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]
-    if missing:
-        raise ValueError(
-            f"--launcher slurm: no Slurm here ({', '.join(missing)} not on PATH); "
-            "--launcher local runs the shards on this machine"
-        )
-    try:
-        done = subprocess.run(
-            ["sinfo", "--noheader", "--format=%P"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as err:
-        detail = getattr(err, "stderr", None) or err
-        raise ValueError(f"--launcher slurm: Slurm does not answer (sinfo: {detail})") from None
-    partitions = [p.strip().rstrip("*") for p in done.stdout.split() if p.strip()]
-    if partition is not None and partition not in partitions:
-        raise ValueError(
-            f"--partition {partition!r} is not a partition of this cluster "
-            f"({', '.join(partitions) or 'sinfo lists none'})"
-        )
-    return partitions
-
-
-def local_executor(
-    folder: str | os.PathLike[str], time_min: int | None = None
-) -> submitit.LocalExecutor:
-    """A submitit local executor (jobs are processes of this machine; no time limit by
-    default, where submitit's is two minutes)."""
-    _require_submitit()
-    import submitit
-
-    ex = submitit.LocalExecutor(folder=str(folder))
-    ex.update_parameters(timeout_min=time_min or _LOCAL_NO_LIMIT_MIN)
-    return ex
-
-
-def _local_slots(jobs: int | None) -> tuple[int, bool, int]:
-    """(parallel jobs, on GPUs, cores) for the local launcher."""
-    import torch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = max(1, cores or 1)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if jobs is None:
-        jobs = gpus or cores
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"--jobs must be an int >= 1, got {jobs!r}")
-    return jobs, gpus > 0, cores
 
 
 # ----------------------------------------------------------------------------- state
@@ -580,17 +136,18 @@ class SweepResult:
 
 
 def _merge(out: Path, sweep_plan: SweepPlan) -> None:
-    from eatta.bench import cli
+    from eatta.bench import commands
 
     dirs = [str(shard_dir(out, i)) for i in range(sweep_plan.count)]
     plot = [] if sweep_plan.plot else ["--no-plot"]
-    status = cli.main(["merge", *dirs, "--out", str(out), *plot])
+    status = commands.merge_main([*dirs, "--out", str(out), *plot])
     if status != 0:
         raise ValueError(f"merging {out} failed (status {status})")
 
 
-def _outcome(job: submitit.Job[Any], out: Path, index: int) -> str | None:
-    """None when shard ``index`` finished; otherwise why not."""
+def _outcome(job: submitit.Job[Any], out: Path, index: int, state: str | None = None) -> str | None:
+    """None when shard ``index`` finished; otherwise why not (``state``: the job's last state
+    as Slurm's queue showed it; None: ask submitit)."""
     if job.paths.result_pickle.exists():
         err = job.exception()
         if err is not None:
@@ -599,31 +156,102 @@ def _outcome(job: submitit.Job[Any], out: Path, index: int) -> str | None:
             return f"{tail.strip()} (log: {job.paths.stderr})"
     if (shard_dir(out, index) / "results.json").is_file():
         return None
+    state = job.state if state is None else state
     return (
-        f"ended without a result ({job.state}: killed, out of memory or out of time?); "
+        f"ended without a result ({state}: cancelled, killed, out of memory or out of time?); "
         f"log: {job.paths.stderr}"
     )
 
 
+#: Slurm job states of a job that has not ended (it may still write its result).
+_SLURM_ACTIVE = frozenset(
+    "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING "
+    "SIGNALING STAGE_OUT SUSPENDED PREEMPTED".split()
+)
+
+
+def slurm_queue(job_ids: Sequence[str], timeout_s: float = 60.0) -> dict[str, str] | None:
+    """The state of each array task of ``job_ids`` that Slurm's queue still shows (``squeue``,
+    never ``sacct``, which fails on clusters without accounting); a task it does not show has
+    ended. None when ``squeue`` does not answer."""
+    arrays = sorted({j.split("_")[0] for j in job_ids})
+    try:
+        done = subprocess.run(
+            [
+                "squeue",
+                "--noheader",
+                "--array",
+                "--states=all",
+                "--format=%i %T",
+                "--jobs",
+                ",".join(arrays),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:  # every job long gone: "Invalid job id specified"
+        return {} if "invalid job id" in done.stderr.lower() else None
+    states: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        if job_id:
+            states[job_id] = state.strip().split(" ")[0].upper()
+    return states
+
+
 def _wait(
-    jobs: Mapping[int, submitit.Job[Any]], out: Path, poll_s: float, say: Callable[[str], None]
+    jobs: Mapping[int, submitit.Job[Any]],
+    out: Path,
+    poll_s: float | None,
+    say: Callable[[str], None],
 ) -> dict[int, str]:
-    """Wait for ``jobs`` (shard -> job); the failed shards with why."""
+    """Wait for the Slurm jobs ``jobs`` (shard -> job); the failed shards with why.
+
+    A job has ended when it wrote its result or Slurm's queue shows it ended (or no longer
+    shows it). Only ``squeue`` is asked: submitit's own ``done()`` asks ``sacct``, which on a
+    cluster without accounting fails (two warnings a call) and never reports a cancelled job.
+    ``poll_s``: seconds between two looks (None: half a second, growing by a quarter each time
+    up to 30 s)."""
     failed: dict[int, str] = {}
     running = dict(jobs)
+    pause = poll_s if poll_s is not None else 0.5
     while running:
+        queue = slurm_queue([job.job_id for job in running.values()])
         for i, job in list(running.items()):
-            if job.done():
-                del running[i]
-                why = _outcome(job, out, i)
-                if why is None:
-                    say(f"shard {i} (job {job.job_id}): finished")
-                else:
-                    failed[i] = why
-                    say(f"shard {i} (job {job.job_id}): FAILED: {why}")
+            state = None if queue is None else queue.get(job.job_id, "GONE")
+            if not job.paths.result_pickle.exists() and (state is None or state in _SLURM_ACTIVE):
+                continue
+            del running[i]
+            gone = "no longer in the queue" if state in (None, "GONE") else state
+            why = _outcome(job, out, i, gone)
+            if why is None:
+                say(f"shard {i} (job {job.job_id}): finished")
+            else:
+                failed[i] = why
+                say(f"shard {i} (job {job.job_id}): FAILED: {why}")
         if running:
-            time.sleep(poll_s)
+            time.sleep(pause)
+            if poll_s is None:
+                pause = min(30.0, pause * 1.25)
     return failed
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 appended to ``path`` (what a child process started inside inherits)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _run_local(
@@ -660,7 +288,9 @@ def _run_local(
                 task = ShardJob(
                     sweep_plan.argv, i, sweep_plan.count, str(shard_dir(out, i)), threads
                 )
-                with _environment(env):
+                # the controller process submitit starts writes to our stderr; on Ctrl-C,
+                # job.cancel() interrupts it and it prints a traceback: send it to a log instead
+                with _environment(env), _stderr_to(out / "submitit" / "controllers.log"):
                     job = ex.submit(task)
                 running[i] = (job, slot)
                 record(i, job.job_id)
@@ -809,9 +439,17 @@ def launch(
         f"-> {folder} [{launcher}]"
     )
     if launcher == "local":
-        result.failed = _run_local(
-            sweep_plan, folder, pending, parallel, time_min, record, poll_s or 0.2, say
-        )
+        try:
+            result.failed = _run_local(
+                sweep_plan, folder, pending, parallel, time_min, record, poll_s or 0.2, say
+            )
+        except KeyboardInterrupt:
+            done = len(finished_shards(folder, shards))
+            raise KeyboardInterrupt(
+                f"interrupted: {done} of {shards} shards finished (their results are kept; the "
+                "others were stopped and resume from their checkpoints); continue with: "
+                f"eatta-bench sweep --resubmit --out {shlex.quote(str(folder))}"
+            ) from None
     else:
         assert slurm is not None
         ex = slurm_executor(folder / "submitit" / "%j", slurm)
@@ -834,7 +472,13 @@ def launch(
                 f"{shlex.quote(str(folder))} (finished cells are read back)"
             )
             return result
-        result.failed = _wait(dict(zip(pending, submitted, strict=True)), folder, poll_s or 30, say)
+        try:
+            result.failed = _wait(dict(zip(pending, submitted, strict=True)), folder, poll_s, say)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(
+                f"stopped waiting: the Slurm jobs of {folder} keep running (squeue shows them; "
+                f"scancel {first} stops them); when they have finished: {merge_command}"
+            ) from None
     if result.failed:
         show(
             f"{len(result.failed)} shard(s) failed: {sorted(result.failed)}; resubmit them with: "

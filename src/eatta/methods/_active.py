@@ -35,7 +35,7 @@ DEFAULT_MAX_AGE = 256
 def ask_oracle(oracle: Oracle, x: Tensor, indices: Tensor, num_classes: int) -> Tensor | None:
     """The oracle's validated labels for ``x[indices]`` (None: abstained on all; no call if empty).
 
-    Exceptions raised by the oracle are wrapped in :class:`~eatta.oracle.OracleError`.
+    Exceptions raised by the oracle are wrapped in :class:`~eatta.annotate.oracle.OracleError`.
     """
     if not len(indices):
         return None

@@ -125,7 +125,7 @@ class AdaptiveMethod(nn.Module):
         """Predict on ``x`` (logits, computed before this batch's update) and adapt.
 
         ``labels``: the batch's true labels for a simulated annotator (the method's oracle must
-        have ``set_labels``, e.g. :class:`~eatta.oracle.GroundTruthOracle`); it reveals only
+        have ``set_labels``, e.g. :class:`~eatta.annotate.GroundTruthOracle`); it reveals only
         those the method asks for.
         """
         if self.adapts and torch.is_inference_mode_enabled():

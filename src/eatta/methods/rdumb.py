@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.methods.base import AdaptiveMethod
@@ -33,7 +34,6 @@ from eatta.methods.config import hparam
 from eatta.methods.eta import ETA, ETAConfig, _eta_kwargs
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.oracle import Oracle
 from eatta.split import ModelSplit
 
 __all__ = ["RDumb", "RDumbConfig"]

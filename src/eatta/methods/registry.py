@@ -166,13 +166,32 @@ def _restored_on_error(model: nn.Module) -> Iterator[None]:
         raise
 
 
+def _refuse_label_arguments(
+    spec: MethodSpec, oracle: object, budget: object, overrides: Mapping[str, Any]
+) -> None:
+    """A TypeError when the label-free method ``spec`` is given what only active methods take:
+    ``oracle``, ``budget``, or a key every active method has and no label-free one has."""
+    specs = [get_spec(n) for n in available()]
+    active = [s for s in specs if s.active]
+    free_keys = {k for s in specs if not s.active for k in s.keys}
+    label_keys = set.intersection(*(set(s.keys) for s in active)) - free_keys if active else set()
+    given = [k for k, v in (("oracle", oracle), ("budget", budget)) if v is not None]
+    given += [k for k in overrides if k in label_keys]
+    if given:
+        raise TypeError(
+            f"method {spec.name!r} is label-free (it never asks for labels) and takes no "
+            f"{', '.join(given)}; the methods that take labels are "
+            f"{', '.join(s.name for s in active)}"
+        )
+
+
 def create(
     name: str,
     model: nn.Module,
     *,
     dataset: str = "default",
     oracle: Oracle | None = None,
-    budget: int | Budget = 1,
+    budget: int | Budget | None = None,
     **overrides: Any,
 ) -> AdaptiveMethod:
     """Build method ``name`` around ``model`` with the dataset's defaults and the overrides.
@@ -182,13 +201,19 @@ def create(
     unknown key or a mistyped value raises :class:`TypeError`, a disallowed value
     :class:`ValueError`, with ``model`` untouched. If building fails later, the changes to
     ``model`` (modes, BatchNorm statistics, ``requires_grad``) are undone.
+
+    ``oracle`` and ``budget`` (default 1 label per batch) are for active methods; a label-free
+    method given either, or a key that only the label-taking methods have (``buffer``,
+    ``label_expiry``), raises :class:`TypeError` naming the method and the label-taking ones.
     """
     spec = get_spec(name)
+    if not spec.active:
+        _refuse_label_arguments(spec, oracle, budget, overrides)
     check_keys(spec.name, overrides, spec.keys, also=("dataset", "oracle", "budget"))
     if spec.active and oracle is None:
         raise ValueError(f"method {spec.name!r} is active: pass oracle=")
     config = spec.config_for(dataset, overrides)
-    budget = Budget.coerce(budget)
+    budget = Budget.coerce(1 if budget is None else budget)
     with _restored_on_error(model):
         return spec.build(model, config, oracle, budget)
 
