@@ -19,6 +19,10 @@ measured in a separate, untimed call (``_common.peak_bytes``):
   backward pass for the supervised norm, one for the unsupervised norm, one for the weighted loss.
 * ``two-backward floor``: forward, both losses, two plain ``autograd.grad`` passes and the
   optimizer step, nothing else: the least any exact EATTA step can cost.
+* ``tent+audit``, ``eatta+audit``: TENT and EATTA with an :class:`eatta.monitor.AccuracyMonitor`
+  (audit share ``--audit-share``, default 0.1: about 6 of 64 samples; a synchronous auditor, the
+  paired guard): the audits' extra forward pass of the audited samples through the source model,
+  their scoring and the guard's bookkeeping (``eatta+audit/eatta`` and ``tent+audit/tent``).
 
 Then the growth of the EATTA step (and TENT's, for the ratio) with the batch size (16, 32, 64,
 128, budget 1) and with the labels per batch (1, 3, 5, batch 64), and a ``torch.profiler``
@@ -63,8 +67,11 @@ from eatta._compat import TorchvisionOpsWarning, import_torchvision
 from eatta.annotate import SimulatedAnnotator
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.tent import Tent
+from eatta.monitor import attach
 
 LR = 2.5e-4
+#: Audit share of the ``+audit`` variants (``--audit-share``).
+AUDIT_SHARE = 0.1
 
 
 # -- models ----------------------------------------------------------------------------------------
@@ -138,6 +145,14 @@ def fresh(case: ModelCase, state: dict[str, Tensor], device: torch.device, chann
     if channels_last:
         model.to(memory_format=torch.channels_last)
     return model, eatta.configure(model)
+
+
+def _source(case: ModelCase, state: dict[str, Tensor], device: torch.device) -> nn.Module:
+    """The monitor's source model: the same weights in eval mode with running statistics
+    (default ones: a sample's prediction does not depend on its batch)."""
+    model = case.build()
+    model.load_state_dict(state, strict=False)
+    return model.to(device).eval()
 
 
 def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -289,6 +304,29 @@ def build_variants(
     annotator = SimulatedAnnotator(delay=0)
     zero_delay = eatta.EATTA(model, sgd(params), oracle=annotator, budget=budget)
     variants["eatta-async-0"] = lambda: zero_delay(x, labels=y)
+
+    share = AUDIT_SHARE
+    model, params = fresh(case, state, device, channels_last)
+    audited_tent = Tent(model, sgd(params))
+    attach(
+        audited_tent,
+        eatta.GroundTruthOracle(),
+        source=_source(case, state, device),
+        share=share,
+        guard="paired",
+    )
+    variants["tent+audit"] = lambda: audited_tent(x, labels=y)
+    model, params = fresh(case, state, device, channels_last)
+    oracle = eatta.GroundTruthOracle()
+    audited = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget)
+    attach(
+        audited,
+        eatta.GroundTruthOracle(),
+        source=_source(case, state, device),
+        share=share,
+        guard="paired",
+    )
+    variants["eatta+audit"] = lambda: audited(x, labels=y)
 
     model, params = fresh(case, state, device, channels_last)
     reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)
@@ -454,6 +492,8 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
         if name != "tent":
             ratios[f"{name}/tent"] = _common.ratio(samples, name, "tent")
     ratios["tent/inference"] = _common.ratio(samples, "tent", "inference")
+    if "eatta+audit" in samples:
+        ratios["eatta+audit/eatta"] = _common.ratio(samples, "eatta+audit", "eatta")
     result["time_ratios"] = ratios
     tent_peak = result["variants"]["tent"]["peak_mb"]
     if tent_peak:
@@ -462,12 +502,17 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
             for n, v in result["variants"].items()
             if n not in ("tent", "inference") and v["peak_mb"] is not None
         }
+        eatta_peak = result["variants"].get("eatta", {}).get("peak_mb")
+        audit_peak = result["variants"].get("eatta+audit", {}).get("peak_mb")
+        if eatta_peak and audit_peak:
+            result["memory_ratios"]["eatta+audit/eatta"] = audit_peak / eatta_peak
     result["parity_max_abs_diff"] = parity(case, state, x, y, device)
-    for name in ("eatta", "tent", "two-backward floor"):
-        r = ratios.get(f"{name}/tent")
+    for key in ("eatta/tent", "two-backward floor/tent", "tent+audit/tent", "eatta+audit/eatta"):
+        name = key.split("/")[0]
+        r = ratios.get(key)
         if r:
             med, pair, low = r["median"], r["paired"], r["min"]
-            print(f"  {name}/tent: median {med:.3f} paired {pair:.3f} min {low:.3f}")
+            print(f"  {key}: median {med:.3f} paired {pair:.3f} min {low:.3f}")
     if args.profile:
         keep = {n: variants[n] for n in ("tent", "eatta", "reference-style")}
         result["profile"] = profile_steps(keep, device)
@@ -529,6 +574,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: cores)")
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument(
+        "--audit-share", type=float, default=AUDIT_SHARE, help="audit share of the +audit variants"
+    )
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 25, quick 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 3, quick 1)")
     p.add_argument("--growth-repeats", type=int, default=None)
@@ -549,6 +597,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    global AUDIT_SHARE
+    AUDIT_SHARE = args.audit_share
     warnings.simplefilter("ignore", TorchvisionOpsWarning)
     device = torch.device(args.device)
     if device.type == "cuda":

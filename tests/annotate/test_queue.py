@@ -273,6 +273,9 @@ def test_binary_queue_and_stats(path: Path) -> None:
         "model_right": 2,
         "model_judged": 4,
         "model_accuracy": 0.5,
+        "selected_judged": 4,
+        "selected_accuracy": 0.5,
+        "monitor": None,
     }
 
 
@@ -335,3 +338,31 @@ def test_images_are_stored_with_requests_or_left_out(path: Path) -> None:
     custom = LabelQueue(path, to_image=lambda s: b"\x89PNG custom")
     custom.submit([req("c", 3)])
     assert q.image("c") == b"\x89PNG custom"
+
+
+def test_audits_are_told_apart_and_the_monitor_is_published_for_the_page(path: Path) -> None:
+    import eatta
+    from conftest import tiny_cnn
+    from eatta.monitor import attach
+
+    q = LabelQueue(path)
+    method = eatta.create("tent", tiny_cnn(5))
+    source = tiny_cnn(5, seed=3).eval()
+    attach(method, q, source=source, share=0.5, seed=0)
+    x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    method(x)
+    audits = q.pending()
+    assert audits and all(p["id"].startswith("audit-") for p in audits)
+    for p in audits:  # the adapted model's prediction is right on every audit
+        q.answer(Answer(p["id"], label=p["prediction"]))
+    before = q.stats()
+    assert before["monitor"] is None and before["selected_judged"] == 0
+    assert before["selected_accuracy"] is None and before["model_judged"] == len(audits)
+    method(x)  # collects the answers and publishes the monitor's figures
+    page = q.stats()["monitor"]
+    assert page["audits"] == len(audits) and page["adapted"] == 1.0
+    assert page["adapted_low"] < 1.0 == page["adapted_high"]
+    with torch.no_grad():
+        s = source(x[[int(p["index"]) for p in audits]]).argmax(1)
+    right = sum(int(a == int(b)) for a, b in zip([p["prediction"] for p in audits], s, strict=True))
+    assert page["source"] == pytest.approx(right / len(audits))

@@ -155,6 +155,17 @@ def _setup_resnet(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     ns.update(model=model, backbone=backbone, head=head)
 
 
+def _setup_guard(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``model``, with ``auditor`` (a ground-truth oracle holding ``y``) and
+    ``model_as_trained`` (a copy of the source model)."""
+    import eatta
+
+    _setup_model(ns, monkeypatch)
+    auditor = eatta.GroundTruthOracle()
+    auditor.set_labels(ns["y"])
+    ns.update(auditor=auditor, model_as_trained=copy.deepcopy(ns["model"]))
+
+
 def _setup_stream(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """``model`` and ``stream``: three batches of 16 ``(x, y)`` pairs; ``batches``: the same
     without labels; ``save``: ``torch.save`` to ``checkpoint.pt``; ``it_is_time_to_checkpoint``."""
@@ -181,6 +192,7 @@ def _setup_tiny_bench(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> No
 SETUPS: dict[str, Callable[[dict[str, Any], pytest.MonkeyPatch], None]] = {
     "model": _setup_model,
     "resnet": _setup_resnet,
+    "guard": _setup_guard,
     "stream": _setup_stream,
     "tiny_bench": _setup_tiny_bench,
 }

@@ -582,6 +582,15 @@ class LabelQueue:
                     (PACE_WINDOW,),
                 ).fetchall()
             ]
+            audit_judged, audit_right = self._db.execute(
+                "SELECT coalesce(sum(1 - a.skip), 0), "
+                "coalesce(sum(CASE WHEN a.label IS NOT NULL AND a.label = r.prediction THEN 1 "
+                "WHEN a.correct = 1 THEN 1 ELSE 0 END), 0) "
+                "FROM answers a JOIN requests r ON r.key = a.key WHERE r.key LIKE 'audit-%'"
+            ).fetchone()
+            published = self._db.execute("SELECT value FROM meta WHERE name = 'monitor'").fetchone()
+        selected_judged = int(judged) - int(audit_judged)
+        selected_right = int(right) - int(audit_right)
         return {
             "pending": int(pending),
             "answered": int(total),
@@ -591,7 +600,23 @@ class LabelQueue:
             "model_right": int(right),
             "model_judged": int(judged),
             "model_accuracy": (int(right) / int(judged)) if judged else None,
+            # the method's own requests: the selected, most uncertain samples (biased low)
+            "selected_judged": selected_judged,
+            "selected_accuracy": selected_right / selected_judged if selected_judged else None,
+            # the monitor's figures (eatta.monitor; unbiased): published by the adapting process
+            "monitor": None if published is None else json.loads(published[0]),
         }
+
+    def publish_monitor(self, summary: dict[str, Any]) -> None:
+        """Store the adapting process's monitor summary (audited accuracy of the adapted and the
+        source model with intervals) for the page's :meth:`stats`; a plain JSON object."""
+        text = json.dumps(summary, allow_nan=False)
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO meta (name, value) VALUES ('monitor', ?) "
+                "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                (text,),
+            )
 
 
 def _answer_of(row: Sequence[Any]) -> Answer:

@@ -33,6 +33,7 @@ from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
 from eatta.bench.grid import SETTINGS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
+from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.options import RunOptions
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
@@ -274,6 +275,7 @@ def run(
     dirichlet: float | None = None,
     protocol: StreamProtocol | None = None,
     annotator: AnnotatorOptions | None = None,
+    monitor: MonitorOptions | None = None,
     jobs: int | None = None,
     hparams: Mapping[str, Mapping[str, Any]] | None = None,
     batch_size: int = 64,
@@ -310,6 +312,8 @@ def run(
             domains; the CCC-style stream); give it or the shorthands, not both.
         annotator: who answers the active methods (:class:`AnnotatorOptions`: label delay,
             noise, yes/no feedback, seconds per answer); default: the ground truth, at once.
+        monitor: audits and the guard (:class:`~eatta.bench.monitoring.MonitorOptions`: audit
+            share, guard policy and levels); default: none.
         jobs: cells run in parallel, each in a forked process with one thread (default 1;
             ``eatta-bench`` uses every core on the CPU); results are identical to a serial run.
         hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
@@ -348,6 +352,10 @@ def run(
         annotator = AnnotatorOptions()
     if not isinstance(annotator, AnnotatorOptions):
         raise TypeError(f"annotator must be AnnotatorOptions, got {type(annotator).__name__}")
+    if monitor is None:
+        monitor = MonitorOptions()
+    if not isinstance(monitor, MonitorOptions):
+        raise TypeError(f"monitor must be MonitorOptions, got {type(monitor).__name__}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
     # --- every option checked before anything is loaded or written
@@ -395,6 +403,7 @@ def run(
         dirichlet=dirichlet,
         mixed=protocol.mixed,
         annotator=annotator,
+        monitor=monitor,
         limit=limit,
         device=_device(device),
         workers=workers,
@@ -465,6 +474,8 @@ def run(
             proto += f", {annotator.text()}"
         if options.dirichlet is not None:
             proto += f", Dirichlet {options.dirichlet:g}"
+        if monitor.active:
+            proto += f", {monitor.text()}"
         seed_text = (
             f"seeds {','.join(map(str, seed_list))}"
             if len(seed_list) > 1
@@ -496,6 +507,7 @@ def run(
             "mixed": protocol.mixed,
             "ccc": protocol.ccc,
             "annotator": {**annotator.describe(), "cost": vars(annotator.cost)},
+            **({"monitor": monitor.describe()} if monitor.active else {}),
             "jobs": jobs,
             "code_digest": code_digest(),
             "git_commit": _git_commit(),

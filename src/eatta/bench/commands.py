@@ -18,8 +18,10 @@ from eatta.bench import api
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.api import DEFAULT_METHODS, DIGITS_ROUNDS
 from eatta.bench.benchmark import BenchmarkData
+from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE, DEFAULT_GUARD_LEVEL, MonitorOptions
 from eatta.bench.protocol import CCC_SPEEDS, StreamProtocol
 from eatta.methods import registry
+from eatta.monitor import GUARD_POLICIES
 
 __all__ = [
     "build_benchmarks",
@@ -236,6 +238,40 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         type=float,
         default=AnnotatorCost.seconds_per_binary,
         help="annotator seconds per yes/no answer",
+    )
+    g = p.add_argument_group("audits and guard (every method; docs/guard.md)")
+    g.add_argument(
+        "--audit",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="share of the stream's samples sent as audits (uniform random) to an auditor like "
+        "the annotator: the monitor's accuracy of the adapted and the source model per round "
+        f"(default with --guard: {DEFAULT_AUDIT_SHARE:g})",
+    )
+    g.add_argument(
+        "--guard",
+        nargs="?",
+        const="paired",
+        default=None,
+        metavar="POLICY",
+        help="reset to the source state when the audits show the model worse than the source "
+        f"or than it was ({', '.join(GUARD_POLICIES)}; default paired: either)",
+    )
+    g.add_argument(
+        "--guard-level",
+        type=float,
+        default=DEFAULT_GUARD_LEVEL,
+        metavar="ALPHA",
+        help="the guard's error level: chance of any reset over the stream where nothing "
+        f"degrades (default {DEFAULT_GUARD_LEVEL:g}, tuned in docs/guard.md)",
+    )
+    g.add_argument(
+        "--guard-window",
+        type=int,
+        default=MonitorOptions.window,
+        metavar="N",
+        help="audits per block of the guard's test",
     )
     g = p.add_argument_group("models and annotator")
     g.add_argument(
@@ -520,6 +556,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             feedback=args.feedback,
             cost=AnnotatorCost(args.seconds_per_label, args.seconds_per_binary),
         ),
+        monitor=monitor_options(args),
         jobs=args.jobs if args.jobs is not None else _default_jobs(args),
         hparams=parse_hparams(args.hp, methods),
         batch_size=args.batch_size,
@@ -583,3 +620,14 @@ def run_main(argv: Sequence[str]) -> int:
 def merge_main(argv: Sequence[str]) -> int:
     """``eatta-bench merge ARGV`` (without the word ``merge``); the exit status."""
     return exit_status(lambda: merge(merge_parser().parse_args(list(argv))))
+
+
+def monitor_options(args: argparse.Namespace) -> MonitorOptions:
+    """``--audit`` / ``--guard`` as :class:`MonitorOptions` (``--guard`` alone audits
+    :data:`~eatta.bench.monitoring.DEFAULT_AUDIT_SHARE`; ``--audit 0 --guard`` is an error)."""
+    audit = args.audit
+    if audit is None:
+        audit = DEFAULT_AUDIT_SHARE if args.guard is not None else 0.0
+    return MonitorOptions(
+        audit=audit, guard=args.guard, guard_level=args.guard_level, window=args.guard_window
+    )

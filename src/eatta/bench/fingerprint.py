@@ -97,6 +97,7 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
         "dirichlet": options.dirichlet,
         **({"mixed": True} if options.mixed else {}),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
+        **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
         "provenance": to_plain(data.provenance),
         "oracle": "ground-truth" if data.oracle_fn is None else "model",
         "version": __version__,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eatta.bench.annotation import AnnotatorOptions
+from eatta.bench.monitoring import MonitorOptions
 
 __all__ = ["RunOptions"]
 
@@ -17,7 +18,7 @@ class RunOptions:
 
     ``reuse=False`` ignores finished results and checkpoints in the output folder (runs afresh);
     ``mixed``: every batch drawn across the round's domains; ``annotator``: who answers the
-    active methods (default: the ground truth, at once).
+    active methods (default: the ground truth, at once); ``monitor``: audits and the guard.
     """
 
     batch_size: int = 64
@@ -33,6 +34,8 @@ class RunOptions:
     dirichlet: float | None = None
     mixed: bool = False
     annotator: AnnotatorOptions = field(default_factory=AnnotatorOptions)
+    #: audits and the guard (``--audit``, ``--guard``); default: none
+    monitor: MonitorOptions = field(default_factory=MonitorOptions)
 
     def __post_init__(self) -> None:
         if self.batch_size < 2:

@@ -147,6 +147,12 @@ def _protocol_text(r: CellResult) -> str:
         if annotator.get("feedback") == "binary":
             bits.append("yes/no answers")
         parts.append("annotator: " + ", ".join(bits or ["simulated, at once"]))
+    monitor = r.protocol.get("monitor")
+    if monitor:
+        text = f"audit {monitor['audit']:g} of the samples"
+        if monitor.get("guard"):
+            text += f", guard {monitor['guard']} at level {monitor['guard_level']:g}"
+        parts.append(text)
     return ", ".join(parts)
 
 
@@ -274,6 +280,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
         seeds = sorted({r.seed for r in rows})
         many = any(len(c) > 1 for c in cells)
         annotated = any(r.protocol.get("annotator") for r in rows)
+        monitored = any(r.monitor for r in rows)
         cols = [f"R{i + 1}" for i in range(rounds)] if per_round else [_short(d) for d in domains]
         head = [
             "Method",
@@ -283,6 +290,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
             *(["Seeds"] if many else []),
             "Labels",
             *(_ANNOTATION_HEAD if annotated else []),
+            *(_MONITOR_HEAD if monitored else []),
             "img/s",
             "Wall s",
             "CPU s",
@@ -321,6 +329,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
                 *([str(len(cell))] if many else []),
                 f"{np.mean([c.labels_used for c in cell]):.0f}",
                 *(_annotation_cells(cell) if annotated else []),
+                *(_monitor_cells(cell) if monitored else []),
                 f"{np.mean([c.images_per_s for c in cell]):.0f}",
                 f"{np.mean([c.wall_time_s for c in cell]):.1f}",
                 _cpu_cell(cell),
@@ -333,6 +342,8 @@ def markdown_table(results: Sequence[CellResult]) -> str:
             notes.append(sentence)
         if notes:
             lines += ["", *notes]
+        if monitored:
+            lines += ["", *monitor_table(cells, rounds if per_round else 1)]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
@@ -350,6 +361,64 @@ def _annotation_cells(cell: Sequence[CellResult]) -> list[str]:
     out = [f"{np.mean([n.get(k, 0) for n in notes]):.0f}" for k in _ANNOTATION_KEYS]
     out.append(f"{np.mean([n.get('seconds', 0.0) for n in notes]) / 60:.1f}")
     return out
+
+
+#: Columns of the audits and the guard (shown with ``--audit``).
+_MONITOR_HEAD = ["Audits", "Audit min", "Resets", "Covered"]
+
+
+def covered_rounds(r: CellResult) -> tuple[int, int]:
+    """``(rounds whose audited interval covers the true error, rounds with audits)``."""
+    m = r.monitor or {}
+    hit = total = 0
+    for est, true in zip(m.get("rounds", []), r.round_errors, strict=False):
+        if est["audits"]:
+            total += 1
+            hit += int(est["low"] <= true <= est["high"])
+    return hit, total
+
+
+def _monitor_cells(cell: Sequence[CellResult]) -> list[str]:
+    """Mean audits, audit minutes and resets over a cell's seeds; rounds covered (summed)."""
+    notes = [c.monitor for c in cell if c.monitor]
+    if not notes:
+        return ["-"] * len(_MONITOR_HEAD)
+    cov = [covered_rounds(c) for c in cell if c.monitor]
+    return [
+        f"{np.mean([n['stats']['requested'] for n in notes]):.0f}",
+        f"{np.mean([n['seconds'] for n in notes]) / 60:.0f}",
+        f"{np.mean([len(n['resets']) for n in notes]):.1f}",
+        f"{sum(h for h, _ in cov)}/{sum(t for _, t in cov)}",
+    ]
+
+
+def monitor_table(cells: Sequence[Sequence[CellResult]], rounds: int) -> list[str]:
+    """Markdown lines: per monitored cell and round, the audited error estimate and its interval
+    (means over seeds) beside the true error."""
+    level = next((c.monitor["level"] for cell in cells for c in cell if c.monitor), 0.05)
+    head = ["Method", *[f"R{i + 1}" for i in range(rounds)]] if rounds > 1 else ["Method", "All"]
+    lines = [
+        f"Audited error % per round (uniform random audits: unbiased), estimate "
+        f"[{100 * (1 - level):g} % anytime-valid interval] / true error; means over seeds:",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|" + "---:|" * (len(head) - 1),
+    ]
+    for cell in cells:
+        mon = [c.monitor for c in cell if c.monitor]
+        if not mon:
+            continue
+        row = [cell[0].label]
+        for i in range(len(head) - 1):
+            ests = [m["rounds"][i] for m in mon if m["rounds"][i]["audits"]]
+            true = np.mean([c.round_errors[i] for c in cell if c.monitor])
+            if not ests:
+                row.append(f"- / {true:.1f}")
+                continue
+            e, lo, hi = (np.mean([x[k] for x in ests]) for k in ("error", "low", "high"))
+            row.append(f"{e:.1f} [{lo:.0f}, {hi:.0f}] / {true:.1f}")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 _CSV_FIXED = [
@@ -379,6 +448,11 @@ _CSV_FIXED = [
     "skipped",
     "wrong",
     "annotator_seconds",
+    "audit_share",
+    "audits",
+    "audit_seconds",
+    "resets",
+    "covered_rounds",
     "images",
     "images_per_s",
     "wall_time_s",
@@ -411,11 +485,38 @@ def _annotation_csv(r: CellResult) -> dict[str, Any]:
     return row
 
 
+def _monitor_csv(r: CellResult) -> dict[str, Any]:
+    m = r.monitor
+    if not m:
+        return dict.fromkeys(
+            ("audit_share", "audits", "audit_seconds", "resets", "covered_rounds"), ""
+        )
+    hit, total = covered_rounds(r)
+    row: dict[str, Any] = {
+        "audit_share": (r.protocol.get("monitor") or {}).get("audit", ""),
+        "audits": m["stats"]["requested"],
+        "audit_seconds": f"{m['seconds']:.1f}",
+        "resets": len(m["resets"]),
+        "covered_rounds": f"{hit}/{total}",
+    }
+    for i, est in enumerate(m["rounds"]):
+        if est["audits"]:
+            row[f"est_round:{i + 1}"] = f"{est['error']:.4f}"
+            row[f"est_low_round:{i + 1}"] = f"{est['low']:.4f}"
+            row[f"est_high_round:{i + 1}"] = f"{est['high']:.4f}"
+    return row
+
+
 def csv_text(results: Sequence[CellResult]) -> str:
     """One row per cell and seed; per-round errors in columns ``err_round:<r>`` and per-domain
     errors (averaged over rounds) in ``err:<domain>`` (empty where a row has none)."""
     ordered = _ordered(results)
-    round_cols = [f"err_round:{i + 1}" for i in range(max((r.rounds for r in ordered), default=1))]
+    n_rounds = max((r.rounds for r in ordered), default=1)
+    round_cols = [f"err_round:{i + 1}" for i in range(n_rounds)]
+    if any(r.monitor for r in ordered):
+        round_cols += [
+            f"{k}_round:{i + 1}" for i in range(n_rounds) for k in ("est", "est_low", "est_high")
+        ]
     domain_cols: list[str] = []
     for r in ordered:
         for d in r.domains:
@@ -445,6 +546,7 @@ def csv_text(results: Sequence[CellResult]) -> str:
             "overall_error": f"{r.overall_error:.4f}",
             "labels_used": r.labels_used,
             **_annotation_csv(r),
+            **_monitor_csv(r),
             "images": r.images,
             "images_per_s": f"{r.images_per_s:.2f}",
             "wall_time_s": f"{r.wall_time_s:.3f}",

@@ -60,6 +60,9 @@ class CellResult:
     #: what the annotator did (active methods): requested, received, expired, pending, skipped,
     #: dropped, wrong, seconds, feedback (see :func:`eatta.bench.annotation.annotation_summary`)
     annotation: dict[str, Any] | None = None
+    #: audits and guard (``--audit``): per-round estimates with intervals, resets, audit counts
+    #: (see :func:`eatta.bench.monitoring.monitor_summary`)
+    monitor: dict[str, Any] | None = None
     #: True when this result was read back from an earlier finished run (not stored).
     reused: bool = field(default=False, compare=False)
 

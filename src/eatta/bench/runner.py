@@ -34,6 +34,7 @@ from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
 from eatta.bench.checkpoint import atomic_save, rng_state, seed_all, set_rng_state
 from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
 from eatta.bench.grid import STATIC_METHODS, CellSpec
+from eatta.bench.monitoring import monitor_summary
 from eatta.bench.options import RunOptions
 from eatta.bench.provenance import machine_provenance
 from eatta.bench.results import CellResult
@@ -133,6 +134,11 @@ def run_cell(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     method, oracle, hparams = _build_method(spec, data, options, device)
+    monitor = auditor = None
+    if options.monitor.active and spec.method not in STATIC_METHODS:
+        with torch.random.fork_rng(devices=[]):  # the stream and method draw as without it
+            source = data.model_fn().to(device)  # the model as trained: the monitor's reference
+        monitor, auditor = options.monitor.attach(method, source, options.annotator, options.seed)
 
     start, online, wall, sessions, peak_prev = 0, [], 0.0, 1, None
     cpu = 0.0  # this thread's CPU seconds: unlike wall time, not inflated by a busy machine
@@ -149,6 +155,8 @@ def run_cell(
         method.load_state_dict(saved["method"])
         if saved.get("annotator") is not None:
             oracle.load_state_dict(saved["annotator"])  # type: ignore[union-attr]
+        if saved.get("auditor") is not None:
+            auditor.load_state_dict(saved["auditor"])  # type: ignore[union-attr]
         start, online, wall = saved["position"], saved["online"], saved["wall_time_s"]
         cpu = saved.get("cpu_time_s", 0.0)
         tally = saved.get("tally", tally)
@@ -189,12 +197,15 @@ def run_cell(
             x, y = next(batches)
             k = stream.locate(t)[0]
             if spec.setting == "ftta" and prev_domain is not None and k != prev_domain:
-                method.reset()
+                method.reset(keep_monitor=True)  # the audits go on measuring the stream
             prev_domain = k
             x = x.to(device, non_blocking=True)
             y = torch.as_tensor(y, dtype=torch.long)
             if gt is not None:
                 gt.set_labels(y)
+            if monitor is not None:  # audits count for the round they were asked in
+                monitor.period = stream.round_of_batch(t)
+                auditor.set_labels(y)  # type: ignore[union-attr]  # set with the monitor
             before = method.labels_used
             logits = method(x)
             used = method.labels_used - before
@@ -228,6 +239,7 @@ def run_cell(
                         "tally": tally,
                         "method": method.state_dict(),
                         "annotator": _annotator_state(oracle),
+                        "auditor": _annotator_state(auditor),
                         "rng": rng_state(device),
                         "wall_time_s": wall + (c0 - t0 - ckpt_time),
                         "cpu_time_s": cpu + (cc0 - cpu0 - ckpt_cpu),
@@ -256,7 +268,10 @@ def run_cell(
         "mixed": options.mixed,
         "ccc": data.config.get("ccc"),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
+        **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
     }
+    if monitor is not None:
+        result.monitor = monitor_summary(monitor, stream.rounds, options.annotator)
     result.provenance = {**data.provenance, **machine_provenance()}
     if spec_active(spec):
         result.annotation = annotation_summary(

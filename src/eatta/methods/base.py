@@ -5,13 +5,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from eatta.methods._active import AsyncAsking
 from eatta.split import ModelSplit, split_model
+
+if TYPE_CHECKING:
+    from eatta.monitor.monitor import AccuracyMonitor
 
 __all__ = ["AdaptiveMethod", "InvalidInputError"]
 
@@ -80,6 +83,8 @@ class AdaptiveMethod(nn.Module):
         self.last_step: Any = None  # what the last step did (method-specific record)
         self._asking: AsyncAsking | None = None  # an active method's asynchronous annotator
         self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot
+        #: audited accuracy and guard (:func:`eatta.monitor.attach`); None: no audits
+        self.monitor: AccuracyMonitor | None = None
         self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._initial_optimizer = (
             copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
@@ -134,22 +139,27 @@ class AdaptiveMethod(nn.Module):
             x = x.clone()
         oracle = getattr(self, "oracle", None)
         if labels is not None:
-            if not hasattr(oracle, "set_labels"):
+            auditor = None if self.monitor is None else self.monitor.auditor
+            if not hasattr(oracle, "set_labels") and not hasattr(auditor, "set_labels"):
                 raise TypeError(
-                    f"{type(self).__name__}(x, labels=...) needs an oracle with set_labels "
-                    "(a GroundTruthOracle)"
+                    f"{type(self).__name__}(x, labels=...) needs an oracle (or a monitor's "
+                    "auditor) with set_labels (a GroundTruthOracle)"
                 )
             labels = torch.as_tensor(labels)
             if labels.shape != (x.shape[0],):
                 raise InvalidInputError(
                     f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}"
                 )
-            oracle.set_labels(labels)  # type: ignore[union-attr]
+            if hasattr(oracle, "set_labels"):
+                oracle.set_labels(labels)  # type: ignore[union-attr]  # checked just above
         if self._split is None:
             self._split_example = x
         try:
             with self.transaction(), torch.enable_grad():
-                return self.forward_and_adapt(x)
+                out = self.forward_and_adapt(x)
+            if self.monitor is not None:  # after the step: audit, score, guard
+                self.monitor.observe(self, x, out, labels)
+            return out
         finally:
             self._split_example = None
             end_batch = getattr(oracle, "end_batch", None)
@@ -227,12 +237,16 @@ class AdaptiveMethod(nn.Module):
             raise InvalidInputError("input contains NaN or infinite values")
 
     # -- state -------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Restore model, optimizer and method state to their values at creation."""
+    def reset(self, *, keep_monitor: bool = False) -> None:
+        """Restore model, optimizer and method state to their values at creation; the monitor,
+        if any (:mod:`eatta.monitor.monitor`), is cleared too unless ``keep_monitor`` (a guard's
+        reset, or a benchmark's reset at each domain, keeps measuring the same stream)."""
         self.model.load_state_dict(self._initial_model)
         if self.optimizer is not None and self._initial_optimizer is not None:
             self.optimizer.load_state_dict(copy.deepcopy(self._initial_optimizer))
         self.reset_method_state()
+        if self.monitor is not None and not keep_monitor:
+            self.monitor.reset()
 
     def state_parts(self) -> dict[str, Any]:
         """Named stateful components (budget, selector, buffer, ...), each with ``reset()``,
@@ -302,11 +316,14 @@ class AdaptiveMethod(nn.Module):
         }
 
     def get_extra_state(self) -> dict[str, Any]:
-        return {
+        state = {
             "signature": self.state_signature(),
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
             "method": self.method_state(),
         }
+        if self.monitor is not None:
+            state["monitor"] = self.monitor.state_dict()
+        return state
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         theirs, mine = state.get("signature"), self.state_signature()
@@ -320,6 +337,8 @@ class AdaptiveMethod(nn.Module):
             # from a live method would otherwise keep moving with it
             self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.load_method_state(state.get("method", {}))
+        if self.monitor is not None and state.get("monitor") is not None:
+            self.monitor.load_state_dict(copy.deepcopy(state["monitor"]))
 
 
 def _describe(signature: dict[str, Any]) -> str:

@@ -95,7 +95,7 @@ class RDumb(ETA):
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         if self.num_steps and self.num_steps % self.reset_every == 0:
             steps = self.num_steps
-            self.reset()  # source weights, optimizer and all of ETA's state
+            self.reset(keep_monitor=True)  # source weights, optimizer and all of ETA's state
             self.num_steps = steps
         logits = super().forward_and_adapt(x)
         self.num_steps += 1

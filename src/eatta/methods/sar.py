@@ -285,7 +285,7 @@ class SAR(AdaptiveMethod):
     def _recover(self) -> None:
         """Model recovery: initial model and optimizer, the loss EMA kept (as the reference)."""
         ema, count = self.ema, self.num_recoveries
-        self.reset()
+        self.reset(keep_monitor=True)  # a recovery, not a new stream: the monitor goes on
         self.ema, self.num_recoveries = ema, count + 1
 
     # -- state -------------------------------------------------------------------------------

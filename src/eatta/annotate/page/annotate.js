@@ -38,7 +38,14 @@
     $("stat-pace").textContent =
       s.median_seconds === null ? "–" : `${s.median_seconds.toFixed(1)} (mean ${s.mean_seconds.toFixed(1)})`;
     $("stat-right").textContent =
-      s.model_accuracy === null ? "–" : `${percent(s.model_accuracy)} of ${s.model_judged}`;
+      s.selected_accuracy === null ? "–" : `${percent(s.selected_accuracy)} of ${s.selected_judged}`;
+    const m = s.monitor;
+    $("stat-audit").textContent =
+      !m || !m.audits
+        ? "–"
+        : `${percent(m.adapted)} [${percent(m.adapted_low)}, ${percent(m.adapted_high)}] vs source ` +
+          `${percent(m.source)} [${percent(m.source_low)}, ${percent(m.source_high)}] of ${m.audits}` +
+          (m.resets ? `, ${m.resets} reset${m.resets > 1 ? "s" : ""}` : "");
   }
 
   function age(created) {

@@ -1,0 +1,130 @@
+"""Audits and the guard in a benchmark: :class:`MonitorOptions` (``--audit``, ``--guard``).
+
+With an audit share, every adapting method of a cell (label-free ones too) carries an
+:class:`~eatta.monitor.AccuracyMonitor`: an auditor built like the cell's annotator (same delay,
+noise and feedback, its own draws) labels a uniform random share of the stream, the source model
+(the benchmark's model as trained) predicts on the audited samples, and the cell's result gets,
+per round, the monitor's estimate of the error with its interval beside the true error, the
+resets and the audits' annotator time (:func:`monitor_summary`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from eatta.annotate.oracle import GroundTruthOracle
+from eatta.annotate.simulated import SimulatedAnnotator
+from eatta.bench.annotation import AnnotatorOptions
+from eatta.monitor import AccuracyMonitor, Guard, attach, check_policy, check_share
+from eatta.monitor.confseq import check_level
+
+__all__ = ["DEFAULT_AUDIT_SHARE", "DEFAULT_GUARD_LEVEL", "MonitorOptions", "monitor_summary"]
+
+#: The audit share ``--guard`` uses when ``--audit`` is not given, and the guard's level: the
+#: values chosen on the tuning stream of docs/guard.md (the recurring stream, seed 10).
+DEFAULT_AUDIT_SHARE = 0.2
+DEFAULT_GUARD_LEVEL = 0.2
+#: Seed offset of the auditor's draws (distinct from the method's annotator's).
+AUDITOR_SEED = 104729
+
+
+@dataclass(frozen=True)
+class MonitorOptions:
+    """``audit``: share of the stream's samples audited (0: no monitor); ``guard``: a guard
+    policy (None: measure only); ``level``: the intervals' error level; ``guard_level``: the
+    guard's stated false-reset level; ``window``: audits per guard block."""
+
+    audit: float = 0.0
+    guard: str | None = None
+    level: float = 0.05
+    guard_level: float = DEFAULT_GUARD_LEVEL
+    window: int = 1000
+
+    def __post_init__(self) -> None:
+        check_share(self.audit)
+        check_level(self.level, "interval level")
+        check_level(self.guard_level, "guard level")
+        if self.guard is not None:
+            check_policy(self.guard)
+            if self.audit == 0.0:
+                raise ValueError("--guard needs audits: give an audit share > 0 (--audit FRACTION)")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 2:
+            raise ValueError(f"guard window must be an int >= 2 audits, got {self.window!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.audit > 0.0
+
+    def describe(self) -> dict[str, Any]:
+        """Plain description for fingerprints and ``results.json``."""
+        return {
+            "audit": self.audit,
+            "guard": self.guard,
+            "level": self.level,
+            "guard_level": self.guard_level,
+            "window": self.window,
+        }
+
+    def text(self) -> str:
+        """Short text for table titles."""
+        out = f"audit {self.audit:g}"
+        if self.guard is not None:
+            out += f", guard {self.guard} (level {self.guard_level:g}, window {self.window})"
+        return out
+
+    def attach(
+        self,
+        method: Any,
+        source: torch.nn.Module,
+        annotator: AnnotatorOptions,
+        seed: int,
+    ) -> tuple[AccuracyMonitor, GroundTruthOracle | SimulatedAnnotator]:
+        """Attach a monitor to ``method``; returns it and its auditor (which needs the batch's
+        labels: ``set_labels``)."""
+        auditor = annotator.build(seed + AUDITOR_SEED)
+        guard = None if self.guard is None else Guard(self.guard, self.guard_level, self.window)
+        monitor = attach(
+            method,
+            auditor,
+            source=source,
+            share=self.audit,
+            level=self.level,
+            guard=guard,
+            seed=seed,
+        )
+        return monitor, auditor
+
+
+def monitor_summary(
+    monitor: AccuracyMonitor, rounds: int, annotator: AnnotatorOptions
+) -> dict[str, Any]:
+    """Per round: the audited error estimate (%) and its interval, the source's, and their
+    difference; overall; the resets with their evidence; audit counts and annotator seconds."""
+
+    def err(e: Any) -> dict[str, Any]:
+        return {
+            "audits": e.audits,
+            "error": 100 * (1 - e.adapted.value),
+            "low": 100 * (1 - e.adapted.high),
+            "high": 100 * (1 - e.adapted.low),
+            "source_error": 100 * (1 - e.source.value),
+            "source_low": 100 * (1 - e.source.high),
+            "source_high": 100 * (1 - e.source.low),
+            "gain": 100 * e.difference.value,
+            "gain_low": 100 * e.difference.low,
+            "gain_high": 100 * e.difference.high,
+        }
+
+    stats = monitor.stats()
+    return {
+        "rounds": [err(monitor.estimate(r)) for r in range(rounds)],
+        "overall": err(monitor.estimate("overall")),
+        "recent": err(monitor.estimate("recent")),
+        "resets": [e.to_dict() for e in monitor.resets],
+        "stats": stats,
+        "seconds": annotator.cost.seconds(stats["requested"], annotator.feedback),
+        "level": monitor.level,
+    }

@@ -1,0 +1,26 @@
+"""Measure a deployed method with audited answers, beside the frozen source model, and guard it.
+
+- :mod:`eatta.monitor.audit`: which samples are audited (a uniform random share);
+- :mod:`eatta.monitor.confseq`: anytime-valid confidence sequences and fixed-sample bounds;
+- :mod:`eatta.monitor.guard`: the paired block test and the reset policy;
+- :mod:`eatta.monitor.monitor`: the monitor a method carries as ``method.monitor``.
+
+See ``docs/guard.md``.
+"""
+
+from eatta.monitor.audit import AuditSampler, check_share
+from eatta.monitor.guard import GUARD_POLICIES, Guard, ResetEvent, check_policy
+from eatta.monitor.monitor import AccuracyMonitor, Estimate, Interval, attach
+
+__all__ = [
+    "GUARD_POLICIES",
+    "AccuracyMonitor",
+    "AuditSampler",
+    "Estimate",
+    "Guard",
+    "Interval",
+    "ResetEvent",
+    "attach",
+    "check_policy",
+    "check_share",
+]
