@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from eatta.annotate.base import QueuedAnnotator
-from eatta.annotate.oracle import BatchLabels
+from eatta.annotate.batch_labels import BatchLabels
 from eatta.annotate.requests import Answer, AnswerError, Feedback, LabelRequest
 
 __all__ = ["Delay", "SimulatedAnnotator", "ThreadedAnnotator", "parse_delay"]
