@@ -10,7 +10,7 @@ from _active_method_checks import check_reset_is_exact, check_state_dict_round_t
 
 from conftest import confident_cnn
 from eatta import EATTA, GradNormDebiaser, GroundTruthOracle
-from eatta.debias_bounded import BoundedGradNormDebiaser
+from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.methods.registry import available, create, get_spec
 
 

@@ -1,6 +1,6 @@
 """Opt-in EATTA variants registered by name (``create("eatta-stable", ...)``).
 
-``eatta-stable``: EATTA with :class:`~eatta.debias_bounded.BoundedGradNormDebiaser` (the labelled
+``eatta-stable``: EATTA with :class:`~eatta.debias.bounded.BoundedGradNormDebiaser` (the labelled
 weight never below 1, the entropy weight never above 1). It takes every key of ``"eatta"`` with the
 same per-dataset defaults, plus ``sup_floor`` and ``unsup_cap`` (both 1.0). The faithful
 ``"eatta"`` is untouched. The same method from the class API:
@@ -15,7 +15,7 @@ from torch import nn
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
-from eatta.debias_bounded import BoundedGradNormDebiaser
+from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import hparam
 from eatta.methods.eatta import EATTAConfig, build_eatta

@@ -1,8 +1,8 @@
 """One-sided gradient-norm debiasing: EATTA's weights, never below 1 for the labelled loss.
 
-Faithful GND (:class:`~eatta.debias.GradNormDebiaser`) equalises the two weighted gradient norms:
-``γ_sup·g_s = γ_unsup·g_u``. When the labelled gradient is the larger one (``g_s > g_u``, the usual
-case with one label per batch on a small network), that halves or worse the pull of the only
+Faithful GND (:class:`~eatta.debias.gradnorm.GradNormDebiaser`) equalises the two weighted
+gradient norms: ``γ_sup·g_s = γ_unsup·g_u``. When the labelled gradient is the larger one
+(``g_s > g_u``, the usual case with one label per batch on a small network), that halves or worse the pull of the only
 ground truth and amplifies the entropy term up to 2x; over long streams the amplified entropy
 minimisation drifts (see ``docs/when-eatta-helps.md``). The bounded debiaser keeps the direction
 in which GND helps, a labelled gradient drowned by the entropy gradient is weighted up, and drops
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from eatta.debias import GradNormDebiaser, LossWeights
+from eatta.debias.gradnorm import GradNormDebiaser, LossWeights
 
 __all__ = ["BoundedGradNormDebiaser"]
 
