@@ -81,6 +81,7 @@ class ModelOracle:
     def asynchronous(self, *, delay_s: float = 0.0, workers: int = 1) -> ThreadedAnnotator:
         """This model as an asynchronous annotator: each request is labelled by a worker thread
         on the model's own device, ``delay_s`` seconds after it was sent at the earliest."""
+
         def label(request: LabelRequest) -> int:
             return int(self(request.sample.unsqueeze(0), torch.zeros(1, dtype=torch.long))[0])
 
