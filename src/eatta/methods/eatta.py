@@ -41,6 +41,7 @@ from eatta.methods._active import (
 from eatta.methods._grads import SegmentPlan
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.late_labels import LateLabels
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOptions
@@ -107,6 +108,7 @@ class _Labelled:
     late: list[Arrived] = field(default_factory=list)
     requested: int = 0
     late_ctx: SelectionContext | None = None
+    late_weight: float = 0.0  # the late labels' weights in all (LateLabels)
 
 
 class EATTA(AdaptiveMethod):
@@ -143,6 +145,9 @@ class EATTA(AdaptiveMethod):
         options: performance options (:class:`StepOptions`); or give ``grad_mode``,
             ``autocast``, ``channels_last`` as keywords (not both).
         label_expiry: steps an asynchronous request waits for its answer before it expires.
+        late_labels: how late labels are weighed and the label-free fallback
+            (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback.
+            Used only with an asynchronous annotator, in steps without a fresh answer.
 
     A late answer (docs/real-annotators.md) enters the step in which it arrives: the kept sample
     is re-run through the current model into ``L_sup`` (cross-entropy for a class,
@@ -177,6 +182,7 @@ class EATTA(AdaptiveMethod):
         channels_last: bool | None = None,
         options: StepOptions | None = None,
         label_expiry: int = DEFAULT_MAX_AGE,
+        late_labels: LateLabels | None = None,
     ) -> None:
         if optimizer is None:
             raise TypeError("EATTA needs an optimizer over the trainable parameters")
@@ -221,6 +227,7 @@ class EATTA(AdaptiveMethod):
         self._measure_pos = [i for i, p in enumerate(self._all) if id(p) in measure_ids]
         self._norms_cover_update = train_ids <= measure_ids
         self.last_step: StepRecord | None = None
+        self.late_labels = late_labels if self._asking is not None else None
 
     @property
     def labels_used(self) -> int:
@@ -282,11 +289,16 @@ class EATTA(AdaptiveMethod):
         # 1. select the samples and ask the oracle (no state changes until it has answered)
         lab = self._select_and_ask(x, z, o, k)
         record.scores = None if lab.selection is None else lab.selection.update.get("scores")
+        if self.late_labels is not None and self._asking is not None:
+            self.late_labels.observe(self._asking.pending.step, z)
 
         # 2. the two losses (L_sup is None without a label)
         loss_sup, replayed = self._supervised_loss(x, o, lab)
         answered = torch.cat([lab.indices, lab.negatives]) if len(lab.negatives) else lab.indices
-        loss_unsup, n_unsup = self._confident_entropy(o, answered)
+        if self._falls_back(lab):
+            loss_unsup, n_unsup = self._fallback_entropy(o, answered)
+        else:
+            loss_unsup, n_unsup = self._confident_entropy(o, answered)
         if replayed:
             plan = None  # a second graph through the same weights: plan from the losses
 
@@ -397,11 +409,21 @@ class EATTA(AdaptiveMethod):
             zl = self.options.features(backbone, xs)
         ol = head(zl)
         terms = []
+        weigh = self.late_labels
+        if weigh is not None:
+            assert self._asking is not None
+            now = self._asking.pending.step
+            w_all = weigh.weights([a.request.step for a in late], now).to(ol.device, ol.dtype)
+            lab.late_weight = float(w_all.sum())
         pos = [i for i, a in enumerate(late) if a.label is not None]
         if pos:
             rows = torch.tensor(pos, device=ol.device)
             ys = torch.tensor([late[i].label for i in pos], dtype=torch.long, device=ol.device)
-            terms.append(F.cross_entropy(ol[rows], ys))
+            if weigh is None:
+                terms.append(F.cross_entropy(ol[rows], ys))
+            else:  # each label at its weight (the mean over the late labels as before)
+                ce = F.cross_entropy(ol[rows], ys, reduction="none")
+                terms.append((ce * w_all[rows]).mean())
             if self.buffer is not None:
                 self.buffer.add(xs[rows.to(xs.device)], ys)
             lab.late_ctx = SelectionContext(
@@ -415,7 +437,10 @@ class EATTA(AdaptiveMethod):
         if neg:
             rows = torch.tensor(neg, device=ol.device)
             cs = torch.tensor([late[i].not_label for i in neg], dtype=torch.long, device=ol.device)
-            terms.append(complementary_cross_entropy(ol[rows], cs))
+            if weigh is None:
+                terms.append(complementary_cross_entropy(ol[rows], cs))
+            else:
+                terms.append(complementary_cross_entropy(ol[rows], cs) * w_all[rows].mean())
         return terms
 
     def _confident_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
@@ -428,6 +453,25 @@ class EATTA(AdaptiveMethod):
         if len(labelled):
             mask = mask.index_fill(0, labelled.to(o.device), False)
         return masked_mean(h, mask)
+
+    def _falls_back(self, lab: _Labelled) -> bool:
+        """Whether this step takes the label-free fallback: no fresh answer, and late labels
+        that weigh too little (``LateLabels.anchor``)."""
+        if self.late_labels is None or len(lab.indices) or len(lab.negatives):
+            return False
+        return self.late_labels.falls_back(lab.late_weight)
+
+    def _fallback_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
+        """The fallback's entropy term (ETA's reliable, non-redundant samples, weighted)."""
+        assert self.late_labels is not None
+        h = entropy(o)
+        margin = self.entropy_margin
+        if margin is None:
+            margin = default_entropy_margin(o.shape[1])
+        mask = h.detach() < margin
+        if len(labelled):
+            mask = mask.index_fill(0, labelled.to(o.device), False)
+        return self.late_labels.entropy(h, o.detach().softmax(1), mask, float(margin))
 
     def _plan(self, o: Tensor) -> SegmentPlan | None:
         """Cut points below the logits: both losses are functions of ``o`` alone, so every
@@ -524,6 +568,7 @@ class EATTA(AdaptiveMethod):
             "debiaser": self.debiaser,
             "buffer": self.buffer,
             "pending": None if self._asking is None else self._asking.pending,
+            "late_labels": self.late_labels,
         }
 
     def method_state(self) -> dict[str, Any]:
@@ -605,8 +650,10 @@ def build_eatta(
     budget: Budget,
     *,
     debiaser: GradNormDebiaser | None = None,
+    late_labels: LateLabels | None = None,
 ) -> AdaptiveMethod:
-    """EATTA from a validated config; ``debiaser`` replaces the config's GND (variants)."""
+    """EATTA from a validated config; ``debiaser`` replaces the config's GND and
+    ``late_labels`` weighs late labels (variants)."""
     params = configure(model, cfg.params)
     norm_params = None
     if cfg.params == "reference":
@@ -637,6 +684,7 @@ def build_eatta(
         autocast=cfg.autocast,
         channels_last=cfg.channels_last,
         label_expiry=cfg.label_expiry,
+        late_labels=late_labels,
     )
 
 
