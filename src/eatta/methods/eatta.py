@@ -42,6 +42,7 @@ from eatta.methods._grads import SegmentPlan
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.late_labels import LateLabels
+from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOptions
@@ -148,6 +149,9 @@ class EATTA(AdaptiveMethod):
         late_labels: how late labels are weighed and the label-free fallback
             (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback.
             Used only with an asynchronous annotator, in steps without a fresh answer.
+        nearest_replay: with an asynchronous annotator, keeps the labelled samples and, in steps
+            without a fresh answer, replays those nearest the batch
+            (:class:`~eatta.methods.nearest_replay.NearestReplay`).
 
     A late answer (docs/real-annotators.md) enters the step in which it arrives: the kept sample
     is re-run through the current model into ``L_sup`` (cross-entropy for a class,
@@ -183,6 +187,7 @@ class EATTA(AdaptiveMethod):
         options: StepOptions | None = None,
         label_expiry: int = DEFAULT_MAX_AGE,
         late_labels: LateLabels | None = None,
+        nearest_replay: NearestReplay | None = None,
     ) -> None:
         if optimizer is None:
             raise TypeError("EATTA needs an optimizer over the trainable parameters")
@@ -228,6 +233,7 @@ class EATTA(AdaptiveMethod):
         self._norms_cover_update = train_ids <= measure_ids
         self.last_step: StepRecord | None = None
         self.late_labels = late_labels if self._asking is not None else None
+        self.nearest_replay = nearest_replay if self._asking is not None else None
 
     @property
     def labels_used(self) -> int:
@@ -384,12 +390,18 @@ class EATTA(AdaptiveMethod):
             terms.append(F.cross_entropy(o[idx], y))
             if self.buffer is not None:
                 self.buffer.add(x[idx], y)
+            if self.nearest_replay is not None and lab.ctx is not None:
+                self.nearest_replay.add(x[idx], y, lab.ctx.features[idx])
         if len(lab.negatives):
             neg = lab.negatives.to(o.device)
             terms.append(complementary_cross_entropy(o[neg], lab.not_labels.to(o.device)))
         if lab.late:
             terms.extend(self._late_terms(x, lab))
         replayed = bool(lab.late) or (self.buffer is not None and len(self.buffer) > 0)
+        near = self._nearest_term(x, lab)
+        if near is not None:
+            terms.append(near)
+            replayed = True
         if self.buffer is not None and len(self.buffer) > 0:
             bx, by = self.buffer.sample()
             head = self.split.head
@@ -426,6 +438,8 @@ class EATTA(AdaptiveMethod):
                 terms.append((ce * w_all[rows]).mean())
             if self.buffer is not None:
                 self.buffer.add(xs[rows.to(xs.device)], ys)
+            if self.nearest_replay is not None:
+                self.nearest_replay.add(xs[rows.to(xs.device)], ys, zl[rows])
             lab.late_ctx = SelectionContext(
                 inputs=xs[rows.to(xs.device)],
                 features=zl.detach()[rows],
@@ -453,6 +467,27 @@ class EATTA(AdaptiveMethod):
         if len(labelled):
             mask = mask.index_fill(0, labelled.to(o.device), False)
         return masked_mean(h, mask)
+
+    def _nearest_term(self, x: Tensor, lab: _Labelled) -> Tensor | None:
+        """In a step without a fresh answer: the kept labelled samples nearest the batch, run
+        with it, their cross-entropies weighted by their similarity (NearestReplay)."""
+        replay = self.nearest_replay
+        if replay is None or not len(replay) or len(lab.indices) or lab.ctx is None:
+            return None
+        near = replay.nearest(lab.ctx.features)
+        if near is None:
+            return None
+        rx, ry, rw = near
+        backbone, head = self.split
+        rx = rx.to(x.device, x.dtype)
+        if self._has_batchnorm:
+            zr = self.options.features(backbone, torch.cat([x, rx]))[x.shape[0] :]
+        else:
+            zr = self.options.features(backbone, rx)
+        ce = F.cross_entropy(head(zr), ry.to(x.device), reduction="none")
+        w = rw.to(ce.device, ce.dtype)
+        lab.late_weight += float(w.mean())
+        return (ce * w).mean()
 
     def _falls_back(self, lab: _Labelled) -> bool:
         """Whether this step takes the label-free fallback: no fresh answer, and late labels
@@ -569,6 +604,7 @@ class EATTA(AdaptiveMethod):
             "buffer": self.buffer,
             "pending": None if self._asking is None else self._asking.pending,
             "late_labels": self.late_labels,
+            "nearest_replay": self.nearest_replay,
         }
 
     def method_state(self) -> dict[str, Any]:
@@ -651,6 +687,7 @@ def build_eatta(
     *,
     debiaser: GradNormDebiaser | None = None,
     late_labels: LateLabels | None = None,
+    nearest_replay: NearestReplay | None = None,
 ) -> AdaptiveMethod:
     """EATTA from a validated config; ``debiaser`` replaces the config's GND and
     ``late_labels`` weighs late labels (variants)."""
@@ -685,6 +722,7 @@ def build_eatta(
         channels_last=cfg.channels_last,
         label_expiry=cfg.label_expiry,
         late_labels=late_labels,
+        nearest_replay=nearest_replay,
     )
 
 

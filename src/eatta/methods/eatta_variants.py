@@ -21,6 +21,7 @@ from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import hparam
 from eatta.methods.eatta import EATTAConfig, build_eatta
 from eatta.methods.late_labels import LateLabels
+from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, register
 
@@ -43,6 +44,11 @@ class EATTAStableConfig(EATTAConfig):
     late_anchor: float = hparam(
         0.5, "label weight below which a step without a fresh label falls back", min=0.0
     )
+    late_replay: int = hparam(
+        0,
+        "labelled samples nearest the batch replayed per step without a fresh label (0: off)",
+        min=0,
+    )
     late_fallback: Literal["none", "eta"] = hparam(
         "eta", "entropy term of a step without a usable label: as always, or ETA's filter"
     )
@@ -64,7 +70,10 @@ def _build_eatta_stable(
         anchor=cfg.late_anchor,
         max_age=cfg.label_expiry,
     )
-    return build_eatta(model, cfg, oracle, budget, debiaser=debiaser, late_labels=late)
+    replay = NearestReplay(64, cfg.late_replay) if cfg.late_replay else None
+    return build_eatta(
+        model, cfg, oracle, budget, debiaser=debiaser, late_labels=late, nearest_replay=replay
+    )
 
 
 register(
