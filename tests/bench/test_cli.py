@@ -180,6 +180,10 @@ def test_provenance_mismatch_is_warned_and_recorded(tmp_path, capsys, toy_digits
     doc = json.loads((out / "results.json").read_text())
     assert doc["meta"]["provenance"]["digits-c"]["found"]["data_sha256"] == "other"
     assert doc["results"][0]["provenance"]["data_sha256"] == "other"
+    # what computed the numbers: in every result and in the run's description
+    kernels = torch.backends.cpu.get_cpu_capability()
+    assert doc["results"][0]["provenance"]["cpu_capability"] == kernels
+    assert doc["meta"]["cpu_capability"] == kernels and doc["meta"]["machine"]
 
 
 def test_methods_settings_budgets_and_hparams(tmp_path, capsys, toy_digits):
@@ -467,7 +471,11 @@ def test_real_digits_c_default_smoke(tmp_path, capsys, monkeypatch):
     # packaged weights and the pinned corruption stack reproduce the reference digests
     assert "packaged weights" in captured.err and "warning" not in captured.err
     found = doc["meta"]["provenance"]["digits-c"]
-    assert found["found"] == found["expected"]
+    inputs = ("data_sha256", "model_sha256")  # the same on every CPU
+    assert {k: found["found"][k] for k in inputs} == {k: found["expected"][k] for k in inputs}
+    # other torch kernels than the reference table's: one line of information, no warning
+    other_kernels = found["found"]["cpu_capability"] != found["expected"]["cpu_capability"]
+    assert ("note: digits-c: same data and model" in captured.err) == other_kernels
 
 
 def test_gradual_imagenet_c_long_term_on_a_miniature_tree(tmp_path, capsys):

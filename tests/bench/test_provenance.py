@@ -52,3 +52,42 @@ def test_the_shipped_reference_names_every_digits_c_domain():
     keys = {f"{c}@{s}" for c in DIGITS_C_CORRUPTIONS for s in range(1, 6)}
     assert set(ref["domains_sha256"]) == keys
     assert ref["built_with"]["corrupt-tta"] is not None
+
+
+def test_machine_provenance_names_torch_s_kernels_and_the_architecture(monkeypatch):
+    import platform
+
+    got = prov.machine_provenance()
+    assert got == {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": platform.machine(),
+    }
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "NEON")
+    assert prov.machine_provenance()["cpu_capability"] == "NEON"
+
+
+def test_other_kernels_are_one_line_of_information_other_data_a_warning(monkeypatch):
+    from eatta.bench.api import provenance_notes
+
+    b = BenchmarkData("digits-c", "default", [], lambda: torch.nn.Identity())
+    b.expected_provenance = {"model_sha256": "m", "data_sha256": "d", "cpu_capability": "AVX2"}
+    b.provenance = {"model_sha256": "m", "data_sha256": "d", "cpu_capability": "AVX2"}
+    assert provenance_notes(b) == []
+    b.provenance["cpu_capability"] = "AVX512"
+    notes = provenance_notes(b)
+    assert len(notes) == 1 and notes[0].startswith("note: digits-c: same data and model")
+    assert "AVX512" in notes[0] and "AVX2" in notes[0] and "warning" not in notes[0]
+    b.provenance["data_sha256"] = "x"  # other data: the warning alone, not the note
+    notes = provenance_notes(b)
+    assert len(notes) == 1 and notes[0].startswith("warning: digits-c: data_sha256 is x")
+    b.expected_provenance = {"model_sha256": "m", "data_sha256": "d"}  # no capability recorded
+    b.provenance = {"model_sha256": "m", "data_sha256": "d", "cpu_capability": "AVX512"}
+    assert provenance_notes(b) == []
+
+
+def test_the_reference_records_what_computed_the_readme_table():
+    ref = prov._reference()
+    assert ref is not None
+    assert ref["cpu_capability"] and ref["machine"]
+    expected = prov.digits_reference(["fog"])
+    assert expected is not None and expected["cpu_capability"] == ref["cpu_capability"]

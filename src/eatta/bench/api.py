@@ -34,6 +34,7 @@ from eatta.bench.grid import SETTINGS, CellSpec, make_grid, make_jobs, parse_sha
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.options import RunOptions
 from eatta.bench.protocol import StreamProtocol
+from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
 from eatta.bench.results import CellResult
 from eatta.bench.runner import done_text, run_cell, run_grid
 from eatta.methods import registry
@@ -439,12 +440,8 @@ def run(
             if missing:
                 raise ValueError(f"eata needs clean source data (fisher_root) for {missing}")
         for b in data.values():
-            for key in b.provenance_mismatch():
-                say(
-                    f"warning: {b.name}: {key} is {b.provenance[key]}, not the reference "
-                    f"{(b.expected_provenance or {})[key]}: results may differ from the published "
-                    "table (see docs/benchmarks.md, 'Same numbers on every machine')"
-                )
+            for line in provenance_notes(b):
+                say(line)
         grid = make_grid(list(data), chosen, setting_list, budgets, buffer_list)
         all_jobs = make_jobs(grid, seed_list)
         cells = shard_jobs(all_jobs, *shard_ix)
@@ -505,6 +502,7 @@ def run(
             "device": options.device,
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
+            **machine_provenance(),
         }
         paths = write_outputs(results, out_dir, description, plot=plot)
     finally:
@@ -513,6 +511,34 @@ def run(
     say("outputs: " + ", ".join(str(p) for p in paths.values()))
     say(f"total wall time {time.perf_counter() - started:.1f} s")
     return BenchmarkRun(results=results, out=out_dir, paths=dict(paths), table=table)
+
+
+def provenance_notes(b: BenchmarkData) -> list[str]:
+    """Lines on how a benchmark's inputs differ from the reference table's: a warning for the
+    data or the source model (the numbers may not be comparable), one line of information for
+    the CPU kernels alone (same inputs, computed with other vector kernels)."""
+    expected = b.expected_provenance or {}
+    lines = []
+    inputs_differ = False
+    for key in b.provenance_mismatch():
+        if key in COMPUTED_WITH:
+            continue
+        inputs_differ = True
+        lines.append(
+            f"warning: {b.name}: {key} is {b.provenance[key]}, not the reference "
+            f"{expected[key]}: results may differ from the published table (see "
+            "docs/benchmarks.md, 'Same numbers on every machine')"
+        )
+    kernels = [k for k in b.provenance_mismatch() if k in COMPUTED_WITH]
+    if kernels and not inputs_differ:
+        here = ", ".join(f"{b.provenance[k]}" for k in kernels)
+        there = ", ".join(f"{expected[k]}" for k in kernels)
+        lines.append(
+            f"note: {b.name}: same data and model as the reference table, computed here with "
+            f"torch CPU kernels {here} (the table: {there}); last digits can differ "
+            "(docs/benchmarks.md, 'Same numbers on every machine')"
+        )
+    return lines
 
 
 def _git_commit() -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib import metadata
@@ -22,12 +23,18 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 __all__ = [
+    "COMPUTED_WITH",
     "CORRUPTION_STACK",
     "combine",
     "corruption_stack_versions",
     "dataset_digest",
     "digits_reference",
+    "machine_provenance",
 ]
+
+#: Provenance keys that say how the numbers were computed, not what they were computed on: a
+#: difference here is reported as information, never as a warning about the data.
+COMPUTED_WITH = ("cpu_capability", "machine")
 
 #: Distributions whose versions can change the digits-C arrays.
 CORRUPTION_STACK = (
@@ -43,6 +50,17 @@ CORRUPTION_STACK = (
 )
 
 _REFERENCE = Path(__file__).with_name("digits_reference.json")
+
+
+def machine_provenance() -> dict[str, str]:
+    """What computed the numbers: torch's CPU kernel level (``"AVX2"``, ``"AVX512"``,
+    ``"DEFAULT"``, ``"NEON"``…; set by the CPU or ``ATEN_CPU_CAPABILITY``) and the architecture.
+    Vector kernels of different widths round differently, so the same data and weights give
+    numbers that differ in the last digits, and over a long adapting stream sometimes more."""
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": platform.machine(),
+    }
 
 
 def corruption_stack_versions() -> dict[str, str | None]:
@@ -87,13 +105,17 @@ def _reference() -> dict[str, Any] | None:
 
 def digits_reference(domain_names: Sequence[str]) -> dict[str, Any] | None:
     """Reference digests for a digits-C run over ``domain_names`` (``"fog"`` is severity 5,
-    ``"fog@3"`` severity 3): ``{"model_sha256", "data_sha256"}``, or None without a reference."""
+    ``"fog@3"`` severity 3): ``{"model_sha256", "data_sha256"}`` and, where recorded, the
+    ``"cpu_capability"`` and ``"machine"`` the README's table was computed with; None without a
+    reference."""
     ref = _reference()
     if ref is None:
         return None
     table = ref.get("domains_sha256", {})
     keys = [n if "@" in n else f"{n}@5" for n in domain_names]
-    return {
+    out = {
         "model_sha256": ref.get("model_sha256"),
         "data_sha256": combine([table.get(k) for k in keys]),
     }
+    out.update({k: ref[k] for k in COMPUTED_WITH if ref.get(k) is not None})
+    return out

@@ -211,6 +211,18 @@ def stability_sentence(rows: Sequence[CellResult]) -> str | None:
     return text
 
 
+def _kernels_text(rows: Sequence[CellResult]) -> str:
+    """``"; torch CPU kernels AVX512 (x86_64)"``: what computed the rows (empty if unrecorded)."""
+    seen = sorted(
+        {
+            f"{r.provenance['cpu_capability']} ({r.provenance.get('machine', '?')})"
+            for r in rows
+            if r.provenance.get("cpu_capability")
+        }
+    )
+    return f"; torch CPU kernels {' and '.join(seen)}" if seen else ""
+
+
 def markdown_table(results: Sequence[CellResult]) -> str:
     """One markdown table per dataset. One round: error % per domain; several rounds: error %
     per round; then the average, labels used, images/s, wall time and peak memory (MB; CPU:
@@ -247,6 +259,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
             f"{len(domains)} domains" + (f", {proto}" if proto else "")
         )
         title += f"; mean ± std over {_seed_text(seeds)}" if many else f"; {_seed_text(seeds)}"
+        title += _kernels_text(rows)
         lines = [
             title,
             "",

@@ -35,6 +35,7 @@ from eatta.bench.checkpoint import atomic_save, rng_state, seed_all, set_rng_sta
 from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
 from eatta.bench.grid import STATIC_METHODS, CellSpec
 from eatta.bench.options import RunOptions
+from eatta.bench.provenance import machine_provenance
 from eatta.bench.results import CellResult
 from eatta.budget import Budget
 from eatta.data.stream import TestStream
@@ -256,7 +257,7 @@ def run_cell(
         "ccc": data.config.get("ccc"),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
     }
-    result.provenance = dict(data.provenance)
+    result.provenance = {**data.provenance, **machine_provenance()}
     if spec_active(spec):
         result.annotation = annotation_summary(
             method, oracle, result.labels_used, options.annotator

@@ -154,7 +154,11 @@ def digits_c_benchmark(
             "gradual": gradual,
             **({"ccc": ccc} if ccc is not None else {}),
         },
-        provenance={"model_sha256": state_digest(model), "data_sha256": data_digest},
+        provenance={
+            "model_sha256": state_digest(model),
+            "data_sha256": data_digest,
+            **prov.machine_provenance(),
+        },
         expected_provenance=None if ccc is not None else prov.digits_reference(names),
     )
 

@@ -12,9 +12,13 @@
   under corruption ``c`` uses seed ``SeedSequence([seed, severity, c, i])``, set on numpy's global
   RNG (which ``corrupt_tta`` draws from) and restored afterwards. ``impulse_noise`` calls
   scikit-image's ``random_noise`` with an explicit ``rng`` because ``corrupt_tta`` lets it draw
-  fresh OS entropy. The ImageNet-C parameters are tuned for 224 px, so on 32 px the blurs (defocus,
-  motion, glass), fog and contrast are much harsher than the noises, pixelate and JPEG (which
-  barely change an upscaled 8 x 8 digit).
+  fresh OS entropy. ``corrupt_tta``'s OpenCV blurs and warps (``filter2D``, ``GaussianBlur``,
+  ``warpAffine``: motion blur, snow, defocus blur, elastic transform) run through
+  :class:`eatta.data.portable_cv.PortableCV`, whose results do not depend on the CPU's vector
+  units (data version 2; version 1 used OpenCV's and differed on AVX-512 machines). The
+  ImageNet-C parameters are tuned for 224 px, so on 32 px the blurs (defocus, motion, glass),
+  fog and contrast are much harsher than the noises, pixelate and JPEG (which barely change an
+  upscaled 8 x 8 digit).
 * Output: ``TensorDataset`` of float images ``[N, 3, 32, 32]`` in ``[0, 1]`` and int64 labels.
 * Cache: corrupted arrays are stored as ``.npz`` under ``cache_dir`` (default
   ``$EATTA_CACHE/digits-c`` or ``~/.cache/eatta/digits-c``) in a folder keyed by
@@ -28,12 +32,14 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
 from eatta.data.imagenet import CORRUPTIONS
+from eatta.data.portable_cv import PortableCV
 from eatta.data.stream import Domain
 
 __all__ = [
@@ -52,7 +58,8 @@ __all__ = [
 #: Corruption order of digits-C (the standard ImageNet-C continual order).
 DIGITS_C_CORRUPTIONS: tuple[str, ...] = CORRUPTIONS
 #: Bump when the preprocessing or corruption recipe changes; old cache entries are then ignored.
-DIGITS_C_VERSION = "1"
+#: 2: OpenCV's filter2D, GaussianBlur and warpAffine replaced by CPU-independent ones.
+DIGITS_C_VERSION = "2"
 #: Side length of the (square) digits-C images.
 IMAGE_SIZE = 32
 
@@ -167,6 +174,9 @@ def corrupt_images(
         raise ValueError(f"got {len(indices)} indices for {len(images)} images")
     out = np.empty_like(images)
     state = np.random.get_state()  # noqa: NPY002 - corrupt_tta draws from the global RNG
+    module = _corruptions_module()
+    opencv = module.cv2
+    module.cv2 = PortableCV(opencv)  # CPU-independent blurs and warps
     try:
         for i, (img, index) in enumerate(zip(images, indices, strict=True)):
             s = _image_seed(seed, severity, corruption, int(index))
@@ -177,8 +187,21 @@ def corrupt_images(
                 res = corrupt(img, severity=severity, corruption_name=corruption)
             out[i] = np.clip(np.rint(np.asarray(res, dtype=np.float64)), 0, 255).astype(np.uint8)
     finally:
+        module.cv2 = opencv
         np.random.set_state(state)  # noqa: NPY002
     return out
+
+
+def _corruptions_module() -> Any:
+    """``corrupt_tta``'s corruption module, whose global ``cv2`` its corruptions call."""
+    from corrupt_tta import corruptions
+
+    if getattr(getattr(corruptions, "cv2", None), "__name__", None) != "cv2":
+        raise RuntimeError(
+            "corrupt_tta.corruptions does not use OpenCV as digits-C expects: install the "
+            "corrupt-tta version pinned in constraints.txt"
+        )
+    return corruptions
 
 
 def digits_c_cache_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
