@@ -43,21 +43,33 @@ TUNE_STREAM = "ccc"
 MECHANISMS: dict[str, dict[str, Any]] = {
     "today: full weight": {"late_weight": "full", "late_fallback": "none"},
     "age (half-life 2 steps)": {"late_weight": "age", "late_fallback": "none"},
-    "drift (stream moved)": {"late_weight": "drift", "late_fallback": "none"},
+    "drift, scale 1": {"late_weight": "drift", "late_drift_scale": 1.0, "late_fallback": "none"},
+    "drift, scale 0.25": {"late_weight": "drift", "late_fallback": "none"},
     "IWMS-like nearest replay (4 of 64)": {
         "late_weight": "full",
         "late_fallback": "none",
         "late_replay": 4,
     },
-    "ETA fallback alone": {"late_weight": "full", "late_fallback": "eta"},
-    "drift + ETA fallback": {"late_weight": "drift", "late_fallback": "eta"},
+    "default: drift 0.25 + ETA fallback (anchor 0.1)": {},
 }
+#: At ``never`` no label arrives: the weighting and the replay change nothing, only the fallback.
+NEVER_ROWS = ("today: full weight", "default: drift 0.25 + ETA fallback (anchor 0.1)")
 MECH_DELAYS_TUNE: tuple[int | str, ...] = (4, 16, "never")
 MECH_DELAYS_OTHER: tuple[int | str, ...] = (16,)
 #: A person's pace: seconds per answer (AnnotatorCost's defaults) against batches per second.
 RATES = (1, 4, 16)
 ORDERS = ("newest", "oldest")
 PACED_STREAMS = ("ccc",)
+PARTS = ("mechanisms", "paced", "delay")
+#: The order the study runs in (most informative first: an interrupted study still reports).
+PLAN = (
+    "mechanisms:ccc",
+    "paced:ccc",
+    "delay:ccc",
+    "mechanisms:mixed",
+    "delay:mixed",
+    "delay:recurring",
+)
 #: Seeds per part (the delay part takes --seeds; the others seed 0 only, for time).
 ONE_SEED = [0]
 
@@ -106,17 +118,15 @@ def delay_options(d: int | str) -> AnnotatorOptions:
     return AnnotatorOptions(delay=d)
 
 
-def study(
-    out: Path, seeds: list[int], parts: Sequence[str], names: Sequence[str]
-) -> dict[str, Any]:
+def study(out: Path, seeds: list[int], plan: Sequence[tuple[str, str]]) -> dict[str, Any]:
     path = out / "study.json"
     data: dict[str, Any] = (
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
     )
     data["seeds"] = seeds
     every = streams()
-    for part in parts:
-        for name in names:
+    for part, name in plan:
+        if True:
             proto = every[name]
             s = data["streams"].setdefault(name, {"protocol": proto.describe()})
             print(f"{part} / {name}: {proto}", flush=True)
@@ -125,8 +135,8 @@ def study(
                 m = s.setdefault("mechanisms", {})
                 for label, hp in MECHANISMS.items():
                     for d in delays:
-                        if d == "never" and hp.get("late_replay"):
-                            continue  # nothing is ever labelled: the same run as without replay
+                        if d == "never" and label not in NEVER_ROWS:
+                            continue  # no label arrives: the same run as today's
                         res = run(
                             out / name,
                             f"mech-{_slug(label)}-{d}",
@@ -164,15 +174,15 @@ def study(
                             }
                             save(out, data)
             elif part == "delay":
+                ref = run(out / name, "references", proto, list(REFERENCES), ONE_SEED)
+                s["references"] = {m: errors(ref, m) for m in REFERENCES}
+                save(out, data)
                 dd = s.setdefault("delay", {})
                 for d in DELAYS:
                     opts = None if d == 0 else delay_options(d)  # 0: the synchronous path
                     res = run(out / name, f"delay-{d}", proto, [METHOD], seeds, annotator=opts)
                     dd[str(d)] = errors(res, METHOD)
                     save(out, data)
-                ref = run(out / name, "references", proto, list(REFERENCES), ONE_SEED)
-                s["references"] = {m: errors(ref, m) for m in REFERENCES}
-                save(out, data)
     return data
 
 
@@ -291,25 +301,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0-2", help="seeds of the delay part, e.g. 0-2")
     p.add_argument("--out", default="runs/late-labels", help="folder of the runs")
-    p.add_argument("--parts", default="mechanisms,paced,delay", help="parts, in this order")
-    p.add_argument("--streams", default="ccc,mixed,recurring", help="streams, in this order")
+    p.add_argument(
+        "--plan",
+        default=",".join(PLAN),
+        help="PART:STREAM items, run in this order (parts: mechanisms, paced, delay)",
+    )
     p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
     p.add_argument("--tables", default="benchmarks/results/late_labels.md")
     p.add_argument("--doc", default="docs/real-annotators.md")
     args = p.parse_args(argv)
     lo, _, hi = args.seeds.partition("-")
     seeds = list(range(int(lo), int(hi or lo) + 1))
-    parts = [x for x in args.parts.split(",") if x]
-    names = [x for x in args.streams.split(",") if x]
-    unknown = [x for x in parts if x not in ("mechanisms", "paced", "delay")]
-    unknown += [x for x in names if x not in streams()]
-    if unknown:
-        raise SystemExit(f"unknown parts or streams: {unknown}")
+    plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
+    bad = [x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams()]
+    if bad:
+        raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
     out = Path(args.out)
     if args.report_only:
         data = json.loads((out / "study.json").read_text(encoding="utf-8"))
     else:
-        data = study(out, seeds, parts, names)
+        data = study(out, seeds, plan)  # type: ignore[arg-type]  # pairs, checked above
     text = report(data)
     Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
     Path(args.tables).write_text(text + "\n", encoding="utf-8")

@@ -40,9 +40,11 @@ class EATTAStableConfig(EATTAConfig):
     late_half_life: float = hparam(
         2.0, "steps after which an age-weighted label counts half", min=0.0
     )
-    late_drift_scale: float = hparam(1.0, "drift weighting's scale (batch-to-batch moves)", min=0.0)
+    late_drift_scale: float = hparam(
+        0.25, "drift weighting's scale (batch-to-batch moves)", min=0.0
+    )
     late_anchor: float = hparam(
-        0.5, "label weight below which a step without a fresh label falls back", min=0.0
+        0.1, "label weight below which a step without a fresh label falls back", min=0.0
     )
     late_replay: int = hparam(
         0,

@@ -18,7 +18,7 @@ Weightings of a late label (``weighting=``):
   age; after a domain change they count for little (CPATTA's boundary measure, made graded).
 
 Fallback (``fallback="eta"``): in a step whose labels (fresh, or late with their weights) add up
-to less than ``anchor`` (0.5), the entropy term is ETA's: reliable (below the margin) and
+to less than ``anchor`` (0.1), the entropy term is ETA's: reliable (below the margin) and
 non-redundant samples only (cosine similarity of their softmax to a moving average of earlier
 kept samples' softmax below ``d_margin``), weighted ``exp(margin - H)``. Without labels, plain
 confident-entropy minimisation collapses on long streams; ETA's filter keeps it near the source.
@@ -70,9 +70,9 @@ class LateLabels:
         weighting: Weighting = "drift",
         *,
         half_life: float = 2.0,
-        drift_scale: float = 1.0,
+        drift_scale: float = 0.25,
         fallback: Fallback = "eta",
-        anchor: float = 0.5,
+        anchor: float = 0.1,
         d_margin: float = 0.05,
         prob_momentum: float = 0.9,
         max_age: int = 256,
