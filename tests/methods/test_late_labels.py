@@ -50,7 +50,7 @@ def test_drift_keeps_at_most_max_age_steps() -> None:
 
 
 def test_fallback_is_etas_filtered_weighted_entropy() -> None:
-    late = LateLabels("drift", fallback="eta", d_margin=0.5)
+    late = LateLabels("drift", fallback="eta", d_margin=0.5, anchor=0.5)
     assert late.falls_back(0.2) and not late.falls_back(0.5)
     assert not LateLabels(fallback="none").falls_back(0.0)
     h = torch.tensor([0.1, 0.2, 0.3, 2.0])
