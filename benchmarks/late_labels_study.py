@@ -16,6 +16,9 @@ run is a cell of :func:`eatta.bench.run` under ``--out``; finished cells are rea
 
     python benchmarks/late_labels_study.py --seeds 0-2 --out runs/late-labels
     python benchmarks/late_labels_study.py --report-only --out runs/late-labels
+    # two processes, each on part of the plan, then one report from both folders:
+    python benchmarks/late_labels_study.py --plan delay:mixed --out runs/late-labels-b
+    python benchmarks/late_labels_study.py --report-only --out runs/late-labels,runs/late-labels-b
 """
 
 from __future__ import annotations
@@ -186,6 +189,19 @@ def study(out: Path, seeds: list[int], plan: Sequence[tuple[str, str]]) -> dict[
     return data
 
 
+def merged(folders: Sequence[Path]) -> dict[str, Any]:
+    """The studies saved in ``folders`` as one (parts of a stream from several folders)."""
+    data: dict[str, Any] = {"streams": {}}
+    for folder in folders:
+        one = json.loads((folder / "study.json").read_text(encoding="utf-8"))
+        data["seeds"] = one["seeds"]
+        for name, s in one["streams"].items():
+            data["streams"].setdefault(name, {}).update(s)
+    order = list(streams())
+    data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
+    return data
+
+
 def _slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
 
@@ -300,7 +316,11 @@ def write_doc(doc: Path, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0-2", help="seeds of the delay part, e.g. 0-2")
-    p.add_argument("--out", default="runs/late-labels", help="folder of the runs")
+    p.add_argument(
+        "--out",
+        default="runs/late-labels",
+        help="folder of the runs (with --report-only: folders, comma-separated, merged)",
+    )
     p.add_argument(
         "--plan",
         default=",".join(PLAN),
@@ -316,11 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams()]
     if bad:
         raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
-    out = Path(args.out)
     if args.report_only:
-        data = json.loads((out / "study.json").read_text(encoding="utf-8"))
+        data = merged([Path(x) for x in args.out.split(",") if x])
     else:
-        data = study(out, seeds, plan)  # type: ignore[arg-type]  # pairs, checked above
+        data = study(Path(args.out), seeds, plan)  # type: ignore[arg-type]  # pairs, checked above
     text = report(data)
     Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
     Path(args.tables).write_text(text + "\n", encoding="utf-8")
