@@ -262,8 +262,9 @@ def bar(s: dict[str, Any], keys: Sequence[str]) -> list[list[str]]:
 
 def report(data: dict[str, Any]) -> str:
     out = [
-        f"Error % averaged over all rounds. Delay tables: seeds {data['seeds']}, mean ± std; "
-        f"the mechanism and pace tables: seed 0. Defaults chosen on `{TUNE_STREAM}` only.",
+        "Error % averaged over all rounds; mean ± std over the seeds each table names (one "
+        "seed: the value); TENT and ETA: seed 0 (they draw nothing at random on these streams). "
+        f"Defaults chosen on `{TUNE_STREAM}` only.",
         "",
     ]
     for name, s in data["streams"].items():
@@ -277,7 +278,9 @@ def report(data: dict[str, Any]) -> str:
                 if s.get("references", {}).get(m):
                     rows.append([f"{m} (no labels)", *[fmt(s["references"][m])] * len(keys)])
             rows += [[f"bar: {r[0]}", *r[1:]] for r in bar(s, keys)]
-            out += ["Error against label delay (batches):", "", table(["method", *keys], rows), ""]
+            n = max(len(v) for v in s["delay"].values())
+            title = f"Error against label delay (batches), `{METHOD}`'s default, {n} seed(s):"
+            out += [title, "", table(["method", *keys], rows), ""]
         if "mechanisms" in s:
             m = s["mechanisms"]
             keys = sorted(
@@ -288,7 +291,8 @@ def report(data: dict[str, Any]) -> str:
                 for r in REFERENCES:
                     rows.append([f"{r} (no labels)", *[fmt(s["references"][r])] * len(keys)])
             out += [
-                "Late-label mechanisms of `eatta-stable` (label delay in batches):",
+                "Late-label mechanisms of `eatta-stable` (label delay in batches), seed 0; at "
+                "`never` only the fallback matters (the other rows equal the first there):",
                 "",
                 table(["mechanism", *keys], rows),
                 "",
@@ -312,7 +316,11 @@ def report(data: dict[str, Any]) -> str:
                     )
             if rows:
                 head = ["person", "answered", *[f"{o} first" for o in ORDERS]]
-                out += ["A person's pace (`eatta-stable`):", "", table(head, rows), ""]
+                title = (
+                    "A person's pace (`eatta-stable`'s default, seed 0; answered: share of the "
+                    "requests, the rest dropped after 64 batches or pending at the end):"
+                )
+                out += [title, "", table(head, rows), ""]
     return "\n".join(out)
 
 
