@@ -13,6 +13,9 @@ measured in a separate, untimed call (``_common.peak_bytes``):
 * ``eatta-async-0``: the same with an asynchronous zero-delay annotator
   (:class:`~eatta.annotate.SimulatedAnnotator`): requests submitted, answers collected in the
   same step; it should cost what the synchronous oracle does.
+* ``eatta-async-0-late``: the same with ``eatta-stable``'s late-label handling
+  (:class:`~eatta.methods.late_labels.LateLabels`: the batch's mean feature recorded each step);
+  no late label arrives, so it should cost what ``eatta-async-0`` does.
 * ``eatta-two-pass``: the same with ``grad_mode="two-pass"`` (first pass retains the whole graph).
 * ``eatta-batched``: the same with ``grad_mode="batched"`` (one vmapped pass; full runs only).
 * ``reference-style``: :class:`ReferenceStyleStep`, the step structure of the authors' code: a
@@ -66,6 +69,7 @@ import eatta
 from eatta._compat import TorchvisionOpsWarning, import_torchvision
 from eatta.annotate import SimulatedAnnotator
 from eatta.losses import default_entropy_margin, entropy
+from eatta.methods.late_labels import LateLabels
 from eatta.methods.tent import Tent
 from eatta.monitor import attach
 
@@ -327,6 +331,13 @@ def build_variants(
         guard="paired",
     )
     variants["eatta+audit"] = lambda: audited(x, labels=y)
+
+    model, params = fresh(case, state, device, channels_last)
+    late = LateLabels()  # eatta-stable's late-label handling; a step without late labels
+    handled = eatta.EATTA(
+        model, sgd(params), oracle=SimulatedAnnotator(delay=0), budget=budget, late_labels=late
+    )
+    variants["eatta-async-0-late"] = lambda: handled(x, labels=y)
 
     model, params = fresh(case, state, device, channels_last)
     reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)

@@ -95,10 +95,10 @@ def simulate(
     while not stop.is_set():
         try:
             _, items = _api(url, "/api/pending")
-            for item in items:
+            for item in items:  # in the page's order (newest first by default)
                 wait = item["created"] + delay_s - time.time()
                 if wait > 0:
-                    break  # oldest first: the rest are younger
+                    continue  # too recent for this person yet
                 record = reader.request(item["id"])
                 truth = queue.truth.get(record["method_id"]) if record else None
                 if truth is None:

@@ -12,7 +12,7 @@ fails or the tests time out. Mutants are sampled (seeded) when a module has more
 Usage::
 
     python tools/mutation_score.py --per-module 0 --jobs 2 --out after.json   # the full score
-    python tools/mutation_score.py --modules debias.py --per-module 0          # one module
+    python tools/mutation_score.py --modules debias/gradnorm.py --per-module 0 # one module
     python tools/mutation_score.py --root ../old-checkout --per-module 0       # an older commit
 
 ``--root`` scores another checkout with its own tests (modules or test files it lacks are left
@@ -51,9 +51,9 @@ MODULE_TESTS: dict[str, list[str]] = {
     "methods/eatta.py": _STEP_TESTS,
     "methods/step_options.py": _STEP_TESTS,
     "methods/_grads.py": ["tests/methods/test_grads.py", *_STEP_TESTS],
-    "debias.py": [
-        "tests/test_debias_properties.py",
-        "tests/test_debias_bounded.py",
+    "debias/gradnorm.py": [
+        "tests/debias/test_gradnorm_properties.py",
+        "tests/debias/test_bounded.py",
         *_STEP_TESTS,
     ],
     "history.py": [

@@ -33,14 +33,17 @@ def make_request(
 
 
 @contextmanager
-def serve_in_thread(queue_path: Path, token: str | None = None) -> Iterator[str]:
+def serve_in_thread(
+    queue_path: Path, token: str | None = None, order: str = "newest"
+) -> Iterator[str]:
     """The page's app under uvicorn in a thread on a free loopback port; yields its base URL."""
     uvicorn = pytest.importorskip("uvicorn")
     from eatta.annotate.server import make_app
 
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(make_app(queue_path, token=token), log_level="warning")
+    app = make_app(queue_path, token=token, order=order)  # type: ignore[arg-type]  # checked there
+    config = uvicorn.Config(app, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

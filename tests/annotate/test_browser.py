@@ -83,7 +83,7 @@ def test_a_person_labels_by_click_keyboard_and_yes_no(tmp_path: Path) -> None:
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
         options.add_argument(flag)
     options.add_argument("--window-size=1000,720")
-    with serve_in_thread(path) as url:
+    with serve_in_thread(path, order="oldest") as url:  # the requests in the order they were made
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
         try:
             driver.set_page_load_timeout(20)
@@ -102,7 +102,7 @@ def test_a_person_labels_by_click_keyboard_and_yes_no(tmp_path: Path) -> None:
                 wait_for(lambda: answered() == done, what=f"answer {done} acknowledged")
                 wait_for(lambda: shown() != rid, what="the next sample")
 
-            assert wait_for(shown, what="the first sample") == "req-0"  # oldest first
+            assert wait_for(shown, what="the first sample") == "req-0"  # oldest first (--order)
             assert driver.find_element(By.ID, "pred-name").text == "three"
             img = driver.find_element(By.ID, "sample")
             assert img.get_attribute("src").endswith("/api/images/req-0.png")

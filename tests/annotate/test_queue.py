@@ -32,7 +32,9 @@ def test_answers_reach_the_consumer_once_in_answer_order(path: Path) -> None:
     consumer, page = LabelQueue(path), LabelQueue(path)  # as two processes would
     consumer.submit([req("a", 1, pred=2), req("b", 2, pred=5), req("c", 3)])
     assert consumer.collect() == []
-    assert [p["id"] for p in page.pending()] == ["a", "b", "c"]  # oldest first
+    assert [p["id"] for p in page.pending()] == ["c", "b", "a"]  # newest first by default
+    assert [p["id"] for p in page.pending(order="oldest")] == ["a", "b", "c"]
+    assert [p["id"] for p in LabelQueue(path, order="oldest").pending(2)] == ["a", "b"]
     assert page.answer(Answer("b", correct=False)) == 1
     assert page.answer(Answer("a", label=7), seconds=3.0) == 2
     assert consumer.collect() == [Answer("b", correct=False), Answer("a", label=7)]
@@ -232,7 +234,7 @@ def test_cancel_expires_and_reset_cancels_everything(path: Path) -> None:
     q.cancel(["d"])  # given up on after it was answered: the answer stays in the log
     assert q.request("d")["status"] == "answered"  # type: ignore[index]
     assert q.stats()["answered"] == 1 and q.collect() == []
-    assert [p["id"] for p in q.pending()] == ["b", "c"]
+    assert [p["id"] for p in q.pending()] == ["c", "b"]
     q.reset()
     assert q.pending() == [] and q.awaited == []
     with pytest.raises(AnswerRefused, match="expired"):
@@ -333,7 +335,7 @@ def test_images_are_stored_with_requests_or_left_out(path: Path) -> None:
     assert torch.equal(got, want) and got.shape == (8, 8, 1)
     tabular = LabelRequest("t", torch.randn(20), torch.randn(10), "label", 1, 0)
     q.submit([tabular])
-    assert q.image("t") is None and q.pending()[1]["has_image"] is False
+    assert q.image("t") is None and q.pending()[0]["has_image"] is False
     assert q.image("../../etc/passwd") is None and q.image("nobody") is None
     custom = LabelQueue(path, to_image=lambda s: b"\x89PNG custom")
     custom.submit([req("c", 3)])
@@ -366,3 +368,10 @@ def test_audits_are_told_apart_and_the_monitor_is_published_for_the_page(path: P
         s = source(x[[int(p["index"]) for p in audits]]).argmax(1)
     right = sum(int(a == int(b)) for a, b in zip([p["prediction"] for p in audits], s, strict=True))
     assert page["source"] == pytest.approx(right / len(audits))
+
+
+def test_unknown_order_is_an_error_naming_it(path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown queue order 'lifo'"):
+        LabelQueue(path, order="lifo")  # type: ignore[arg-type]  # a bad value on purpose
+    with LabelQueue(path) as q, pytest.raises(ValueError, match="'random'"):
+        q.pending(order="random")  # type: ignore[arg-type]  # a bad value on purpose

@@ -39,17 +39,24 @@ def client(queue: LabelQueue) -> TestClient:
         yield c
 
 
-def test_pending_lists_requests_oldest_first(client: TestClient, queue: LabelQueue) -> None:
+def test_pending_lists_requests_newest_first(client: TestClient, queue: LabelQueue) -> None:
     r = client.get("/api/pending")
     assert r.status_code == 200
     items = r.json()
-    assert [i["id"] for i in items] == ["a", "b", "c"]
-    a = items[0]
+    assert [i["id"] for i in items] == ["c", "b", "a"]
+    a = items[2]
     assert a["prediction"] == 2 and a["prediction_name"] == "c2"
     assert a["classes"] == [f"c{k}" for k in range(10)]
     assert a["image"] == "/api/images/a.png" and 0 < a["confidence"] <= 1
-    assert [i["id"] for i in client.get("/api/pending?limit=1").json()] == ["a"]
+    assert [i["id"] for i in client.get("/api/pending?limit=1").json()] == ["c"]
     assert client.get("/api/pending?limit=-1").status_code == 400
+
+
+def test_the_page_can_serve_the_oldest_first(queue: LabelQueue) -> None:
+    with TestClient(make_app(queue.path, order="oldest"), base_url=BASE) as c:
+        assert [i["id"] for i in c.get("/api/pending").json()] == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="unknown queue order 'fifo'"):
+        make_app(queue.path, order="fifo")  # type: ignore[arg-type]  # a bad value on purpose
 
 
 def test_images_come_from_the_queue_only(client: TestClient, queue: LabelQueue) -> None:

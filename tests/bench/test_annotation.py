@@ -16,7 +16,7 @@ from bench_fixtures import (
 
 import eatta.bench
 import eatta.bench.cli as cli
-from eatta.annotate import AnnotatorCost
+from eatta.annotate import AnnotatorCost, SimulatedAnnotator
 from eatta.bench import AnnotatorOptions, StreamProtocol
 
 BASE = ["--methods", "baseline,eatta", "--rounds", "2", "--batch-size", "8", "--no-progress"]
@@ -223,3 +223,32 @@ def test_minutes_in_the_table_come_from_the_seconds():
 
     assert _annotation_cells(cell) == ["6", "5", "0", "1", "2", "1.5"]  # type: ignore[arg-type]
     assert math.isclose(90.0 / 60, 1.5)
+
+
+def test_a_paced_annotator_from_the_options() -> None:
+    opts = AnnotatorOptions(stream_rate=4, order="oldest", patience=8)
+    assert opts.simulated and opts.paced
+    ann = opts.build(0)
+    assert isinstance(ann, SimulatedAnnotator) and ann.pace is not None
+    assert ann.pace.capacity == pytest.approx(1 / (11.7 * 4)) and ann.pace.order == "oldest"
+    assert opts.describe()["seconds_per_answer"] == 11.7
+    binary = AnnotatorOptions(stream_rate=1, feedback="binary").build(0)
+    assert binary.pace is not None and binary.pace.capacity == pytest.approx(1 / 1.6)  # type: ignore[union-attr]
+    # fingerprints of cells without a pace are unchanged
+    assert AnnotatorOptions(delay=4).describe() == {"delay": 4, "noise": 0.0, "feedback": "label"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"pace": 0}, "capacity .* > 0, got 0"),
+        ({"pace": 1, "stream_rate": 2}, "not both"),
+        ({"stream_rate": -1}, "stream_rate .* got -1"),
+        ({"pace": 1, "order": "random"}, "unknown queue order 'random'"),
+        ({"pace": 1, "delay": 4}, "follows from its load"),
+        ({"order": "newest"}, "apply to a paced annotator"),
+    ],
+)
+def test_bad_pace_options_are_errors(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AnnotatorOptions(**kwargs)  # type: ignore[arg-type]  # bad values on purpose

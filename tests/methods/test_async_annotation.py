@@ -167,6 +167,10 @@ def test_zero_delay_is_bit_identical_to_the_synchronous_oracle(name):
     assert parts_sync.pop("pending") is None
     pending = parts_async.pop("pending")
     assert pending["requests"] == [] and pending["counts"]["received"] == lazy.labels_used
+    # late-label weighting (eatta-stable) watches an asynchronous stream only; it never acted here
+    assert parts_sync.pop("late_labels", None) is None
+    late = parts_async.pop("late_labels", None)
+    assert late is None or late["probs"] is None  # the fallback never ran
     assert differences(parts_sync, parts_async) == []
     stats = lazy.annotation_stats
     assert stats["requested"] == stats["received"] == lazy.labels_used and stats["pending"] == 0

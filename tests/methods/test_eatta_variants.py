@@ -10,7 +10,7 @@ from _active_method_checks import check_reset_is_exact, check_state_dict_round_t
 
 from conftest import confident_cnn
 from eatta import EATTA, GradNormDebiaser, GroundTruthOracle
-from eatta.debias_bounded import BoundedGradNormDebiaser
+from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.methods.registry import available, create, get_spec
 
 
@@ -19,7 +19,9 @@ def test_registered_with_eattas_defaults():
     for dataset in ("digits-c", "imagenet-c", "pacs"):
         hp = get_spec("eatta-stable").hparams(dataset, {})
         base = get_spec("eatta").hparams(dataset, {})
-        assert hp == {**base, "sup_floor": 1.0, "unsup_cap": 1.0}
+        late = {"late_weight": "drift", "late_half_life": 2.0, "late_drift_scale": 0.25}
+        late |= {"late_fallback": "eta", "late_anchor": 0.1, "late_replay": 0}
+        assert hp == {**base, "sup_floor": 1.0, "unsup_cap": 1.0, **late}
 
 
 def test_builds_eatta_with_the_bounded_debiaser_and_the_same_optimizer():

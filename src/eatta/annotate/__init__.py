@@ -18,6 +18,7 @@ from eatta.annotate.oracle import (
     OracleError,
     validate_labels,
 )
+from eatta.annotate.paced import PersonPace
 from eatta.annotate.pending import Arrived, PendingLabels
 from eatta.annotate.queue import LabelQueue
 from eatta.annotate.requests import FEEDBACK, Answer, AnswerError, Feedback, LabelRequest
@@ -40,6 +41,7 @@ __all__ = [
     "Oracle",
     "OracleError",
     "PendingLabels",
+    "PersonPace",
     "QueuedAnnotator",
     "SimulatedAnnotator",
     "ThreadedAnnotator",

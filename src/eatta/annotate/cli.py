@@ -18,6 +18,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from eatta.annotate.paced import ORDERS, Order
 from eatta.annotate.queue import LabelQueue
 
 __all__ = ["main"]
@@ -35,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("EATTA_ANNOTATE_TOKEN"),
         help="token every request must carry (default $EATTA_ANNOTATE_TOKEN; generated when "
         "--host is not loopback)",
+    )
+    serve.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="newest",
+        help="which pending request the page shows first (default newest: see "
+        "docs/real-annotators.md)",
     )
     stats = sub.add_parser("stats", help="print the queue's numbers as JSON")
     stats.add_argument("--queue", required=True, help="the label queue file (SQLite)")
@@ -56,7 +64,7 @@ def token_for(host: str, token: str | None) -> str | None:
     return None if is_loopback(host) else secrets.token_urlsafe(24)
 
 
-def serve(queue: str, host: str, port: int, token: str | None) -> None:
+def serve(queue: str, host: str, port: int, token: str | None, order: Order = "newest") -> None:
     """Bind, print the page's URL (with the token), and serve until interrupted."""
     try:
         import uvicorn
@@ -72,7 +80,7 @@ def serve(queue: str, host: str, port: int, token: str | None) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)
     bound = sock.getsockname()[1]
-    app = make_app(queue, token=token)
+    app = make_app(queue, token=token, order=order)
     print(f"eatta-annotate: serving {queue} at {_url(host, bound, token)}", flush=True)
     config = uvicorn.Config(
         app,
@@ -93,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         try:
-            serve(args.queue, args.host, args.port, args.token)
+            serve(args.queue, args.host, args.port, args.token, args.order)
         except KeyboardInterrupt:
             return 130
         return 0

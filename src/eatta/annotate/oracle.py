@@ -7,17 +7,17 @@ per selected sample, ``ABSTAIN`` (-1) for a sample it will not label, or ``None`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from typing_extensions import Self
+
+from eatta.annotate.batch_labels import BatchLabels
+from eatta.annotate.simulated import ThreadedAnnotator
 
 if TYPE_CHECKING:
     from eatta.annotate.requests import LabelRequest
-    from eatta.annotate.simulated import ThreadedAnnotator
 
 __all__ = [
     "ABSTAIN",
@@ -36,37 +36,6 @@ Oracle = Callable[[Tensor, Tensor], "Tensor | None"]
 
 class OracleError(RuntimeError):
     """The oracle raised, or answered with labels of the wrong shape, dtype or range."""
-
-
-class BatchLabels:
-    """The true labels of the batch in progress, for annotators simulated from the ground truth.
-
-    The labels belong to one batch: give them before the step (``method(x, labels=y)``,
-    ``set_labels(y)`` or ``with annotator.labels(y):``); the method ends the batch when its
-    forward returns or fails (:meth:`end_batch`), so a forgotten ``set_labels`` raises instead of
-    serving the previous batch's labels.
-    """
-
-    _labels: Tensor | None = None
-
-    def set_labels(self, labels: Tensor) -> None:
-        """The current batch's labels, one per sample."""
-        labels = torch.as_tensor(labels)
-        if labels.dim() != 1:
-            raise ValueError(f"labels must be 1-d [batch], got shape {tuple(labels.shape)}")
-        self._labels = labels
-
-    def end_batch(self) -> None:
-        """Forget the batch's labels (called by the method after each forward)."""
-        self._labels = None
-
-    @contextmanager
-    def labels(self, labels: Tensor) -> Iterator[Self]:
-        self.set_labels(labels)
-        try:
-            yield self
-        finally:
-            self._labels = None
 
 
 class GroundTruthOracle(BatchLabels):
@@ -112,7 +81,6 @@ class ModelOracle:
     def asynchronous(self, *, delay_s: float = 0.0, workers: int = 1) -> ThreadedAnnotator:
         """This model as an asynchronous annotator: each request is labelled by a worker thread
         on the model's own device, ``delay_s`` seconds after it was sent at the earliest."""
-        from eatta.annotate.simulated import ThreadedAnnotator
 
         def label(request: LabelRequest) -> int:
             return int(self(request.sample.unsqueeze(0), torch.zeros(1, dtype=torch.long))[0])

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from eatta.annotate.paced import Order, check_order
 from eatta.annotate.requests import Answer, AnswerError, Feedback, LabelRequest, check_feedback
 
 __all__ = ["AnswerRefused", "LabelQueue", "encode_png", "tensor_to_png"]
@@ -183,6 +184,9 @@ class LabelQueue:
             (e.g. to undo input normalization). By default a sample that is not an image is
             stored without a picture.
         timeout: seconds to wait for another process's write lock.
+        order: which pending request :meth:`pending` (and so the page) lists first:
+            ``"newest"`` (the default: measured in docs/real-annotators.md, a person slower than
+            the stream then answers about what the stream looks like now) or ``"oldest"``.
 
     The adapting side calls ``submit``/``collect``/``cancel`` (the :class:`Annotator` protocol)
     and saves :meth:`state_dict` with the method's. The page's side calls :meth:`pending`,
@@ -198,7 +202,9 @@ class LabelQueue:
         class_names: Sequence[str] | None = None,
         to_image: Callable[[Tensor], bytes] | None = None,
         timeout: float = 30.0,
+        order: Order = "newest",
     ) -> None:
+        self.order: Order = check_order(order)
         self.path = os.fspath(path)
         self.feedback: Feedback = check_feedback(feedback)
         self.class_names = None if class_names is None else [str(c) for c in class_names]
@@ -498,14 +504,17 @@ class LabelQueue:
         assert seq is not None
         return int(seq)
 
-    def pending(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Pending requests, oldest first: key (``id``), kind, prediction, confidence, class
-        names, whether it has an image, step, index and creation time (Unix seconds)."""
+    def pending(self, limit: int = 100, order: Order | None = None) -> list[dict[str, Any]]:
+        """Pending requests in ``order`` (default: the queue's; ``"newest"`` or ``"oldest"``
+        first): key (``id``), kind, prediction, confidence, class names, whether it has an image,
+        step, index and creation time (Unix seconds)."""
+        direction = "DESC" if check_order(order or self.order) == "newest" else "ASC"
         limit = max(0, min(int(limit), 10000))
         with self._lock:
             rows = self._db.execute(
                 "SELECT key, kind, prediction, confidence, classes, image IS NOT NULL, step, idx, "
-                "created FROM requests WHERE status = 'pending' ORDER BY rowid LIMIT ?",
+                f"created FROM requests WHERE status = 'pending' ORDER BY rowid {direction} "
+                "LIMIT ?",
                 (limit,),
             ).fetchall()
         return [

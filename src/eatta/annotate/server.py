@@ -37,6 +37,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         "the labelling page needs Starlette and uvicorn: pip install 'eatta[annotate]'"
     ) from err
 
+from eatta.annotate.paced import Order, check_order
 from eatta.annotate.queue import ID_PATTERN, AnswerRefused, LabelQueue
 from eatta.annotate.requests import Answer, AnswerError
 
@@ -222,20 +223,23 @@ def make_app(
     *,
     max_body: int = MAX_BODY,
     page_limit: int = 50,
+    order: Order = "newest",
 ) -> ASGIApp:
     """The labelling page and its JSON API over the queue at ``queue_path``.
 
     ``token``: required on every request when given (see the module doc); without one, only
     loopback ``Host`` names are served. ``page_limit``: the most pending requests one
-    ``GET /api/pending`` lists (``?limit=`` asks for fewer).
+    ``GET /api/pending`` lists (``?limit=`` asks for fewer). ``order``: the request the page
+    shows first, ``"newest"`` (default) or ``"oldest"`` (see :class:`LabelQueue`).
     """
+    check_order(order)
     if token is not None and (not isinstance(token, str) or len(token) < 8):
         raise ValueError("a token must be a string of at least 8 characters")
     holder: dict[str, LabelQueue] = {}
 
     def queue() -> LabelQueue:
         if "queue" not in holder:
-            holder["queue"] = LabelQueue(queue_path)
+            holder["queue"] = LabelQueue(queue_path, order=order)
         return holder["queue"]
 
     @asynccontextmanager

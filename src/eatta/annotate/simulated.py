@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from eatta.annotate.base import QueuedAnnotator
-from eatta.annotate.oracle import BatchLabels
+from eatta.annotate.batch_labels import BatchLabels
+from eatta.annotate.paced import DEFAULT_PATIENCE, Order, PersonPace, check_order, pace_from
 from eatta.annotate.requests import Answer, AnswerError, Feedback, LabelRequest
 
 __all__ = ["Delay", "SimulatedAnnotator", "ThreadedAnnotator", "parse_delay"]
@@ -72,8 +73,17 @@ class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
         abstain: probability of skipping a request.
         feedback: ``"label"`` (a class) or ``"binary"`` (yes/no on the model's prediction).
         seed: seed of the annotator's own generator.
+        capacity: a person's pace in answers per step, instead of a fixed ``delay``: one answer
+            at a time, each ``1 / capacity`` steps (:class:`~eatta.annotate.paced.PersonPace`).
+        stream_rate, seconds_per_answer: the pace in seconds instead: a stream of
+            ``stream_rate`` batches per second and ``seconds_per_answer`` (default 11.7 for a
+            label, 1.6 for a yes/no: :class:`~eatta.annotate.cost.AnnotatorCost`).
+        order: with a pace, which waiting request is answered next: ``"newest"`` (default) or
+            ``"oldest"``.
+        patience: with a pace, steps a request waits before the person drops it (counted).
 
-    ``stats()`` counts requests, answers, wrong answers and skips.
+    ``stats()`` counts requests, answers, wrong answers and skips (and, with a pace, requests
+    dropped unanswered).
     """
 
     def __init__(
@@ -84,9 +94,37 @@ class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
         abstain: float = 0.0,
         feedback: Feedback = "label",
         seed: int = 0,
+        capacity: float | None = None,
+        stream_rate: float | None = None,
+        seconds_per_answer: float | None = None,
+        order: Order | None = None,
+        patience: int | None = None,
     ) -> None:
         super().__init__(feedback)
         self.delay = parse_delay(delay)
+        pace = pace_from(
+            capacity=capacity,
+            stream_rate=stream_rate,
+            seconds_per_answer=seconds_per_answer,
+            feedback=self.feedback,
+        )
+        self.pace: PersonPace | None = None
+        if pace is None:
+            if order is not None or patience is not None:
+                given = {"order": order, "patience": patience}
+                raise ValueError(
+                    f"{given} apply to a paced annotator; give capacity= or stream_rate="
+                )
+        else:
+            if self.delay != 0:
+                raise ValueError(
+                    f"a paced annotator's delay follows from its load; got delay={delay!r} too"
+                )
+            self.pace = PersonPace(
+                pace,
+                check_order("newest" if order is None else order),
+                DEFAULT_PATIENCE if patience is None else patience,
+            )
         self.confusion: Tensor | None = None
         self.noise = 0.0
         if isinstance(noise, Tensor):
@@ -131,6 +169,10 @@ class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
             else:
                 self.counts["answers"] += 1
                 self.counts["wrong"] += int(wrong)
+            if self.pace is not None:
+                self.pace.add(self._now, self._order, answer)
+                self._order += 1
+                continue
             due = self._due()
             if due is not None:
                 self._scheduled.append((due, self._order, answer))
@@ -167,6 +209,10 @@ class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
         return self._now + self.delay
 
     def on_collect(self) -> None:
+        if self.pace is not None:
+            for answer in self.pace.release(self._now):
+                if self.inbox.is_open(answer.id):
+                    self.inbox.hand_in(answer)
         due = [s for s in self._scheduled if s[0] <= self._now]
         if due:
             self._scheduled = [s for s in self._scheduled if s[0] > self._now]
@@ -178,8 +224,12 @@ class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
     def on_cancel(self, ids: Sequence[str]) -> None:
         gone = set(ids)
         self._scheduled = [s for s in self._scheduled if s[2].id not in gone]
+        if self.pace is not None:
+            self.pace.cancel(gone)
 
     def stats(self) -> dict[str, int]:
+        if self.pace is not None:
+            return {**self.counts, "scheduled": len(self.pace), "dropped": self.pace.dropped}
         return {**self.counts, "scheduled": len(self._scheduled)}
 
     # -- state -------------------------------------------------------------------------------
@@ -188,6 +238,8 @@ class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
         self.generator.set_state(self._initial_rng)
         self._now, self._order, self._scheduled = 0, 0, []
         self.counts = dict.fromkeys(self.counts, 0)
+        if self.pace is not None:
+            self.pace.reset()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -197,6 +249,7 @@ class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
             "order": self._order,
             "scheduled": [(d, o, a.to_dict()) for d, o, a in self._scheduled],
             "counts": dict(self.counts),
+            **({} if self.pace is None else {"pace": self.pace.state_dict()}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -207,6 +260,8 @@ class SimulatedAnnotator(BatchLabels, QueuedAnnotator):
             (int(d), int(o), Answer.from_mapping(a)) for d, o, a in state["scheduled"]
         ]
         self.counts = {k: int(v) for k, v in state["counts"].items()}
+        if self.pace is not None:
+            self.pace.load_state_dict(state["pace"])
 
 
 #: What a threaded annotator's function returns: a class, a yes/no, None to skip, or an Answer.

@@ -27,13 +27,20 @@ class AnnotatorOptions:
 
     ``delay``: None (synchronous, the default), steps (an int >= 0) or ``"never"``; ``noise``:
     probability of a wrong answer; ``feedback``: ``"label"`` or ``"binary"`` (yes/no on the
-    model's prediction); ``cost``: seconds per answer of each kind.
+    model's prediction); ``cost``: seconds per answer of each kind. A person's pace instead of a
+    delay: ``pace`` answers per batch, or ``stream_rate`` batches per second (the pace then follows
+    from ``cost``'s seconds per answer); ``order`` (``"newest"``/``"oldest"`` first) and
+    ``patience`` (steps before an unreached request is dropped) with either.
     """
 
     delay: int | str | None = None
     noise: float = 0.0
     feedback: Feedback = "label"
     cost: AnnotatorCost = field(default_factory=AnnotatorCost)
+    pace: float | None = None
+    stream_rate: float | None = None
+    order: str | None = None
+    patience: int | None = None
 
     def __post_init__(self) -> None:
         if self.delay is not None:
@@ -45,34 +52,69 @@ class AnnotatorOptions:
         check_feedback(self.feedback)
         if not isinstance(self.cost, AnnotatorCost):
             raise TypeError(f"cost must be an AnnotatorCost, got {type(self.cost).__name__}")
+        if self.paced and self.delay is not None:
+            raise ValueError(
+                f"a paced annotator's delay follows from its load; got label delay {self.delay!r}"
+            )
+        if not self.paced and (self.order is not None or self.patience is not None):
+            given = {"order": self.order, "patience": self.patience}
+            raise ValueError(f"{given} apply to a paced annotator; give a pace or a stream rate")
+        if self.paced:
+            self.build(0)  # checks pace, rate, order and patience (a clear error naming them)
+
+    @property
+    def paced(self) -> bool:
+        """Whether a person's pace (not a fixed delay) sets when answers come."""
+        return self.pace is not None or self.stream_rate is not None
 
     @property
     def simulated(self) -> bool:
         """Whether a :class:`SimulatedAnnotator` answers (else the synchronous ground truth)."""
-        return self.delay is not None or self.noise > 0 or self.feedback != "label"
+        return self.delay is not None or self.noise > 0 or self.feedback != "label" or self.paced
 
     def build(self, seed: int) -> GroundTruthOracle | SimulatedAnnotator:
         """The annotator of one cell (its draws seeded by the cell's seed)."""
         if not self.simulated:
             return GroundTruthOracle()
         delay = 0 if self.delay is None else self.delay
+        seconds = None
+        if self.stream_rate is not None:
+            seconds = self.cost.per_request(self.feedback)
         return SimulatedAnnotator(
             delay=delay,  # type: ignore[arg-type]  # checked in __post_init__
             noise=self.noise,
             feedback=self.feedback,
             seed=seed,
+            capacity=self.pace,
+            stream_rate=self.stream_rate,
+            seconds_per_answer=seconds,
+            order=self.order,  # type: ignore[arg-type]  # checked by SimulatedAnnotator
+            patience=self.patience,
         )
 
     def describe(self) -> dict[str, Any]:
         """Plain description for fingerprints and ``results.json`` (the cost is not included in
         fingerprints: it changes no result, only the seconds reported)."""
-        return {"delay": self.delay, "noise": self.noise, "feedback": self.feedback}
+        out: dict[str, Any] = {"delay": self.delay, "noise": self.noise, "feedback": self.feedback}
+        for key in ("pace", "stream_rate", "order", "patience"):  # only when set: older cells
+            if getattr(self, key) is not None:  # keep their fingerprints
+                out[key] = getattr(self, key)
+        if self.stream_rate is not None:  # the pace follows from the seconds per answer
+            out["seconds_per_answer"] = self.cost.per_request(self.feedback)
+        return out
 
     def text(self) -> str:
         """Short text for table titles, e.g. ``label delay 16, noise 0.2, yes/no``."""
         parts = []
         if self.delay is not None:
             parts.append(f"label delay {self.delay}")
+        if self.pace is not None:
+            parts.append(f"{self.pace:g} answers/batch")
+        if self.stream_rate is not None:
+            sec = self.cost.per_request(self.feedback)
+            parts.append(f"{sec:g} s/answer at {self.stream_rate:g} batches/s")
+        if self.order is not None:
+            parts.append(f"{self.order} first")
         if self.noise:
             parts.append(f"label noise {self.noise:g}")
         if self.feedback == "binary":

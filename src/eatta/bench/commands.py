@@ -214,6 +214,35 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         "0 gives the numbers of a run without it",
     )
     g.add_argument(
+        "--label-pace",
+        type=float,
+        default=None,
+        metavar="A",
+        help="a person answering A requests per batch, one at a time (instead of --label-delay: "
+        "the delay follows from the load)",
+    )
+    g.add_argument(
+        "--stream-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="a person at --seconds-per-label/--seconds-per-binary against a stream of R batches "
+        "per second (the pace in seconds, instead of --label-pace)",
+    )
+    g.add_argument(
+        "--label-order",
+        default=None,
+        metavar="newest|oldest",
+        help="with a pace: which waiting request the person answers next (default newest)",
+    )
+    g.add_argument(
+        "--label-patience",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with a pace: batches a request waits before the person drops it (default 64)",
+    )
+    g.add_argument(
         "--label-noise",
         type=float,
         default=0.0,
@@ -555,6 +584,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             noise=args.label_noise,
             feedback=args.feedback,
             cost=AnnotatorCost(args.seconds_per_label, args.seconds_per_binary),
+            pace=args.label_pace,
+            stream_rate=args.stream_rate,
+            order=args.label_order,
+            patience=args.label_patience,
         ),
         monitor=monitor_options(args),
         jobs=args.jobs if args.jobs is not None else _default_jobs(args),

@@ -146,6 +146,13 @@ def _protocol_text(r: CellResult) -> str:
             bits.append(f"{100 * annotator['noise']:g}% wrong")
         if annotator.get("feedback") == "binary":
             bits.append("yes/no answers")
+        if annotator.get("pace") is not None:
+            bits.append(f"a person answering {annotator['pace']:g} per batch")
+        if annotator.get("stream_rate") is not None:
+            sec, rate = annotator.get("seconds_per_answer"), annotator["stream_rate"]
+            bits.append(f"a person at {sec:g} s an answer, {rate:g} batches/s")
+        if annotator.get("order") is not None:
+            bits.append(f"{annotator['order']} request first")
         parts.append("annotator: " + ", ".join(bits or ["simulated, at once"]))
     monitor = r.protocol.get("monitor")
     if monitor:

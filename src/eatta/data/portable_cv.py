@@ -176,9 +176,7 @@ class PortableCV:
         return getattr(self._cv2, name)
 
     @staticmethod
-    def filter2D(
-        src: np.ndarray, ddepth: int, kernel: np.ndarray, **kwargs: Any
-    ) -> np.ndarray:
+    def filter2D(src: np.ndarray, ddepth: int, kernel: np.ndarray, **kwargs: Any) -> np.ndarray:
         if ddepth != -1 or kwargs:
             raise ValueError(f"filter2D: only ddepth=-1 and no options, got {ddepth}, {kwargs}")
         return correlate(src, kernel)

@@ -41,6 +41,8 @@ from eatta.methods._active import (
 from eatta.methods._grads import SegmentPlan
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.late_labels import LateLabels
+from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOptions
@@ -107,6 +109,7 @@ class _Labelled:
     late: list[Arrived] = field(default_factory=list)
     requested: int = 0
     late_ctx: SelectionContext | None = None
+    late_weight: float = 0.0  # the late labels' weights in all (LateLabels)
 
 
 class EATTA(AdaptiveMethod):
@@ -143,6 +146,12 @@ class EATTA(AdaptiveMethod):
         options: performance options (:class:`StepOptions`); or give ``grad_mode``,
             ``autocast``, ``channels_last`` as keywords (not both).
         label_expiry: steps an asynchronous request waits for its answer before it expires.
+        late_labels: how late labels are weighed and the label-free fallback
+            (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback.
+            Used only with an asynchronous annotator, in steps without a fresh answer.
+        nearest_replay: with an asynchronous annotator, keeps the labelled samples and, in steps
+            without a fresh answer, replays those nearest the batch
+            (:class:`~eatta.methods.nearest_replay.NearestReplay`).
 
     A late answer (docs/real-annotators.md) enters the step in which it arrives: the kept sample
     is re-run through the current model into ``L_sup`` (cross-entropy for a class,
@@ -177,6 +186,8 @@ class EATTA(AdaptiveMethod):
         channels_last: bool | None = None,
         options: StepOptions | None = None,
         label_expiry: int = DEFAULT_MAX_AGE,
+        late_labels: LateLabels | None = None,
+        nearest_replay: NearestReplay | None = None,
     ) -> None:
         if optimizer is None:
             raise TypeError("EATTA needs an optimizer over the trainable parameters")
@@ -221,6 +232,8 @@ class EATTA(AdaptiveMethod):
         self._measure_pos = [i for i, p in enumerate(self._all) if id(p) in measure_ids]
         self._norms_cover_update = train_ids <= measure_ids
         self.last_step: StepRecord | None = None
+        self.late_labels = late_labels if self._asking is not None else None
+        self.nearest_replay = nearest_replay if self._asking is not None else None
 
     @property
     def labels_used(self) -> int:
@@ -282,11 +295,16 @@ class EATTA(AdaptiveMethod):
         # 1. select the samples and ask the oracle (no state changes until it has answered)
         lab = self._select_and_ask(x, z, o, k)
         record.scores = None if lab.selection is None else lab.selection.update.get("scores")
+        if self.late_labels is not None and self._asking is not None:
+            self.late_labels.observe(self._asking.pending.step, z)
 
         # 2. the two losses (L_sup is None without a label)
         loss_sup, replayed = self._supervised_loss(x, o, lab)
         answered = torch.cat([lab.indices, lab.negatives]) if len(lab.negatives) else lab.indices
-        loss_unsup, n_unsup = self._confident_entropy(o, answered)
+        if self._falls_back(lab):
+            loss_unsup, n_unsup = self._fallback_entropy(o, answered)
+        else:
+            loss_unsup, n_unsup = self._confident_entropy(o, answered)
         if replayed:
             plan = None  # a second graph through the same weights: plan from the losses
 
@@ -372,12 +390,18 @@ class EATTA(AdaptiveMethod):
             terms.append(F.cross_entropy(o[idx], y))
             if self.buffer is not None:
                 self.buffer.add(x[idx], y)
+            if self.nearest_replay is not None and lab.ctx is not None:
+                self.nearest_replay.add(x[idx], y, lab.ctx.features[idx])
         if len(lab.negatives):
             neg = lab.negatives.to(o.device)
             terms.append(complementary_cross_entropy(o[neg], lab.not_labels.to(o.device)))
         if lab.late:
             terms.extend(self._late_terms(x, lab))
         replayed = bool(lab.late) or (self.buffer is not None and len(self.buffer) > 0)
+        near = self._nearest_term(x, lab)
+        if near is not None:
+            terms.append(near)
+            replayed = True
         if self.buffer is not None and len(self.buffer) > 0:
             bx, by = self.buffer.sample()
             head = self.split.head
@@ -397,13 +421,25 @@ class EATTA(AdaptiveMethod):
             zl = self.options.features(backbone, xs)
         ol = head(zl)
         terms = []
+        weigh = self.late_labels
+        if weigh is not None:
+            assert self._asking is not None
+            now = self._asking.pending.step
+            w_all = weigh.weights([a.request.step for a in late], now).to(ol.device, ol.dtype)
+            lab.late_weight = float(w_all.sum())
         pos = [i for i, a in enumerate(late) if a.label is not None]
         if pos:
             rows = torch.tensor(pos, device=ol.device)
             ys = torch.tensor([late[i].label for i in pos], dtype=torch.long, device=ol.device)
-            terms.append(F.cross_entropy(ol[rows], ys))
+            if weigh is None:
+                terms.append(F.cross_entropy(ol[rows], ys))
+            else:  # each label at its weight (the mean over the late labels as before)
+                ce = F.cross_entropy(ol[rows], ys, reduction="none")
+                terms.append((ce * w_all[rows]).mean())
             if self.buffer is not None:
                 self.buffer.add(xs[rows.to(xs.device)], ys)
+            if self.nearest_replay is not None:
+                self.nearest_replay.add(xs[rows.to(xs.device)], ys, zl[rows])
             lab.late_ctx = SelectionContext(
                 inputs=xs[rows.to(xs.device)],
                 features=zl.detach()[rows],
@@ -415,7 +451,10 @@ class EATTA(AdaptiveMethod):
         if neg:
             rows = torch.tensor(neg, device=ol.device)
             cs = torch.tensor([late[i].not_label for i in neg], dtype=torch.long, device=ol.device)
-            terms.append(complementary_cross_entropy(ol[rows], cs))
+            if weigh is None:
+                terms.append(complementary_cross_entropy(ol[rows], cs))
+            else:
+                terms.append(complementary_cross_entropy(ol[rows], cs) * w_all[rows].mean())
         return terms
 
     def _confident_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
@@ -428,6 +467,46 @@ class EATTA(AdaptiveMethod):
         if len(labelled):
             mask = mask.index_fill(0, labelled.to(o.device), False)
         return masked_mean(h, mask)
+
+    def _nearest_term(self, x: Tensor, lab: _Labelled) -> Tensor | None:
+        """In a step without a fresh answer: the kept labelled samples nearest the batch, run
+        with it, their cross-entropies weighted by their similarity (NearestReplay)."""
+        replay = self.nearest_replay
+        if replay is None or not len(replay) or len(lab.indices) or lab.ctx is None:
+            return None
+        near = replay.nearest(lab.ctx.features)
+        if near is None:
+            return None
+        rx, ry, rw = near
+        backbone, head = self.split
+        rx = rx.to(x.device, x.dtype)
+        if self._has_batchnorm:
+            zr = self.options.features(backbone, torch.cat([x, rx]))[x.shape[0] :]
+        else:
+            zr = self.options.features(backbone, rx)
+        ce = F.cross_entropy(head(zr), ry.to(x.device), reduction="none")
+        w = rw.to(ce.device, ce.dtype)
+        lab.late_weight += float(w.mean())
+        return (ce * w).mean()
+
+    def _falls_back(self, lab: _Labelled) -> bool:
+        """Whether this step takes the label-free fallback: no fresh answer, and late labels
+        that weigh too little (``LateLabels.anchor``)."""
+        if self.late_labels is None or len(lab.indices) or len(lab.negatives):
+            return False
+        return self.late_labels.falls_back(lab.late_weight)
+
+    def _fallback_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
+        """The fallback's entropy term (ETA's reliable, non-redundant samples, weighted)."""
+        assert self.late_labels is not None
+        h = entropy(o)
+        margin = self.entropy_margin
+        if margin is None:
+            margin = default_entropy_margin(o.shape[1])
+        mask = h.detach() < margin
+        if len(labelled):
+            mask = mask.index_fill(0, labelled.to(o.device), False)
+        return self.late_labels.entropy(h, o.detach().softmax(1), mask, float(margin))
 
     def _plan(self, o: Tensor) -> SegmentPlan | None:
         """Cut points below the logits: both losses are functions of ``o`` alone, so every
@@ -524,6 +603,8 @@ class EATTA(AdaptiveMethod):
             "debiaser": self.debiaser,
             "buffer": self.buffer,
             "pending": None if self._asking is None else self._asking.pending,
+            "late_labels": self.late_labels,
+            "nearest_replay": self.nearest_replay,
         }
 
     def method_state(self) -> dict[str, Any]:
@@ -605,8 +686,11 @@ def build_eatta(
     budget: Budget,
     *,
     debiaser: GradNormDebiaser | None = None,
+    late_labels: LateLabels | None = None,
+    nearest_replay: NearestReplay | None = None,
 ) -> AdaptiveMethod:
-    """EATTA from a validated config; ``debiaser`` replaces the config's GND (variants)."""
+    """EATTA from a validated config; ``debiaser`` replaces the config's GND and
+    ``late_labels`` weighs late labels (variants)."""
     params = configure(model, cfg.params)
     norm_params = None
     if cfg.params == "reference":
@@ -637,6 +721,8 @@ def build_eatta(
         autocast=cfg.autocast,
         channels_last=cfg.channels_last,
         label_expiry=cfg.label_expiry,
+        late_labels=late_labels,
+        nearest_replay=nearest_replay,
     )
 
 

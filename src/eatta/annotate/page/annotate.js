@@ -1,4 +1,5 @@
-// eatta's labelling page: shows the oldest pending request, sends the person's answer.
+// eatta's labelling page: shows the first pending request the server lists (newest first by
+// default, eatta-annotate serve --order), sends the person's answer.
 // Plain JS, no dependencies. Text from the server is set with textContent only.
 "use strict";
 

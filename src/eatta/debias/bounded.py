@@ -1,14 +1,14 @@
 """One-sided gradient-norm debiasing: EATTA's weights, never below 1 for the labelled loss.
 
-Faithful GND (:class:`~eatta.debias.GradNormDebiaser`) equalises the two weighted gradient norms:
-``γ_sup·g_s = γ_unsup·g_u``. When the labelled gradient is the larger one (``g_s > g_u``, the usual
-case with one label per batch on a small network), that halves or worse the pull of the only
-ground truth and amplifies the entropy term up to 2x; over long streams the amplified entropy
-minimisation drifts (see ``docs/when-eatta-helps.md``). The bounded debiaser keeps the direction
-in which GND helps, a labelled gradient drowned by the entropy gradient is weighted up, and drops
-the other: the labelled weight is floored at ``sup_floor`` and the entropy weight capped at
-``unsup_cap`` (both 1 by default, so when ``g_s >= g_u`` the step is the 1 : 1 step of the
-paper's Baseline). It uses the two norms EATTA already computes: no extra backward pass.
+Faithful GND (:class:`~eatta.debias.gradnorm.GradNormDebiaser`) equalises the two weighted gradient
+norms: ``γ_sup·g_s = γ_unsup·g_u``. When the labelled gradient is the larger one (``g_s > g_u``,
+the usual case with one label per batch on a small network), that halves or worse the pull of the
+only ground truth and amplifies the entropy term up to 2x; over long streams the amplified entropy
+minimisation drifts (see ``docs/when-eatta-helps.md``). The bounded debiaser keeps the direction in
+which GND helps, a labelled gradient drowned by the entropy gradient is weighted up, and drops the
+other: the labelled weight is floored at ``sup_floor`` and the entropy weight capped at
+``unsup_cap`` (both 1 by default, so when ``g_s >= g_u`` the step is the 1 : 1 step of the paper's
+Baseline). It uses the two norms EATTA already computes: no extra backward pass.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from eatta.debias import GradNormDebiaser, LossWeights
+from eatta.debias.gradnorm import GradNormDebiaser, LossWeights
 
 __all__ = ["BoundedGradNormDebiaser"]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eatta.debias import GradNormDebiaser
-from eatta.debias_bounded import BoundedGradNormDebiaser
+from eatta.debias.bounded import BoundedGradNormDebiaser
 
 TRUE, FALSE = torch.tensor(True), torch.tensor(False)
 

@@ -1,0 +1,177 @@
+"""Late labels weighed by how stale they are, and a label-free fallback that does not collapse.
+
+:class:`LateLabels` is the part of an active method (EATTA's ``late_labels=``) that decides how
+much a label answered ``a`` steps after it was asked still counts, and what the entropy term
+does in a step without a usable label. It acts only with an asynchronous annotator, and only in
+steps where no answer to the step's own request arrived, so a zero-delay annotator (and every
+synchronous oracle) takes exactly today's path.
+
+Weightings of a late label (``weighting=``):
+
+* ``"full"``: weight 1 (today's rule);
+* ``"age"``: ``0.5 ** (age / half_life)`` (RoTTA's timeliness, in steps);
+* ``"drift"``: how far the stream moved between asking and answering: with ``μ_t`` the mean
+  feature of batch ``t`` and ``δ`` a running mean of ``1 - cos(μ_{t-1}, μ_t)`` (how much
+  consecutive batches differ), ``r = (1 - cos(μ_ask, μ_now)) / δ`` counts the typical
+  batch-to-batch moves between the two, and the weight is ``exp(-max(r - 1, 0) / drift_scale)``.
+  A stream that stays put (mixed domains) keeps its late labels at full weight whatever their
+  age; after a domain change they count for little (CPATTA's boundary measure, made graded).
+
+Fallback (``fallback="eta"``): in a step whose labels (fresh, or late with their weights) add up
+to less than ``anchor`` (0.1), the entropy term is ETA's: reliable (below the margin) and
+non-redundant samples only (cosine similarity of their softmax to a moving average of earlier
+kept samples' softmax below ``d_margin``), weighted ``exp(margin - H)``. Without labels, plain
+confident-entropy minimisation collapses on long streams; ETA's filter keeps it near the source.
+
+Memory: one mean feature per step for the last ``max_age`` steps (``drift`` only: ``max_age × D``
+floats), and one ``C``-vector of softmax averages (``eta`` fallback).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any, Literal, get_args
+
+import torch
+from torch import Tensor
+
+__all__ = ["FALLBACKS", "WEIGHTINGS", "Fallback", "LateLabels", "Weighting"]
+
+Weighting = Literal["full", "age", "drift"]
+Fallback = Literal["none", "eta"]
+WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
+FALLBACKS: tuple[str, ...] = get_args(Fallback)
+
+
+def _number(value: object, name: str, *, low: float, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not low < float(value) < high:
+        raise ValueError(f"{name} must be in ({low}, {high}), got {value!r}")
+    return float(value)
+
+
+class LateLabels:
+    """How late labels count, and the label-free fallback (see the module docstring).
+
+    Args:
+        weighting: ``"full"``, ``"age"`` or ``"drift"``.
+        half_life: steps after which an ``"age"``-weighted label counts half.
+        drift_scale: ``"drift"``: the weight is ``exp(-max(r - 1, 0) / drift_scale)``.
+        fallback: ``"none"`` or ``"eta"``.
+        anchor: label weight a step needs not to fall back.
+        d_margin: ETA's redundancy threshold; ``prob_momentum``: its moving average's factor.
+        max_age: steps of mean features kept (the method's ``label_expiry``).
+    """
+
+    def __init__(
+        self,
+        weighting: Weighting = "drift",
+        *,
+        half_life: float = 2.0,
+        drift_scale: float = 0.25,
+        fallback: Fallback = "eta",
+        anchor: float = 0.1,
+        d_margin: float = 0.05,
+        prob_momentum: float = 0.9,
+        max_age: int = 256,
+    ) -> None:
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"unknown late-label weighting {weighting!r}; use {WEIGHTINGS}")
+        if fallback not in FALLBACKS:
+            raise ValueError(f"unknown fallback {fallback!r}; use {FALLBACKS}")
+        self.weighting: Weighting = weighting
+        self.fallback: Fallback = fallback
+        self.half_life = _number(half_life, "half_life", low=0.0)
+        self.drift_scale = _number(drift_scale, "drift_scale", low=0.0)
+        self.anchor = _number(anchor, "anchor", low=-1e-12)
+        self.d_margin = _number(d_margin, "d_margin", low=0.0, high=1.0 + 1e-12)
+        self.prob_momentum = _number(prob_momentum, "prob_momentum", low=-1e-12, high=1.0)
+        if isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0:
+            raise ValueError(f"max_age must be an int >= 0, got {max_age!r}")
+        self.max_age = max_age
+        self._means: OrderedDict[int, Tensor] = OrderedDict()
+        self._move: float | None = None  # running mean of consecutive batches' 1 - cos
+        self._probs: Tensor | None = None  # ETA's moving average of kept samples' softmax
+
+    # -- what the stream looked like -----------------------------------------------------------
+    def observe(self, step: int, features: Tensor) -> None:
+        """Record batch ``step``'s mean feature (``"drift"`` only; bounded by ``max_age``)."""
+        if self.weighting != "drift":
+            return
+        mu = features.detach().flatten(1).mean(0).float()
+        if self._means:
+            last = next(reversed(self._means.values()))
+            d = 1.0 - float(torch.cosine_similarity(last, mu, dim=0))
+            self._move = d if self._move is None else 0.9 * self._move + 0.1 * d
+        self._means[step] = mu
+        while len(self._means) > self.max_age + 1:
+            self._means.popitem(last=False)
+
+    def weights(self, asked: list[int], now: int) -> Tensor:
+        """The weight of each late label, asked at steps ``asked``, arriving at step ``now``."""
+        if self.weighting == "full":
+            return torch.ones(len(asked))
+        if self.weighting == "age":
+            ages = torch.tensor([now - s for s in asked], dtype=torch.float32)
+            return torch.pow(0.5, ages / self.half_life)
+        out = torch.ones(len(asked))
+        current = self._means.get(now)
+        if current is None or self._move is None or self._move <= 0:
+            return out
+        for i, s in enumerate(asked):
+            then = self._means.get(s)
+            if then is None:
+                out[i] = 0.0  # asked before anything was recorded (a reset): nothing to go by
+                continue
+            r = (1.0 - float(torch.cosine_similarity(then, current, dim=0))) / self._move
+            out[i] = math.exp(-max(r - 1.0, 0.0) / self.drift_scale)
+        return out
+
+    # -- the fallback --------------------------------------------------------------------------
+    def falls_back(self, label_weight: float) -> bool:
+        """Whether a step whose labels weigh ``label_weight`` in all uses the fallback."""
+        return self.fallback == "eta" and label_weight < self.anchor
+
+    def entropy(
+        self, h: Tensor, probs: Tensor, mask: Tensor, margin: float
+    ) -> tuple[Tensor, Tensor]:
+        """ETA's weighted entropy over the reliable (``mask``), non-redundant samples, and their
+        count; updates the moving average of the kept samples' softmax."""
+        kept = mask
+        if self._probs is not None:
+            cos = torch.cosine_similarity(self._probs.to(probs.device).unsqueeze(0), probs, dim=1)
+            kept = mask & (cos.abs() < self.d_margin)
+        w = torch.where(kept, torch.exp(margin - h.detach()), torch.zeros_like(h))
+        n = kept.sum()
+        loss = (h * w).sum() / n.clamp(min=1)
+        if bool(n > 0):
+            mean = probs[kept].mean(0).detach()
+            m = self.prob_momentum
+            self._probs = mean if self._probs is None else m * self._probs.to(mean) + (1 - m) * mean
+        return loss, n
+
+    # -- state ---------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self._means, self._move, self._probs = OrderedDict(), None, None
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """A cheap token for :meth:`restore` (the kept tensors are never changed in place)."""
+        return OrderedDict(self._means), self._move, self._probs
+
+    def restore(self, token: tuple[Any, ...]) -> None:
+        means, self._move, self._probs = token
+        self._means = OrderedDict(means)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "means": {k: v.clone() for k, v in self._means.items()},
+            "move": self._move,
+            "probs": None if self._probs is None else self._probs.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._means = OrderedDict((int(k), v.clone()) for k, v in state["means"].items())
+        self._move = None if state["move"] is None else float(state["move"])
+        self._probs = None if state["probs"] is None else state["probs"].clone()
