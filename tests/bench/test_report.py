@@ -78,7 +78,7 @@ def test_collapse_notes_use_the_source_model_when_the_run_has_it():
     rows.append(_result("tent", [40.0, 75.0]))
     assert collapse_notes(rows) == [
         "toy: tent collapses: its error grows from 40.0% in round 1 to 75.0% in round 2 "
-        "(worse than the unadapted source model (73.0%))."
+        "(worse than the unadapted source model's 73.0%)."
     ]
 
 

@@ -196,7 +196,7 @@ def collapse_notes(results: Sequence[CellResult]) -> list[str]:
             if source is not None:
                 if last <= source:
                     continue
-                why = f"worse than the unadapted source model ({source:.1f}%)"
+                why = f"worse than the unadapted source model's {source:.1f}%"
             elif last - first >= COLLAPSE_POINTS:
                 why = "errors accumulate over the long stream"
             else:
