@@ -202,7 +202,12 @@ def merged(folders: Sequence[Path]) -> dict[str, Any]:
         one = json.loads((folder / "study.json").read_text(encoding="utf-8"))
         data["seeds"] = one["seeds"]
         for name, s in one["streams"].items():
-            data["streams"].setdefault(name, {}).update(s)
+            stream = data["streams"].setdefault(name, {})
+            for part, value in s.items():  # parts split by delay merge key by key
+                if isinstance(value, dict) and isinstance(stream.get(part), dict):
+                    stream[part].update(value)
+                else:
+                    stream[part] = value
     order = list(streams())
     data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
     return data
