@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
 
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -97,21 +99,8 @@ def of(results: Sequence[CellResult], method: str) -> list[CellResult]:
     return [r for r in results if r.spec.method == method]
 
 
-def fmt(values: Sequence[float], digits: int = 1) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
-    ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def summary(rs: Sequence[CellResult]) -> dict[str, Any]:

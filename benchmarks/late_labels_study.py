@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
 
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -224,20 +226,8 @@ def save(out: Path, data: dict[str, Any]) -> None:
     tmp.replace(out / "study.json")
 
 
-def fmt(values: Sequence[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{np.mean(values):.1f} ± {np.std(values, ddof=1):.1f}"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
-    ]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 #: The streams where the bar asks for half the delay-0 gain over ETA at delays 1 and 4.

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
 
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -119,21 +121,8 @@ def stats(results: Sequence[CellResult], method: str, field: str = "average_erro
     return values
 
 
-def fmt(values: Sequence[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{np.mean(values):.1f} ± {np.std(values, ddof=1):.1f}"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
-    ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]:
