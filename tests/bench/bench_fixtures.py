@@ -186,3 +186,19 @@ def cli_run_interrupted(
     assert len(list((out / "checkpoints").glob("*.pt"))) == 1
     monkeypatch.setattr(api, "run_grid", real)
     assert cli.main([*argv, "--out", str(out)]) == 0
+
+
+def assert_cli_fails_before_any_work(
+    argv: Sequence[str], message: str, out: Path, err: Any, loaded: list[Any]
+) -> None:
+    """``eatta-bench argv --out out`` exits with 2, prints ``message``, writes nothing and loads
+    no data (``loaded``: the calls :func:`fake_digits_c` recorded; ``err``: capsys)."""
+    import eatta.bench.cli as cli
+
+    try:
+        code = cli.main([*argv, "--out", str(out)])
+    except SystemExit as e:  # argparse's own checks
+        code = e.code
+    assert code == 2
+    assert message in err.readouterr().err
+    assert not out.exists() and loaded == []

@@ -8,6 +8,7 @@ import math
 
 import pytest
 from bench_fixtures import (
+    assert_cli_fails_before_any_work,
     cli_run_interrupted,
     fake_digits_c,
     one_thread,  # noqa: F401  (autouse fixture)
@@ -108,14 +109,7 @@ def test_yes_no_feedback_costs_binary_seconds_and_never_expires_when_delay_never
 def test_bad_annotator_and_protocol_options_fail_before_any_work(
     tmp_path, capsys, toy_digits, extra, message
 ):
-    out = tmp_path / "run"
-    try:
-        code = cli.main([*BASE, *extra, "--out", str(out)])
-    except SystemExit as err:  # argparse's own checks
-        code = err.code
-    assert code == 2
-    assert message in capsys.readouterr().err
-    assert not out.exists() and toy_digits == []
+    assert_cli_fails_before_any_work([*BASE, *extra], message, tmp_path / "run", capsys, toy_digits)
 
 
 def test_typed_options_check_their_values():

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from bench_fixtures import (
+    assert_cli_fails_before_any_work,
     cli_run_interrupted,
     fake_digits_c,
     one_thread,  # noqa: F401  (autouse fixture)
@@ -101,14 +102,7 @@ def test_a_guard_with_late_answers_resumes_to_the_same_result(tmp_path, toy_digi
 def test_bad_audit_and_guard_options_fail_before_any_work(
     tmp_path, capsys, toy_digits, extra, message
 ):
-    out = tmp_path / "run"
-    try:
-        code = cli.main([*BASE, *extra, "--out", str(out)])
-    except SystemExit as err:  # argparse's own checks
-        code = err.code
-    assert code == 2
-    assert message in capsys.readouterr().err
-    assert not out.exists() and toy_digits == []
+    assert_cli_fails_before_any_work([*BASE, *extra], message, tmp_path / "run", capsys, toy_digits)
 
 
 def test_guard_alone_audits_the_default_share_and_the_options_check_their_types():
