@@ -457,8 +457,8 @@ class EATTA(AdaptiveMethod):
                 terms.append(complementary_cross_entropy(ol[rows], cs) * w_all[rows].mean())
         return terms
 
-    def _confident_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean entropy of the unlabelled samples below the margin, and their count."""
+    def _entropy_below_margin(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor, float]:
+        """Per-sample entropy, the mask of unlabelled samples below the margin, and the margin."""
         h = entropy(o)
         margin = self.entropy_margin
         if margin is None:
@@ -466,6 +466,11 @@ class EATTA(AdaptiveMethod):
         mask = h.detach() < margin
         if len(labelled):
             mask = mask.index_fill(0, labelled.to(o.device), False)
+        return h, mask, float(margin)
+
+    def _confident_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean entropy of the unlabelled samples below the margin, and their count."""
+        h, mask, _ = self._entropy_below_margin(o, labelled)
         return masked_mean(h, mask)
 
     def _nearest_term(self, x: Tensor, lab: _Labelled) -> Tensor | None:
@@ -499,14 +504,8 @@ class EATTA(AdaptiveMethod):
     def _fallback_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
         """The fallback's entropy term (ETA's reliable, non-redundant samples, weighted)."""
         assert self.late_labels is not None
-        h = entropy(o)
-        margin = self.entropy_margin
-        if margin is None:
-            margin = default_entropy_margin(o.shape[1])
-        mask = h.detach() < margin
-        if len(labelled):
-            mask = mask.index_fill(0, labelled.to(o.device), False)
-        return self.late_labels.entropy(h, o.detach().softmax(1), mask, float(margin))
+        h, mask, margin = self._entropy_below_margin(o, labelled)
+        return self.late_labels.entropy(h, o.detach().softmax(1), mask, margin)
 
     def _plan(self, o: Tensor) -> SegmentPlan | None:
         """Cut points below the logits: both losses are functions of ``o`` alone, so every
