@@ -687,15 +687,17 @@ def build_eatta(
     debiaser: GradNormDebiaser | None = None,
     late_labels: LateLabels | None = None,
     nearest_replay: NearestReplay | None = None,
+    selector: object = None,
 ) -> AdaptiveMethod:
-    """EATTA from a validated config; ``debiaser`` replaces the config's GND and
-    ``late_labels`` weighs late labels (variants)."""
+    """EATTA from a validated config; ``debiaser`` replaces the config's GND, ``late_labels``
+    weighs late labels and ``selector`` replaces the config's selector (variants)."""
     params = configure(model, cfg.params)
     norm_params = None
     if cfg.params == "reference":
         norm_params, _ = collect_params(model, "norm")
     assert oracle is not None
-    selector = cfg.selector or "perturbation"  # a Selector, or a name (Table 7)
+    if selector is None:
+        selector = cfg.selector or "perturbation"  # a Selector, or a name (Table 7)
     if isinstance(selector, str):
         kw = dict(cfg.selector_kwargs or {})
         if selector == "perturbation":
@@ -706,7 +708,7 @@ def build_eatta(
         make_optimizer(params, cfg),
         oracle=oracle,
         budget=budget,
-        selector=selector,
+        selector=selector,  # type: ignore[arg-type]  # a Selector: a name was made one above
         history=cfg.history,
         debiaser=debiaser
         if debiaser is not None
