@@ -240,3 +240,44 @@ def test_eatta_safe_refuses_a_class_history_before_touching_the_model():
     assert nested_equal(model.state_dict(), before)
     with pytest.raises(ValueError, match="fallback_window"):
         eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), fallback_window=1)
+
+
+def test_without_answers_a_collapsed_given_model_gives_way_to_the_adapted_one():
+    """No answer ever comes: the label-free collapse test alone decides what is served."""
+    collapsed = [0] * C  # the given model puts every sample in class 0
+    method = Fixed(linear(RIGHT))
+    method.fallback = GivenModelFallback(linear(collapsed), auditor=lambda x, i: None)
+    data = batches(6)
+    out = method(*data[0][:1])  # the first batch: no history yet, the given model is served
+    assert torch.equal(out, method.fallback.given(data[0][0]))  # type: ignore[union-attr]
+    ratio_before = method.fallback.collapse_ratio()  # type: ignore[union-attr]
+    assert ratio_before == 0.0  # entropy 0 against the adapted model's spread
+    for x, _ in data[1:]:
+        assert torch.equal(method(x), method.model(x))  # served: the adapted model
+    assert method.fallback.stats()["answers"] == 0  # type: ignore[union-attr]
+    assert method.fallback.prior_switches == 1  # type: ignore[union-attr]
+
+
+def test_without_answers_a_working_given_model_is_kept():
+    method = Fixed(linear(HALF_WRONG))  # the adapted model is no more spread than the given one
+    method.fallback = GivenModelFallback(linear(RIGHT), auditor=lambda x, i: None)
+    for x, _ in batches(6):
+        assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
+    assert method.fallback.collapse_ratio() >= 0.9  # type: ignore[union-attr]
+
+
+def test_start_given_waits_for_evidence_whatever_the_collapse():
+    method = Fixed(linear(RIGHT))
+    method.fallback = GivenModelFallback(linear([0] * C), auditor=lambda x, i: None, start="given")
+    for x, _ in batches(5):
+        assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
+
+
+def test_collapse_ratio_by_hand():
+    fb = GivenModelFallback(linear(RIGHT), auditor=GroundTruthOracle())
+    fb._given_pred = torch.tensor([0, 0, 1, 1])  # type: ignore[attr-defined]
+    fb._record_marginals(torch.tensor([0, 1, 2, 3]))  # type: ignore[attr-defined]
+    want = (2 * -(0.5 * torch.log(torch.tensor(0.5)))) / (
+        4 * -(0.25 * torch.log(torch.tensor(0.25)))
+    )
+    assert fb.collapse_ratio() == pytest.approx(float(want), rel=1e-12)  # ln 2 / ln 4 = 0.5

@@ -21,7 +21,7 @@ at two-sided level ``level`` per look:
   model's once its upper end is below 0. Without decisive evidence (too few answers, or an
   interval around 0) ``start`` decides: ``"given"`` or ``"adapted"`` keep what was served
   (starting with that), and ``"auto"`` (the default) reads a label-free sign, the *collapse* of
-  the given model's predictions: over the last ``prior_batches`` batches, the entropy of the
+  the given model's predictions: over the last ``prior_batches`` (3) batches, the entropy of the
   histogram of the classes the given model predicts against the adapted model's, on the same
   samples; the adapted model is served when the given model's is below ``prior_ratio`` (0.9)
   times the adapted one's. A model whose statistics no longer fit the data (a heavy corruption
@@ -183,7 +183,7 @@ class GivenModelFallback:
         min_answers: int = 8,
         start: str = "auto",
         prior_ratio: float = 0.9,
-        prior_batches: int = 8,
+        prior_batches: int = 3,
         reset: bool = True,
         draw: DisagreementDraw | None = None,
         auditor: object = None,
