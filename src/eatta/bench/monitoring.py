@@ -37,7 +37,9 @@ from eatta.monitor.confseq import check_level
 __all__ = [
     "DEFAULT_AUDIT_SHARE",
     "DEFAULT_GUARD_LEVEL",
+    "FALLBACK_AUDITS",
     "MonitorOptions",
+    "check_fallback_budget",
     "fallback_summary",
     "monitor_summary",
 ]
@@ -50,6 +52,8 @@ DEFAULT_GUARD_LEVEL = 0.2
 AUDITOR_SEED = 104729
 #: Seed offset of the fallback's auditor.
 FALLBACK_SEED = 130363
+#: Audits a batch of ``--fallback`` (an active method's come out of its label budget).
+FALLBACK_AUDITS = 1
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,9 @@ class MonitorOptions:
         """Give ``method`` a :class:`GivenModelFallback` audited once a batch; returns its
         auditor (which needs the batch's labels: ``set_labels``)."""
         auditor = annotator.build(seed + FALLBACK_SEED)
-        method.fallback = GivenModelFallback(given, auditor=auditor, seed=seed)
+        method.fallback = GivenModelFallback(
+            given, auditor=auditor, audits=FALLBACK_AUDITS, seed=seed
+        )
         return auditor
 
     def attach(
@@ -168,6 +174,25 @@ def monitor_summary(
         "seconds": annotator.cost.seconds(stats["requested"], annotator.feedback),
         "level": monitor.level,
     }
+
+
+def check_fallback_budget(method: str, labels: int, every: int) -> int:
+    """Audits a batch that ``--fallback`` takes out of ``method``'s label budget (``labels``
+    every ``every`` batches): :data:`FALLBACK_AUDITS` for an active method, 0 for a label-free
+    one (its audits are its only labels) or one measured by its own answers (``eatta-safe``);
+    a :class:`ValueError` when the audits would exceed the budget."""
+    from eatta.methods import registry
+
+    spec = registry.get_spec(method)
+    if not spec.active or "fallback" in spec.keys:
+        return 0
+    if every != 1 or labels < FALLBACK_AUDITS:
+        raise ValueError(
+            f"--fallback takes {FALLBACK_AUDITS} audit every batch out of {method}'s label budget "
+            f"({labels} every {every} batch(es)): the split exceeds the budget; use eatta-safe, "
+            "whose own answers measure, or --labels >= 1 with --every 1"
+        )
+    return FALLBACK_AUDITS
 
 
 def fallback_summary(fallback: GivenModelFallback, rounds: int) -> dict[str, Any]:

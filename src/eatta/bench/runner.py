@@ -34,7 +34,7 @@ from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
 from eatta.bench.checkpoint import atomic_save, rng_state, seed_all, set_rng_state
 from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
 from eatta.bench.grid import STATIC_METHODS, CellSpec
-from eatta.bench.monitoring import fallback_summary, monitor_summary
+from eatta.bench.monitoring import check_fallback_budget, fallback_summary, monitor_summary
 from eatta.bench.options import RunOptions
 from eatta.bench.provenance import machine_provenance
 from eatta.bench.results import CellResult
@@ -80,10 +80,18 @@ def _build_method(
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
     labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
-        labels = {"oracle": oracle, "budget": Budget(spec.labels, every=spec.every)}
+        per_batch = spec.labels - _fallback_audits(spec, options)
+        labels = {"oracle": oracle, "budget": Budget(per_batch, every=spec.every)}
     method = registry.create(spec.method, model, dataset=data.defaults_key, **labels, **hp)
     shown = {k: v for k, v in spec_.hparams(data.defaults_key, hp).items() if k != "fisher_data"}
     return method, oracle, to_plain(shown)
+
+
+def _fallback_audits(spec: CellSpec, options: RunOptions) -> int:
+    """Audits a batch that ``--fallback`` takes from the method's label budget."""
+    if not options.monitor.fallback:
+        return 0
+    return check_fallback_budget(spec.method, spec.labels, spec.every)
 
 
 def run_cell(

@@ -29,14 +29,13 @@ from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.history import ClassHistory
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import hparam
-from eatta.methods.eatta import EATTAConfig, HistoryName, build_eatta
+from eatta.methods.eatta import EATTAConfig, HistoryName, build_eatta, config_selector
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, register
 from eatta.monitor.fallback import START, GivenModelFallback
-from eatta.selection import make_selector
-from eatta.selection.base import ScoreSelector
+from eatta.selection.base import ScoreSelector, Selector
 from eatta.selection.drawn import DisagreementDraw
 
 __all__ = ["EATTASafeConfig", "EATTAStableConfig"]
@@ -75,7 +74,7 @@ def _build_eatta_stable(
     cfg: EATTAStableConfig,
     oracle: Oracle | None,
     budget: Budget,
-    selector: object = None,
+    selector: Selector | None = None,
 ) -> AdaptiveMethod:
     debiaser = None
     if cfg.gnd:  # built (and so checked) before the model is configured
@@ -150,12 +149,7 @@ def _build_eatta_safe(
             f"eatta-safe draws its requests with known probabilities and takes no class "
             f"history; got history={cfg.history!r} (use 'none')"
         )
-    base = cfg.selector or "perturbation"
-    if isinstance(base, str):
-        kw = dict(cfg.selector_kwargs or {})
-        if base == "perturbation":
-            kw.setdefault("std", cfg.noise_std)
-        base = make_selector(base, seed=cfg.seed, **kw)
+    base = config_selector(cfg)
     if not isinstance(base, ScoreSelector):
         raise TypeError(f"eatta-safe draws by a per-sample score; {base!r} has none")
     draw = DisagreementDraw(base, explore=cfg.explore, seed=cfg.seed)
