@@ -14,10 +14,14 @@ study resumes). Parts, per stream (``STREAMS``), over ``--seeds``:
   model always served), with labels at once: what drawing the requests costs the adaptation;
 * ``guard``: TENT and ETA with ``--fallback`` (one audit a batch, counted as labels).
 
-Nothing was tuned here: the fallback's constants (window 64 answers, level 0.05, 8 answers before
-a decision, explore 0.25, 16 samples for the given model) were set once, before the study, from
-the arithmetic in docs/safety.md, and one 10-round run of the recurring stream (seed 0) chose to
-leave resets off for ``eatta-safe`` (``fallback_reset``) and on for label-free methods.
+What was chosen where: the fallback's constants (window 64 answers, level 0.05, 8 answers
+before a decision, explore 0.25, 16 samples for the given model) were set once from the
+arithmetic in docs/safety.md; one 10-round run of the recurring stream (seed 0) chose to leave
+resets off for ``eatta-safe`` and on for label-free methods; the label-free signs' thresholds
+were read off digits-C's corruptions (the collapse ratio 0.9, the recurring stream) and one
+look at the CCC stream, seed 0 (the disagreement share 0.3, added after the collapse test alone
+served the given model on a quarter of CCC's batches without answers). So the recurring stream
+and CCC are tuning streams for the signs; mixed was not looked at before the study.
 
     python benchmarks/safety_study.py --seeds 0-2 --out runs/safety
     python benchmarks/safety_study.py --report-only --out runs/safety
@@ -135,7 +139,12 @@ def _domain_means(r: CellResult) -> dict[str, float]:
     return {k: wrong[k] / seen[k] for k in wrong if seen[k]}
 
 
-def study(out: Path, seeds: list[int], plan: Sequence[tuple[str, str]]) -> dict[str, Any]:
+def study(
+    out: Path,
+    seeds: list[int],
+    plan: Sequence[tuple[str, str]],
+    annotators: Sequence[str] = tuple(ANNOTATORS),
+) -> dict[str, Any]:
     path = out / "study.json"
     data: dict[str, Any] = (
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
@@ -151,7 +160,8 @@ def study(out: Path, seeds: list[int], plan: Sequence[tuple[str, str]]) -> dict[
             s["references"] = {m: cells(res, m) for m in ("source", *LABEL_FREE)}
         elif part == "annotators":
             a = s.setdefault("annotators", {})
-            for label, opts in ANNOTATORS.items():
+            for label in annotators:
+                opts = ANNOTATORS[label]
                 methods = [SAFE, STABLE] if label in WITH_STABLE else [SAFE]
                 res = run(
                     out / name,
@@ -381,7 +391,7 @@ def write_doc(doc: Path, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2")
+    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 or 1,2")
     p.add_argument(
         "--out",
         default="runs/safety",
@@ -390,12 +400,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--plan", default=",".join(PLAN), help=f"PART:STREAM items in order (parts: {PARTS})"
     )
+    p.add_argument(
+        "--annotators",
+        default=",".join(ANNOTATORS),
+        help=f"annotators of the annotators part, a subset of {', '.join(ANNOTATORS)}",
+    )
     p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
     p.add_argument("--tables", default="benchmarks/results/safety_study.md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi or lo) + 1))
+    if "," in args.seeds:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    else:
+        lo, _, hi = args.seeds.partition("-")
+        seeds = list(range(int(lo), int(hi or lo) + 1))
     plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
     bad = [x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams()]
     if bad:
@@ -403,7 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report_only:
         data = merged([Path(x) for x in args.out.split(",") if x])
     else:
-        data = study(Path(args.out), seeds, plan)  # type: ignore[arg-type]  # pairs
+        chosen = [a for a in args.annotators.split(",") if a]
+        if any(a not in ANNOTATORS for a in chosen):
+            raise SystemExit(f"--annotators must be among {', '.join(ANNOTATORS)}")
+        data = study(Path(args.out), seeds, plan, chosen)  # type: ignore[arg-type]  # pairs
     text = report(data)
     Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
     Path(args.tables).write_text(text + "\n", encoding="utf-8")

@@ -76,7 +76,7 @@ def guarded(adapted: list[int], given: list[int], **kw):  # type: ignore[no-unty
 
 
 def test_starts_on_the_given_model_and_switches_once_the_adapted_one_is_shown_better():
-    method, auditor = guarded(RIGHT, HALF_WRONG, min_answers=8)
+    method, auditor = guarded(RIGHT, HALF_WRONG, min_answers=8, start="given")
     served = []
     for x, y in batches(30):
         out = method(x, labels=y)
@@ -93,7 +93,7 @@ def test_starts_on_the_given_model_and_switches_once_the_adapted_one_is_shown_be
 
 
 def test_a_worse_adapted_model_is_never_served_and_is_reset():
-    method, _ = guarded(HALF_WRONG, RIGHT, min_answers=8, window=16)
+    method, _ = guarded(HALF_WRONG, RIGHT, min_answers=8, window=16, start="given")
     for x, y in batches(40):
         out = method(x, labels=y)
         assert torch.equal(out, method.fallback.given(x))  # type: ignore[union-attr]
@@ -259,11 +259,28 @@ def test_without_answers_a_collapsed_given_model_gives_way_to_the_adapted_one():
 
 
 def test_without_answers_a_working_given_model_is_kept():
-    method = Fixed(linear(HALF_WRONG))  # the adapted model is no more spread than the given one
-    method.fallback = GivenModelFallback(linear(RIGHT), auditor=lambda x, i: None)
+    """Spread predictions, and the two differ on one class of six (about 17 % of the samples,
+    under the threshold, here 0.4)."""
+    method = Fixed(linear([0, 1, 2, 3, 4, 0]))
+    method.fallback = GivenModelFallback(
+        linear(RIGHT), auditor=lambda x, i: None, prior_disagreement=0.4
+    )
     for x, _ in batches(6):
         assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
-    assert method.fallback.collapse_ratio() >= 0.9  # type: ignore[union-attr]
+    fb = method.fallback
+    assert fb.collapse_ratio() >= 0.9 and fb.disagreement_rate() < 0.4  # type: ignore[union-attr]
+
+
+def test_without_answers_models_far_apart_serve_the_adapted_one():
+    """Neither collapsed, but they disagree on half the samples: the given model's statistics
+    no longer fit, the adapted model is served."""
+    method = Fixed(linear(RIGHT))
+    method.fallback = GivenModelFallback(linear(HALF_WRONG), auditor=lambda x, i: None)
+    data = batches(6)
+    method(data[0][0])
+    assert method.fallback.disagreement_rate() > 0.3  # type: ignore[union-attr]
+    for x, _ in data[1:]:
+        assert torch.equal(method(x), method.model(x))
 
 
 def test_start_given_waits_for_evidence_whatever_the_collapse():

@@ -156,6 +156,7 @@ class GivenModelFallback:
         start: what is served without decisive evidence: ``"auto"`` (the label-free collapse
             test), ``"given"`` or ``"adapted"`` (kept until evidence says otherwise).
         prior_ratio: ``"auto"``'s threshold on the ratio of the two prediction entropies.
+        prior_disagreement: ``"auto"``'s threshold on the share of samples the two disagree on.
         prior_batches: batches ``"auto"`` reads, >= 1.
         reset: whether evidence also resets the adapted method (else it only switches serving).
         draw: the active method's :class:`DisagreementDraw` (its :attr:`reference` is set here
@@ -183,6 +184,7 @@ class GivenModelFallback:
         min_answers: int = 8,
         start: str = "auto",
         prior_ratio: float = 0.9,
+        prior_disagreement: float = 0.3,
         prior_batches: int = 3,
         reset: bool = True,
         draw: DisagreementDraw | None = None,
@@ -209,6 +211,13 @@ class GivenModelFallback:
         if not 0.0 < float(prior_ratio) <= 1.0:
             raise ValueError(f"prior_ratio must be in (0, 1], got {prior_ratio!r}")
         self.prior_ratio = float(prior_ratio)
+        if isinstance(prior_disagreement, bool) or not isinstance(prior_disagreement, int | float):
+            raise TypeError(
+                f"prior_disagreement must be a number in [0, 1], got {prior_disagreement!r}"
+            )
+        if not 0.0 <= float(prior_disagreement) <= 1.0:
+            raise ValueError(f"prior_disagreement must be in [0, 1], got {prior_disagreement!r}")
+        self.prior_disagreement = float(prior_disagreement)
         self.prior_batches = _int_at_least("prior_batches", prior_batches, 1)
         self.reset_on_evidence = bool(reset)
         self.act = bool(act)
@@ -244,6 +253,7 @@ class GivenModelFallback:
         self.prior_switches = 0  # switches made by the label-free collapse test
         # per recent batch: class histograms of the given and the adapted model's predictions
         self._marginals: deque[tuple[Tensor, Tensor]] = deque(maxlen=self.prior_batches)
+        self._disagreement: deque[tuple[int, int]] = deque(maxlen=self.prior_batches)
         self.events: list[FallbackEvent] = []
         self.answers = 0  # answers scored (lifetime)
         self.requested = 0  # audits this fallback asked for itself (label-free methods)
@@ -493,6 +503,22 @@ class GivenModelFallback:
                 torch.bincount(adapted.cpu()[where], minlength=classes),
             )
         )
+        differ = int((given[where] != adapted.cpu()[where]).sum())
+        self._disagreement.append((differ, int(where.sum())))
+
+    def disagreement_rate(self) -> float:
+        """Share of the last ``prior_batches`` batches' samples (where the given model predicted)
+        on which the two models predict different classes (nan before any batch)."""
+        seen = sum(n for _, n in self._disagreement)
+        return sum(d for d, _ in self._disagreement) / seen if seen else math.nan
+
+    def prior_choice(self) -> str:
+        """What the label-free signs say to serve: the adapted model when the given model's
+        predictions have collapsed or the two disagree on more than ``prior_disagreement`` of
+        the samples, else the given model."""
+        collapsed = self.collapse_ratio() < self.prior_ratio
+        apart = self.disagreement_rate() > self.prior_disagreement
+        return "adapted" if collapsed or apart else "given"
 
     def collapse_ratio(self) -> float:
         """Entropy of the given model's predicted classes over that of the adapted model's, on
@@ -519,7 +545,7 @@ class GivenModelFallback:
                 self._event(f"serve {want}", m, mean, low, high)
                 self.serving = want
         elif self.start == "auto":
-            want = "adapted" if self.collapse_ratio() < self.prior_ratio else "given"
+            want = self.prior_choice()
             if want != self.serving:
                 self.prior_switches += 1
                 self.serving = want
@@ -589,6 +615,7 @@ class GivenModelFallback:
             "served_given": self.served_given,
             "prior_switches": self.prior_switches,
             "marginals": [(g.clone(), a.clone()) for g, a in self._marginals],
+            "disagreement": [list(p) for p in self._disagreement],
             "window": list(self._window),
             "since_block": self._since_block,
             "best_low": self._best_low,
@@ -609,6 +636,9 @@ class GivenModelFallback:
         self.prior_switches = int(state["prior_switches"])
         self._marginals = deque(
             ((g.clone(), a.clone()) for g, a in state["marginals"]), maxlen=self.prior_batches
+        )
+        self._disagreement = deque(
+            ((int(d), int(n)) for d, n in state["disagreement"]), maxlen=self.prior_batches
         )
         self._window = deque((float(v) for v in state["window"]), maxlen=self.window)
         self._since_block = int(state["since_block"])
