@@ -206,9 +206,9 @@ def run_cell(
             if monitor is not None:  # audits count for the round they were asked in
                 monitor.period = stream.round_of_batch(t)
                 auditor.set_labels(y)  # type: ignore[union-attr]  # set with the monitor
-            before = method.labels_used
+            before = _answers_so_far(method)
             logits = method(x)
-            used = method.labels_used - before
+            used = _answers_so_far(method) - before
             wrong_each = logits.argmax(1).cpu() != y
             wrong = int(wrong_each.sum())
             if tally:
@@ -322,6 +322,14 @@ def _static_online(
         if tally:
             _count_domains(stream, t, wrong[idx], tally)
     return online
+
+
+def _answers_so_far(method: AdaptiveMethod) -> int:
+    """Labels the method has used over its whole life: its budget's lifetime count, which a
+    reset (the ftta setting's, or a guard's inside the step) does not clear; ``labels_used``
+    restarts at a reset and would drop the labels of the steps before it."""
+    budget = getattr(method, "budget", None)
+    return budget.lifetime_used if isinstance(budget, Budget) else method.labels_used
 
 
 def spec_active(spec: CellSpec) -> bool:
