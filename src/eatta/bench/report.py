@@ -127,6 +127,8 @@ def _seed_text(seeds: Sequence[int]) -> str:
 
 def _protocol_text(r: CellResult) -> str:
     parts = []
+    if r.protocol.get("severity") is not None:
+        parts.append(f"severity {r.protocol['severity']}")
     if r.rounds > 1:
         parts.append(f"× {r.rounds} rounds (recurring, reshuffled each round)")
     if r.protocol.get("gradual"):

@@ -267,6 +267,7 @@ def run_cell(
         "gradual": bool(data.config.get("gradual", False)),
         "mixed": options.mixed,
         "ccc": data.config.get("ccc"),
+        **({"severity": data.config["severity"]} if data.config.get("severity") else {}),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
     }

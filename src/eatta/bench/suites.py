@@ -30,6 +30,8 @@ from eatta.split import split_model
 __all__ = [
     "DATASETS",
     "LAYOUTS",
+    "SEVERITIES",
+    "check_severity",
     "digits_c_benchmark",
     "imagenet_benchmark",
     "pacs_benchmark",
@@ -48,6 +50,26 @@ LAYOUTS = {
     "imagenet-a": "<root>/<wnid>/*.jpg (200 ImageNet-A classes)",
     "pacs": "<root>/<domain>/<class>/*.jpg, domain in art_painting|cartoon|photo|sketch",
 }
+
+
+#: Datasets with corruption severities (1-5), and the severity each runs at when none is given.
+SEVERITIES = {"digits-c": 5, "imagenet-c": 5}
+
+
+def check_severity(dataset: str, severity: int | None) -> int | None:
+    """The severity ``dataset`` runs at: ``severity`` if given (an int in 1-5), else the
+    dataset's default (None for a dataset without severities). A severity given to a dataset
+    that has none, or outside 1-5, is a :class:`ValueError` naming it."""
+    if severity is None:
+        return SEVERITIES.get(dataset)
+    if isinstance(severity, bool) or not isinstance(severity, int) or not 1 <= severity <= 5:
+        raise ValueError(f"severity must be an integer from 1 to 5, got {severity!r}")
+    if dataset not in SEVERITIES:
+        raise ValueError(
+            f"severity {severity} given for {dataset}, which has no severities "
+            f"(only {', '.join(SEVERITIES)} do)"
+        )
+    return severity
 
 
 def _seeded_load(name: str, **kwargs: Any) -> nn.Module:
@@ -98,10 +120,18 @@ def digits_c_benchmark(
     log: Callable[[str], None] | None = None,
     gradual: bool = False,
     ccc: str | None = None,
+    severity: int = 5,
 ) -> BenchmarkData:
-    """The embedded digits-C benchmark (data corrupted on first use, cached). ``gradual``: CoTTA's
-    gradual sequence, severity 1→5→1 within each corruption (other severities built lazily);
-    ``ccc``: the CCC-style stream at that speed (:mod:`eatta.data.ccc`) instead."""
+    """The embedded digits-C benchmark (data corrupted on first use, cached): the 15 corruptions
+    at ``severity`` (1-5). ``gradual``: CoTTA's gradual sequence, severity 1→5→1 within each
+    corruption (other severities built lazily); ``ccc``: the CCC-style stream at that speed
+    (:mod:`eatta.data.ccc`) instead. Both walk their own severities: give them no other than 5."""
+    check_severity("digits-c", severity)
+    if (gradual or ccc is not None) and severity != 5:
+        raise ValueError(
+            f"severity {severity}: the {'gradual' if gradual else 'CCC-style'} stream walks its "
+            "own severities; leave out the severity"
+        )
     from eatta.bench import provenance as prov
     from eatta.bench.digits_model import (
         DIGITS_MODEL_VERSION,
@@ -138,9 +168,11 @@ def digits_c_benchmark(
 
         domains = digits_ccc(ccc, cache_dir=cache_dir).domains
     else:
-        domains = digits_c_domains(cache_dir=cache_dir)
+        domains = digits_c_domains(severity=severity, cache_dir=cache_dir)
     source = digits_source()
     names = [d.name for d in domains]
+    fixed = not gradual and ccc is None  # one severity for every domain
+    reference_names = [f"{n}@{severity}" for n in names] if fixed else names
     data_digest = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
     return BenchmarkData(
         name="digits-c",
@@ -153,13 +185,14 @@ def digits_c_benchmark(
             "data": f"v{DIGITS_C_VERSION}",
             "gradual": gradual,
             **({"ccc": ccc} if ccc is not None else {}),
+            "severity": severity if fixed else None,
         },
         provenance={
             "model_sha256": state_digest(model),
             "data_sha256": data_digest,
             **prov.machine_provenance(),
         },
-        expected_provenance=None if ccc is not None else prov.digits_reference(names),
+        expected_provenance=None if ccc is not None else prov.digits_reference(reference_names),
     )
 
 
@@ -277,7 +310,7 @@ def imagenet_benchmark(
             "backbone": backbone,
             "checkpoint": None if checkpoint is None else str(checkpoint),
             "pretrained": pretrained,
-            "severity": severity if dataset == "imagenet-c" else None,
+            "severity": severity if dataset == "imagenet-c" and not gradual else None,
             "gradual": gradual,
             "subset": None if subset is None else str(subset),
             "image_size": image_size,
