@@ -430,7 +430,7 @@ def test_pacs_sequences(tmp_path, capsys):
     [
         (["--methods", "nope"], "unknown method"),
         (["--dataset", "imagenet-c"], "needs a root folder"),
-        (["--dataset", "mnist"], "unknown dataset"),
+        (["--dataset", "svhn"], "unknown dataset"),
         (["--shard", "3/3"], "shard"),
         (["--setting", "sometimes"], "unknown setting"),
         (["--hp", "lr"], "KEY=VALUE"),

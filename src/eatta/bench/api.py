@@ -44,6 +44,7 @@ from eatta.methods import registry
 __all__ = [
     "DEFAULT_METHODS",
     "DIGITS_ROUNDS",
+    "EMBEDDED",
     "AnnotatorOptions",
     "BenchmarkRun",
     "RunInterrupted",
@@ -59,6 +60,8 @@ __all__ = [
 DEFAULT_METHODS = ("source", "tent", "eta", "rdumb", "baseline", "eatta", "eatta-stable")
 #: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
 DIGITS_ROUNDS = 10
+#: The datasets built into the package (the digits CNN's): one thread a cell by default.
+EMBEDDED = ("digits-c", "mnist")
 #: The keywords of :func:`load_benchmarks` that :func:`run` passes on (``**loading``).
 _LOADING = (
     "roots",
@@ -240,6 +243,12 @@ def load_benchmarks(
             )
             out[b.name] = b
             continue
+        if name == "mnist":
+            if oracle_backbone is not None:
+                raise ValueError("mnist has no model annotator; use the ground truth")
+            b = suites.mnist_benchmark(root_of.get(name), cache_dir, log=log)
+            out[b.name] = b
+            continue
         if name not in root_of:
             raise ValueError(
                 f"{name} needs a root folder (layout: {suites.LAYOUTS[name]}); "
@@ -399,6 +408,7 @@ def run(
         raise ValueError(f"seeds must be distinct, got {seed_list}")
     if rounds is None:
         rounds = DIGITS_ROUNDS if requested == ["digits-c"] else 1
+    embedded = set(requested) <= set(EMBEDDED)
     if not preloaded:
         from eatta.bench.suites import check_severity
 
@@ -434,7 +444,7 @@ def run(
         shard_ix = parse_shard("/".join(map(str, shard)))
     else:
         raise TypeError(f"shard must be 'i/n' or a pair (i, n), got {shard!r}")
-    if threads is None and options.device == "cpu" and requested == ["digits-c"]:
+    if threads is None and options.device == "cpu" and embedded:
         threads = 1
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
         raise TypeError(f"threads must be an int, got {threads!r}")

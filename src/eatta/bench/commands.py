@@ -401,7 +401,7 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default: 1 for digits-C, whose tiny convolutions only "
+        help="torch CPU threads (default: 1 for digits-C and mnist, whose tiny convolutions only "
         "lose from intra-op parallelism, else torch's default)",
     )
     g.add_argument(
@@ -499,11 +499,12 @@ def _subset(text: str) -> int | str | None:
 
 
 def _default_jobs(args: argparse.Namespace) -> int:
-    """Every core for the embedded digits-C benchmark on the CPU (one thread per cell), else 1."""
+    """Every core for the embedded benchmarks (digits-C, MNIST) on the CPU (one thread per
+    cell), else 1."""
     import torch
 
     cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    return (os.cpu_count() or 1) if cpu and _csv(args.dataset) == ["digits-c"] else 1
+    return (os.cpu_count() or 1) if cpu and set(_csv(args.dataset)) <= set(api.EMBEDDED) else 1
 
 
 def loading_options(args: argparse.Namespace) -> dict[str, Any]:

