@@ -6,8 +6,8 @@ an ``R1`` column. Its rows are matched to the file's cells by label (``baseline 
 words ``label/batch`` and ``/batch`` are the same), its columns by name: ``R<n>`` is round ``n``'s
 error, ``Avg.`` / ``Avg. Err.`` the average error, ``CPU s`` the CPU time, ``Labels`` the labels
 used, ``Worse`` (``k/n``) the last round's domains on which the cell's error is above the source
-model's, counted here from the file's per-domain errors; other columns are not compared. Every number is compared as printed, with the decimals the
-table shows.
+model's, counted here from the file's per-domain errors; other columns are not compared. Every
+number is compared as printed, with the decimals the table shows.
 """
 
 from __future__ import annotations
