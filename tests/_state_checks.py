@@ -46,3 +46,11 @@ def differences(a: Any, b: Any, path: str = "") -> list[str]:
 def assert_same_state(before: dict[str, Any], method: nn.Module) -> None:
     diff = differences(before, exact_state(method))
     assert not diff, f"state changed at {diff}"
+
+
+def assert_reset_state(initial: dict[str, Any], method: nn.Module, spent: int) -> None:
+    """The state after ``method.reset()`` is ``initial`` except the budget's lifetime count,
+    which keeps the ``spent`` labels (a reset never lifts a total cap)."""
+    expected = copy.deepcopy(initial)
+    expected["method"]["budget"]["lifetime_used"] = spent
+    assert_same_state(expected, method)

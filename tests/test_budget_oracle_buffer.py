@@ -98,9 +98,70 @@ def test_budget_snapshot_restores_the_counters():
     token = b.snapshot()
     b.commit(0)
     b.commit(1)
-    assert (b.labels_used, b.batches_seen) == (3, 3)
+    assert (b.labels_used, b.batches_seen, b.lifetime_used) == (3, 3, 3)
     b.restore(token)
-    assert (b.labels_used, b.batches_seen, b.allowance()) == (2, 1, 0)
+    assert (b.labels_used, b.batches_seen, b.lifetime_used, b.allowance()) == (2, 1, 2, 0)
+
+
+def test_budget_total_binds_lifetime_use_across_resets():
+    b = Budget(1, total=3)
+    for _ in range(3):
+        b.commit(b.allowance())
+    assert (b.labels_used, b.lifetime_used, b.allowance()) == (3, 3, 0)
+    b.reset()  # what a method's reset() (a guard's or the user's) does to its parts
+    assert (b.labels_used, b.batches_seen, b.lifetime_used) == (0, 0, 3)
+    assert b.allowance() == 0  # the cap is spent: a reset does not lift it
+    b.commit(0)
+    b.reset(lifetime=True)  # the user's explicit choice: a new total
+    assert (b.lifetime_used, b.allowance()) == (0, 1)
+    with pytest.raises(TypeError, match="lifetime"):
+        b.reset(lifetime=1)  # type: ignore[arg-type]
+
+
+def test_budget_partial_total_left_after_a_reset():
+    b = Budget(2, every=2, total=5)
+    used = []
+    for t in range(6):
+        if t == 3:
+            b.reset()  # restarts the every-2 schedule: this batch may ask again
+        k = b.allowance()
+        b.commit(k)
+        used.append(k)
+    assert used == [2, 0, 2, 1, 0, 0]  # 2 + 2 before the reset, 1 left of the total after it
+    assert (b.labels_used, b.lifetime_used) == (1, 5)
+
+
+def test_budget_state_round_trip_keeps_the_lifetime_count():
+    b = Budget(1, total=4)
+    for _ in range(3):
+        b.commit(1)
+    b.reset()
+    b.commit(1)
+    state = b.state_dict()
+    assert state == {"labels_used": 1, "batches_seen": 1, "lifetime_used": 4}
+    c = Budget(1, total=4)
+    c.load_state_dict(state)
+    assert (c.labels_used, c.batches_seen, c.lifetime_used, c.allowance()) == (1, 1, 4, 0)
+    old = Budget(1, total=4)  # a state saved before the lifetime count existed
+    old.load_state_dict({"labels_used": 2, "batches_seen": 5})
+    assert (old.lifetime_used, old.allowance()) == (2, 1)
+
+
+def test_a_methods_reset_does_not_lift_the_total_cap():
+    model = confident_cnn()
+    oracle = GroundTruthOracle()
+    budget = Budget(1, total=3)
+    m = eatta.EATTA(
+        model, torch.optim.SGD(eatta.configure(model), lr=0.01), oracle=oracle, budget=budget
+    )
+    g = torch.Generator().manual_seed(3)
+    for t in range(6):
+        if t == 3:
+            m.reset()
+        oracle.set_labels(torch.randint(0, 5, (12,), generator=g))
+        m(torch.randn(12, 3, 8, 8, generator=g))
+    assert oracle.revealed == 3 == budget.lifetime_used  # 3 before the reset, none after it
+    assert m.labels_used == 0
 
 
 def test_model_oracle_labels_by_argmax():

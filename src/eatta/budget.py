@@ -13,6 +13,13 @@ class Budget:
     ``per_batch`` labels on every ``every``-th batch (the first batch included), never more than
     ``total`` labels overall. ``Budget(1)`` is the paper's one label per batch (``*``),
     ``Budget(3)`` its ``†`` setting, ``Budget(1, every=3)`` one label per three batches.
+
+    Two counts: ``labels_used`` (since the last :meth:`reset`: what the method's
+    ``labels_used`` reports) and ``lifetime_used`` (every label this budget ever granted, which no
+    ``reset()`` clears). The ``total`` cap binds the lifetime count: a method's ``reset()``,
+    whether a guard's or your own, restarts the every-N schedule and ``labels_used`` but never
+    grants labels beyond ``total``. To spend a new total (a new stream you pay for again), call
+    ``reset(lifetime=True)`` on the budget or build a new one.
     """
 
     def __init__(self, per_batch: int = 1, every: int = 1, total: int | None = None) -> None:
@@ -28,6 +35,12 @@ class Budget:
         self.total = total
         self.labels_used = 0
         self.batches_seen = 0
+        self._lifetime = 0
+
+    @property
+    def lifetime_used(self) -> int:
+        """Labels granted since creation (or the last ``reset(lifetime=True)``)."""
+        return self._lifetime
 
     @classmethod
     def coerce(cls, budget: int | Budget) -> Budget:
@@ -40,7 +53,7 @@ class Budget:
             return 0
         k = self.per_batch
         if self.total is not None:
-            k = min(k, self.total - self.labels_used)
+            k = min(k, self.total - self._lifetime)
         return max(k, 0)
 
     def commit(self, labels: int) -> None:
@@ -48,25 +61,39 @@ class Budget:
         if labels > self.allowance():
             raise RuntimeError(f"{labels} labels exceed this batch's allowance {self.allowance()}")
         self.labels_used += labels
+        self._lifetime += labels
         self.batches_seen += 1
 
-    def reset(self) -> None:
+    def reset(self, *, lifetime: bool = False) -> None:
+        """Restart the schedule and ``labels_used``; ``lifetime=True`` also clears the lifetime
+        count, granting the ``total`` cap afresh (a method's ``reset()`` never does)."""
+        if not isinstance(lifetime, bool):
+            raise TypeError(f"lifetime must be True or False, got {lifetime!r}")
         self.labels_used = 0
         self.batches_seen = 0
+        if lifetime:
+            self._lifetime = 0
 
-    def snapshot(self) -> tuple[int, int]:
+    def snapshot(self) -> tuple[int, int, int]:
         """A cheap token for :meth:`restore` (the method's per-step transaction)."""
-        return self.labels_used, self.batches_seen
+        return self.labels_used, self.batches_seen, self._lifetime
 
-    def restore(self, token: tuple[int, int]) -> None:
-        self.labels_used, self.batches_seen = token
+    def restore(self, token: tuple[int, int, int]) -> None:
+        self.labels_used, self.batches_seen, self._lifetime = token
 
     def state_dict(self) -> dict[str, Any]:
-        return {"labels_used": self.labels_used, "batches_seen": self.batches_seen}
+        return {
+            "labels_used": self.labels_used,
+            "batches_seen": self.batches_seen,
+            "lifetime_used": self._lifetime,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s counts (a state saved before the lifetime count existed
+        takes ``labels_used`` as its lifetime count)."""
         self.labels_used = int(state["labels_used"])
         self.batches_seen = int(state["batches_seen"])
+        self._lifetime = int(state.get("lifetime_used", self.labels_used))
 
     def __repr__(self) -> str:
         return f"Budget(per_batch={self.per_batch}, every={self.every}, total={self.total})"

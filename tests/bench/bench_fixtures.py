@@ -84,10 +84,11 @@ def fake_digits_c(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
 
     calls: list[str | None] = []
 
-    def fake(cache_dir=None, *, log=None, gradual=False, ccc=None):
+    def fake(cache_dir=None, *, log=None, gradual=False, ccc=None, severity=5):
         calls.append(cache_dir)
         b = tiny_benchmark(name="digits-c")
         b.defaults_key = "digits-c"
+        b.config["severity"] = None if gradual or ccc else severity
         b.provenance = {"data_sha256": "d1", "model_sha256": "m1"}
         b.expected_provenance = dict(b.provenance)
         return b

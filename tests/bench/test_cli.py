@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from bench_fixtures import (
+    assert_cli_fails_before_any_work,
     assert_png,
     cli_run_interrupted,
     fake_digits_c,
@@ -151,7 +152,7 @@ def test_protocols_and_seeds_end_to_end(tmp_path, capsys, toy_digits):
     assert summary["seeds"] == [0, 1, 2]
     assert summary["first_round_error"]["mean"] == pytest.approx(mean)
     proto = {"rounds": 3, "dirichlet": 0.1, "gradual": False, "mixed": False, "ccc": None}
-    assert all(r["protocol"] == proto for r in tent)
+    assert all(r["protocol"] == {**proto, "severity": 5} for r in tent)
     table = list(csv.DictReader((out / "results.csv").open()))
     assert len(table) == 9 and {"err_round:1", "err_round:3", "seed"} <= set(table[0])
     assert_png(out / "online_error.png")
@@ -429,7 +430,7 @@ def test_pacs_sequences(tmp_path, capsys):
     [
         (["--methods", "nope"], "unknown method"),
         (["--dataset", "imagenet-c"], "needs a root folder"),
-        (["--dataset", "mnist"], "unknown dataset"),
+        (["--dataset", "svhn"], "unknown dataset"),
         (["--shard", "3/3"], "shard"),
         (["--setting", "sometimes"], "unknown setting"),
         (["--hp", "lr"], "KEY=VALUE"),
@@ -535,3 +536,33 @@ def test_seeded_long_term_shards_merge_into_the_full_table(tmp_path, capsys, toy
     strip = lambda rows: [r[:-4] for r in rows]  # noqa: E731 - drop img/s, wall, CPU s, memory
     assert strip(table_rows(captured.out)) == strip(table_rows(full))
     assert "± " in table_rows(full)[0][2]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--severity", "7"], "severity is an integer from 1 to 5, got '7'"),
+        (["--severity", "0"], "from 1 to 5, got '0'"),
+        (["--severity", "high"], "got 'high'"),
+        (["--dataset", "pacs", "--root", "/nowhere", "--severity", "2"], "pacs, which has no"),
+        (["--dataset", "digits-c,imagenet-r", "--severity", "2"], "imagenet-r, which has no"),
+        (["--ccc", "slow", "--severity", "2"], "--ccc walks its own severities"),
+        (["--gradual", "--severity", "5"], "--gradual walks its own severities"),
+    ],
+)
+def test_bad_severities_fail_before_any_work(argv, message, capsys, toy_digits, tmp_path):
+    assert_cli_fails_before_any_work([*QUIET, *argv], message, tmp_path / "run", capsys, toy_digits)
+
+
+def test_severity_reaches_the_digits_c_data_results_and_title(capsys, toy_digits, tmp_path):
+    argv = [*QUIET, "--methods", "source,tent", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--severity", "2"]) == 0
+    mild = capsys.readouterr().out
+    assert "severity 2" in mild.splitlines()[0]
+    assert cli.main(argv) == 0  # the default: severity 5, not the results of severity 2
+    default = capsys.readouterr().out
+    assert "severity 5" in default.splitlines()[0]
+    cells = sorted((tmp_path / "cells").glob("*.json"))
+    assert len(cells) == 4  # two cells at each severity: none was read back
+    found = sorted(json.loads(c.read_text())["protocol"]["severity"] for c in cells)
+    assert found == [2, 2, 5, 5]

@@ -1,9 +1,15 @@
-"""The sentence under a long-stream table: which methods hold, drift, collapse."""
+"""The sentence under a long-stream table (which methods hold, drift, collapse) and the count of
+domains that end worse than the source model."""
 
 from __future__ import annotations
 
+import csv
+import io
+
+import pytest
+
 from eatta.bench.grid import CellSpec
-from eatta.bench.report import markdown_table, stability_sentence
+from eatta.bench.report import WORSE_NOTE, csv_text, markdown_table, stability_sentence, summary
 from eatta.bench.results import CellResult
 
 
@@ -88,3 +94,88 @@ def test_no_sentence_for_one_round_and_means_over_seeds():
     assert stability_sentence(seeds) == (
         "Over the rounds (error % in round 1 → last round), degrade: tent (40.0 → 48.0)."
     )
+
+
+def _per_domain(method: str, rounds: list[list[float]], seed: int = 0) -> CellResult:
+    """A result with ``len(rounds[0])`` domains per round, errors as given."""
+    flat = [e for errs in rounds for e in errs]
+    r = _result(method, [sum(errs) / len(errs) for errs in rounds], seed=seed)
+    r.domains = [f"d{k}" for _ in rounds for k in range(len(rounds[0]))]
+    r.domain_errors = flat
+    r.domain_images = [10] * len(flat)
+    r.domain_labels = [0] * len(flat)
+    r.domain_first_batch = list(range(len(flat)))
+    r.fingerprint = f"{method}{seed}"
+    return r
+
+
+def _column(table: str, name: str) -> dict[str, str]:
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
+    return {row[0]: row[head.index(name)] for row in rows}
+
+
+def test_worse_than_source_counts_the_last_rounds_domains_above_the_source():
+    from eatta.bench.report import worse_than_source
+
+    source = _per_domain("source", [[50.0, 10.0, 30.0], [50.0, 10.0, 30.0]])
+    # round 1 is worse everywhere and does not count; round 2: d0 above, d1 equal, d2 above
+    tent = _per_domain("tent", [[90.0, 90.0, 90.0], [55.0, 10.0, 30.5]])
+    assert worse_than_source(tent, source) == (2, 3)
+    better = _per_domain("eta", [[90.0, 90.0, 90.0], [49.0, 9.0, 29.0]])
+    assert worse_than_source(better, source) == (0, 3)
+    one_round = _per_domain("tent", [[60.0, 5.0, 31.0]])
+    assert worse_than_source(one_round, _per_domain("source", [[50.0, 10.0, 30.0]])) == (2, 3)
+    with pytest.raises(ValueError, match="different streams"):
+        worse_than_source(one_round, source)
+    with pytest.raises(ValueError, match="different streams"):
+        worse_than_source(_per_domain("tent", [[1.0, 1.0, 1.0]], seed=1), one_round)
+
+
+def test_the_worse_column_in_the_table_csv_and_summary():
+    src = [[50.0, 10.0, 30.0], [50.0, 10.0, 30.0]]
+    rows = [
+        _per_domain("source", src, seed=0),
+        _per_domain("source", src, seed=1),
+        _per_domain("tent", [[0.0, 0.0, 0.0], [55.0, 10.0, 31.0]], seed=0),  # 2 worse
+        _per_domain("tent", [[0.0, 0.0, 0.0], [51.0, 9.0, 29.0]], seed=1),  # 1 worse
+        _per_domain("eta", [[0.0, 0.0, 0.0], [40.0, 9.0, 20.0]], seed=0),  # none
+        _per_domain("eta", [[0.0, 0.0, 0.0], [40.0, 9.0, 20.0]], seed=1),
+    ]
+    table = markdown_table(rows)
+    assert _column(table, "Worse") == {"source": "-", "tent": "1.5/3", "eta": "0/3"}
+    assert WORSE_NOTE in table
+    by_seed = {(r["label"], int(r["seed"])): r for r in csv.DictReader(io.StringIO(csv_text(rows)))}
+    assert [by_seed[("tent", s)]["worse_domains"] for s in (0, 1)] == ["2", "1"]
+    assert by_seed[("tent", 0)]["compared_domains"] == "3"
+    assert by_seed[("source", 0)]["worse_domains"] == ""
+    entry = {e["label"]: e for e in summary(rows)}
+    assert entry["tent"]["worse_than_source"]["per_seed"] == [2, 1]
+    assert entry["tent"]["worse_than_source"]["mean"] == 1.5
+    assert entry["tent"]["worse_than_source"]["std"] == pytest.approx(0.5**0.5)
+    assert "worse_than_source" not in entry["source"]
+    # without the source model there is nothing to compare with: no column
+    alone = markdown_table(rows[2:])
+    assert "Worse" not in alone and WORSE_NOTE not in alone
+    assert "worse_than_source" not in summary(rows[2:])[0]
+
+
+def test_each_dataset_is_compared_with_its_own_source():
+    import dataclasses
+
+    def on(dataset: str, r: CellResult) -> CellResult:
+        r.spec = dataclasses.replace(r.spec, dataset=dataset)
+        return r
+
+    rows = [
+        on("a", _per_domain("source", [[50.0, 10.0]])),
+        on("a", _per_domain("tent", [[60.0, 20.0]])),
+        on("b", _per_domain("source", [[5.0, 5.0, 5.0]])),
+        on("b", _per_domain("tent", [[4.0, 4.0, 6.0]])),
+    ]
+    tables = markdown_table(rows).split("**b**")
+    assert _column(tables[0], "Worse")["tent"] == "2/2"
+    assert _column(tables[1], "Worse")["tent"] == "1/3"
+    worse = [r["worse_domains"] for r in csv.DictReader(io.StringIO(csv_text(rows)))]
+    assert worse == ["", "2", "", "1"]

@@ -158,6 +158,36 @@ def test_labels_every_n_batches_counted_across_resets(tmp_path, setting, per_bat
     assert r.labels_used == sum(per_batch)
 
 
+def test_labels_counted_when_a_reset_happens_inside_the_step(tmp_path, monkeypatch):
+    """A guard resets the method inside its forward, after the step's labels were committed:
+    every answer still counts (the Labels column once showed 650 of 2,250)."""
+    import eatta.bench.runner as runner
+
+    made: list[AdaptiveMethod] = []
+    create = runner.registry.create
+
+    def create_resetting(*args: Any, **kwargs: Any) -> AdaptiveMethod:
+        method = create(*args, **kwargs)
+        step = method.forward
+        calls = [0]
+
+        def forward_then_reset(x: Tensor) -> Tensor:
+            out = step(x)
+            calls[0] += 1
+            if calls[0] % 4 == 0:  # as AccuracyMonitor._check_guard does after the step
+                method.reset(keep_monitor=True)
+            return out
+
+        method.forward = forward_then_reset  # type: ignore[method-assign]
+        made.append(method)
+        return method
+
+    monkeypatch.setattr(runner.registry, "create", create_resetting)
+    r = run_cell(CellSpec("toy", "eatta", "ctta", 1, 1), tiny_benchmark(), opts(), tmp_path)
+    assert [b[2] for b in r.online] == [1] * 9 and r.labels_used == 9
+    assert made[0].labels_used == 1 and made[0].budget.lifetime_used == 9  # 2 resets
+
+
 def test_k_labels_per_batch_and_buffer(tmp_path):
     r = run_cell(CellSpec("toy", "baseline", "ctta", 3, 1, 5), tiny_benchmark(), opts(), tmp_path)
     assert r.labels_used == 27 and r.spec.label == "baseline (3/batch, BFS=5)"

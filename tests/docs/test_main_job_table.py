@@ -5,8 +5,9 @@ A table is found by its header: a markdown row whose first cell starts with ``Me
 an ``R1`` column. Its rows are matched to the file's cells by label (``baseline (1/batch)``; the
 words ``label/batch`` and ``/batch`` are the same), its columns by name: ``R<n>`` is round ``n``'s
 error, ``Avg.`` / ``Avg. Err.`` the average error, ``CPU s`` the CPU time, ``Labels`` the labels
-used; other columns are not compared. Every number is compared as printed, with the decimals the
-table shows.
+used, ``Worse`` (``k/n``) the last round's domains on which the cell's error is above the source
+model's, counted here from the file's per-domain errors; other columns are not compared. Every
+number is compared as printed, with the decimals the table shows.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ def _label(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
+def worse_text(cell: dict[str, Any], source: dict[str, Any]) -> str:
+    """``k/n``: of the ``n`` domains of the last round, ``k`` with an error above the source's."""
+    n = len(cell["domains"]) // cell["rounds"]
+    pairs = zip(cell["domain_errors"][-n:], source["domain_errors"][-n:], strict=True)
+    return f"{sum(mine > given for mine, given in pairs)}/{n}"
+
+
 def compare(
     header: list[str], rows: list[list[str]], results: list[dict[str, Any]]
 ) -> tuple[list[str], int]:
@@ -74,6 +82,15 @@ def compare(
             problems.append(f"row {row[0]!r}: no such cell in the results ({sorted(by_label)})")
             continue
         for name, shown in zip(header[1:], row[1:], strict=True):
+            if name == "Worse" and "source" in by_label and cell is not by_label["source"]:
+                expected_worse = worse_text(cell, by_label["source"])
+                if shown != expected_worse:
+                    problems.append(
+                        f"{row[0]} / Worse: the page shows {shown}, the file {expected_worse}"
+                    )
+                else:
+                    matched += 1
+                continue
             m = re.fullmatch(r"R(\d+)", name)
             if not re.fullmatch(r"-?\d+(\.\d+)?", shown):
                 continue  # "-": not measured
@@ -111,6 +128,24 @@ def test_comparison_finds_a_changed_number_and_an_unknown_row():
     ]
     unknown = text.replace("| tent |", "| eata |")
     assert "no such cell" in compare(*main_job_tables(unknown)[0], results)[0][0]
+
+
+def test_the_worse_column_is_counted_from_the_per_domain_errors():
+    results = [
+        {"label": "source", "seed": 0, "rounds": 2, "domains": ["a", "b", "a", "b"],
+         "domain_errors": [50.0, 10.0, 50.0, 10.0], "round_errors": [30.0, 30.0]},
+        {"label": "tent", "seed": 0, "rounds": 2, "domains": ["a", "b", "a", "b"],
+         "domain_errors": [90.0, 90.0, 40.0, 11.0], "round_errors": [90.0, 25.5]},
+    ]  # fmt: skip
+    text = (
+        "| Method | R1 | R2 | Worse |\n|---|---:|---:|---:|\n"
+        "| source | 30.0 | 30.0 | - |\n| tent | 90.0 | 25.5 | 1/2 |\n"
+    )
+    assert compare(*main_job_tables(text)[0], results) == ([], 5)
+    wrong = text.replace("1/2", "2/2")
+    assert compare(*main_job_tables(wrong)[0], results)[0] == [
+        "tent / Worse: the page shows 2/2, the file 1/2"
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

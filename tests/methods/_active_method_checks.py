@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from _state_checks import assert_same_state, differences, exact_state
+from _state_checks import assert_reset_state, assert_same_state, differences, exact_state
 from eatta import Budget, InvalidInputError, OracleError
 from eatta.methods.base import AdaptiveMethod
 
@@ -66,9 +66,11 @@ def check_reset_is_exact(make: Make) -> None:
     initial = exact_state(m)
     first = run(m, oracle, xs, ys)
     assert differences(initial, exact_state(m))
+    spent = m.budget.lifetime_used
+    assert spent == m.labels_used > 0
     m.reset()
-    assert_same_state(initial, m)
-    assert m.labels_used == 0
+    assert_reset_state(initial, m, spent)  # all but the budget's lifetime count
+    assert m.labels_used == 0 and m.budget.lifetime_used == spent
     again = run(m, oracle, xs, ys)
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 

@@ -44,6 +44,7 @@ from eatta.methods import registry
 __all__ = [
     "DEFAULT_METHODS",
     "DIGITS_ROUNDS",
+    "EMBEDDED",
     "AnnotatorOptions",
     "BenchmarkRun",
     "RunInterrupted",
@@ -59,6 +60,8 @@ __all__ = [
 DEFAULT_METHODS = ("source", "tent", "eta", "rdumb", "baseline", "eatta", "eatta-stable")
 #: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
 DIGITS_ROUNDS = 10
+#: The datasets built into the package (the digits CNN's): one thread a cell by default.
+EMBEDDED = ("digits-c", "mnist")
 #: The keywords of :func:`load_benchmarks` that :func:`run` passes on (``**loading``).
 _LOADING = (
     "roots",
@@ -184,7 +187,7 @@ def load_benchmarks(
     gradual: bool = False,
     ccc: str | None = None,
     sequences: str | Sequence[str] = ("P-A-C-S",),
-    severity: int = 5,
+    severity: int | None = None,
     subset: int | str | None = None,
     image_size: int = 224,
     backbone: str | None = None,
@@ -199,9 +202,11 @@ def load_benchmarks(
 ) -> dict[str, BenchmarkData]:
     """Load the named datasets of :data:`eatta.bench.suites.DATASETS` (fails fast on a missing
     folder, a wrong layout or unavailable weights). ``roots``: one folder for all, or one per
-    dataset; ``oracle_backbone``: annotate with that model instead of the ground truth. The other
-    keywords are those of :func:`~eatta.bench.suites.imagenet_benchmark`,
-    :func:`~eatta.bench.suites.pacs_benchmark` and :func:`~eatta.bench.suites.digits_c_benchmark`.
+    dataset; ``oracle_backbone``: annotate with that model instead of the ground truth;
+    ``severity``: 1-5, for the datasets that have severities (default 5; an error for the
+    others, checked for every dataset before any is loaded). The other keywords are those of
+    :func:`~eatta.bench.suites.imagenet_benchmark`, :func:`~eatta.bench.suites.pacs_benchmark`
+    and :func:`~eatta.bench.suites.digits_c_benchmark`.
     """
     from eatta.bench import suites
 
@@ -209,6 +214,7 @@ def load_benchmarks(
     unknown = [d for d in names if d not in suites.DATASETS]
     if unknown:
         raise ValueError(f"unknown dataset(s) {unknown}; choose from {list(suites.DATASETS)}")
+    severity_of = {name: suites.check_severity(name, severity) for name in names}
     if roots is None:
         root_of: dict[str, str] = {}
     elif isinstance(roots, str | os.PathLike):
@@ -232,7 +238,15 @@ def load_benchmarks(
         if name == "digits-c":
             if oracle_backbone is not None:
                 raise ValueError("digits-C has no model annotator; use the ground truth")
-            b = suites.digits_c_benchmark(cache_dir, log=log, gradual=gradual, ccc=ccc)
+            b = suites.digits_c_benchmark(
+                cache_dir, log=log, gradual=gradual, ccc=ccc, severity=severity_of[name] or 5
+            )
+            out[b.name] = b
+            continue
+        if name == "mnist":
+            if oracle_backbone is not None:
+                raise ValueError("mnist has no model annotator; use the ground truth")
+            b = suites.mnist_benchmark(root_of.get(name), cache_dir, log=log)
             out[b.name] = b
             continue
         if name not in root_of:
@@ -251,7 +265,7 @@ def load_benchmarks(
                 name,
                 root_of[name],
                 backbone=backbone or "resnet50_bn",
-                severity=severity,
+                severity=severity_of[name] or 5,
                 gradual=gradual,
                 subset=subset,
                 fisher_root=fisher_root,
@@ -394,8 +408,18 @@ def run(
         raise ValueError(f"seeds must be distinct, got {seed_list}")
     if rounds is None:
         rounds = DIGITS_ROUNDS if requested == ["digits-c"] else 1
-    if gradual and loading.get("severity", 5) != 5:
-        raise ValueError("gradual runs severities 1 to 5; leave out severity")
+    embedded = set(requested) <= set(EMBEDDED)
+    if not preloaded:
+        from eatta.bench.suites import check_severity
+
+        for dataset in requested:  # before anything is loaded or written
+            check_severity(dataset, loading.get("severity"))
+    if (gradual or protocol.ccc) and loading.get("severity") is not None:
+        stream = "gradual" if gradual else "CCC-style"
+        raise ValueError(
+            f"severity {loading['severity']}: the {stream} stream walks its own severities; "
+            "leave out severity"
+        )
     if monitor.fallback:  # the audits come out of an active method's label budget
         for k, n in budgets:
             for m in chosen:
@@ -424,7 +448,7 @@ def run(
         shard_ix = parse_shard("/".join(map(str, shard)))
     else:
         raise TypeError(f"shard must be 'i/n' or a pair (i, n), got {shard!r}")
-    if threads is None and options.device == "cpu" and requested == ["digits-c"]:
+    if threads is None and options.device == "cpu" and embedded:
         threads = 1
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
         raise TypeError(f"threads must be an int, got {threads!r}")

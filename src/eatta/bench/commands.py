@@ -91,6 +91,16 @@ def _delay(text: str) -> int | str:
     return value
 
 
+def _severity(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= 5:
+        raise argparse.ArgumentTypeError(f"severity is an integer from 1 to 5, got {text!r}")
+    return value
+
+
 def _buffers(text: str) -> list[int | None]:
     out: list[int | None] = []
     for t in _csv(text):
@@ -165,7 +175,13 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         default="P-A-C-S",
         help="PACS sequence(s), comma-separated (P-A-C-S, A-C-P-S, C-A-S-P, S-C-P-A)",
     )
-    g.add_argument("--severity", type=int, default=5, help="ImageNet-C severity")
+    g.add_argument(
+        "--severity",
+        type=_severity,
+        default=None,
+        metavar="1-5",
+        help="corruption severity of digits-c and imagenet-c (default 5; other datasets have none)",
+    )
     g.add_argument(
         "--subset",
         default="all",
@@ -392,7 +408,7 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default: 1 for digits-C, whose tiny convolutions only "
+        help="torch CPU threads (default: 1 for digits-C and mnist, whose tiny convolutions only "
         "lose from intra-op parallelism, else torch's default)",
     )
     g.add_argument(
@@ -490,11 +506,12 @@ def _subset(text: str) -> int | str | None:
 
 
 def _default_jobs(args: argparse.Namespace) -> int:
-    """Every core for the embedded digits-C benchmark on the CPU (one thread per cell), else 1."""
+    """Every core for the embedded benchmarks (digits-C, MNIST) on the CPU (one thread per
+    cell), else 1."""
     import torch
 
     cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    return (os.cpu_count() or 1) if cpu and _csv(args.dataset) == ["digits-c"] else 1
+    return (os.cpu_count() or 1) if cpu and set(_csv(args.dataset)) <= set(api.EMBEDDED) else 1
 
 
 def loading_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -563,8 +580,11 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     if args.dirichlet is not None and not 0 < args.dirichlet < float("inf"):
         raise ValueError(f"--dirichlet must be a positive number, got {args.dirichlet}")
-    if args.gradual and args.severity != 5:
-        raise ValueError("--gradual runs severities 1 to 5; leave out --severity")
+    if (args.gradual or args.ccc) and args.severity is not None:
+        raise ValueError(
+            f"--{'gradual' if args.gradual else 'ccc'} walks its own severities; leave out "
+            f"--severity {args.severity}"
+        )
     if args.seeds is not None and any(a == "--seed" or a.startswith("--seed=") for a in argv):
         raise ValueError("give either --seed or --seeds, not both")
     if args.threads is not None and args.threads < 1:

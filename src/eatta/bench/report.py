@@ -34,6 +34,7 @@ __all__ = [
     "markdown_table",
     "plot_online_error",
     "summary",
+    "worse_than_source",
     "write_outputs",
 ]
 
@@ -127,6 +128,8 @@ def _seed_text(seeds: Sequence[int]) -> str:
 
 def _protocol_text(r: CellResult) -> str:
     parts = []
+    if r.protocol.get("severity") is not None:
+        parts.append(f"severity {r.protocol['severity']}")
     if r.rounds > 1:
         parts.append(f"× {r.rounds} rounds (recurring, reshuffled each round)")
     if r.protocol.get("gradual"):
@@ -169,6 +172,62 @@ def _source_last(rows: Sequence[CellResult]) -> float | None:
         if cell[0].spec.method == "source":
             return _stats([c.round_errors[-1] for c in cell])[0]
     return None
+
+
+def _protocol_key(r: CellResult) -> tuple[str, int, str]:
+    return r.spec.dataset, r.seed, json.dumps(r.protocol, sort_keys=True)
+
+
+def _sources(rows: Sequence[CellResult]) -> dict[tuple[str, int, str], CellResult]:
+    """The unadapted source model's results among ``rows``, by dataset, seed and protocol."""
+    return {_protocol_key(r): r for r in rows if r.spec.method == "source"}
+
+
+def worse_than_source(r: CellResult, source: CellResult) -> tuple[int, int]:
+    """``(worse, compared)``: of the domains of ``r``'s last round (every domain of a one-round
+    stream; a mixed stream's per-domain counts), how many end with a higher error than the
+    unadapted ``source`` model's on the same domain visit. Both must come from the same stream
+    (seed and protocol): a :class:`ValueError` otherwise."""
+    if r.domains != source.domains or r.rounds != source.rounds or r.seed != source.seed:
+        raise ValueError(
+            f"{r.label} and {source.label} ran on different streams; their domains cannot be "
+            "compared"
+        )
+    per_round = len(r.domains) // max(1, r.rounds)
+    last = slice(len(r.domains) - per_round, len(r.domains))
+    pairs = zip(r.domain_errors[last], source.domain_errors[last], strict=True)
+    return sum(int(mine > given) for mine, given in pairs), per_round
+
+
+def _worse_counts(
+    cell: Sequence[CellResult], sources: Mapping[tuple[str, int, str], CellResult]
+) -> list[tuple[int, int]] | None:
+    """:func:`worse_than_source` for every seed of a cell; None for the source model itself or
+    when a seed has no source result to compare with."""
+    if cell[0].spec.method == "source":
+        return None
+    found = [sources.get(_protocol_key(c)) for c in cell]
+    if any(s is None for s in found):
+        return None
+    return [worse_than_source(c, s) for c, s in zip(cell, found, strict=True) if s is not None]
+
+
+def _worse_cell(counts: list[tuple[int, int]] | None) -> str:
+    """``3/15`` (the mean over seeds, one decimal when the seeds differ), or ``-``."""
+    if not counts:
+        return "-"
+    worse = [w for w, _ in counts]
+    mean = float(np.mean(worse))
+    shown = f"{mean:.0f}" if len(set(worse)) == 1 else f"{mean:.1f}"
+    return f"{shown}/{counts[0][1]}"
+
+
+#: The sentence under a table with the ``Worse`` column.
+WORSE_NOTE = (
+    "Worse: domains of the last round (of the stream, with one round) on which the method's "
+    "error is higher than the unadapted source model's on the same domain, same seed; mean "
+    "over seeds / domains compared."
+)
 
 
 def _first_last(cell: Sequence[CellResult]) -> tuple[float, float] | None:
@@ -274,9 +333,11 @@ def _kernels_text(rows: Sequence[CellResult]) -> str:
 
 def markdown_table(results: Sequence[CellResult]) -> str:
     """One markdown table per dataset. One round: error % per domain; several rounds: error %
-    per round; then the average, labels used, images/s, wall time and peak memory (MB; CPU:
-    the run's peak RSS over its RSS at its start, GPU: peak allocated). With several seeds a
-    row is one cell's mean ± sample std over the seeds. Collapses are stated under the table."""
+    per round; then the average, the domains that end worse than the source model (``Worse``,
+    with the source model in the run: :func:`worse_than_source`), labels used, images/s, wall
+    time and peak memory (MB; CPU: the run's peak RSS over its RSS at its start, GPU: peak
+    allocated). With several seeds a row is one cell's mean ± sample std over the seeds.
+    Collapses are stated under the table."""
     blocks = []
     for dataset, rows in _groups(results).items():
         cells = _cells(rows)
@@ -288,12 +349,15 @@ def markdown_table(results: Sequence[CellResult]) -> str:
         many = any(len(c) > 1 for c in cells)
         annotated = any(r.protocol.get("annotator") for r in rows)
         monitored = any(r.monitor for r in rows)
+        sources = _sources(rows)
+        compared = bool(sources) and len(cells) > 1
         cols = [f"R{i + 1}" for i in range(rounds)] if per_round else [_short(d) for d in domains]
         head = [
             "Method",
             "Set.",
             *cols,
             "Avg. Err.",
+            *(["Worse"] if compared else []),
             *(["Seeds"] if many else []),
             "Labels",
             *(_ANNOTATION_HEAD if annotated else []),
@@ -333,6 +397,7 @@ def markdown_table(results: Sequence[CellResult]) -> str:
                 _SETTING.get(r.spec.setting, r.spec.setting),
                 *errs,
                 _fmt([c.average_error for c in cell], bold=True),
+                *([_worse_cell(_worse_counts(cell, sources))] if compared else []),
                 *([str(len(cell))] if many else []),
                 f"{np.mean([c.labels_used for c in cell]):.0f}",
                 *(_annotation_cells(cell) if annotated else []),
@@ -343,7 +408,8 @@ def markdown_table(results: Sequence[CellResult]) -> str:
                 "-" if not peaks else f"{max(peaks):.0f}",
             ]
             lines.append("| " + " | ".join(row) + " |")
-        notes = collapse_notes(rows)
+        notes = [WORSE_NOTE] if compared else []
+        notes += collapse_notes(rows)
         sentence = stability_sentence(rows)
         if sentence:
             notes.append(sentence)
@@ -444,6 +510,8 @@ _CSV_FIXED = [
     "first_round_error",
     "last_round_error",
     "overall_error",
+    "worse_domains",
+    "compared_domains",
     "labels_used",
     "feedback",
     "label_delay",
@@ -534,7 +602,10 @@ def csv_text(results: Sequence[CellResult]) -> str:
         buf, fieldnames=_CSV_FIXED + round_cols + domain_cols, lineterminator="\n"
     )
     writer.writeheader()
+    sources = _sources(ordered)
     for r in ordered:
+        source = sources.get(_protocol_key(r)) if r.spec.method != "source" else None
+        worse = None if source is None else worse_than_source(r, source)
         row: dict[str, Any] = {
             "dataset": r.spec.dataset,
             "method": r.spec.method,
@@ -551,6 +622,8 @@ def csv_text(results: Sequence[CellResult]) -> str:
             "first_round_error": f"{r.round_errors[0]:.4f}",
             "last_round_error": f"{r.round_errors[-1]:.4f}",
             "overall_error": f"{r.overall_error:.4f}",
+            "worse_domains": "" if worse is None else worse[0],
+            "compared_domains": "" if worse is None else worse[1],
             "labels_used": r.labels_used,
             **_annotation_csv(r),
             **_monitor_csv(r),
@@ -666,9 +739,12 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
 
 def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
     """Per cell (over its seeds): seeds, and mean / sample std of the average, first-round and
-    last-round errors and of every round's error."""
+    last-round errors and of every round's error; with the source model in the run,
+    ``worse_than_source``: the domains of the last round worse than the source model's (per seed,
+    mean, std, domains compared; see :func:`worse_than_source`)."""
     out = []
     for rows in _groups(results).values():
+        sources = _sources(rows)
         for cell in _cells(rows):
             r = cell[0]
             entry: dict[str, Any] = {
@@ -677,6 +753,15 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
                 "protocol": r.protocol,
                 "seeds": [c.seed for c in cell],
             }
+            counts = _worse_counts(cell, sources)
+            if counts is not None:
+                m, sd = _stats([w for w, _ in counts])
+                entry["worse_than_source"] = {
+                    "per_seed": [w for w, _ in counts],
+                    "mean": m,
+                    "std": sd,
+                    "domains": counts[0][1],
+                }
             notes = [c.annotation for c in cell if c.annotation]
             if notes:
                 entry["annotation"] = {

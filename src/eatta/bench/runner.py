@@ -227,9 +227,9 @@ def run_cell(
                 fb.period = stream.round_of_batch(t)  # type: ignore[attr-defined]
             if fallback_auditor is not None:
                 fallback_auditor.set_labels(y)
-            before = method.labels_used + _audited(fb)
+            before = _answers_so_far(method) + _audited(fb)
             logits = method(x)
-            used = method.labels_used + _audited(fb) - before
+            used = _answers_so_far(method) + _audited(fb) - before
             wrong_each = logits.argmax(1).cpu() != y
             wrong = int(wrong_each.sum())
             if tally:
@@ -288,6 +288,7 @@ def run_cell(
         "gradual": bool(data.config.get("gradual", False)),
         "mixed": options.mixed,
         "ccc": data.config.get("ccc"),
+        **({"severity": data.config["severity"]} if data.config.get("severity") else {}),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
     }
@@ -351,6 +352,14 @@ def _static_online(
         if tally:
             _count_domains(stream, t, wrong[idx], tally)
     return online
+
+
+def _answers_so_far(method: AdaptiveMethod) -> int:
+    """Labels the method has used over its whole life: its budget's lifetime count, which a
+    reset (the ftta setting's, or a guard's inside the step) does not clear; ``labels_used``
+    restarts at a reset and would drop the labels of the steps before it."""
+    budget = getattr(method, "budget", None)
+    return budget.lifetime_used if isinstance(budget, Budget) else method.labels_used
 
 
 def spec_active(spec: CellSpec) -> bool:

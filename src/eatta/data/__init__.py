@@ -1,5 +1,5 @@
-"""Benchmark data: ImageNet-C/R/Sketch/A, PACS, digits-C (and its CCC-style stream) and seeded
-CTTA test streams (paper §6).
+"""Benchmark data: ImageNet-C/R/Sketch/A, PACS, digits-C (and its CCC-style stream), MNIST
+rendered as scikit-learn's digits, and seeded CTTA test streams (paper §6).
 
 Datasets check their folder layout when built and raise :class:`DatasetLayoutError` (a
 ``ValueError``) naming the expected pattern and what was found. Images are decoded with PIL and
@@ -37,6 +37,7 @@ from eatta.data.imagenet import (
     select_logits,
     select_subset,
 )
+from eatta.data.mnist import mnist_digits, render_like_sklearn_digits
 from eatta.data.pacs import (
     PACS,
     PACS_CLASSES,
@@ -88,9 +89,11 @@ __all__ = [
     "imagenet_c_domains",
     "imagenet_r_wnids",
     "imagenet_wnids",
+    "mnist_digits",
     "pacs_domain",
     "pacs_domains",
     "parse_pacs_sequence",
+    "render_like_sklearn_digits",
     "select_logits",
     "select_subset",
 ]
