@@ -298,3 +298,21 @@ def test_collapse_ratio_by_hand():
         4 * -(0.25 * torch.log(torch.tensor(0.25)))
     )
     assert fb.collapse_ratio() == pytest.approx(float(want), rel=1e-12)  # ln 2 / ln 4 = 0.5
+
+
+def test_undecided_evidence_keeps_what_is_served_whatever_the_label_free_signs_say():
+    """Once there are answers, an interval around 0 keeps the served model: the label-free signs
+    (here: the two disagree on half the samples, which alone would serve the adapted model)
+    only decide before there is evidence."""
+    method, _ = guarded(HALF_WRONG, RIGHT, window=16, min_answers=8, reset=False)
+    data = batches(60)
+    for x, y in data[:30]:
+        method(x, labels=y)
+    fb = method.fallback
+    assert fb.serving == "given"  # type: ignore[union-attr]  # the adapted one was shown worse
+    fb.given.load_state_dict(linear([0, 1, 2, 5, 3, 4]).state_dict())  # type: ignore[union-attr]
+    for x, y in data[30:]:  # now both err on classes 3-5, differently: every estimate is 0
+        method(x, labels=y)
+    assert fb.prior_choice() == "adapted"  # type: ignore[union-attr]
+    assert fb.interval()[1] == 0.0  # type: ignore[union-attr]
+    assert fb.serving == "given"  # type: ignore[union-attr]

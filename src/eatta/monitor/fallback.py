@@ -18,17 +18,18 @@ batch, or a person's pace), with the normal-approximation interval ``mean +/- z 
 at two-sided level ``level`` per look:
 
 - **serve**: the adapted model's predictions once the interval's lower end is above 0, the given
-  model's once its upper end is below 0. Without decisive evidence (too few answers, or an
-  interval around 0) ``start`` decides: ``"given"`` or ``"adapted"`` keep what was served
-  (starting with that), and ``"auto"`` (the default) reads a label-free sign, the *collapse* of
-  the given model's predictions: over the last ``prior_batches`` (3) batches, the entropy of the
-  histogram of the classes the given model predicts against the adapted model's, on the same
-  samples; the adapted model is served when the given model's is below ``prior_ratio`` (0.9)
-  times the adapted one's. A model whose statistics no longer fit the data (a heavy corruption
-  under running statistics) piles its predictions onto few classes; one that still works spreads
-  them as the adapted one does, and is kept. Chosen by looking at digits-C's fifteen
-  corruptions once (given-model entropy 0.0-1.3 nats on the collapsed ones, 1.8 on pixelate,
-  2.3 on zoom blur and JPEG, the adapted model's 2.0-2.3), before any study;
+  model's once its upper end is below 0; an interval around 0 keeps what is served. Before there
+  are ``min_answers`` answers (since the last reset) ``start`` decides: ``"given"`` or
+  ``"adapted"`` serve that, and ``"auto"`` (the default) reads two label-free signs over the
+  last ``prior_batches`` (3) batches. The *collapse* of the given model's predictions: the
+  entropy of the histogram of the classes it predicts against the adapted model's, on the same
+  samples, below ``prior_ratio`` (0.9); a model whose statistics no longer fit the data (a heavy
+  corruption under running statistics) piles its predictions onto few classes (read off
+  digits-C's fifteen corruptions: given-model entropy 0.0-1.3 nats on the collapsed ones, 1.8 on
+  pixelate, 2.3 on zoom blur and JPEG, the adapted model's 2.0-2.3). And the two models
+  *disagreeing* on more than ``prior_disagreement`` (30 %) of the samples (added after one look
+  at the CCC stream, where a given model that still spreads its predictions erred on many
+  more samples). Either sign serves the adapted model; neither keeps the given one;
 - **reset** (``reset=True``): when the adapted model is worse than the given one (upper end below
   0), or its gain over the given model has fallen (the window's upper end below the best lower
   end of an earlier, disjoint window since the reset), the adapted method is reset to its state
@@ -538,13 +539,13 @@ class GivenModelFallback:
         if not self.act:
             return
         m, mean, low, high = self.interval()
-        decided = m >= self.min_answers and (low > 0.0 or high < 0.0)
-        if decided:
-            want = "adapted" if low > 0.0 else "given"
-            if want != self.serving:
-                self._event(f"serve {want}", m, mean, low, high)
-                self.serving = want
-        elif self.start == "auto":
+        if m >= self.min_answers:  # evidence: decisive, or undecided and what is served stays
+            if low > 0.0 or high < 0.0:
+                want = "adapted" if low > 0.0 else "given"
+                if want != self.serving:
+                    self._event(f"serve {want}", m, mean, low, high)
+                    self.serving = want
+        elif self.start == "auto":  # no evidence yet: the label-free signs
             want = self.prior_choice()
             if want != self.serving:
                 self.prior_switches += 1
