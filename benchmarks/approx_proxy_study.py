@@ -28,7 +28,7 @@ The digits CNN runs ``--rounds`` rounds (4: 900 steps).
 
 Usage::
 
-    python benchmarks/approx_proxy_study.py             # writes benchmarks/results/approx_proxy_study.json
+    python benchmarks/approx_proxy_study.py          # benchmarks/results/approx_proxy_study.json
     python benchmarks/approx_proxy_study.py --quick     # 60 batches per model, not written
 """
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -121,7 +120,9 @@ def trajectory(kind: str, rounds: int, limit: int | None) -> np.ndarray:
     size = 64 if kind == "resnet18-64" else 32
 
     def prep(x: Tensor) -> Tensor:
-        return F.interpolate(x, size=size, mode="bilinear", align_corners=False) if size != 32 else x
+        return (
+            F.interpolate(x, size=size, mode="bilinear", align_corners=False) if size != 32 else x
+        )
 
     model = _model(kind, prep(batches[0][0]))
     oracle = GroundTruthOracle()

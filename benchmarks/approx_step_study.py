@@ -51,7 +51,11 @@ PAGE = ROOT / "docs" / "approx-step.md"
 DATA = RESULTS / "approx_step_study.json"
 METHODS = ("eatta", "eatta-stable")
 #: The approximate step's settings, chosen on the tuning stream (see the module docstring).
-APPROX: dict[str, Any] = {"grad_mode": "approx", "approx_proxy": "last-norm", "approx_refresh": None}
+APPROX: dict[str, Any] = {
+    "grad_mode": "approx",
+    "approx_proxy": "last-norm",
+    "approx_refresh": None,
+}
 EXACT: dict[str, Any] = {"grad_mode": "auto"}
 TUNE_STREAM = "recurring"
 #: A difference within this many points (or the seed spread, if larger) is no difference.
@@ -249,9 +253,7 @@ def render(data: dict[str, Any]) -> str:
         fid_digits=fidelity_table(fid, "digits-32", keep),
         fid_resnet=fidelity_table(fid, "resnet18-64", keep),
         digits_steps=int(fid["models"]["digits-32"]["agreement"]["_steps"]["with_confident_set"]),
-        resnet_steps=int(
-            fid["models"]["resnet18-64"]["agreement"]["_steps"]["with_confident_set"]
-        ),
+        resnet_steps=int(fid["models"]["resnet18-64"]["agreement"]["_steps"]["with_confident_set"]),
         accuracy=accuracy_table(data, ver),
         seeds=f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0]),
         decision=decision,

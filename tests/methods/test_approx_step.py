@@ -61,7 +61,9 @@ def test_logit_grads_by_hand():
     assert torch.allclose(g[1], -p * (p.log() + h))  # one row: the mean is that row
     # through a linear head o = z Wᵀ + b: ∂L/∂z = δ W, here δ (1, 2) and W (2, 3)
     w = torch.tensor([[1.0, 2.0, 3.0], [0.0, -1.0, 1.0]])
-    assert torch.equal(feature_grad(torch.tensor([[-0.5, 0.5]]), w), torch.tensor([[-0.5, -1.5, -1.0]]))
+    assert torch.equal(
+        feature_grad(torch.tensor([[-0.5, 0.5]]), w), torch.tensor([[-0.5, -1.5, -1.0]])
+    )
 
 
 def test_closed_form_head_gradient_equals_autograd():
@@ -264,7 +266,10 @@ def test_exact_step_is_the_default_and_records_exact_norms():
 
 def test_stable_variant_builds_the_approximate_step_with_bounded_weights():
     method = create(
-        "eatta-stable", confident_cnn(), oracle=GroundTruthOracle(), grad_mode="approx",
+        "eatta-stable",
+        confident_cnn(),
+        oracle=GroundTruthOracle(),
+        grad_mode="approx",
         approx_refresh=8,
     )
     assert method.grad_mode == "approx" and method.approx_refresh == 8
@@ -312,18 +317,24 @@ def test_bad_refresh_period_is_an_error_naming_it(bad):
 
 
 def test_bad_proxy_and_unsupported_models_are_errors():
-    with pytest.raises(ValueError, match="approx_proxy.*'fast'"):
+    with pytest.raises(ValueError, match=r"approx_proxy.*'fast'"):
         _method(confident_cnn(), grad_mode="approx", approx_proxy="fast")
     with pytest.raises(ValueError, match="grad_mode"):
         _method(confident_cnn(), grad_mode="approximate")
     no_norm = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 5))
     params = list(no_norm[0].parameters())
     with pytest.raises(ValueError, match="last-norm"):
-        EATTA(no_norm, torch.optim.SGD(params, lr=0.1), oracle=GroundTruthOracle(),
-              grad_mode="approx")
+        EATTA(
+            no_norm, torch.optim.SGD(params, lr=0.1), oracle=GroundTruthOracle(), grad_mode="approx"
+        )
     # the head estimate needs no normalization layer
-    method = EATTA(no_norm, torch.optim.SGD(params, lr=0.1), oracle=GroundTruthOracle(),
-                   grad_mode="approx", approx_proxy="head")
+    method = EATTA(
+        no_norm,
+        torch.optim.SGD(params, lr=0.1),
+        oracle=GroundTruthOracle(),
+        grad_mode="approx",
+        approx_proxy="head",
+    )
     x, y = _batch()
     method(x, labels=y)
     with pytest.raises(ValueError, match="approx_refresh"):

@@ -1,4 +1,4 @@
-"""Cheap estimates of EATTA's two gradient norms, for the one-backward step (``grad_mode="approx"``).
+"""Cheap estimates of EATTA's two gradient norms, for the one-backward step (grad_mode="approx").
 
 The exact step needs ``g_sup = ||∇L_sup||`` and ``g_unsup = ||∇L_unsup||`` over the adapted
 parameters: two backward passes through the whole network. Gradient-norm debiasing only uses
@@ -88,7 +88,9 @@ def _norm(grads: Sequence[Tensor | None], like: Tensor) -> Tensor:
     return torch.linalg.vector_norm(torch.cat(present))
 
 
-def proxy_norms(loss_sup: Tensor, loss_unsup: Tensor, at: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+def proxy_norms(
+    loss_sup: Tensor, loss_unsup: Tensor, at: Sequence[Tensor]
+) -> tuple[Tensor, Tensor]:
     """The two losses' gradient norms with respect to ``at`` (a layer's parameters, or the
     features), each by a backward pass that stops there; the graph is kept for the update."""
     gs = torch.autograd.grad(loss_sup, at, retain_graph=True, allow_unused=True)
