@@ -102,7 +102,7 @@ def run_cells(
 
 def _values(results: Sequence[CellResult], method: str, field: str) -> list[float]:
     out = []
-    for r in sorted((r for r in results if r.spec.method == method), key=lambda r: r.spec.seed):
+    for r in sorted((r for r in results if r.spec.method == method), key=lambda r: r.seed):
         out.append(r.round_errors[-1] if field == "last" else float(getattr(r, field)))
     return out
 
