@@ -239,6 +239,25 @@ def accuracy_table(data: dict[str, Any], ver: dict[str, Any]) -> str:
     return table(head, rows)
 
 
+def history_table(hist: dict[str, Any]) -> str:
+    """``step_history.py``'s exact-step/TENT medians per revision, threads and kernels."""
+    rows = []
+    names = {v: k for k, v in hist["revs"].items()}
+    for key, v in hist["summary"].items():
+        rev, threads, kernels = key.split()
+        rows.append(
+            [
+                f"{rev} ({names.get(rev, rev)})",
+                threads.removeprefix("t"),
+                kernels,
+                f"{v['digits-32']['ratio_median']:.2f}x",
+                f"{v['resnet18-64']['ratio_median']:.2f}x",
+            ]
+        )
+    head = ["revision", "threads", "kernels", "digits-32", "resnet18-64"]
+    return table(head, rows)
+
+
 def render(data: dict[str, Any]) -> str:
     fid = json.loads((RESULTS / "approx_proxy_study.json").read_text())
     bench = json.loads((RESULTS / "step_benchmark_cpu.json").read_text())
@@ -268,6 +287,8 @@ def render(data: dict[str, Any]) -> str:
         "step stays opt-in: `eatta-stable` keeps the exact step by default."
     )
     approx_hp = ", ".join(f"{k}={v!r}" for k, v in APPROX.items())
+    hist_path = RESULTS / "step_history.json"
+    hist = json.loads(hist_path.read_text()) if hist_path.is_file() else None
     return PAGE_TEMPLATE.format(
         cost=cost_table(bench),
         fid_digits=fidelity_table(fid, "digits-32", keep),
@@ -279,6 +300,11 @@ def render(data: dict[str, Any]) -> str:
         decision=decision,
         approx_hp=approx_hp,
         tune=data["tune_stream"],
+        history=""
+        if hist is None
+        else HISTORY_TEMPLATE.format(
+            table=history_table(hist), rounds=hist["rounds"], repeats=hist["repeats"]
+        ),
     )
 
 
@@ -367,13 +393,17 @@ memory of one step above its start, its per-step latency over the timed rounds:
 
 No GPU was available for this measurement; the `--device cuda` path of the benchmark times the
 approximate step too.
-
+{history}
 ## Accuracy
 
 Error % averaged over all rounds, mean ± std over seeds {seeds}, one label per batch, digits-c
-defaults, the approximate step as `{approx_hp}`; "tolerance" is the larger of the two modes' seed
-standard deviations and 0.5 points. The settings were chosen on the `{tune}` stream (tuning
-stream; the estimate's fidelity above was measured on its rounds), the others are reports.
+defaults, the approximate step as
+
+    {approx_hp}
+
+"tolerance" is the larger of the two modes' seed standard deviations and 0.5 points. The
+settings were chosen on the `{tune}` stream (the tuning stream: the estimates' fidelity above was
+measured on its rounds); the others are reports.
 
 {accuracy}
 
@@ -381,6 +411,19 @@ stream; the estimate's fidelity above was measured on its rounds), the others ar
 
 Regenerate: `python benchmarks/approx_step_study.py --out runs/approx-step` (48 runs of 20-60 s
 CPU each at one thread; finished runs are read back).
+"""
+
+
+HISTORY_TEMPLATE = """
+### The exact step over library versions
+
+Issue 32 measured the exact step at 1.55x TENT on this kind of machine (AVX-512), against 1.44-1.48x
+in the committed benchmark (revision 8705f6a, 2 threads) and 1.46x with AVX2 kernels.
+`benchmarks/step_history.py` (`benchmarks/results/step_history.json`) runs the same small timing
+(TENT and the exact EATTA step interleaved, {repeats} rounds each, median ratio; the median over
+{rounds} rounds of child processes, the settings rotating) with the library of each revision:
+
+{table}
 """
 
 

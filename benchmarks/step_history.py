@@ -6,11 +6,11 @@ Issue 32 reported the step at 1.55x TENT through the public API on an AVX-512 CP
 1.51x "last time" and 1.46x with AVX2 kernels. This script tells a library regression from the
 setting: it exports ``src/`` of each git revision (``git archive``, nothing checked out), and runs
 one child process per (revision, threads, kernels, round); each child times TENT and the exact
-EATTA step (``grad_mode`` default, budget 1, a ground-truth oracle given the batch's labels by
-``set_labels`` before each step, which every revision has) interleaved on the step benchmark's models
-(``digits-32``, ``resnet18-64``, random init, heads scaled until half a batch is confident) and
-reports the median ratio. The children of one round run back to back with the order rotating, so
-machine load hits every setting alike; the result is the median over rounds.
+EATTA step (``grad_mode`` default, budget 1, a ground-truth oracle given the batch's labels
+by ``set_labels`` before each step, which every revision has) interleaved on the step
+benchmark's models (``digits-32``, ``resnet18-64``, random init, heads scaled until half a batch
+is confident) and reports the median ratio. The children of one round run back to back with the
+order rotating, so machine load hits every setting alike; the result is the median over rounds.
 
     python benchmarks/step_history.py            # 8705f6a vs HEAD, 1 and 2 threads, default/avx2
     python benchmarks/step_history.py --revs 8705f6a HEAD --threads 1 --kernels default --rounds 2
@@ -54,7 +54,8 @@ def resnet():  # torchvision through this checkout's shim (older revisions lack 
     return compat.import_torchvision().models.resnet18(num_classes=1000)
 
 out = {}
-for name, build, size, classes in (("digits-32", digits, 32, 10), ("resnet18-64", resnet, 64, 1000)):
+CASES = (("digits-32", digits, 32, 10), ("resnet18-64", resnet, 64, 1000))
+for name, build, size, classes in CASES:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 3, size, size, generator=g)
     y = torch.randint(0, classes, (64,), generator=g)
