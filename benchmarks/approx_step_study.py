@@ -5,9 +5,10 @@
 with ``grad_mode="approx"`` (one backward pass, the norms estimated as :data:`APPROX` says) on four
 long digits-C streams, seeds 0-2, one label per batch, the registry's digits-c defaults:
 
-* ``recurring``: the main job's stream, 15 corruptions x 10 rounds (2,250 batches); the TUNING
-  stream: the estimate and its refresh period were chosen on it (``approx_proxy_study.py`` runs
-  the digits CNN along its rounds), nothing was tuned on the others;
+* ``recurring``: the main job's stream, 15 corruptions, cut to 3 rounds (675 batches; the main
+  job runs 10, see :data:`RECURRING_ROUNDS`); the TUNING stream: the estimate and its refresh
+  period were chosen on it (``approx_proxy_study.py`` runs the digits CNN along its rounds),
+  nothing was tuned on the others;
 * ``mixed``: every batch drawn across the 15 corruptions, 2 rounds (422 batches);
 * ``ccc``: the CCC-style stream at its slow speed, 5 rounds (280 batches);
 * ``dirichlet``: class-correlated batches (Dirichlet δ = 0.1 within each corruption), 2 rounds
@@ -58,6 +59,9 @@ APPROX: dict[str, Any] = {
 }
 EXACT: dict[str, Any] = {"grad_mode": "auto"}
 TUNE_STREAM = "recurring"
+#: Rounds of the recurring stream: 3 of the main job's 10, cut so the study fit one session on a
+#: shared 2-core machine (each 10-round run took about 5 minutes there).
+RECURRING_ROUNDS = 3
 #: A difference within this many points (or the seed spread, if larger) is no difference.
 MIN_TOLERANCE = 0.5
 
@@ -74,7 +78,7 @@ def streams(quick: bool) -> dict[str, StreamProtocol]:
         "ccc": StreamProtocol(rounds=5, ccc="slow"),
         "mixed": StreamProtocol(rounds=2, mixed=True),
         "dirichlet": StreamProtocol(rounds=2, dirichlet=0.1),
-        "recurring": StreamProtocol(rounds=10),
+        "recurring": StreamProtocol(rounds=RECURRING_ROUNDS),
     }
 
 
@@ -409,7 +413,7 @@ measured on its rounds); the others are reports.
 
 {decision}
 
-Regenerate: `python benchmarks/approx_step_study.py --out runs/approx-step` (48 runs of 20-60 s
+Regenerate: `python benchmarks/approx_step_study.py --out runs/approx-step` (48 runs of 5-20 s
 CPU each at one thread; finished runs are read back).
 """
 
