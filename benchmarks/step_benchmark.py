@@ -22,6 +22,9 @@ measured in a separate, untimed call (``_common.peak_bytes``):
   weighted losses, the weights from estimated gradient norms (EATTA's default ``approx_proxy`` and
   ``approx_refresh``; ``docs/approx-step.md``). Not exact, so not in the parity check. Its peak
   memory is the largest of ``approx_refresh`` consecutive steps (a refresh step among them).
+* ``eatta-no-gnd``: EATTA without gradient-norm debiasing (``GradNormDebiaser(normalize=False)``,
+  the paper's ablation): one backward pass on ``L_sup + L_unsup``, no norms at all. The floor of
+  any one-backward EATTA step: what selection, class history, oracle and bookkeeping add to TENT.
 * ``reference-style``: :class:`ReferenceStyleStep`, the step structure of the authors' code: a
   backward pass for the supervised norm, one for the unsupervised norm, one for the weighted loss.
 * ``two-backward floor``: forward, both losses, two plain ``autograd.grad`` passes and the
@@ -76,6 +79,7 @@ import _summary
 import eatta
 from eatta._compat import TorchvisionOpsWarning, import_torchvision
 from eatta.annotate import SimulatedAnnotator
+from eatta.debias import GradNormDebiaser
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.tent import Tent
@@ -313,6 +317,16 @@ def build_variants(
         variants[name] = _Call(method, x, y)
 
     model, params = fresh(case, state, device, channels_last)
+    no_gnd = eatta.EATTA(
+        model,
+        sgd(params),
+        oracle=eatta.GroundTruthOracle(),
+        budget=budget,
+        debiaser=GradNormDebiaser(normalize=False),
+    )
+    variants["eatta-no-gnd"] = _Call(no_gnd, x, y)
+
+    model, params = fresh(case, state, device, channels_last)
     annotator = SimulatedAnnotator(delay=0)
     zero_delay = eatta.EATTA(model, sgd(params), oracle=annotator, budget=budget)
     variants["eatta-async-0"] = lambda: zero_delay(x, labels=y)
@@ -539,7 +553,7 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
         n: _latency(samples[n]) for n in ("tent", "eatta", "eatta-approx") if n in samples
     }
     result["parity_max_abs_diff"] = parity(case, state, x, y, device)
-    keys = ("eatta/tent", "eatta-approx/tent", "two-backward floor/tent", "tent+audit/tent")
+    keys = ("eatta/tent", "eatta-approx/tent", "eatta-no-gnd/tent", "two-backward floor/tent")
     for key in (*keys, "eatta+audit/eatta"):
         r = ratios.get(key)
         if r:
