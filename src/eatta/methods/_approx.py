@@ -92,7 +92,10 @@ def proxy_norms(
     loss_sup: Tensor, loss_unsup: Tensor, at: Sequence[Tensor]
 ) -> tuple[Tensor, Tensor]:
     """The two losses' gradient norms with respect to ``at`` (a layer's parameters, or the
-    features), each by a backward pass that stops there; the graph is kept for the update."""
+    features), each by a backward pass that stops there; the graph is kept for the update.
+    Nothing to measure at (``at`` empty): both zero, a degenerate step for the debiaser."""
+    if not at:
+        return loss_sup.new_zeros(()), loss_unsup.new_zeros(())
     gs = torch.autograd.grad(loss_sup, at, retain_graph=True, allow_unused=True)
     gu = torch.autograd.grad(loss_unsup, at, retain_graph=True, allow_unused=True)
     return _norm(gs, loss_sup), _norm(gu, loss_unsup)

@@ -592,18 +592,20 @@ class EATTA(AdaptiveMethod):
             return grads, LossWeights(one, one, one, one), None, None
         cal = self._calibration
         if cal is not None:
-            at = self._proxy_params if self._approx_proxy == "last-norm" else [features]
+            at: list[Tensor] = list(self._proxy_params)
+            if self._approx_proxy == "head" and features is not None:
+                at = [features]
             due = cal.due
             cal.advance()  # rolled back with the other parts if the step is skipped
             if not due:  # one backward pass on the weighted sum, weights from the estimates
-                g_sup, g_unsup = cal.scale(*proxy_norms(loss_sup, loss_unsup, at))  # type: ignore[arg-type]  # features given with the head proxy
+                g_sup, g_unsup = cal.scale(*proxy_norms(loss_sup, loss_unsup, at))
                 weights = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
                 total = weights.sup * loss_sup + weights.unsup * loss_unsup
                 g = torch.autograd.grad(total, train, allow_unused=True)
                 self._estimated = True
                 grads = [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)]
                 return grads, weights, g_sup, g_unsup
-            est = proxy_norms(loss_sup, loss_unsup, at)  # type: ignore[arg-type]  # as above
+            est = proxy_norms(loss_sup, loss_unsup, at)
         gs, gu = self.gradients.grads(loss_sup, loss_unsup, self._all, plan)
         zero = loss_sup.new_zeros(())
         g_sup = _global_norm([gs[i] for i in self._measure_pos] + [zero])
