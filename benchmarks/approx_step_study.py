@@ -297,8 +297,18 @@ def render(data: dict[str, Any]) -> str:
         "is the default of `eatta-stable` (and of the methods built on its config); `eatta` "
         "keeps the exact step."
         if everywhere
-        else "The approximate step is outside the tolerance on at least one stream, so it "
-        "stays opt-in: `eatta-stable` keeps the exact step by default."
+        else "Outside the tolerance: "
+        + "; ".join(
+            f"`{m}` on {name} ({v['diff']:+.2f} points, "
+            + ("lower error" if v["diff"] < 0 else "higher error")
+            + f" than exact, tolerance {v['tolerance']:.2f})"
+            for name, rows in ver.items()
+            for m, v in rows.items()
+            if not v["within"]
+        )
+        + ". The bar is the tolerance on every stream for both methods, so the approximate step "
+        "stays opt-in and `eatta-stable` keeps the exact step by default (its committed studies, "
+        "the main job's table among them, were run with it)."
         if complete
         else "The study is incomplete (the seeds each stream lists above), so the approximate "
         "step stays opt-in: `eatta-stable` keeps the exact step by default."
