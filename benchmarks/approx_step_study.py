@@ -237,11 +237,20 @@ def accuracy_table(data: dict[str, Any], ver: dict[str, Any]) -> str:
                     fmt(s["exact"][m]["average"]),
                     fmt(s["approx"][m]["average"]),
                     f"{v['diff']:+.2f}",
+                    " / ".join(f"{d:+.2f}" for d in v["paired"]),
                     f"{v['tolerance']:.2f}",
                     "within" if v["within"] else "**outside**",
                 ]
             )
-    head = ["stream: method", "exact", "approx", "approx - exact", "tolerance", "verdict"]
+    head = [
+        "stream: method",
+        "exact",
+        "approx",
+        "approx - exact",
+        "per seed",
+        "tolerance",
+        "verdict",
+    ]
     return table(head, rows)
 
 
