@@ -307,6 +307,35 @@ def _best(fid: dict[str, Any], model: str) -> str:
     return f"`{name}` ({res[name]['gamma_corr']:.3f})"
 
 
+def _history_section(hist: dict[str, Any]) -> str:
+    """The revisions' table and what it says: the newest revision's ratios against the oldest's."""
+    keys = list(hist["summary"])
+    old, new = hist["summary"][keys[0]], hist["summary"][keys[-1]]
+    diffs = ", ".join(
+        f"{m} {new[m]['ratio_median']:.2f}x against {old[m]['ratio_median']:.2f}x" for m in old
+    )
+    worse = any(new[m]["ratio_median"] > old[m]["ratio_median"] for m in old)
+    finding = (
+        f"The current library ({keys[-1].split()[0]}) against the committed benchmark's "
+        f"({keys[0].split()[0]}), same machine and settings, child processes interleaved: {diffs}. "
+        + (
+            "The current step is relatively slower on at least one model: a library change."
+            if worse
+            else "The current step is not relatively slower: the move to 1.55x is not in the "
+            "library. The old revision itself measures "
+            f"{old['resnet18-64']['ratio_median']:.2f}x on ResNet-18-64 here with "
+            "one thread on a loaded machine; the committed 1.44-1.48x were taken with 2 threads "
+            "on a quiet one: threads and load move this ratio by several hundredths."
+        )
+    )
+    return HISTORY_TEMPLATE.format(
+        table=history_table(hist),
+        rounds=hist["rounds"],
+        repeats=hist["repeats"],
+        finding=finding,
+    )
+
+
 def render(data: dict[str, Any]) -> str:
     fid = json.loads((RESULTS / "approx_proxy_study.json").read_text())
     bench = json.loads((RESULTS / "step_benchmark_cpu.json").read_text())
@@ -361,11 +390,7 @@ def render(data: dict[str, Any]) -> str:
         tune=data["tune_stream"],
         best_digits=_best(fid, "digits-32"),
         best_resnet=_best(fid, "resnet18-64"),
-        history=""
-        if hist is None
-        else HISTORY_TEMPLATE.format(
-            table=history_table(hist), rounds=hist["rounds"], repeats=hist["repeats"]
-        ),
+        history="" if hist is None else _history_section(hist),
     )
 
 
@@ -496,6 +521,8 @@ in the committed benchmark (revision 8705f6a, 2 threads) and 1.46x with AVX2 ker
 {rounds} rounds of child processes, the settings rotating) with the library of each revision:
 
 {table}
+
+{finding}
 """
 
 
