@@ -14,6 +14,8 @@ ORDER = (
     "eatta-async-0",
     "eatta-two-pass",
     "eatta-batched",
+    "eatta-approx",
+    "eatta-no-gnd",
     "reference-style",
     "two-backward floor",
 )
@@ -51,7 +53,10 @@ def _step_section(data: dict[str, Any]) -> list[str]:
         "`eatta-batched`, does not save arithmetic). `reference-style` adds the authors' third "
         'pass. `eatta` is `eatta.EATTA` with its defaults (`grad_mode="auto"`: two passes run '
         "segment by segment, or plain two passes for graphs under 32 MiB such as the digits "
-        "CNN's); `eatta-two-pass` keeps the whole graph alive through the first pass. Profile "
+        "CNN's); `eatta-two-pass` keeps the whole graph alive through the first pass. "
+        '`eatta-approx` is `grad_mode="approx"`: ONE backward pass, the weights from estimated '
+        "norms (not the same update; docs/approx-step.md); `eatta-no-gnd` has no debiasing at "
+        "all (one pass on the sum): the floor of any one-backward EATTA step. Profile "
         "tables: torch.profiler self time per op category over a few profiled steps "
         "(profiling inflates small ops). Page faults: "
         "median minor faults per step (memory newly mapped from the OS; glibc returns freed "
@@ -59,10 +64,10 @@ def _step_section(data: dict[str, Any]) -> list[str]:
         "",
         "### Ratio table",
         "",
-        "| model | EATTA / TENT time | reference-style / TENT time | two-backward floor / TENT "
-        "| EATTA / TENT peak memory | EATTA two-pass / TENT peak memory "
-        "| reference-style / TENT peak memory |",
-        "|---|---|---|---|---|---|---|",
+        "| model | EATTA / TENT time | approx / TENT time | reference-style / TENT time "
+        "| two-backward floor / TENT | EATTA / TENT peak memory | approx / TENT peak memory "
+        "| EATTA two-pass / TENT peak memory | reference-style / TENT peak memory |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, res in data["models"].items():
         tr, mr = res["time_ratios"], res.get("memory_ratios", {})
@@ -72,8 +77,10 @@ def _step_section(data: dict[str, Any]) -> list[str]:
             return "–" if r is None else f"{r['median']:.2f} ({r['paired']:.2f} / {r['min']:.2f})"
 
         lines.append(
-            f"| {name} b{res['batch']} | {t3('eatta/tent')} | {t3('reference-style/tent')} "
+            f"| {name} b{res['batch']} | {t3('eatta/tent')} | {t3('eatta-approx/tent')} "
+            f"| {t3('reference-style/tent')} "
             f"| {t3('two-backward floor/tent')} | {_f(mr.get('eatta/tent'))} "
+            f"| {_f(mr.get('eatta-approx/tent'))} "
             f"| {_f(mr.get('eatta-two-pass/tent'))} | {_f(mr.get('reference-style/tent'))} |"
         )
     for name, res in data["models"].items():
@@ -99,6 +106,10 @@ def _step_section(data: dict[str, Any]) -> list[str]:
                 f"| {_f(None if mb is None or not tent_mb else mb / tent_mb)} "
                 f"| {s.get('minor_faults_median', '–')} |"
             )
+        lat = res.get("latency", {})
+        if lat:
+            shown = ", ".join(f"{k} {v['p50_ms']:.1f} / {v['p99_ms']:.1f}" for k, v in lat.items())
+            lines += ["", f"Per-step latency p50 / p99 ms ({meta['repeats']} rounds): {shown}."]
         par = res.get("parity_max_abs_diff", {})
         if par:
             shown = ", ".join(f"{k} {val:.1e}" for k, val in par.items())

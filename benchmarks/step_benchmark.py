@@ -18,6 +18,13 @@ measured in a separate, untimed call (``_common.peak_bytes``):
   no late label arrives, so it should cost what ``eatta-async-0`` does.
 * ``eatta-two-pass``: the same with ``grad_mode="two-pass"`` (first pass retains the whole graph).
 * ``eatta-batched``: the same with ``grad_mode="batched"`` (one vmapped pass; full runs only).
+* ``eatta-approx``: the same with ``grad_mode="approx"`` (issue 32): ONE backward pass on the
+  weighted losses, the weights from estimated gradient norms (EATTA's default ``approx_proxy`` and
+  ``approx_refresh``; ``docs/approx-step.md``). Not exact, so not in the parity check. Its peak
+  memory is the largest of ``approx_refresh`` consecutive steps (a refresh step among them).
+* ``eatta-no-gnd``: EATTA without gradient-norm debiasing (``GradNormDebiaser(normalize=False)``,
+  the paper's ablation): one backward pass on ``L_sup + L_unsup``, no norms at all. The floor of
+  any one-backward EATTA step: what selection, class history, oracle and bookkeeping add to TENT.
 * ``reference-style``: :class:`ReferenceStyleStep`, the step structure of the authors' code: a
   backward pass for the supervised norm, one for the unsupervised norm, one for the weighted loss.
 * ``two-backward floor``: forward, both losses, two plain ``autograd.grad`` passes and the
@@ -26,6 +33,10 @@ measured in a separate, untimed call (``_common.peak_bytes``):
   (audit share ``--audit-share``, default 0.1: about 6 of 64 samples; a synchronous auditor, the
   paired guard): the audits' extra forward pass of the audited samples through the source model,
   their scoring and the guard's bookkeeping (``eatta+audit/eatta`` and ``tent+audit/tent``).
+
+Per-step latency (``latency``): p50 and p99 of the timed rounds' samples of ``tent``, ``eatta``
+and ``eatta-approx`` (linear interpolation between order statistics; with 25 rounds p99 is close
+to the largest sample).
 
 Then the growth of the EATTA step (and TENT's, for the ratio) with the batch size (16, 32, 64,
 128, budget 1) and with the labels per batch (1, 3, 5, batch 64), and a ``torch.profiler``
@@ -68,6 +79,7 @@ import _summary
 import eatta
 from eatta._compat import TorchvisionOpsWarning, import_torchvision
 from eatta.annotate import SimulatedAnnotator
+from eatta.debias import GradNormDebiaser
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.tent import Tent
@@ -296,13 +308,23 @@ def build_variants(
     tent = Tent(model, sgd(params))
     variants["tent"] = lambda: tent(x)
 
-    modes = ["auto", "two-pass"] + (["batched"] if batched else [])
+    modes = ["auto", "two-pass", "approx"] + (["batched"] if batched else [])
     for mode in modes:
         model, params = fresh(case, state, device, channels_last)
         oracle = eatta.GroundTruthOracle()
         method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, grad_mode=mode)
         name = "eatta" if mode == "auto" else f"eatta-{mode}"
-        variants[name] = lambda method=method: method(x, labels=y)
+        variants[name] = _Call(method, x, y)
+
+    model, params = fresh(case, state, device, channels_last)
+    no_gnd = eatta.EATTA(
+        model,
+        sgd(params),
+        oracle=eatta.GroundTruthOracle(),
+        budget=budget,
+        debiaser=GradNormDebiaser(normalize=False),
+    )
+    variants["eatta-no-gnd"] = _Call(no_gnd, x, y)
 
     model, params = fresh(case, state, device, channels_last)
     annotator = SimulatedAnnotator(delay=0)
@@ -346,6 +368,16 @@ def build_variants(
     model, params = fresh(case, state, device, channels_last)
     variants["two-backward floor"] = _floor_step(model, sgd(params), params, x, y.to(device))
     return variants
+
+
+class _Call:
+    """``method(x, labels=y)``, keeping ``method`` at hand (for the peak's refresh period)."""
+
+    def __init__(self, method: eatta.EATTA, x: Tensor, y: Tensor) -> None:
+        self.method, self.x, self.y = method, x, y
+
+    def __call__(self) -> object:
+        return self.method(self.x, labels=self.y)
 
 
 def _floor_step(
@@ -496,7 +528,7 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
     for name, f in faults.items():
         result["variants"][name]["minor_faults_median"] = sorted(f)[len(f) // 2]
     for name, fn in variants.items():
-        peak = _common.peak_bytes(fn, device)
+        peak = _peak(fn, device)
         result["variants"][name]["peak_mb"] = None if peak is None else peak / 2**20
     ratios: dict[str, Any] = {}
     for name in samples:
@@ -517,17 +549,44 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
         audit_peak = result["variants"].get("eatta+audit", {}).get("peak_mb")
         if eatta_peak and audit_peak:
             result["memory_ratios"]["eatta+audit/eatta"] = audit_peak / eatta_peak
+    result["latency"] = {
+        n: _latency(samples[n]) for n in ("tent", "eatta", "eatta-approx") if n in samples
+    }
     result["parity_max_abs_diff"] = parity(case, state, x, y, device)
-    for key in ("eatta/tent", "two-backward floor/tent", "tent+audit/tent", "eatta+audit/eatta"):
-        name = key.split("/")[0]
+    keys = ("eatta/tent", "eatta-approx/tent", "eatta-no-gnd/tent", "two-backward floor/tent")
+    for key in (*keys, "eatta+audit/eatta"):
         r = ratios.get(key)
         if r:
             med, pair, low = r["median"], r["paired"], r["min"]
-            print(f"  {key}: median {med:.3f} paired {pair:.3f} min {low:.3f}")
+            mem = result.get("memory_ratios", {}).get(key)
+            extra = "" if mem is None else f"; peak memory {mem:.3f}"
+            print(f"  {key}: median {med:.3f} paired {pair:.3f} min {low:.3f}{extra}")
     if args.profile:
-        keep = {n: variants[n] for n in ("tent", "eatta", "reference-style")}
+        keep = {n: variants[n] for n in ("tent", "eatta", "eatta-approx", "reference-style")}
         result["profile"] = profile_steps(keep, device)
     return result
+
+
+def _latency(seconds: list[float]) -> dict[str, float]:
+    """p50 and p99 of one variant's per-step times (ms)."""
+    ms = sorted(1e3 * s for s in seconds)
+
+    def q(p: float) -> float:
+        pos = p * (len(ms) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(ms) - 1)
+        return ms[lo] + (ms[hi] - ms[lo]) * (pos - lo)
+
+    return {"p50_ms": q(0.50), "p99_ms": q(0.99), "n": len(ms)}
+
+
+def _peak(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Peak bytes of one step; for ``eatta-approx`` the largest over a refresh period."""
+    method = getattr(fn, "method", None)
+    period = getattr(method, "approx_refresh", None) or 1
+    peaks = [_common.peak_bytes(fn, device) for _ in range(period)]
+    known = [p for p in peaks if p is not None]
+    return max(known) if known else None
 
 
 def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:

@@ -38,6 +38,13 @@ from eatta.methods._active import (
     select_and_ask,
     split_answer,
 )
+from eatta.methods._approx import (
+    NormCalibration,
+    ProxyName,
+    check_proxy,
+    last_norm_params,
+    proxy_norms,
+)
 from eatta.methods._grads import SegmentPlan
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
@@ -55,6 +62,7 @@ __all__ = [
     "EATTA",
     "EATTAConfig",
     "GradMode",
+    "ProxyName",
     "StepOptions",
     "StepRecord",
     "build_eatta",
@@ -67,6 +75,9 @@ class StepRecord:
     """What one adaptation step did; tensors stay on the device (reading them syncs).
 
     ``skipped``: the gradients were not finite, so no update was applied and no state changed.
+    ``grad_norms_approx``: ``grad_norm_sup`` / ``grad_norm_unsup`` are the approximate step's
+    estimates (``grad_mode="approx"`` between refreshes: the proxy norms, scaled as the last
+    refresh said), not the exact global norms; the debiaser received them as they are.
     With an asynchronous annotator, ``negatives`` are this batch's samples answered "no" (learned
     as complementary labels) and ``late`` counts the earlier requests answered in this step.
     """
@@ -87,6 +98,7 @@ class StepRecord:
     skipped: bool = False
     negatives: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
     late: int = 0
+    grad_norms_approx: bool = False
 
 
 def _global_norm(grads: Sequence[Tensor | None]) -> Tensor:
@@ -153,6 +165,14 @@ class EATTA(AdaptiveMethod):
         split: ``(backbone, head)`` for models whose split is not found automatically.
         options: performance options (:class:`StepOptions`); or give ``grad_mode``,
             ``autocast``, ``channels_last`` as keywords (not both).
+        approx_proxy: with ``grad_mode="approx"`` (one backward pass on the weighted sum, its
+            weights from estimated gradient norms): the estimate, ``"last-norm"`` (the norms
+            over the backbone's last normalization layer's affine parameters) or ``"head"``
+            (the norms of the gradients at the head's input features); see
+            :mod:`eatta.methods._approx` and ``docs/approx-step.md``.
+        approx_refresh: with ``grad_mode="approx"``: every this many steps the exact norms are
+            computed (two backward passes, as the exact step) and each estimate is scaled by
+            ``exact / estimate`` until the next refresh; None: never.
         label_expiry: steps an asynchronous request waits for its answer before it expires.
         late_labels: how late labels are weighed and the label-free fallback
             (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback.
@@ -196,6 +216,8 @@ class EATTA(AdaptiveMethod):
         label_expiry: int = DEFAULT_MAX_AGE,
         late_labels: LateLabels | None = None,
         nearest_replay: NearestReplay | None = None,
+        approx_proxy: ProxyName = "last-norm",
+        approx_refresh: int | None = None,
     ) -> None:
         if optimizer is None:
             raise TypeError("EATTA needs an optimizer over the trainable parameters")
@@ -209,6 +231,9 @@ class EATTA(AdaptiveMethod):
         )
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
+        approx = options.grad_mode == "approx"
+        calibration = NormCalibration(approx_refresh) if approx else None  # checks the period
+        check_proxy(approx_proxy)
         options.prepare_model(model)
         super().__init__(model, optimizer, split=split, check_finite=check_finite)
         self.options = options
@@ -238,7 +263,18 @@ class EATTA(AdaptiveMethod):
         train_ids, measure_ids = {id(p) for p in self._train}, {id(p) for p in measure}
         self._all = self._train + [p for p in measure if id(p) not in train_ids]
         self._measure_pos = [i for i, p in enumerate(self._all) if id(p) in measure_ids]
-        self._norms_cover_update = train_ids <= measure_ids
+        self._norms_cover_update = train_ids <= measure_ids and not approx
+        self._calibration = calibration
+        self._estimated = False  # whether the last step's norms were estimates
+        self._approx_proxy: ProxyName = approx_proxy
+        self._proxy_params: list[nn.Parameter] = []
+        if approx and approx_proxy == "last-norm":
+            self._proxy_params = last_norm_params(self.split.backbone, measure)
+            if not self._proxy_params:
+                raise ValueError(
+                    "approx_proxy='last-norm' needs a normalization layer with measured affine "
+                    "parameters in the backbone; use approx_proxy='head'"
+                )
         self.last_step: StepRecord | None = None
         self.late_labels = late_labels if self._asking is not None else None
         self.nearest_replay = nearest_replay if self._asking is not None else None
@@ -250,6 +286,16 @@ class EATTA(AdaptiveMethod):
     @property
     def grad_mode(self) -> GradMode:
         return self.options.grad_mode
+
+    @property
+    def approx_proxy(self) -> ProxyName | None:
+        """The approximate step's norm estimate (None unless ``grad_mode="approx"``)."""
+        return None if self._calibration is None else self._approx_proxy
+
+    @property
+    def approx_refresh(self) -> int | None:
+        """Steps between the approximate step's exact refreshes (None: never, or not approx)."""
+        return None if self._calibration is None else self._calibration.period
 
     @property
     def autocast(self) -> bool:
@@ -317,7 +363,7 @@ class EATTA(AdaptiveMethod):
             plan = None  # a second graph through the same weights: plan from the losses
 
         # 3. weights and the weighted gradient, γ_sup·∇L_sup + γ_unsup·∇L_unsup
-        grads, weights, g_sup, g_unsup = self._gradients(loss_sup, loss_unsup, n_unsup, plan)
+        grads, weights, g_sup, g_unsup = self._gradients(loss_sup, loss_unsup, n_unsup, plan, z)
 
         # 4. one update, or none if the gradients are not finite
         if not self._update_is_finite(grads, weights, g_sup, g_unsup):
@@ -334,6 +380,7 @@ class EATTA(AdaptiveMethod):
         record.loss_unsup, record.num_unsup = loss_unsup.detach(), n_unsup
         record.loss_sup = None if loss_sup is None else loss_sup.detach()
         record.grad_norm_sup, record.grad_norm_unsup, record.weights = g_sup, g_unsup, weights
+        record.grad_norms_approx = self._estimated
         if loss_sup is None or weights is None:  # no label: the entropy loss alone
             record.loss = loss_unsup.detach()
         else:
@@ -520,6 +567,8 @@ class EATTA(AdaptiveMethod):
         path from them to the parameters runs through ``o``'s node."""
         if not self.debiaser.needs_grad_norms:
             return None
+        if self._calibration is not None and not self._calibration.due:
+            return None  # the approximate step between refreshes: one backward pass, no plan
         return self.gradients.plan(o, self._all)
 
     def _gradients(
@@ -528,9 +577,12 @@ class EATTA(AdaptiveMethod):
         loss_unsup: Tensor,
         n_unsup: Tensor,
         plan: SegmentPlan | None = None,
+        features: Tensor | None = None,
     ) -> tuple[list[Tensor], LossWeights | None, Tensor | None, Tensor | None]:
-        """The update's gradients for the trainable parameters, the weights and the two norms."""
+        """The update's gradients for the trainable parameters, the weights and the two norms
+        (estimated by the approximate step between refreshes: see :attr:`StepRecord`)."""
         train = self._train
+        self._estimated = False
         if loss_sup is None:  # no label: plain confident-entropy step, weight 1
             g = torch.autograd.grad(loss_unsup, train, allow_unused=True)
             return [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)], None, None, None
@@ -539,10 +591,28 @@ class EATTA(AdaptiveMethod):
             one = torch.ones((), device=loss_sup.device)
             grads = [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)]
             return grads, LossWeights(one, one, one, one), None, None
+        cal = self._calibration
+        if cal is not None:
+            at: list[Tensor] = list(self._proxy_params)
+            if self._approx_proxy == "head" and features is not None:
+                at = [features]
+            due = cal.due
+            cal.advance()  # rolled back with the other parts if the step is skipped
+            if not due:  # one backward pass on the weighted sum, weights from the estimates
+                g_sup, g_unsup = cal.scale(*proxy_norms(loss_sup, loss_unsup, at))
+                weights = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
+                total = weights.sup * loss_sup + weights.unsup * loss_unsup
+                g = torch.autograd.grad(total, train, allow_unused=True)
+                self._estimated = True
+                grads = [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)]
+                return grads, weights, g_sup, g_unsup
+            est = proxy_norms(loss_sup, loss_unsup, at)
         gs, gu = self.gradients.grads(loss_sup, loss_unsup, self._all, plan)
         zero = loss_sup.new_zeros(())
         g_sup = _global_norm([gs[i] for i in self._measure_pos] + [zero])
         g_unsup = _global_norm([gu[i] for i in self._measure_pos] + [zero])
+        if cal is not None:
+            cal.refresh(est, (g_sup, g_unsup))
         weights = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
         sup = [_zero_if_none(g, p) for g, p in zip(gs, train, strict=False)]
         unsup = [_zero_if_none(g, p) for g, p in zip(gu, train, strict=False)]
@@ -612,6 +682,7 @@ class EATTA(AdaptiveMethod):
             "pending": None if self._asking is None else self._asking.pending,
             "late_labels": self.late_labels,
             "nearest_replay": self.nearest_replay,
+            **({} if self._calibration is None else {"grad_norm_estimate": self._calibration}),
         }
 
     def method_state(self) -> dict[str, Any]:
@@ -678,7 +749,15 @@ class EATTAConfig(OptimizerConfig):
     buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
     steps: int = hparam(1, "optimizer steps per batch", min=1)
-    grad_mode: GradMode = hparam("auto", "how the two backward passes are run")
+    grad_mode: GradMode = hparam(
+        "auto", "how the two gradients are computed ('approx': one backward pass, estimated norms)"
+    )
+    approx_proxy: ProxyName = hparam(
+        "last-norm", "grad_mode='approx': norms estimated at the last norm layer or the head input"
+    )
+    approx_refresh: int | None = hparam(
+        None, "grad_mode='approx': exact norms every this many steps (None: never)", min=1
+    )
     autocast: bool = hparam(False, "bf16 autocast of the feature extractor")
     channels_last: bool = hparam(False, "channels-last memory format")
     label_expiry: int = hparam(
@@ -734,6 +813,8 @@ def build_eatta(
         grad_mode=cfg.grad_mode,
         autocast=cfg.autocast,
         channels_last=cfg.channels_last,
+        approx_proxy=cfg.approx_proxy,
+        approx_refresh=cfg.approx_refresh,
         label_expiry=cfg.label_expiry,
         late_labels=late_labels,
         nearest_replay=nearest_replay,

@@ -1,7 +1,8 @@
-"""How EATTA's step runs (never what it computes): gradient strategy, autocast, channels-last.
+"""How EATTA's step runs: gradient strategy, autocast, channels-last.
 
-All options give the same update up to float rounding; the defaults reproduce the golden traces
-bit for bit. See ``docs/method.md`` (Performance options).
+All options but ``grad_mode="approx"`` give the same update up to float rounding; the defaults
+reproduce the golden traces bit for bit. See ``docs/method.md`` (Performance options) and
+``docs/approx-step.md`` (the approximate step, which changes what is computed).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from eatta.methods._grads import Batched, GradientStrategy, Segmented, TwoPass
 __all__ = ["GradMode", "StepOptions"]
 
 #: How the two gradients are computed (see :mod:`eatta.methods._grads`).
-GradMode = Literal["auto", "two-pass", "segmented", "batched"]
+GradMode = Literal["auto", "two-pass", "segmented", "batched", "approx"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class StepOptions:
             ResNets). ``"batched"``: one vmapped pass (``is_grads_batched``); low memory, slower
             in PyTorch 2.13. ``"auto"``: ``"segmented"``, or ``"two-pass"`` when the model has
             module hooks or its graph's gradients total less than ``segment_min_bytes``.
+            ``"approx"``: not exact: ONE backward pass on ``γ_sup·L_sup + γ_unsup·L_unsup``, the
+            weights from estimated gradient norms (``EATTA``'s ``approx_proxy``,
+            ``approx_refresh``; ``docs/approx-step.md``); refresh steps run as ``"auto"``.
         autocast: run the feature extractor under bfloat16 autocast; the head, the perturbation
             scores and the losses stay float32 (the perturbation difference is ~1e-3 and would
             drown in bfloat16 rounding).
@@ -85,7 +89,7 @@ class StepOptions:
             return TwoPass()
         if self.grad_mode == "batched":
             return Batched()
-        auto = self.grad_mode == "auto"
+        auto = self.grad_mode in ("auto", "approx")  # approx: its exact refresh steps
         return Segmented(self.grad_segments, self.segment_min_bytes, auto=auto, model=model)
 
 

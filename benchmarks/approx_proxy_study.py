@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""How well each cheap gradient-norm estimate's ratio tracks the exact one (issue 32).
+
+The exact EATTA step (``grad_mode="auto"``) adapts along a digits-C stream (severity 5, the 15
+corruptions in order, one label per batch, the registry's digits-c defaults); at every step, next
+to the exact global norms ``g_sup``, ``g_unsup`` over the adapted parameters, the script records
+the estimates of :mod:`eatta.methods._approx` on the same graph:
+
+* ``last-norm``: the norms over the backbone's last normalization layer's affine parameters;
+* ``head``: the norms of the gradients at the head's input features (``δ W``);
+
+and derives the refresh candidates from the same trajectory:
+
+* ``stale-N``: the exact norms of the last step ``t`` with ``t mod N == 0`` (what "exact every N
+  steps, the EMA between" gives the debiaser);
+* ``last-norm+refresh-N``, ``head+refresh-N``: the estimate scaled by ``exact / estimate`` of the
+  last refresh step (each loss on its own), as ``EATTA(grad_mode="approx", approx_refresh=N)``.
+
+For each: the Pearson correlation of its ratio ``r = g_sup / (g_sup + g_unsup)`` with the exact
+ratio over the steps with a confident set (both norms > 0), the mean bias ``r_est - r_exact``, the
+mean absolute error, and the same for the debiaser's raw weight ``γ_sup = 2 (1 - r)``'s EMA
+(α = 0.8), which is what the update sees.
+
+Models: ``digits-32`` (the benchmark's trained digits CNN, every batch of one round) and
+``resnet18-64`` (torchvision ResNet-18, random init, 10 classes, the digits upsampled to 64 px,
+the head scaled until half of a batch is confident, as in ``step_benchmark.py``; one round).
+The digits CNN runs ``--rounds`` rounds (4: 900 steps).
+
+Usage::
+
+    python benchmarks/approx_proxy_study.py          # benchmarks/results/approx_proxy_study.json
+    python benchmarks/approx_proxy_study.py --quick     # 60 batches per model, not written
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common
+
+import eatta
+from eatta.annotate.oracle import GroundTruthOracle
+from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains
+from eatta.data.stream import TestStream
+from eatta.losses import default_entropy_margin, entropy
+from eatta.methods._approx import last_norm_params, proxy_norms
+from eatta.methods.eatta import EATTA
+from eatta.methods.registry import create
+
+OUT = _common.RESULTS / "approx_proxy_study.json"
+REFRESH = (4, 16, 64)
+ALPHA = 0.8
+
+
+class Recorder(EATTA):
+    """The exact step, recording the estimates next to the exact norms at every step."""
+
+    rows: list[tuple[float, ...]]
+
+    def _gradients(self, loss_sup, loss_unsup, n_unsup, plan=None, features=None):  # type: ignore[no-untyped-def]
+        est: tuple[float, ...] = ()
+        if loss_sup is not None and features is not None:
+            last = last_norm_params(self.split.backbone, self._train)
+            a, b = proxy_norms(loss_sup, loss_unsup, last)
+            c, d = proxy_norms(loss_sup, loss_unsup, [features])
+            est = (float(a), float(b), float(c), float(d))
+        out = super()._gradients(loss_sup, loss_unsup, n_unsup, plan, features)
+        g_sup, g_unsup = out[2], out[3]
+        if est and g_sup is not None and g_unsup is not None:
+            self.rows.append((float(g_sup), float(g_unsup), *est))
+        return out
+
+
+def _resnet18(num_classes: int) -> nn.Module:
+    from eatta._compat import import_torchvision
+
+    return import_torchvision().models.resnet18(num_classes=num_classes)
+
+
+def _model(kind: str, x0: Tensor) -> nn.Module:
+    if kind == "digits-32":
+        from eatta.bench.digits_model import packaged_digits_source
+
+        return copy.deepcopy(packaged_digits_source()[0])
+    torch.manual_seed(0)
+    model = _resnet18(10)
+    eatta.configure_model(model)
+    margin = default_entropy_margin(10)
+    with torch.no_grad():  # a random network is uniformly unsure: scale the head until it is not
+        for _ in range(12):
+            if float((entropy(model(x0)) < margin).float().mean()) >= 0.5:
+                break
+            model.fc.weight.mul_(2.0)
+            model.fc.bias.mul_(2.0)
+    return model
+
+
+def trajectory(kind: str, rounds: int, limit: int | None) -> np.ndarray:
+    """Exact and estimated norms at each step of ``rounds`` rounds (round ``r`` a
+    ``TestStream`` shuffled with seed ``r``): columns exact sup/unsup, last-norm sup/unsup,
+    head sup/unsup."""
+    domains = digits_c_domains(list(DIGITS_C_CORRUPTIONS), severity=5)
+    batches = [(x, y) for r in range(rounds) for x, y, _ in TestStream(domains, 64, seed=r)]
+    if limit is not None:
+        step = max(1, len(batches) // limit)
+        batches = batches[::step][:limit]
+    size = 64 if kind == "resnet18-64" else 32
+
+    def prep(x: Tensor) -> Tensor:
+        return (
+            F.interpolate(x, size=size, mode="bilinear", align_corners=False) if size != 32 else x
+        )
+
+    model = _model(kind, prep(batches[0][0]))
+    oracle = GroundTruthOracle()
+    made = create("eatta", model, dataset="digits-c", oracle=oracle, budget=1, seed=0)
+    assert isinstance(made, EATTA)
+    made.__class__ = Recorder  # same state, the recording _gradients
+    method: Recorder = made  # type: ignore[assignment]
+    method.rows = []
+    for x, y in batches:
+        with oracle.labels(y):
+            method(prep(x))
+    return np.asarray(method.rows, dtype=np.float64)
+
+
+def _ratio(s: np.ndarray, u: np.ndarray) -> np.ndarray:
+    return s / (s + u)
+
+
+def _ema_gamma(r: np.ndarray) -> np.ndarray:
+    """The debiaser's EMA of ``γ_sup = 2 (1 - r)`` (from the first value)."""
+    out = np.empty_like(r)
+    acc = 2 * (1 - r[0])
+    for i, v in enumerate(r):
+        acc = acc if i == 0 else ALPHA * acc + (1 - ALPHA) * 2 * (1 - v)
+        out[i] = acc
+    return out
+
+
+def candidates(rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Each candidate's ratio at each step (the exact one first)."""
+    es, eu, ls, lu, hs, hu = rows.T
+    out = {"exact": _ratio(es, eu), "last-norm": _ratio(ls, lu), "head": _ratio(hs, hu)}
+    idx = np.arange(len(rows))
+    for n in REFRESH:
+        last = (idx // n) * n  # the last refresh step
+        out[f"stale-{n}"] = _ratio(es[last], eu[last])
+        for name, s, u in (("last-norm", ls, lu), ("head", hs, hu)):
+            cs = np.where(s[last] > 0, es[last] / np.where(s[last] > 0, s[last], 1), 1.0)
+            cu = np.where(u[last] > 0, eu[last] / np.where(u[last] > 0, u[last], 1), 1.0)
+            out[f"{name}+refresh-{n}"] = _ratio(s * cs, u * cu)
+    return out
+
+
+def agreement(rows: np.ndarray) -> dict[str, dict[str, float]]:
+    """Correlation, bias, mean |error| of each candidate's ratio and EMA weight vs the exact."""
+    valid = (rows[:, 1] > 0) & (rows[:, 3] > 0) & (rows[:, 5] > 0)
+    cand = candidates(rows)
+    exact = cand["exact"]
+    ref_gamma = _ema_gamma(exact[valid])
+    out: dict[str, dict[str, float]] = {}
+    for name, r in cand.items():
+        a, b = r[valid], exact[valid]
+        g = _ema_gamma(a)
+        out[name] = {
+            "corr": float(np.corrcoef(a, b)[0, 1]),
+            "bias": float((a - b).mean()),
+            "mae": float(np.abs(a - b).mean()),
+            "gamma_corr": float(np.corrcoef(g, ref_gamma)[0, 1]),
+            "gamma_bias": float((g - ref_gamma).mean()),
+            "gamma_mae": float(np.abs(g - ref_gamma).mean()),
+        }
+    out["_steps"] = {"recorded": float(len(rows)), "with_confident_set": float(valid.sum())}
+    out["_exact_ratio"] = {"mean": float(exact[valid].mean()), "std": float(exact[valid].std())}
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """One table per model: each candidate's agreement with the exact ratio."""
+    parts = []
+    for model, res in results["models"].items():
+        steps = res["agreement"]["_steps"]
+        ex = res["agreement"]["_exact_ratio"]
+        parts.append(
+            f"**{model}** ({int(steps['with_confident_set'])} steps with a confident set; exact "
+            f"ratio {ex['mean']:.3f} ± {ex['std']:.3f})\n"
+        )
+        rows = [
+            [
+                name,
+                f"{v['corr']:.3f}",
+                f"{v['bias']:+.3f}",
+                f"{v['mae']:.3f}",
+                f"{v['gamma_corr']:.3f}",
+                f"{v['gamma_bias']:+.3f}",
+                f"{v['gamma_mae']:.3f}",
+            ]
+            for name, v in res["agreement"].items()
+            if not name.startswith("_") and name != "exact"
+        ]
+        head = ["estimate", "corr r", "bias r", "MAE r", "corr EMA γ_sup", "bias γ", "MAE γ"]
+        parts.append(_common_table(head, rows))
+    return "\n".join(parts)
+
+
+def _common_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--models", nargs="+", default=["digits-32", "resnet18-64"])
+    p.add_argument("--rounds", type=int, default=4, help="digits-32 rounds (resnet18-64: 1)")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results: dict[str, Any] = {"meta": _common.machine(torch.device("cpu")), "models": {}}
+    for kind in args.models:
+        t0 = time.perf_counter()
+        rounds = args.rounds if kind == "digits-32" else 1
+        rows = trajectory(kind, rounds, 60 if args.quick else None)
+        results["models"][kind] = {
+            "rounds": rounds,
+            "agreement": agreement(rows),
+            "seconds": time.perf_counter() - t0,
+        }
+        print(f"[{kind}] {len(rows)} steps in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(markdown(results))
+    if not args.quick:
+        OUT.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
