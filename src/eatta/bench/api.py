@@ -201,7 +201,9 @@ def load_benchmarks(
     folder, a wrong layout or unavailable weights). ``roots``: one folder for all, or one per
     dataset; ``oracle_backbone``: annotate with that model instead of the ground truth. The other
     keywords are those of :func:`~eatta.bench.suites.imagenet_benchmark`,
-    :func:`~eatta.bench.suites.pacs_benchmark` and :func:`~eatta.bench.suites.digits_c_benchmark`.
+    :func:`~eatta.bench.suites.pacs_benchmark` and :func:`~eatta.bench.suites.digits_c_benchmark`
+    (``backbone``: ``digits-cnn`` or ``digits-vit`` for digits-C, a
+    :data:`~eatta.bench.models.MODELS` name for the others).
     """
     from eatta.bench import suites
 
@@ -232,7 +234,9 @@ def load_benchmarks(
         if name == "digits-c":
             if oracle_backbone is not None:
                 raise ValueError("digits-C has no model annotator; use the ground truth")
-            b = suites.digits_c_benchmark(cache_dir, log=log, gradual=gradual, ccc=ccc)
+            b = suites.digits_c_benchmark(
+                cache_dir, log=log, gradual=gradual, ccc=ccc, backbone=backbone
+            )
             out[b.name] = b
             continue
         if name not in root_of:

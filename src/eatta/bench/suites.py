@@ -1,7 +1,9 @@
 """Ready-to-run benchmarks (:class:`~eatta.bench.benchmark.BenchmarkData`) for each dataset of §6.
 
-* ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model from
-  :mod:`eatta.bench.digits_model`; EATA's Fisher data is the clean source split.
+* ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model the
+  BatchNorm CNN of :mod:`eatta.bench.digits_model` (backbone ``digits-cnn``, the default) or the
+  LayerNorm vision transformer of :mod:`eatta.bench.digits_vit` (``digits-vit``, grid name
+  ``digits-c:vit``); EATA's Fisher data is the clean source split.
 * ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
   ``imagenet-r`` / ``imagenet-a`` (``<root>/<wnid>/*``, 200 classes, scored on the 200 matching
   logits: the 1000-way head is cut down to those rows, so prediction, entropy and EATTA's split all
@@ -29,8 +31,10 @@ from eatta.split import split_model
 
 __all__ = [
     "DATASETS",
+    "DIGITS_BACKBONES",
     "LAYOUTS",
     "digits_c_benchmark",
+    "digits_grid_name",
     "imagenet_benchmark",
     "pacs_benchmark",
     "restrict_classes",
@@ -48,6 +52,22 @@ LAYOUTS = {
     "imagenet-a": "<root>/<wnid>/*.jpg (200 ImageNet-A classes)",
     "pacs": "<root>/<domain>/<class>/*.jpg, domain in art_painting|cartoon|photo|sketch",
 }
+
+#: The digits-C source models (``--backbone``): the BatchNorm CNN (default) and the LayerNorm ViT.
+DIGITS_BACKBONES = ("digits-cnn", "digits-vit")
+
+
+def digits_grid_name(backbone: str | None = None) -> str:
+    """The grid (and table) name of digits-C with ``backbone`` (None: the default CNN):
+    ``"digits-c"`` for the CNN, ``"digits-c:vit"`` for the ViT, so results of the two models are
+    never mixed up in one table or folder; an unknown backbone is a ``ValueError`` naming it."""
+    if backbone is None or backbone == "digits-cnn":
+        return "digits-c"
+    if backbone == "digits-vit":
+        return "digits-c:vit"
+    raise ValueError(
+        f"digits-c has no backbone {backbone!r}; choose from {', '.join(DIGITS_BACKBONES)}"
+    )
 
 
 def _seeded_load(name: str, **kwargs: Any) -> nn.Module:
@@ -98,10 +118,12 @@ def digits_c_benchmark(
     log: Callable[[str], None] | None = None,
     gradual: bool = False,
     ccc: str | None = None,
+    backbone: str | None = None,
 ) -> BenchmarkData:
     """The embedded digits-C benchmark (data corrupted on first use, cached). ``gradual``: CoTTA's
     gradual sequence, severity 1→5→1 within each corruption (other severities built lazily);
-    ``ccc``: the CCC-style stream at that speed (:mod:`eatta.data.ccc`) instead."""
+    ``ccc``: the CCC-style stream at that speed (:mod:`eatta.data.ccc`) instead; ``backbone``:
+    one of :data:`DIGITS_BACKBONES` (None: ``digits-cnn``)."""
     from eatta.bench import provenance as prov
     from eatta.bench.digits_model import (
         DIGITS_MODEL_VERSION,
@@ -109,21 +131,29 @@ def digits_c_benchmark(
         packaged_digits_source,
         state_digest,
     )
+    from eatta.bench.digits_vit import DIGITS_VIT_SHA256, DIGITS_VIT_VERSION, packaged_digits_vit
     from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
 
-    try:
-        model, report = packaged_digits_source()
-        how = "packaged weights"
-    except RuntimeError as err:  # a damaged installation: train (results may differ)
-        if log is not None:
-            log(f"warning: {err}; training the source model instead")
-        model, report = load_digits_source(cache_dir)
-        how = "loaded from cache" if report["cached"] else "trained"
+    name = digits_grid_name(backbone)  # checks the backbone before anything is loaded
+    model: nn.Module
+    if name == "digits-c:vit":  # no fallback: a damaged file is an error (RuntimeError)
+        model, report = packaged_digits_vit()
+        how, label = "packaged weights", f"digits-vit v{DIGITS_VIT_VERSION}"
+    else:
+        label = f"digits-cnn v{DIGITS_MODEL_VERSION}"
+        try:
+            model, report = packaged_digits_source()
+            how = "packaged weights"
+        except RuntimeError as err:  # a damaged installation: train (results may differ)
+            if log is not None:
+                log(f"warning: {err}; training the source model instead")
+            model, report = load_digits_source(cache_dir)
+            how = "loaded from cache" if report["cached"] else "trained"
     if log is not None:
         if not report.get("packaged") and not report["cached"]:
             how = f"trained in {report['train_seconds']:.1f} s"
         log(
-            f"digits-C source model ({how}, {report['path']}): clean test accuracy "
+            f"digits-C source model {label} ({how}, {report['path']}): clean test accuracy "
             f"{100 * report['clean_test_accuracy']:.1f}%"
         )
     if gradual:
@@ -142,14 +172,17 @@ def digits_c_benchmark(
     source = digits_source()
     names = [d.name for d in domains]
     data_digest = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
+    expected = None if ccc is not None else prov.digits_reference(names)
+    if expected is not None and name == "digits-c:vit":  # the reference holds the CNN's digest
+        expected["model_sha256"] = DIGITS_VIT_SHA256
     return BenchmarkData(
-        name="digits-c",
+        name=name,
         defaults_key="digits-c",
         domains=domains,
         model_fn=_copier(model),
         fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
         config={
-            "model": f"digits-cnn v{DIGITS_MODEL_VERSION}",
+            "model": label,
             "data": f"v{DIGITS_C_VERSION}",
             "gradual": gradual,
             **({"ccc": ccc} if ccc is not None else {}),
@@ -159,7 +192,7 @@ def digits_c_benchmark(
             "data_sha256": data_digest,
             **prov.machine_provenance(),
         },
-        expected_provenance=None if ccc is not None else prov.digits_reference(names),
+        expected_provenance=expected,
     )
 
 
