@@ -30,6 +30,7 @@ from _common import markdown_table as table
 
 import eatta.bench
 from eatta.bench.results import CellResult
+from eatta.methods import registry
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "benchmarks.md"
@@ -42,8 +43,28 @@ BATCH_SIZES = (64, 8, 1)
 BAR = 2.0
 
 
+def scaled_lr(methods: Sequence[str], batch: int, rule: str) -> dict[str, dict[str, float]]:
+    """``--hp`` overrides for batch size ``batch``: with rule ``linear``, each method's digits-C
+    learning rate times ``batch / 64`` (the same step size per sample as at batch 64, the rule
+    SAR uses for small batches); ``none``: no override."""
+    if rule == "none" or batch == 64:
+        return {}
+    out = {}
+    for m in methods:
+        spec = registry.get_spec(m)
+        if "lr" in spec.keys:
+            out[m] = {"lr": float(spec.hparams("digits-c", {})["lr"]) * batch / 64}
+    return out
+
+
 def run(
-    out: Path, batch: int, methods: Sequence[str], seeds: Sequence[int], rounds: int
+    out: Path,
+    batch: int,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    rounds: int,
+    limit: int | None,
+    rule: str,
 ) -> list[CellResult]:
     """One batch size's cells (read back where finished)."""
     started = time.perf_counter()
@@ -54,6 +75,8 @@ def run(
         batch_size=batch,
         every=64 // batch,
         rounds=rounds,
+        limit=limit,
+        hparams=scaled_lr(methods, batch, rule),
         seeds=list(seeds),
         jobs=1,
         threads=1,
@@ -112,21 +135,32 @@ def render(data: dict[str, Any]) -> str:
             ]
         )
     labels = {
-        b: sorted({n for c in per.values() if b in c for n in c[b]["labels"] if n})
-        for b in sizes
+        b: sorted({n for c in per.values() if b in c for n in c[b]["labels"] if n}) for b in sizes
     }
     seeds = ",".join(map(str, meta["seeds"]))
+    limit = meta.get("limit")
+    rule = meta.get("lr_rule", "none")
+    lr_text = (
+        "each method's digits-C learning rate (the CNN's) times B/64, the same step per sample "
+        "as at batch 64 (`--lr-rule linear`)"
+        if rule == "linear"
+        else "each method's digits-C defaults (the CNN's learning rates) at every batch size"
+    )
+    options = f"--seeds {seeds} --rounds {meta['rounds']} --lr-rule {rule}"
+    if limit is not None:
+        options += f" --limit {limit}"
     failing = [m for m, ok, _ in verdicts if not ok]
     holds = [m for m, ok, _ in verdicts if ok]
     lines = [
         BEGIN,
         "",
-        f"Average error % over {meta['rounds']} recurring round(s) of digits-C with the packaged "
-        f"LayerNorm ViT (`--backbone digits-vit`), seeds {seeds} (mean ± std over seeds), "
-        "at equal labels per sample: batch size B labels one sample every 64/B batches "
-        "(`--every 64/B`). Each method's digits-C defaults (the CNN's learning rates) at every "
-        f"batch size. Regenerate: `python benchmarks/vit_batch_study.py --seeds {seeds} "
-        f"--rounds {meta['rounds']}`.",
+        f"Average error % over {meta['rounds']} recurring round(s) of digits-C"
+        + ("" if limit is None else f" ({limit} images per domain, `--limit {limit}`)")
+        + f" with the packaged LayerNorm ViT (`--backbone digits-vit`), seed(s) {seeds}"
+        + (" (mean ± std over seeds)" if len(meta["seeds"]) > 1 else "")
+        + ", at equal labels per sample: batch size B labels one sample every 64/B batches "
+        f"(`--every 64/B`); learning rate: {lr_text}. Regenerate: "
+        f"`python benchmarks/vit_batch_study.py {options}`.",
         "",
         table(header, rows),
         "",
@@ -144,9 +178,7 @@ def render(data: dict[str, Any]) -> str:
             ", ".join(f"`{m}`" for m in holds) if holds else "none"
         )
         if failing:
-            text += "; not: " + ", ".join(
-                f"`{m}` ({g:+.1f})" for m, ok, g in verdicts if not ok
-            )
+            text += "; not: " + ", ".join(f"`{m}` ({g:+.1f})" for m, ok, g in verdicts if not ok)
         lines += [text + ".", ""]
     lines.append(END)
     return "\n".join(lines)
@@ -166,6 +198,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=10, help="recurring rounds (10: the main job's)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
+    p.add_argument("--limit", type=int, default=None, help="images per domain (default: all 898)")
+    p.add_argument(
+        "--lr-rule",
+        choices=("linear", "none"),
+        default="linear",
+        help="learning rate at batch B: the digits-C default times B/64 (linear), or the default",
+    )
     p.add_argument("--out", default="runs/vit-batch-study", type=Path)
     p.add_argument("--render-only", action="store_true", help="only read finished cells back")
     args = p.parse_args(argv)
@@ -180,11 +219,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.render_only:
         data = json.loads(JSON.read_text(encoding="utf-8"))
     else:
-        results = {b: run(args.out, b, methods, seeds, args.rounds) for b in sizes}
+        results = {
+            b: run(args.out, b, methods, seeds, args.rounds, args.limit, args.lr_rule)
+            for b in sizes
+        }
         data = {
             "meta": {
                 "seeds": seeds,
                 "rounds": args.rounds,
+                "limit": args.limit,
+                "lr_rule": args.lr_rule,
                 "batch_sizes": sizes,
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             },

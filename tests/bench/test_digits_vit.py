@@ -50,7 +50,12 @@ def test_bad_shapes_are_refused():
         dv.train_digits_vit(epochs=0)
 
 
-def test_training_is_deterministic_per_seed():
+def test_training_is_deterministic_per_seed(monkeypatch):
+    from eatta.data import digits
+
+    small = digits.digits_source(limit=128)  # two steps an epoch; built once
+    for name in ("digits_source", "digits_test"):
+        monkeypatch.setattr(dv, name, lambda seed=0: small)
     a, ra = dv.train_digits_vit(seed=0, epochs=1)
     b, rb = dv.train_digits_vit(seed=0, epochs=1)
     assert state_digest(a) == state_digest(b)
@@ -67,8 +72,9 @@ def test_packaged_weights_match_their_digest_and_report():
     assert report["epochs"] == dv._EPOCHS and report["seed"] == 0
     x, y = digits_test().tensors  # the report's clean accuracy, recomputed
     with torch.no_grad():
-        acc = float((model(x).argmax(1) == y).float().mean())
-    assert acc == pytest.approx(report["clean_test_accuracy"], abs=1e-9)
+        acc = int((model(x).argmax(1) == y).sum()) / len(y)
+    # computed with AVX2 kernels; others may round one borderline logit the other way
+    assert acc == pytest.approx(report["clean_test_accuracy"], abs=1.5 / len(y))
     assert acc > 0.9
 
 
