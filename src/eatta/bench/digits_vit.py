@@ -17,8 +17,8 @@ embedded benchmark exercise that half on a CPU (``eatta-bench --backbone digits-
   0.6 MB) with the SHA-256 of its tensors (:data:`DIGITS_VIT_SHA256`). Shipped rather than
   trained on first use (about 80 s of one core) for the CNN's reason: the same seed on another
   CPU's vector kernels gives other weights, hence other benchmark numbers.
-  ``ATEN_CPU_CAPABILITY=avx2 python tools/train_digits_source.py --model digits-vit``
-  reproduces the file's digest on x86-64 (the kernels it was trained with).
+  It was written by ``ATEN_CPU_CAPABILITY=avx2 python tools/train_digits_source.py --model
+  digits-vit --write``; without ``--write`` the tool retrains and compares the digests.
 """
 
 from __future__ import annotations
