@@ -15,8 +15,8 @@ embedded benchmark exercise that half on a CPU (``eatta-bench --backbone digits-
 * Packaged weights (:func:`packaged_digits_vit`, what ``eatta-bench --backbone digits-vit``
   uses): seed 0's result (142k parameters) ships in the package (``digits_vit_v<VERSION>.pt``,
   0.6 MB) with the SHA-256 of its tensors (:data:`DIGITS_VIT_SHA256`). Shipped rather than
-  trained on first use (about 80 s of one core) for the CNN's reason: the same seed on another
-  CPU's vector kernels gives other weights, hence other benchmark numbers.
+  trained on first use (282 s on this project's busy 2-core machine) for the CNN's reason: the
+  same seed on another CPU's vector kernels gives other weights, hence other benchmark numbers.
   It was written by ``ATEN_CPU_CAPABILITY=avx2 python tools/train_digits_source.py --model
   digits-vit --write``; without ``--write`` the tool retrains and compares the digests.
 """
