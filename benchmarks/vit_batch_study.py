@@ -149,6 +149,8 @@ def render(data: dict[str, Any]) -> str:
     options = f"--seeds {seeds} --rounds {meta['rounds']} --lr-rule {rule}"
     if limit is not None:
         options += f" --limit {limit}"
+    if tuple(per) != METHODS:
+        options += f" --methods {','.join(per)}"
     failing = [m for m, ok, _ in verdicts if not ok]
     holds = [m for m, ok, _ in verdicts if ok]
     lines = [
