@@ -45,7 +45,8 @@ DATASETS = ("digits-c", "imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a", 
 
 #: Expected folder layout per dataset (for ``--list`` and error messages).
 LAYOUTS = {
-    "digits-c": "built in (scikit-learn digits, corrupted with corrupt-tta; cached)",
+    "digits-c": "built in (scikit-learn digits, corrupted with corrupt-tta; cached); "
+    "--backbone digits-cnn (default) or digits-vit",
     "imagenet-c": "<root>/<corruption>/<severity>/<wnid>/*.JPEG",
     "imagenet-r": "<root>/<wnid>/*.jpg (200 ImageNet-R classes)",
     "imagenet-k": "<root>/<wnid>/*.JPEG (ImageNet-Sketch, 1000 classes)",
