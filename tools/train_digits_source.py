@@ -3,6 +3,7 @@
     python tools/train_digits_source.py            # check: retrain, compare with the package
     python tools/train_digits_source.py --write    # overwrite the packaged files
     python tools/train_digits_source.py --data-only --write   # only the data digests
+    python tools/train_digits_source.py --model digits-vit [--write]   # the LayerNorm ViT
 
 Writes ``src/eatta/bench/digits_source_v<VERSION>.pt`` (the recipe of
 :func:`eatta.bench.digits_model.train_digits_cnn`, seed 0) and
@@ -15,6 +16,9 @@ digits-C arrays are CPU-independent since data version 2; the weights are not, h
 The reference also records torch's CPU capability and the architecture of the process that writes
 it, as those the README's main-job table is computed with: write it under the same
 ``ATEN_CPU_CAPABILITY`` as that table (``avx2``, docs/benchmarks.md).
+``--model digits-vit`` does the same for the LayerNorm vision transformer
+(:mod:`eatta.bench.digits_vit`): it writes only ``digits_vit_v<VERSION>.pt``; update
+``DIGITS_VIT_SHA256`` in ``digits_vit.py`` to the printed digest after ``--write``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 import torch
 
 from eatta.bench import digits_model as dm
+from eatta.bench import digits_vit as dv
 from eatta.bench.provenance import corruption_stack_versions, dataset_digest
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, DIGITS_C_VERSION, digits_c
 
@@ -41,7 +46,17 @@ def main() -> int:
     p.add_argument(
         "--data-only", action="store_true", help="keep the packaged weights; digest the data only"
     )
+    p.add_argument(
+        "--model",
+        choices=("digits-cnn", "digits-vit"),
+        default="digits-cnn",
+        help="which packaged model to retrain",
+    )
     args = p.parse_args()
+    if args.model == "digits-vit":
+        if args.data_only:
+            p.error("--data-only belongs to the CNN's reference file; leave out --model")
+        return vit(args.write)
     if args.data_only:
         model, report, digest = None, None, dm.DIGITS_SOURCE_SHA256
     else:
@@ -70,6 +85,19 @@ def main() -> int:
         kept = "kept" if digest == dm.DIGITS_SOURCE_SHA256 else "rewritten"
         print(f"wrote digits_reference.json (weights {kept})")
     return 0 if digest == dm.DIGITS_SOURCE_SHA256 or args.write else 1
+
+
+def vit(write: bool) -> int:
+    """Retrain the ViT (seed 0), compare with the packaged digest, write it with ``write``."""
+    model, report = dv.train_digits_vit(seed=0)
+    digest = dm.state_digest(model)
+    acc = report["clean_test_accuracy"]
+    print(f"trained: SHA-256 {digest}, clean test accuracy {acc:.4f}")
+    print(f"packaged: SHA-256 {dv.DIGITS_VIT_SHA256}")
+    if write and digest != dv.DIGITS_VIT_SHA256:
+        torch.save({"state_dict": model.state_dict(), "report": report}, dv.PACKAGED_VIT_WEIGHTS)
+        print(f"wrote {dv.PACKAGED_VIT_WEIGHTS.name}: set DIGITS_VIT_SHA256 = {digest!r}")
+    return 0 if digest == dv.DIGITS_VIT_SHA256 or write else 1
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def test_run_gives_the_numbers_and_table_of_the_command(tmp_path, capsys, toy_di
         ({"seeds": [1, 1]}, ValueError, "seeds"),
         ({"rounds": 0}, ValueError, "rounds"),
         ({"dirichlet": 0.0}, ValueError, "dirichlet"),
-        ({"batch_size": 1}, ValueError, "batch size"),
+        ({"batch_size": 0}, ValueError, "batch size must be an int >= 1, got 0"),
         ({"hparams": {"tent": {"lrr": 0.1}}}, TypeError, "lrr"),
         ({"hparams": {"eta": {"lr": 0.1}}}, ValueError, "eta"),
         ({"shard": "3/3"}, ValueError, "shard"),

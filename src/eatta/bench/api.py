@@ -206,7 +206,8 @@ def load_benchmarks(
     ``severity``: 1-5, for the datasets that have severities (default 5; an error for the
     others, checked for every dataset before any is loaded). The other keywords are those of
     :func:`~eatta.bench.suites.imagenet_benchmark`, :func:`~eatta.bench.suites.pacs_benchmark`
-    and :func:`~eatta.bench.suites.digits_c_benchmark`.
+    and :func:`~eatta.bench.suites.digits_c_benchmark` (``backbone``: ``digits-cnn`` or
+    ``digits-vit`` for digits-C, a :data:`~eatta.bench.models.MODELS` name for the others).
     """
     from eatta.bench import suites
 
@@ -239,7 +240,12 @@ def load_benchmarks(
             if oracle_backbone is not None:
                 raise ValueError("digits-C has no model annotator; use the ground truth")
             b = suites.digits_c_benchmark(
-                cache_dir, log=log, gradual=gradual, ccc=ccc, severity=severity_of[name] or 5
+                cache_dir,
+                log=log,
+                gradual=gradual,
+                ccc=ccc,
+                severity=severity_of[name] or 5,
+                backbone=backbone,
             )
             out[b.name] = b
             continue

@@ -329,7 +329,8 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument(
         "--backbone",
         default=None,
-        help="resnet50_bn (ImageNet default), resnet50_gn, vit_b_16, resnet18 (PACS)",
+        help="digits-cnn (digits-C default, BatchNorm), digits-vit (digits-C, LayerNorm); "
+        "resnet50_bn (ImageNet default), resnet50_gn, vit_b_16; resnet18 (PACS)",
     )
     g.add_argument(
         "--checkpoint",
@@ -574,8 +575,14 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 0
     methods = api.method_names(args.methods)
     # checks worded with the command's option names (eatta.bench.run checks them again)
-    if any(k < 0 for k in args.labels) or any(n < 1 for n in args.every):
-        raise ValueError("--labels must be >= 0 and --every >= 1")
+    bad_labels = [k for k in args.labels if k < 0]
+    if bad_labels:
+        raise ValueError(f"--labels must be >= 0, got {bad_labels[0]}")
+    bad_every = [n for n in args.every if n < 1]
+    if bad_every:
+        raise ValueError(f"--every must be >= 1 (label every N-th batch), got {bad_every[0]}")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     if args.dirichlet is not None and not 0 < args.dirichlet < float("inf"):

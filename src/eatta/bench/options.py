@@ -38,10 +38,12 @@ class RunOptions:
     monitor: MonitorOptions = field(default_factory=MonitorOptions)
 
     def __post_init__(self) -> None:
-        if self.batch_size < 2:
-            raise ValueError(
-                f"batch size must be >= 2 (BatchNorm adapts on batches), got {self.batch_size}"
-            )
+        if (
+            isinstance(self.batch_size, bool)
+            or not isinstance(self.batch_size, int)
+            or self.batch_size < 1
+        ):
+            raise ValueError(f"batch size must be an int >= 1, got {self.batch_size!r}")
         if self.limit is not None and self.limit < 2:
             raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
         if self.checkpoint_every < 0 or (self.workers is not None and self.workers < 0):

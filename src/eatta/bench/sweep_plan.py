@@ -60,6 +60,14 @@ def _grid_datasets(args: argparse.Namespace) -> list[str]:
         raise ValueError("run options: --gradual needs severities (digits-c, imagenet-c)")
     out: list[str] = []
     for name in names:
+        if name == "digits-c":
+            from eatta.bench.suites import digits_grid_name
+
+            try:
+                out.append(digits_grid_name(args.backbone))
+            except ValueError as err:
+                raise ValueError(f"run options: --backbone: {err}") from None
+            continue
         if name != "pacs":
             out.append(name)
             continue
@@ -85,7 +93,7 @@ def _used(n: int, limit: int | None, batch_size: int) -> int:
 def _stream_images(dataset: str, args: argparse.Namespace, rounds: int) -> tuple[int, str] | None:
     """Images that one run of ``dataset`` streams, with how they add up; None: unknown without
     loading the data (only digits-C is known: its test split, not its corrupted arrays)."""
-    if dataset != "digits-c":
+    if dataset not in ("digits-c", "digits-c:vit"):
         return None
     from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
 
@@ -193,12 +201,18 @@ def plan(
     datasets = _grid_datasets(args)
     methods = api.method_names(args.methods)
     settings = [s.lower() for s in _csv(args.setting)]
-    if any(k < 0 for k in args.labels) or any(n < 1 for n in args.every):
-        raise ValueError("run options: --labels must be >= 0 and --every >= 1")
+    bad_labels = [k for k in args.labels if k < 0]
+    if bad_labels:
+        raise ValueError(f"run options: --labels must be >= 0, got {bad_labels[0]}")
+    bad_every = [n for n in args.every if n < 1]
+    if bad_every:
+        raise ValueError(f"run options: --every must be >= 1, got {bad_every[0]}")
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"run options: --rounds must be >= 1, got {args.rounds}")
-    if args.batch_size < 2 or (args.limit is not None and args.limit < 2):
-        raise ValueError("run options: --batch-size and --limit must be >= 2")
+    if args.batch_size < 1:
+        raise ValueError(f"run options: --batch-size must be >= 1, got {args.batch_size}")
+    if args.limit is not None and args.limit < 2:
+        raise ValueError(f"run options: --limit must be >= 2, got {args.limit}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"run options: --threads must be >= 1, got {args.threads}")
     if args.seeds is not None and any(a == "--seed" or a.startswith("--seed=") for a in run_argv):

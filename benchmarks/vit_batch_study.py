@@ -1,0 +1,247 @@
+"""The LayerNorm model's rows: digits-C with ``--backbone digits-vit`` at batch sizes 1, 8 and 64.
+
+Regenerates the section "A LayerNorm model: batch sizes 1, 8 and 64" of ``docs/benchmarks.md``
+(between its ``vit-batch-study`` markers) and ``benchmarks/results/vit_batch_study.json`` from
+runs of :func:`eatta.bench.run` on the recurring digits-C stream with the packaged vision
+transformer (:mod:`eatta.bench.digits_vit`), at equal labels per sample: batch size ``B`` labels
+one sample every ``64 / B`` batches (``--every 64/B``), one label per 64 samples throughout.
+
+Every run is a cell under ``--out`` (finished cells are read back, so an interrupted study
+resumes); ``--render-only`` rewrites the section and the JSON from them.
+
+    python benchmarks/vit_batch_study.py --seeds 0-2 --rounds 10 --out runs/vit-batch-study
+    python benchmarks/vit_batch_study.py --seeds 0 --rounds 2     # what fits a busy 2-core CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
+
+import eatta.bench
+from eatta.bench.results import CellResult
+from eatta.methods import registry
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "benchmarks.md"
+JSON = REPO / "benchmarks" / "results" / "vit_batch_study.json"
+BEGIN, END = "<!-- vit-batch-study: begin -->", "<!-- vit-batch-study: end -->"
+#: The methods that apply to a LayerNorm model (all of them do; these are the main job's).
+METHODS = ("source", "tent", "eta", "baseline", "eatta", "eatta-stable")
+BATCH_SIZES = (64, 8, 1)
+#: The bar: batch size 1 within this many points of batch size 64 (average error, seed mean).
+BAR = 2.0
+
+
+def scaled_lr(methods: Sequence[str], batch: int, rule: str) -> dict[str, dict[str, float]]:
+    """``--hp`` overrides for batch size ``batch``: with rule ``linear``, each method's digits-C
+    learning rate times ``batch / 64`` (the same step size per sample as at batch 64, the rule
+    SAR uses for small batches); ``none``: no override."""
+    if rule == "none" or batch == 64:
+        return {}
+    out = {}
+    for m in methods:
+        spec = registry.get_spec(m)
+        if "lr" in spec.keys:
+            out[m] = {"lr": float(spec.hparams("digits-c", {})["lr"]) * batch / 64}
+    return out
+
+
+def run(
+    out: Path,
+    batch: int,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    rounds: int,
+    limit: int | None,
+    rule: str,
+) -> list[CellResult]:
+    """One batch size's cells (read back where finished)."""
+    started = time.perf_counter()
+    done = eatta.bench.run(
+        "digits-c",
+        list(methods),
+        backbone="digits-vit",
+        batch_size=batch,
+        every=64 // batch,
+        rounds=rounds,
+        limit=limit,
+        hparams=scaled_lr(methods, batch, rule),
+        seeds=list(seeds),
+        jobs=1,
+        threads=1,
+        out=out / f"b{batch}",
+        progress=False,
+        plot=False,
+    )
+    took = time.perf_counter() - started
+    print(f"  batch {batch}: {len(done.results)} runs, {took:.0f} s", flush=True)
+    return done.results
+
+
+def summarize(results: dict[int, list[CellResult]]) -> dict[str, Any]:
+    """Per method and batch size: average, first and last round error per seed, labels used."""
+    out: dict[str, Any] = {}
+    for batch, rs in results.items():
+        for r in rs:
+            m = out.setdefault(r.spec.method, {}).setdefault(
+                str(batch), {"avg": [], "first": [], "last": [], "labels": [], "cpu_s": []}
+            )
+            m["avg"].append(r.average_error)
+            m["first"].append(r.round_errors[0])
+            m["last"].append(r.round_errors[-1])
+            m["labels"].append(r.labels_used)
+            m["cpu_s"].append(r.cpu_time_s)
+    return out
+
+
+def render(data: dict[str, Any]) -> str:
+    """The docs section (between the markers) from the summary."""
+    meta, per = data["meta"], data["methods"]
+    sizes = [str(b) for b in meta["batch_sizes"]]
+    header = ["Method"] + [f"B = {b}" for b in sizes] + ["B=1 − B=64", f"within {BAR:g}?"]
+    rows = []
+    verdicts = []
+    for method, cells in per.items():
+        row = [method] + [fmt(cells[b]["avg"]) if b in cells else "-" for b in sizes]
+        if "1" in cells and "64" in cells:
+            gap = statistics.fmean(cells["1"]["avg"]) - statistics.fmean(cells["64"]["avg"])
+            ok = gap <= BAR
+            row += [f"{gap:+.1f}", "yes" if ok else "**no**"]
+            if method != "source":
+                verdicts.append((method, ok, gap))
+        else:
+            row += ["-", "-"]
+        rows.append(row)
+    first_last = []
+    for method, cells in per.items():
+        if method == "source":
+            continue
+        first_last.append(
+            [method]
+            + [
+                f"{fmt(cells[b]['first'])} → {fmt(cells[b]['last'])}" if b in cells else "-"
+                for b in sizes
+            ]
+        )
+    labels = {
+        b: sorted({n for c in per.values() if b in c for n in c[b]["labels"] if n}) for b in sizes
+    }
+    seeds = ",".join(map(str, meta["seeds"]))
+    limit = meta.get("limit")
+    rule = meta.get("lr_rule", "none")
+    lr_text = (
+        "each method's digits-C learning rate (the CNN's) times B/64, the same step per sample "
+        "as at batch 64 (`--lr-rule linear`)"
+        if rule == "linear"
+        else "each method's digits-C defaults (the CNN's learning rates) at every batch size"
+    )
+    options = f"--seeds {seeds} --rounds {meta['rounds']} --lr-rule {rule}"
+    if limit is not None:
+        options += f" --limit {limit}"
+    if tuple(per) != METHODS:
+        options += f" --methods {','.join(per)}"
+    failing = [m for m, ok, _ in verdicts if not ok]
+    holds = [m for m, ok, _ in verdicts if ok]
+    lines = [
+        BEGIN,
+        "",
+        f"Average error % over {meta['rounds']} recurring round(s) of digits-C"
+        + ("" if limit is None else f" ({limit} images per domain, `--limit {limit}`)")
+        + f" with the packaged LayerNorm ViT (`--backbone digits-vit`), seed(s) {seeds}"
+        + (" (mean ± std over seeds)" if len(meta["seeds"]) > 1 else "")
+        + ", at equal labels per sample: batch size B labels one sample every 64/B batches "
+        f"(`--every 64/B`); learning rate: {lr_text}. Regenerate: "
+        f"`python benchmarks/vit_batch_study.py {options}`.",
+        "",
+        table(header, rows),
+        "",
+        "First → last round:",
+        "",
+        table(["Method"] + [f"B = {b}" for b in sizes], first_last),
+        "",
+        "Labels per run (active methods): "
+        + ", ".join(f"B = {b}: {'/'.join(map(str, labels[b])) or '-'}" for b in sizes)
+        + f". Computed with torch CPU kernels {meta['cpu_capability']}.",
+        "",
+    ]
+    if verdicts:
+        text = f"Within {BAR:g} points of batch 64 at batch size 1: " + (
+            ", ".join(f"`{m}`" for m in holds) if holds else "none"
+        )
+        if failing:
+            text += "; not: " + ", ".join(f"`{m}` ({g:+.1f})" for m, ok, g in verdicts if not ok)
+        lines += [text + ".", ""]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_doc(section: str) -> None:
+    text = DOC.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{DOC} has no {BEGIN} ... {END} block to replace")
+    DOC.write_text(pattern.sub(lambda _m: section, text), encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 or 0")
+    p.add_argument("--rounds", type=int, default=10, help="recurring rounds (10: the main job's)")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
+    p.add_argument("--limit", type=int, default=None, help="images per domain (default: all 898)")
+    p.add_argument(
+        "--lr-rule",
+        choices=("linear", "none"),
+        default="linear",
+        help="learning rate at batch B: the digits-C default times B/64 (linear), or the default",
+    )
+    p.add_argument("--out", default="runs/vit-batch-study", type=Path)
+    p.add_argument("--render-only", action="store_true", help="only read finished cells back")
+    args = p.parse_args(argv)
+    lo, _, hi = args.seeds.partition("-")
+    seeds = list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in args.seeds.split(",")]
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    bad = [b for b in sizes if b < 1 or 64 % b]
+    if bad:
+        raise SystemExit(f"batch sizes must divide 64 (equal labels per sample), got {bad}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    torch.set_num_threads(1)
+    if args.render_only:
+        data = json.loads(JSON.read_text(encoding="utf-8"))
+    else:
+        results = {
+            b: run(args.out, b, methods, seeds, args.rounds, args.limit, args.lr_rule)
+            for b in sizes
+        }
+        data = {
+            "meta": {
+                "seeds": seeds,
+                "rounds": args.rounds,
+                "limit": args.limit,
+                "lr_rule": args.lr_rule,
+                "batch_sizes": sizes,
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            },
+            "methods": summarize(results),
+        }
+        JSON.parent.mkdir(parents=True, exist_ok=True)
+        JSON.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    write_doc(render(data))
+    print(render(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
