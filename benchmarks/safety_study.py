@@ -70,7 +70,12 @@ def streams() -> dict[str, StreamProtocol]:
         "recurring": StreamProtocol(rounds=10),
         "mixed": StreamProtocol(rounds=2, mixed=True),
         "ccc": StreamProtocol(rounds=5, ccc="slow"),
+        "mnist": StreamProtocol(rounds=5),
     }
+
+
+#: The dataset of each stream (the rest are digits-C).
+DATASETS = {"mnist": "mnist"}
 
 
 #: The order the study runs in (most informative first: an interrupted study still reports).
@@ -80,6 +85,7 @@ PLAN = tuple(f"{p}:{s}" for s in streams() for p in PARTS)
 def run(
     out: Path,
     part: str,
+    dataset: str,
     protocol: StreamProtocol,
     methods: Sequence[str],
     seeds: list[int],
@@ -90,7 +96,7 @@ def run(
 ) -> list[CellResult]:
     started = time.perf_counter()
     done = eatta.bench.run(
-        "digits-c",
+        dataset,
         list(methods),
         protocol=protocol,
         annotator=annotator,
@@ -153,10 +159,11 @@ def study(
     every = streams()
     for part, name in plan:
         proto = every[name]
+        dataset = DATASETS.get(name, "digits-c")
         s = data["streams"].setdefault(name, {"protocol": proto.describe()})
         print(f"{part} / {name}: {proto}", flush=True)
         if part == "references":
-            res = run(out / name, "references", proto, ["source", *LABEL_FREE], seeds)
+            res = run(out / name, "references", dataset, proto, ["source", *LABEL_FREE], seeds)
             s["references"] = {m: cells(res, m) for m in ("source", *LABEL_FREE)}
         elif part == "annotators":
             a = s.setdefault("annotators", {})
@@ -166,6 +173,7 @@ def study(
                 res = run(
                     out / name,
                     f"ann-{label.replace(' ', '-')}",
+                    dataset,
                     proto,
                     methods,
                     seeds,
@@ -177,6 +185,7 @@ def study(
             res = run(
                 out / name,
                 "measure-only",
+                dataset,
                 proto,
                 [SAFE],
                 seeds,
@@ -187,6 +196,7 @@ def study(
             res = run(
                 out / name,
                 "guard",
+                dataset,
                 proto,
                 list(LABEL_FREE),
                 seeds,
