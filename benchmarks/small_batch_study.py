@@ -79,7 +79,9 @@ def load_stream(
     return stream, torch.cat(xs), torch.cat(ys).long()
 
 
-def build(method: str, batch_size: int, momentum: float) -> eatta.AdaptiveMethod:
+def build(
+    method: str, batch_size: int, momentum: float, every: int = WINDOW
+) -> eatta.AdaptiveMethod:
     source, _ = packaged_digits_source()
     model = copy.deepcopy(source)
     name, windowed = method.removesuffix("+w"), method.endswith("+w") and batch_size < WINDOW
@@ -87,11 +89,11 @@ def build(method: str, batch_size: int, momentum: float) -> eatta.AdaptiveMethod
     if name == "source":
         return eatta.create("source", model)
     if windowed:
-        kw.update(window=WINDOW, window_momentum=momentum)
+        kw.update(window=WINDOW, window_every=every, window_momentum=momentum)
     elif batch_size < 32:
         kw["window"] = False  # today's behaviour, on purpose: no warning
     if name != "tent":
-        per_step = WINDOW if windowed else batch_size
+        per_step = every if windowed else batch_size
         kw.update(
             oracle=eatta.GroundTruthOracle(),
             budget=eatta.Budget(1, every=max(1, LABELS_EVERY // per_step)),
@@ -100,12 +102,18 @@ def build(method: str, batch_size: int, momentum: float) -> eatta.AdaptiveMethod
 
 
 def run(
-    method: str, kind: str, batch_size: int, seed: int, rounds: int, momentum: float
+    method: str,
+    kind: str,
+    batch_size: int,
+    seed: int,
+    rounds: int,
+    momentum: float,
+    every: int = WINDOW,
 ) -> dict[str, Any]:
     """Per-round error % of one run, its labels and CPU seconds."""
     torch.manual_seed(seed)
     stream, X, Y = load_stream(kind, seed, batch_size, rounds)
-    m = build(method, batch_size, momentum)
+    m = build(method, batch_size, momentum, every)
     wrong = np.zeros(stream.rounds)
     seen = np.zeros(stream.rounds)
     gt = getattr(m, "oracle", None)
@@ -144,11 +152,21 @@ def _seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
-def key(method: str, kind: str, batch_size: int, seed: int, rounds: int, momentum: float) -> str:
+def key(
+    method: str,
+    kind: str,
+    batch_size: int,
+    seed: int,
+    rounds: int,
+    momentum: float,
+    every: int = WINDOW,
+) -> str:
     """A run's name; a window's method at batch 64 is the plain method's run (no window)."""
     if method.endswith("+w") and batch_size >= WINDOW:
         method = method.removesuffix("+w")
     rate = f"m{momentum}" if method.endswith("+w") else "plain"
+    if method.endswith("+w") and every != WINDOW:
+        rate += f"e{every}"
     return f"{kind}/r{rounds}/{method}/B{batch_size}/s{seed}/{rate}"
 
 
@@ -267,15 +285,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
-    if args.tune:
-        for b in (8, 1):
-            for mom in TUNE_MOMENTA:
-                for method in ("tent+w", "eatta-stable+w"):
-                    k = key(method, "recurring", b, TUNE_SEED, 1, mom)
-                    if k not in data:
-                        data[k] = run(method, "recurring", b, TUNE_SEED, 1, mom)
-                        save()
-                    print(k, f"{np.mean(data[k]['errors']):.2f}", flush=True)
+    if args.tune:  # batches of 8: EMA rates, then a step every 32 samples, then batch 64
+        plan = [(8, mom, WINDOW) for mom in TUNE_MOMENTA] + [(8, 1.0, 32), (64, 1.0, WINDOW)]
+        for b, mom, every in plan:
+            for method in ("tent+w", "eatta-stable+w"):
+                k = key(method, "recurring", b, TUNE_SEED, 1, mom, every)
+                if k not in data:
+                    data[k] = run(method, "recurring", b, TUNE_SEED, 1, mom, every)
+                    save()
+                print(k, f"{np.mean(data[k]['errors']):.2f}", flush=True)
         return 0
     if not args.report_only:
         methods = args.methods.split(",")

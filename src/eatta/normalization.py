@@ -47,6 +47,8 @@ __all__ = [
     "use_mixed_norm",
 ]
 
+_UNSET = -1.0  # test_weight when the weight comes from the prior (a number, so states compare)
+
 #: Where a layer's test statistics come from.
 Stats = Literal["batch", "ema"]
 
@@ -135,7 +137,7 @@ class MixedBatchNorm(nn.modules.batchnorm._BatchNorm):
                 raise ValueError(f"prior must be a number of samples >= 0, got {prior!r}")
             if math.isinf(prior):
                 raise ValueError(f"prior must be finite (weight=0 serves the source), got {prior}")
-        w = math.nan if weight is None else _check_fraction("weight", weight)
+        w = _UNSET if weight is None else _check_fraction("weight", weight)
         momentum = _check_fraction("momentum", momentum, low_open=True)
         if source_mean.shape != (num_features,) or source_var.shape != (num_features,):
             raise ValueError(
@@ -215,13 +217,13 @@ class MixedBatchNorm(nn.modules.batchnorm._BatchNorm):
         """The explicit weight on the test statistics (None: from the prior, or 1 without one).
 
         Settable at run time (a float in [0, 1], or None to go back to the prior); kept in
-        ``state_dict()`` as the buffer ``test_weight`` (NaN for None)."""
+        ``state_dict()`` as the buffer ``test_weight`` (-1 for None)."""
         w = float(self.test_weight)
-        return None if math.isnan(w) else w
+        return None if w == _UNSET else w
 
     @mix_weight.setter
     def mix_weight(self, value: float | None) -> None:
-        w = math.nan if value is None else _check_fraction("mix_weight", value)
+        w = _UNSET if value is None else _check_fraction("mix_weight", value)
         self.test_weight.fill_(w)  # an explicit weight overrides the prior until set to None
 
     def weight_for(self, n: int) -> float:

@@ -279,6 +279,7 @@ def run(
     jobs: int | None = None,
     hparams: Mapping[str, Mapping[str, Any]] | None = None,
     batch_size: int = 64,
+    window: int | str = "auto",
     limit: int | None = None,
     device: str = "auto",
     workers: int | None = None,
@@ -318,8 +319,9 @@ def run(
             ``eatta-bench`` uses every core on the CPU); results are identical to a serial run.
         hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
             ``{"tent": {...}}`` for one; checked against each method's configuration.
-        batch_size, limit, device, workers, checkpoint_every: see
-            :class:`~eatta.bench.runner.RunOptions` (``device="auto"``: CUDA if available).
+        batch_size, window, limit, device, workers, checkpoint_every: see
+            :class:`~eatta.bench.runner.RunOptions` (``device="auto"``: CUDA if available;
+            ``window="auto"``: a window of 64 samples for smaller batches on BatchNorm models).
         threads: torch CPU threads during the run (default: 1 for digits-C on the CPU).
         shard: ``"i/n"`` or ``(i, n)``: run only the grid's jobs ``j`` with ``j mod n == i``.
         out: output folder (default ``runs/<name>``, ``name`` defaulting to the dataset names).
@@ -398,6 +400,7 @@ def run(
         raise ValueError("gradual runs severities 1 to 5; leave out severity")
     options = RunOptions(
         batch_size=batch_size,
+        window=window,
         seed=seed_list[0],
         rounds=rounds,
         dirichlet=dirichlet,

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +78,27 @@ def _build_method(
             oracle = data.oracle_fn(device)
         else:
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
+    window = None if spec.method in STATIC_METHODS else options.window_for(model)
     labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
-        labels = {"oracle": oracle, "budget": Budget(spec.labels, every=spec.every)}
+        labels = {"oracle": oracle, "budget": _budget(spec, options.batch_size, window)}
+    if window is not None:
+        labels["window"] = window
     method = registry.create(spec.method, model, dataset=data.defaults_key, **labels, **hp)
     shown = {k: v for k, v in spec_.hparams(data.defaults_key, hp).items() if k != "fisher_data"}
     return method, oracle, to_plain(shown)
+
+
+def _budget(spec: CellSpec, batch_size: int, window: int | bool | None) -> Budget:
+    """The cell's budget, ``labels`` per ``every`` batches; with a window (a step every
+    ``window`` samples, for batches smaller than it) the same labels per sample, counted in
+    window steps: ``labels · window / (every · batch_size)`` a step, as a reduced fraction."""
+    if window is None or window is False or batch_size >= window:
+        return Budget(spec.labels, every=spec.every)
+    rate = Fraction(spec.labels * int(window), spec.every * batch_size)
+    if rate == 0:
+        return Budget(0)
+    return Budget(rate.numerator, every=rate.denominator)
 
 
 def run_cell(

@@ -174,8 +174,15 @@ class AdaptiveMethod(nn.Module):
         if self._split is None:
             self._split_example = x
         try:
-            with self.transaction(), torch.enable_grad():
-                out = self.forward_and_adapt(x)
+            if self.window is not None:  # a full batch: a step on it, as without a window
+                with self.transaction(), torch.enable_grad(), batch_statistics():
+                    out = self.forward_and_adapt(x)
+                absorb_statistics(self.model, x)
+                known = labels if labels is not None else getattr(oracle, "batch_labels", None)
+                self.window.passed(x, known)
+            else:
+                with self.transaction(), torch.enable_grad():
+                    out = self.forward_and_adapt(x)
             if self.monitor is not None:  # after the step: audit, score, guard
                 self.monitor.observe(self, x, out, labels)
             return out
@@ -303,7 +310,9 @@ class AdaptiveMethod(nn.Module):
     def _warn_small_batch(self, x: Tensor) -> None:
         """Once per method: a second batch in a row under :data:`~eatta.window.SMALL_BATCH`
         samples on a BatchNorm model, with no window decided (set or turned off)."""
-        if self._warned_small or self._window_off or not self.adapts or not self._has_batchnorm:
+        if self._warned_small or self._window_off or self.window is not None:
+            return
+        if not self.adapts or not self._has_batchnorm:
             return
         if x.shape[0] >= SMALL_BATCH:
             self._small_run = 0
@@ -469,7 +478,9 @@ def _mixed_setting(m: MixedBatchNorm) -> str:
 
 def _describe(signature: dict[str, Any]) -> str:
     parts = ", ".join(f"{k}={v}" for k, v in sorted(signature.get("parts", {}).items()))
-    return f"{signature.get('method')} ({parts or 'no state parts'})"
+    window = signature.get("window")
+    where = f", a window of {window[0]} stepping every {window[1]}" if window else ""
+    return f"{signature.get('method')} ({parts or 'no state parts'}{where})"
 
 
 def unique_params(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
