@@ -211,3 +211,21 @@ def test_small_batches_warn_once_unless_decided() -> None:
         warnings.simplefilter("error", SmallBatchWarning)
         for n in (40, 40, 4, 40, 4):
             method(torch.randn(n, 3, 8, 8))
+
+
+@pytest.mark.parametrize("name", [n for n in eatta.available() if n != "source"])
+def test_every_method_serves_single_samples_and_steps_on_the_window(name: str) -> None:
+    """Any registered method: requests of 1 served, a step every 8 samples, one label a step
+    for the active ones."""
+    from eatta.methods.registry import get_spec
+
+    active = get_spec(name).active
+    kw: dict = {"oracle": eatta.GroundTruthOracle(), "budget": 1} if active else {}
+    if name == "eata":
+        kw["fisher_data"] = [torch.rand(8, 3, 8, 8)]
+    method = eatta.create(name, tiny_cnn(), window=8, **kw)
+    for x, y in _requests([1] * 20):
+        out = method(x, labels=y) if active else method(x)
+        assert out.shape == (1, 5) and bool(torch.isfinite(out).all())
+    assert method.window is not None and method.window.steps == 2
+    assert method.labels_used <= 2 if active else method.labels_used == 0  # one a step at most

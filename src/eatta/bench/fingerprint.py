@@ -111,6 +111,8 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
 
 
 def _window_applies(options: RunOptions) -> bool:
+    if options.window is None:
+        return False
     return options.window != "auto" or options.batch_size < AUTO_WINDOW
 
 

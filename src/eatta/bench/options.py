@@ -43,16 +43,18 @@ class RunOptions:
     annotator: AnnotatorOptions = field(default_factory=AnnotatorOptions)
     #: audits and the guard (``--audit``, ``--guard``); default: none
     monitor: MonitorOptions = field(default_factory=MonitorOptions)
-    #: the small-batch window (``--window``): ``"auto"`` (a window of :data:`AUTO_WINDOW` samples
-    #: for batches smaller than it, on models with BatchNorm), ``"off"``, or a number of samples
-    window: int | str = "auto"
+    #: the small-batch window (``--window``, default ``auto`` there): ``"auto"`` (a window of
+    #: :data:`AUTO_WINDOW` samples for batches smaller than it, on models with BatchNorm),
+    #: ``"off"``, a number of samples, or None (not decided: each batch adapted on as given, and
+    #: the library's small-batch warning)
+    window: int | str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
             raise ValueError(f"batch size must be an int >= 1, got {self.batch_size!r}")
         if self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.window not in ("auto", "off"):
+        if self.window not in (None, "auto", "off"):
             check_window(self.window)
         if self.window == "off" and self.batch_size == 1:
             raise ValueError(
@@ -76,6 +78,8 @@ class RunOptions:
         """The ``window=`` a method around ``model`` gets: ``"auto"`` gives :data:`AUTO_WINDOW`
         when the batches are smaller and the model has BatchNorm (None otherwise: batches are
         adapted on as given), ``"off"`` False."""
+        if self.window is None:
+            return None
         if self.window == "off":
             return False
         if self.window == "auto":

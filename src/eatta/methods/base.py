@@ -337,6 +337,11 @@ class AdaptiveMethod(nn.Module):
             out = self.model(x)
         if labels is None and oracle is not None:
             labels = getattr(oracle, "batch_labels", None)
+            if labels is not None and len(labels) != x.shape[0]:
+                raise InvalidInputError(
+                    f"the oracle holds {len(labels)} labels for a request of {x.shape[0]} "
+                    "samples; give each request its own (method(x, labels=y))"
+                )
         window = self.window
         if not window.due_after(x.shape[0]):
             window.commit(x, labels, stepped=False)
