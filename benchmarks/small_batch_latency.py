@@ -109,6 +109,10 @@ def measure(requests: int, warmup: int, seed: int) -> dict[str, Any]:
     return {"requests": requests, "warmup": warmup, "window": WINDOW, "variants": rows}
 
 
+def _over(r: dict[str, Any], q: str, ms_digits: int, x_digits: int) -> str:
+    return f"{r[f'overhead_{q}_ms']:.{ms_digits}f} ({r[f'overhead_{q}_x_bare']:.{x_digits}f}x)"
+
+
 def report(res: dict[str, Any]) -> str:
     v = res["variants"]
     rows = [
@@ -117,8 +121,8 @@ def report(res: dict[str, Any]) -> str:
             f"{r['p50_ms']:.3f}",
             f"{r['p99_ms']:.2f}",
             f"{r['mean_ms']:.3f}",
-            "-" if name == "bare" else f"{r['overhead_p50_ms']:.3f} ({r['overhead_p50_x_bare']:.2f}x)",
-            "-" if name == "bare" else f"{r['overhead_p99_ms']:.2f} ({r['overhead_p99_x_bare']:.1f}x)",
+            _over(r, "p50", 3, 2) if name != "bare" else "-",
+            _over(r, "p99", 2, 1) if name != "bare" else "-",
         ]
         for name, r in v.items()
     ]
@@ -149,7 +153,8 @@ def report(res: dict[str, Any]) -> str:
 
 def write_doc(text: str) -> None:
     doc = DOC.read_text(encoding="utf-8")
-    pat = re.compile(r"(<!-- small-batch-latency:begin -->\n).*?(<!-- small-batch-latency:end -->)", re.S)
+    begin, end = "<!-- small-batch-latency:begin -->", "<!-- small-batch-latency:end -->"
+    pat = re.compile(f"({re.escape(begin)}\n).*?({re.escape(end)})", re.S)
     if not pat.search(doc):
         raise SystemExit(f"{DOC} has no small-batch-latency markers")
     DOC.write_text(pat.sub(lambda m: m[1] + text + "\n" + m[2], doc), encoding="utf-8")
