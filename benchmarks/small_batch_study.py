@@ -52,10 +52,23 @@ JSON = RESULTS / "small_batches.json"
 BATCH_SIZES = (1, 2, 4, 8, 16, 64)
 METHODS = ("source", "tent", "tent+w", "eatta-stable", "eatta-stable+w")
 RECOMMENDED = "eatta-stable+w"
+DEFAULT_REFRESH = eatta.window.WINDOW_REFRESH
+#: the report's rows: (label, method, the window's refresh)
+ROWS: tuple[tuple[str, str, int | None], ...] = (
+    ("source", "source", None),
+    ("tent", "tent", None),
+    ("eatta-stable", "eatta-stable", None),
+    ("tent+w, no refresh", "tent+w", None),
+    ("tent+w", "tent+w", DEFAULT_REFRESH),
+    ("eatta-stable+w, no refresh", "eatta-stable+w", None),
+    ("**eatta-stable+w** (recommended)", "eatta-stable+w", DEFAULT_REFRESH),
+)
 WINDOW = 64
 LABELS_EVERY = 64  # samples per label, at every batch size
 TUNE_SEED = 100
 TUNE_MOMENTA = (1.0, 0.5, 0.2, 0.05)
+#: samples between refreshes of the window's statistics without a step (None: at steps only)
+REFRESH: int | None = None
 
 
 def load_stream(
@@ -90,6 +103,7 @@ def build(
         return eatta.create("source", model)
     if windowed:
         kw.update(window=WINDOW, window_every=every, window_momentum=momentum)
+        kw["window_refresh"] = REFRESH  # always explicit: None is no refresh
     elif batch_size < 32:
         kw["window"] = False  # today's behaviour, on purpose: no warning
     if name != "tent":
@@ -160,13 +174,18 @@ def key(
     rounds: int,
     momentum: float,
     every: int = WINDOW,
+    refresh: int | str | None = "cli",
 ) -> str:
-    """A run's name; a window's method at batch 64 is the plain method's run (no window)."""
+    """A run's name; a window's method at batch 64 is the plain method's run (no window).
+    ``refresh``: the window's refresh (default: ``--refresh``'s)."""
+    refresh = REFRESH if refresh == "cli" else refresh
     if method.endswith("+w") and batch_size >= WINDOW:
         method = method.removesuffix("+w")
     rate = f"m{momentum}" if method.endswith("+w") else "plain"
     if method.endswith("+w") and every != WINDOW:
         rate += f"e{every}"
+    if method.endswith("+w") and refresh is not None:
+        rate += f"r{refresh}"
     return f"{kind}/r{rounds}/{method}/B{batch_size}/s{seed}/{rate}"
 
 
@@ -184,10 +203,12 @@ def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: fl
     for kind in ("recurring", "ccc"):
         r = rounds if kind == "recurring" else 1
         rows = []
-        for method in METHODS:
-            cells = [method]
+        for label, method, refresh in ROWS:
+            cells = [label]
             for b in BATCH_SIZES:
-                got = [data.get(key(method, kind, b, s, r, momentum)) for s in seeds]
+                got = [
+                    data.get(key(method, kind, b, s, r, momentum, refresh=refresh)) for s in seeds
+                ]
                 if any(g is None for g in got):
                     cells.append("not run")
                     continue
@@ -199,12 +220,13 @@ def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: fl
         ]
         out += [table(["method", *(f"B={b}" for b in BATCH_SIZES)], rows), ""]
         cpu_rows = []
-        for method in METHODS:
+        for label, method, refresh in ROWS:
             got = [
-                [data.get(key(method, kind, b, s, r, momentum)) for s in seeds] for b in BATCH_SIZES
+                [data.get(key(method, kind, b, s, r, momentum, refresh=refresh)) for s in seeds]
+                for b in BATCH_SIZES
             ]
             cpu_rows.append(
-                [method]
+                [label]
                 + [
                     "" if any(g is None for g in gs) else f"{np.mean([g['cpu_s'] for g in gs]):.0f}"
                     for gs in got
@@ -224,7 +246,10 @@ def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: fl
     src = [data.get(key("source", "recurring", 64, s, rounds, momentum)) for s in seeds]
     ref = [data.get(key(RECOMMENDED, "recurring", 64, s, rounds, momentum)) for s in seeds]
     for b in (1, 2, 8):
-        got = [data.get(key(RECOMMENDED, "recurring", b, s, rounds, momentum)) for s in seeds]
+        got = [
+            data.get(key(RECOMMENDED, "recurring", b, s, rounds, momentum, refresh=DEFAULT_REFRESH))
+            for s in seeds
+        ]
         if any(g is None for g in got + ref + src):
             checks.append([f"B={b}", "not run", "", "", ""])
             continue
@@ -274,11 +299,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
     p.add_argument("--momentum", type=float, default=eatta.window.WINDOW_MOMENTUM)
+    p.add_argument("--refresh", type=int, default=None, help="window_refresh (samples)")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--tune", action="store_true", help="the EMA-rate choice on TUNE_SEED")
     p.add_argument("--json", type=Path, default=JSON)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    global REFRESH
+    REFRESH = args.refresh
     data: dict[str, Any] = json.loads(args.json.read_text()) if args.json.is_file() else {}
 
     def save() -> None:
@@ -287,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.tune:  # batches of 8: EMA rates, then a step every 32 samples, then batch 64
         plan = [(8, mom, WINDOW) for mom in TUNE_MOMENTA] + [(8, 1.0, 32), (64, 1.0, WINDOW)]
+        if REFRESH is not None:  # --refresh N --tune: the refresh at the chosen rate only
+            plan = [(8, 1.0, WINDOW)]
         for b, mom, every in plan:
             for method in ("tent+w", "eatta-stable+w"):
                 k = key(method, "recurring", b, TUNE_SEED, 1, mom, every)

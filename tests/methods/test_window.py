@@ -229,3 +229,23 @@ def test_every_method_serves_single_samples_and_steps_on_the_window(name: str) -
         assert out.shape == (1, 5) and bool(torch.isfinite(out).all())
     assert method.window is not None and method.window.steps == 2
     assert method.labels_used <= 2 if active else method.labels_used == 0  # one a step at most
+
+
+def test_refresh_updates_the_served_statistics_between_steps() -> None:
+    """window_refresh=4 with steps every 16: after 8 samples the statistics served are those of
+    the window's 8 samples (EMA rate 1), with no step taken."""
+    method = eatta.create("tent", tiny_cnn(), window=16, window_refresh=4)
+    reqs = _requests([2] * 4)
+    for x, _ in reqs:
+        method(x)
+    assert method.window is not None and method.window.steps == 0
+    layer = mixed_norm_layers(method.model)[0]
+    assert int(layer.test_batches) == 2  # refreshed at samples 4 and 8
+    held = torch.cat([x for x, _ in reqs])
+    with torch.no_grad():
+        first = method.model[0](held)  # the first layer's input to the BatchNorm
+    var, mean = torch.var_mean(first, dim=[0, 2, 3], unbiased=False)
+    torch.testing.assert_close(layer.test_mean, mean)
+    torch.testing.assert_close(layer.test_var, var)
+    with pytest.raises(ValueError, match="got 0"):
+        eatta.create("tent", tiny_cnn(), window=16, window_refresh=0)

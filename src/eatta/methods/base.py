@@ -272,14 +272,18 @@ class AdaptiveMethod(nn.Module):
             raise InvalidInputError("input contains NaN or infinite values")
 
     # -- small batches ---------------------------------------------------------------------
-    def set_window(self, size: int | bool | None, every: int | None = None) -> None:
+    def set_window(
+        self, size: int | bool | None, every: int | None = None, refresh: int | None = None
+    ) -> None:
         """Adapt on a window of the last ``size`` samples, stepping every ``every`` samples.
 
         With a window, a batch smaller than ``size`` is served by the current model on robust
         statistics (the EMA of :class:`~eatta.normalization.MixedBatchNorm`, independent of the
         batch, so a batch of 1 works), joins the window, and every ``every`` samples (default
         ``size``) the method steps on the window as on a batch; its budget then counts these
-        steps. A batch of ``size`` or more is adapted on as without a window. ``False`` turns
+        steps. ``refresh``: also refresh the served statistics from the window every ``refresh``
+        samples between steps (None: at steps only). A batch of ``size`` or more is adapted on
+        as without a window. ``False`` turns
         windowing off explicitly (no small-batch warning; a batch of 1 on a BatchNorm model is
         an error naming it); ``None`` leaves it unset. The model's BatchNorm layers must be
         :class:`~eatta.normalization.MixedBatchNorm` with ``stats="ema"``
@@ -291,7 +295,7 @@ class AdaptiveMethod(nn.Module):
             return
         if size is True:
             raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
-        window = SampleWindow(size, every)
+        window = SampleWindow(size, every, refresh)
         if not self.adapts:
             raise ValueError(f"{type(self).__name__} does not adapt: a window has nothing to step")
         for name, m in self.model.named_modules():
@@ -345,6 +349,9 @@ class AdaptiveMethod(nn.Module):
         window = self.window
         if not window.due_after(x.shape[0]):
             window.commit(x, labels, stepped=False)
+            if window.refresh_due():
+                absorb_statistics(self.model, window.contents())
+                window.refreshed()
             return out
         wx, wy = window.contents_with(x, labels)
         known = bool((wy >= 0).any())
@@ -359,6 +366,7 @@ class AdaptiveMethod(nn.Module):
             self._split_example = None
         absorb_statistics(self.model, wx)
         window.commit(x, labels, stepped=True)
+        window.refreshed()
         return out
 
     # -- state -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import MethodConfig, OptimizerConfig, check_keys, type_name
 from eatta.methods.presets import DATASETS
 from eatta.normalization import use_mixed_norm
-from eatta.window import WINDOW_MOMENTUM, check_window
+from eatta.window import WINDOW_MOMENTUM, WINDOW_REFRESH, check_window
 
 __all__ = [
     "DATASETS",
@@ -197,6 +197,7 @@ def create(
     window: int | bool | None = None,
     window_every: int | None = None,
     window_momentum: float = WINDOW_MOMENTUM,
+    window_refresh: int | None = WINDOW_REFRESH,
     **overrides: Any,
 ) -> AdaptiveMethod:
     """Build method ``name`` around ``model`` with the dataset's defaults and the overrides.
@@ -215,8 +216,10 @@ def create(
     ``window_every`` samples (default ``window``), for requests of 1 to a few samples
     (:mod:`eatta.window`): the model's BatchNorm layers are first swapped for
     :class:`~eatta.normalization.MixedBatchNorm` (EMA statistics at rate ``window_momentum``)
-    and the budget counts window steps. ``False``: windowing off (no small-batch warning; a batch
-    of 1 on a BatchNorm model is an error); None: unset (a warning at small batches).
+    and the budget counts window steps; ``window_refresh``: refresh the served statistics from
+    the window every that many samples between steps (None: at steps only). ``False``:
+    windowing off (no small-batch warning; a batch of 1 on a BatchNorm model is an error);
+    None: unset (a warning at small batches).
     """
     spec = get_spec(name)
     if not spec.active:
@@ -236,7 +239,7 @@ def create(
             use_mixed_norm(model, stats="ema", momentum=window_momentum)
         method = spec.build(model, config, oracle, budget)
         if window is not None:
-            method.set_window(window, window_every)
+            method.set_window(window, window_every, window_refresh)
         return method
 
 
