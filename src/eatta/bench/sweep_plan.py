@@ -197,8 +197,8 @@ def plan(
         raise ValueError("run options: --labels must be >= 0 and --every >= 1")
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"run options: --rounds must be >= 1, got {args.rounds}")
-    if args.batch_size < 2 or (args.limit is not None and args.limit < 2):
-        raise ValueError("run options: --batch-size and --limit must be >= 2")
+    if args.batch_size < 1 or (args.limit is not None and args.limit < 2):
+        raise ValueError("run options: --batch-size must be >= 1 and --limit >= 2")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"run options: --threads must be >= 1, got {args.threads}")
     if args.seeds is not None and any(a == "--seed" or a.startswith("--seed=") for a in run_argv):
