@@ -126,3 +126,41 @@ def test_resets_at_each_domain_keep_the_audits(tmp_path, toy_digits):
     images = sum(b[0] for b in r["online"])
     assert r["monitor"]["stats"]["received"] == images  # every sample, over every domain
     assert [e["audits"] for e in r["monitor"]["rounds"]] == [images // 2, images // 2]
+
+
+def test_fallback_serves_by_evidence_and_counts_its_audits_as_labels(tmp_path, toy_digits):
+    out = tmp_path / "fallback"
+    argv = [*BASE, "--methods", "tent,baseline", "--labels", "2", "--fallback", "--out", str(out)]
+    assert cli.main(argv) == 0
+    tent, baseline = _doc(out)["results"]
+    batches = len(tent["online"])
+    for r in (tent, baseline):
+        fb = r["fallback"]
+        assert fb["stats"]["steps"] == batches and len(fb["rounds"]) == 2
+        assert fb["stats"]["requested"] == batches  # one audit a batch
+        assert sum(x["answers"] for x in fb["rounds"]) == fb["stats"]["answers"]
+    assert tent["labels_used"] == batches  # a label-free method: its audits are its labels
+    # an active method's audits come out of its budget: 2 a batch in all, never more
+    assert batches < baseline["labels_used"] <= 2 * batches
+    assert all(b[2] <= 2 for b in baseline["online"])
+
+
+@pytest.mark.parametrize(
+    "extra", [["--labels", "0"], ["--every", "2"]], ids=["no-budget", "every-2"]
+)
+def test_fallback_audits_beyond_an_active_methods_budget_fail_before_any_work(
+    tmp_path, capsys, toy_digits, extra
+):
+    argv = [*BASE, "--methods", "baseline", "--fallback", *extra]
+    assert_cli_fails_before_any_work(
+        argv, "the split exceeds the budget", tmp_path / "run", capsys, toy_digits
+    )
+
+
+def test_eatta_safe_measures_with_its_own_answers_and_takes_no_audit(tmp_path, toy_digits):
+    out = tmp_path / "safe"
+    argv = [*BASE, "--methods", "eatta-safe", "--fallback", "--out", str(out)]
+    assert cli.main(argv) == 0
+    (r,) = _doc(out)["results"]
+    assert r["fallback"]["stats"]["requested"] == 0  # no audit of its own
+    assert r["labels_used"] == r["fallback"]["stats"]["answers"] <= len(r["online"])

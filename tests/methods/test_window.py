@@ -213,7 +213,9 @@ def test_small_batches_warn_once_unless_decided() -> None:
             method(torch.randn(n, 3, 8, 8))
 
 
-@pytest.mark.parametrize("name", [n for n in eatta.available() if n != "source"])
+@pytest.mark.parametrize(
+    "name", [n for n in eatta.available() if n not in ("source", "eatta-safe")]
+)
 def test_every_method_serves_single_samples_and_steps_on_the_window(name: str) -> None:
     """Any registered method: requests of 1 served, a step every 8 samples, one label a step
     for the active ones."""
@@ -249,3 +251,15 @@ def test_refresh_updates_the_served_statistics_between_steps() -> None:
     torch.testing.assert_close(layer.test_var, var)
     with pytest.raises(ValueError, match="got 0"):
         eatta.create("tent", tiny_cnn(), window=16, window_refresh=0)
+
+
+def test_the_given_model_fallback_refuses_requests_under_the_window() -> None:
+    """eatta-safe's fallback decides per step: small requests with a window are an error that
+    says so, before anything changes; requests of the window's size are served."""
+    method = eatta.create("eatta-safe", tiny_cnn(), oracle=eatta.GroundTruthOracle(), window=8)
+    before = copy.deepcopy(method.state_dict())
+    (x, y), (xb, yb) = _requests([2, 8])
+    with pytest.raises(ValueError, match="fallback"):
+        method(x, labels=y)
+    assert nested_equal(method.state_dict(), before)
+    assert method(xb, labels=yb).shape == (8, 5)

@@ -33,7 +33,7 @@ from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
 from eatta.bench.grid import SETTINGS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
-from eatta.bench.monitoring import MonitorOptions
+from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
 from eatta.bench.options import RunOptions
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
@@ -399,6 +399,10 @@ def run(
         rounds = DIGITS_ROUNDS if requested == ["digits-c"] else 1
     if gradual and loading.get("severity", 5) != 5:
         raise ValueError("gradual runs severities 1 to 5; leave out severity")
+    if monitor.fallback:  # the audits come out of an active method's label budget
+        for k, n in budgets:
+            for m in chosen:
+                check_fallback_budget(m, k, n)
     options = RunOptions(
         batch_size=batch_size,
         window=window,

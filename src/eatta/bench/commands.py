@@ -302,6 +302,13 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         metavar="N",
         help="audits per block of the guard's test",
     )
+    g.add_argument(
+        "--fallback",
+        action="store_true",
+        help="the given model beside every adapting method: one audit a batch (drawn where the "
+        "two disagree) decides which predictions are served and resets a method found worse "
+        "(eatta-safe has its own, measured by its own requests; docs/guard.md)",
+    )
     g = p.add_argument_group("models and annotator")
     g.add_argument(
         "--backbone",
@@ -687,5 +694,9 @@ def monitor_options(args: argparse.Namespace) -> MonitorOptions:
     if audit is None:
         audit = DEFAULT_AUDIT_SHARE if args.guard is not None else 0.0
     return MonitorOptions(
-        audit=audit, guard=args.guard, guard_level=args.guard_level, window=args.guard_window
+        audit=audit,
+        guard=args.guard,
+        guard_level=args.guard_level,
+        window=args.guard_window,
+        fallback=args.fallback,
     )

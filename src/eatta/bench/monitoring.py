@@ -6,6 +6,12 @@ noise and feedback, its own draws) labels a uniform random share of the stream, 
 (the benchmark's model as trained) predicts on the audited samples, and the cell's result gets,
 per round, the monitor's estimate of the error with its interval beside the true error, the
 resets and the audits' annotator time (:func:`monitor_summary`).
+
+With ``fallback`` (``--fallback``), every adapting method without a fallback of its own gets a
+:class:`~eatta.monitor.GivenModelFallback`: one audit a batch, drawn mostly where the adapted and
+the given model disagree and answered by an auditor like the cell's annotator, decides whether
+the given model's predictions are served and whether the method is reset; ``eatta-safe`` carries
+its own, measured by its own requests. :func:`fallback_summary` reports either.
 """
 
 from __future__ import annotations
@@ -18,10 +24,25 @@ import torch
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.annotate.simulated import SimulatedAnnotator
 from eatta.bench.annotation import AnnotatorOptions
-from eatta.monitor import AccuracyMonitor, Guard, attach, check_policy, check_share
+from eatta.monitor import (
+    AccuracyMonitor,
+    GivenModelFallback,
+    Guard,
+    attach,
+    check_policy,
+    check_share,
+)
 from eatta.monitor.confseq import check_level
 
-__all__ = ["DEFAULT_AUDIT_SHARE", "DEFAULT_GUARD_LEVEL", "MonitorOptions", "monitor_summary"]
+__all__ = [
+    "DEFAULT_AUDIT_SHARE",
+    "DEFAULT_GUARD_LEVEL",
+    "FALLBACK_AUDITS",
+    "MonitorOptions",
+    "check_fallback_budget",
+    "fallback_summary",
+    "monitor_summary",
+]
 
 #: The audit share ``--guard`` uses when ``--audit`` is not given, and the guard's level: the
 #: values chosen on the tuning stream of docs/guard.md (the recurring stream, seed 10).
@@ -29,19 +50,25 @@ DEFAULT_AUDIT_SHARE = 0.2
 DEFAULT_GUARD_LEVEL = 0.2
 #: Seed offset of the auditor's draws (distinct from the method's annotator's).
 AUDITOR_SEED = 104729
+#: Seed offset of the fallback's auditor.
+FALLBACK_SEED = 130363
+#: Audits a batch of ``--fallback`` (an active method's come out of its label budget).
+FALLBACK_AUDITS = 1
 
 
 @dataclass(frozen=True)
 class MonitorOptions:
     """``audit``: share of the stream's samples audited (0: no monitor); ``guard``: a guard
     policy (None: measure only); ``level``: the intervals' error level; ``guard_level``: the
-    guard's stated false-reset level; ``window``: audits per guard block."""
+    guard's stated false-reset level; ``window``: audits per guard block; ``fallback``: the
+    given-model fallback at one audit a batch (module docstring)."""
 
     audit: float = 0.0
     guard: str | None = None
     level: float = 0.05
     guard_level: float = DEFAULT_GUARD_LEVEL
     window: int = 1000
+    fallback: bool = False
 
     def __post_init__(self) -> None:
         check_share(self.audit)
@@ -56,24 +83,43 @@ class MonitorOptions:
 
     @property
     def active(self) -> bool:
-        return self.audit > 0.0
+        return self.audit > 0.0 or self.fallback
 
     def describe(self) -> dict[str, Any]:
         """Plain description for fingerprints and ``results.json``."""
-        return {
+        out: dict[str, Any] = {
             "audit": self.audit,
             "guard": self.guard,
             "level": self.level,
             "guard_level": self.guard_level,
             "window": self.window,
         }
+        if self.fallback:  # only when set: earlier fingerprints stay as they were
+            out["fallback"] = True
+        return out
 
     def text(self) -> str:
         """Short text for table titles."""
-        out = f"audit {self.audit:g}"
-        if self.guard is not None:
-            out += f", guard {self.guard} (level {self.guard_level:g}, window {self.window})"
-        return out
+        parts = []
+        if self.audit > 0.0:
+            out = f"audit {self.audit:g}"
+            if self.guard is not None:
+                out += f", guard {self.guard} (level {self.guard_level:g}, window {self.window})"
+            parts.append(out)
+        if self.fallback:
+            parts.append("fallback to the given model (1 audit/batch)")
+        return ", ".join(parts)
+
+    def attach_fallback(
+        self, method: Any, given: torch.nn.Module, annotator: AnnotatorOptions, seed: int
+    ) -> GroundTruthOracle | SimulatedAnnotator:
+        """Give ``method`` a :class:`GivenModelFallback` audited once a batch; returns its
+        auditor (which needs the batch's labels: ``set_labels``)."""
+        auditor = annotator.build(seed + FALLBACK_SEED)
+        method.fallback = GivenModelFallback(
+            given, auditor=auditor, audits=FALLBACK_AUDITS, seed=seed
+        )
+        return auditor
 
     def attach(
         self,
@@ -127,4 +173,37 @@ def monitor_summary(
         "stats": stats,
         "seconds": annotator.cost.seconds(stats["requested"], annotator.feedback),
         "level": monitor.level,
+    }
+
+
+def check_fallback_budget(method: str, labels: int, every: int) -> int:
+    """Audits a batch that ``--fallback`` takes out of ``method``'s label budget (``labels``
+    every ``every`` batches): :data:`FALLBACK_AUDITS` for an active method, 0 for a label-free
+    one (its audits are its only labels) or one measured by its own answers (``eatta-safe``);
+    a :class:`ValueError` when the audits would exceed the budget."""
+    from eatta.methods import registry
+
+    spec = registry.get_spec(method)
+    if not spec.active or "fallback" in spec.keys:
+        return 0
+    if every != 1 or labels < FALLBACK_AUDITS:
+        raise ValueError(
+            f"--fallback takes {FALLBACK_AUDITS} audit every batch out of {method}'s label budget "
+            f"({labels} every {every} batch(es)): the split exceeds the budget; use eatta-safe, "
+            "whose own answers measure, or --labels >= 1 with --every 1"
+        )
+    return FALLBACK_AUDITS
+
+
+def fallback_summary(fallback: GivenModelFallback, rounds: int) -> dict[str, Any]:
+    """Per round: answers and the estimated gain of the adapted model over the given one (points,
+    from the answers' unbiased estimates); the switches and resets with their evidence; counts."""
+    per_round = []
+    for r in range(rounds):
+        n, gain = fallback.period_gain(r)
+        per_round.append({"answers": n, "gain": 100 * gain if n else None})
+    return {
+        "rounds": per_round,
+        "events": [e.to_dict() for e in fallback.events],
+        "stats": fallback.stats(),
     }

@@ -35,7 +35,7 @@ from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
 from eatta.bench.checkpoint import atomic_save, rng_state, seed_all, set_rng_state
 from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
 from eatta.bench.grid import STATIC_METHODS, CellSpec
-from eatta.bench.monitoring import monitor_summary
+from eatta.bench.monitoring import check_fallback_budget, fallback_summary, monitor_summary
 from eatta.bench.options import RunOptions
 from eatta.bench.provenance import machine_provenance
 from eatta.bench.results import CellResult
@@ -43,6 +43,7 @@ from eatta.budget import Budget
 from eatta.data.stream import TestStream
 from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
+from eatta.monitor import GivenModelFallback
 
 __all__ = ["RunOptions", "run_cell", "run_grid"]
 
@@ -81,7 +82,9 @@ def _build_method(
     window = None if spec.method in STATIC_METHODS else options.window_for(model)
     labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
-        labels = {"oracle": oracle, "budget": _budget(spec, options.batch_size, window)}
+        per_batch = spec.labels - _fallback_audits(spec, options)
+        budget = _budget(per_batch, spec.every, options.batch_size, window)
+        labels = {"oracle": oracle, "budget": budget}
     if window is not None:
         labels["window"] = window
     method = registry.create(spec.method, model, dataset=data.defaults_key, **labels, **hp)
@@ -89,16 +92,23 @@ def _build_method(
     return method, oracle, to_plain(shown)
 
 
-def _budget(spec: CellSpec, batch_size: int, window: int | bool | None) -> Budget:
-    """The cell's budget, ``labels`` per ``every`` batches; with a window (a step every
-    ``window`` samples, for batches smaller than it) the same labels per sample, counted in
-    window steps: ``labels · window / (every · batch_size)`` a step, as a reduced fraction."""
+def _budget(labels: int, every: int, batch_size: int, window: int | bool | None) -> Budget:
+    """``labels`` per ``every`` batches; with a window (a step every ``window`` samples, for
+    batches smaller than it) the same labels per sample, counted in window steps:
+    ``labels · window / (every · batch_size)`` a step, as a reduced fraction."""
     if window is None or window is False or batch_size >= window:
-        return Budget(spec.labels, every=spec.every)
-    rate = Fraction(spec.labels * int(window), spec.every * batch_size)
+        return Budget(labels, every=every)
+    rate = Fraction(labels * int(window), every * batch_size)
     if rate == 0:
         return Budget(0)
     return Budget(rate.numerator, every=rate.denominator)
+
+
+def _fallback_audits(spec: CellSpec, options: RunOptions) -> int:
+    """Audits a batch that ``--fallback`` takes from the method's label budget."""
+    if not options.monitor.fallback:
+        return 0
+    return check_fallback_budget(spec.method, spec.labels, spec.every)
 
 
 def run_cell(
@@ -150,11 +160,18 @@ def run_cell(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     method, oracle, hparams = _build_method(spec, data, options, device)
-    monitor = auditor = None
+    monitor = auditor = fallback_auditor = None
     if options.monitor.active and spec.method not in STATIC_METHODS:
         with torch.random.fork_rng(devices=[]):  # the stream and method draw as without it
             source = data.model_fn().to(device)  # the model as trained: the monitor's reference
-        monitor, auditor = options.monitor.attach(method, source, options.annotator, options.seed)
+        if options.monitor.audit > 0.0:
+            monitor, auditor = options.monitor.attach(
+                method, source, options.annotator, options.seed
+            )
+        if options.monitor.fallback and method.fallback is None:
+            fallback_auditor = options.monitor.attach_fallback(
+                method, source, options.annotator, options.seed
+            )
 
     start, online, wall, sessions, peak_prev = 0, [], 0.0, 1, None
     cpu = 0.0  # this thread's CPU seconds: unlike wall time, not inflated by a busy machine
@@ -222,9 +239,14 @@ def run_cell(
             if monitor is not None:  # audits count for the round they were asked in
                 monitor.period = stream.round_of_batch(t)
                 auditor.set_labels(y)  # type: ignore[union-attr]  # set with the monitor
-            before = method.labels_used
+            fb = method.fallback
+            if fb is not None:
+                fb.period = stream.round_of_batch(t)  # type: ignore[attr-defined]
+            if fallback_auditor is not None:
+                fallback_auditor.set_labels(y)
+            before = method.labels_used + _audited(fb)
             logits = method(x)
-            used = method.labels_used - before
+            used = method.labels_used + _audited(fb) - before
             wrong_each = logits.argmax(1).cpu() != y
             wrong = int(wrong_each.sum())
             if tally:
@@ -288,6 +310,8 @@ def run_cell(
     }
     if monitor is not None:
         result.monitor = monitor_summary(monitor, stream.rounds, options.annotator)
+    if isinstance(method.fallback, GivenModelFallback):
+        result.fallback = fallback_summary(method.fallback, stream.rounds)
     result.provenance = {**data.provenance, **machine_provenance()}
     if spec_active(spec):
         result.annotation = annotation_summary(
@@ -300,6 +324,12 @@ def run_cell(
     result.save(result_path)
     ckpt_path.unlink(missing_ok=True)
     return result
+
+
+def _audited(fallback: object) -> int:
+    """Audits a fallback asked for itself: labels too (0 without one, or for ``eatta-safe``,
+    whose fallback is measured by the method's own requests)."""
+    return int(getattr(fallback, "requested", 0))
 
 
 def _count_domains(stream: TestStream, t: int, wrong: Tensor, tally: list[list[list[int]]]) -> None:

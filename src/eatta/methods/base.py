@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Protocol
 
 from eatta._warn import warn_at_caller
 from eatta.methods._active import AsyncAsking
@@ -16,10 +17,40 @@ from eatta.normalization import MixedBatchNorm, absorb_statistics, batch_statist
 from eatta.split import ModelSplit, split_model
 from eatta.window import SMALL_BATCH, SampleWindow, SmallBatchWarning
 
-if TYPE_CHECKING:
-    from eatta.monitor.monitor import AccuracyMonitor
+__all__ = ["AdaptiveMethod", "InvalidInputError", "StepFallback", "StepObserver"]
 
-__all__ = ["AdaptiveMethod", "InvalidInputError"]
+
+class StepObserver(Protocol):
+    """What runs after each step and is saved with the method: the accuracy monitor
+    (:class:`eatta.monitor.AccuracyMonitor`). Declared here so the two modules need not import
+    each other."""
+
+    auditor: object
+
+    def observe(self, method: Any, x: Tensor, logits: Tensor, labels: Tensor | None) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class StepFallback(Protocol):
+    """What chooses the served predictions around each step: the given-model fallback
+    (:class:`eatta.monitor.GivenModelFallback`)."""
+
+    auditor: object
+
+    def before(self, x: Tensor) -> None: ...
+
+    def after(self, method: Any, x: Tensor, logits: Tensor, labels: Tensor | None) -> Tensor: ...
+
+    def reset(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class InvalidInputError(ValueError):
@@ -92,7 +123,10 @@ class AdaptiveMethod(nn.Module):
         self._asking: AsyncAsking | None = None  # an active method's asynchronous annotator
         self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot
         #: audited accuracy and guard (:func:`eatta.monitor.attach`); None: no audits
-        self.monitor: AccuracyMonitor | None = None
+        self.monitor: StepObserver | None = None
+        #: the given model beside the adapted one, served on evidence
+        #: (:class:`eatta.monitor.GivenModelFallback`); None: the adapted model is always served
+        self.fallback: StepFallback | None = None
         self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._initial_optimizer = (
             copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
@@ -147,8 +181,10 @@ class AdaptiveMethod(nn.Module):
             x = x.clone()
         oracle = getattr(self, "oracle", None)
         if labels is not None:
-            auditor = None if self.monitor is None else self.monitor.auditor
-            if not hasattr(oracle, "set_labels") and not hasattr(auditor, "set_labels"):
+            auditors = [w.auditor for w in (self.monitor, self.fallback) if w is not None]
+            if not hasattr(oracle, "set_labels") and not any(
+                hasattr(a, "set_labels") for a in auditors
+            ):
                 raise TypeError(
                     f"{type(self).__name__}(x, labels=...) needs an oracle (or a monitor's "
                     "auditor) with set_labels (a GroundTruthOracle)"
@@ -161,6 +197,13 @@ class AdaptiveMethod(nn.Module):
             if hasattr(oracle, "set_labels"):
                 oracle.set_labels(labels)  # type: ignore[union-attr]  # checked just above
         if self.window is not None and x.shape[0] < self.window.size:
+            if self.fallback is not None:
+                raise ValueError(
+                    f"a request of {x.shape[0]} samples (under the window of "
+                    f"{self.window.size}) with the given-model fallback: the fallback decides per "
+                    "step and does not follow the window yet; send batches of the window's size "
+                    "or leave out the fallback"
+                )
             try:
                 out = self._serve_windowed(x, labels, oracle)
                 if self.monitor is not None:
@@ -174,6 +217,8 @@ class AdaptiveMethod(nn.Module):
         if self._split is None:
             self._split_example = x
         try:
+            if self.fallback is not None:  # the given model's predictions, before the step
+                self.fallback.before(x)
             if self.window is not None:  # a full batch: a step on it, as without a window
                 with self.transaction(), torch.enable_grad(), batch_statistics():
                     out = self.forward_and_adapt(x)
@@ -185,6 +230,8 @@ class AdaptiveMethod(nn.Module):
                     out = self.forward_and_adapt(x)
             if self.monitor is not None:  # after the step: audit, score, guard
                 self.monitor.observe(self, x, out, labels)
+            if self.fallback is not None:  # score the answers, decide what is served
+                out = self.fallback.after(self, x, out, labels)
             return out
         finally:
             self._split_example = None
@@ -371,17 +418,20 @@ class AdaptiveMethod(nn.Module):
 
     # -- state -------------------------------------------------------------------------------
     def reset(self, *, keep_monitor: bool = False) -> None:
-        """Restore model, optimizer and method state to their values at creation; the monitor,
-        if any (:mod:`eatta.monitor.monitor`), is cleared too unless ``keep_monitor`` (a guard's
-        reset, or a benchmark's reset at each domain, keeps measuring the same stream)."""
+        """Restore model, optimizer and method state to their values at creation; the monitor
+        and the fallback, if any (:mod:`eatta.monitor`), are cleared too unless
+        ``keep_monitor`` (a guard's reset, or a benchmark's reset at each domain, keeps measuring
+        the same stream)."""
         self.model.load_state_dict(self._initial_model)
         if self.optimizer is not None and self._initial_optimizer is not None:
             self.optimizer.load_state_dict(copy.deepcopy(self._initial_optimizer))
         self.reset_method_state()
         if self.window is not None:
             self.window.reset()
-        if self.monitor is not None and not keep_monitor:
-            self.monitor.reset()
+        if not keep_monitor:
+            for watcher in (self.monitor, self.fallback):
+                if watcher is not None:
+                    watcher.reset()
 
     def state_parts(self) -> dict[str, Any]:
         """Named stateful components (budget, selector, buffer, ...), each with ``reset()``,
@@ -461,6 +511,8 @@ class AdaptiveMethod(nn.Module):
         }
         if self.monitor is not None:
             state["monitor"] = self.monitor.state_dict()
+        if self.fallback is not None:
+            state["fallback"] = self.fallback.state_dict()
         if self.window is not None:
             state["window"] = self.window.state_dict()
         return state
@@ -483,6 +535,8 @@ class AdaptiveMethod(nn.Module):
                 self.window.to(self.device)
         if self.monitor is not None and state.get("monitor") is not None:
             self.monitor.load_state_dict(copy.deepcopy(state["monitor"]))
+        if self.fallback is not None and state.get("fallback") is not None:
+            self.fallback.load_state_dict(copy.deepcopy(state["fallback"]))
 
 
 def _mixed_setting(m: MixedBatchNorm) -> str:

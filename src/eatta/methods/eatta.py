@@ -51,7 +51,15 @@ from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
 from eatta.split import ModelSplit
 
-__all__ = ["EATTA", "EATTAConfig", "GradMode", "StepOptions", "StepRecord", "build_eatta"]
+__all__ = [
+    "EATTA",
+    "EATTAConfig",
+    "GradMode",
+    "StepOptions",
+    "StepRecord",
+    "build_eatta",
+    "config_selector",
+]
 
 
 @dataclass
@@ -678,6 +686,18 @@ class EATTAConfig(OptimizerConfig):
     )
 
 
+def config_selector(cfg: EATTAConfig) -> Selector:
+    """The config's selector: an instance as given, or one made from its name (Table 7), the
+    perturbation selector taking ``noise_std``, every named one ``seed``."""
+    selector = cfg.selector or "perturbation"
+    if not isinstance(selector, str):
+        return selector
+    kw = dict(cfg.selector_kwargs or {})
+    if selector == "perturbation":
+        kw.setdefault("std", cfg.noise_std)
+    return make_selector(selector, seed=cfg.seed, **kw)
+
+
 def build_eatta(
     model: nn.Module,
     cfg: EATTAConfig,
@@ -687,26 +707,21 @@ def build_eatta(
     debiaser: GradNormDebiaser | None = None,
     late_labels: LateLabels | None = None,
     nearest_replay: NearestReplay | None = None,
+    selector: Selector | None = None,
 ) -> AdaptiveMethod:
-    """EATTA from a validated config; ``debiaser`` replaces the config's GND and
-    ``late_labels`` weighs late labels (variants)."""
+    """EATTA from a validated config; ``debiaser`` replaces the config's GND, ``late_labels``
+    weighs late labels and ``selector`` replaces the config's selector (variants)."""
     params = configure(model, cfg.params)
     norm_params = None
     if cfg.params == "reference":
         norm_params, _ = collect_params(model, "norm")
     assert oracle is not None
-    selector = cfg.selector or "perturbation"  # a Selector, or a name (Table 7)
-    if isinstance(selector, str):
-        kw = dict(cfg.selector_kwargs or {})
-        if selector == "perturbation":
-            kw.setdefault("std", cfg.noise_std)
-        selector = make_selector(selector, seed=cfg.seed, **kw)
     return EATTA(
         model,
         make_optimizer(params, cfg),
         oracle=oracle,
         budget=budget,
-        selector=selector,
+        selector=selector if selector is not None else config_selector(cfg),
         history=cfg.history,
         debiaser=debiaser
         if debiaser is not None

@@ -1,14 +1,23 @@
-"""Opt-in EATTA variants registered by name (``create("eatta-stable", ...)``).
+"""Opt-in EATTA variants registered by name (``create("eatta-stable", ...)``, ``"eatta-safe"``).
 
 ``eatta-stable``: EATTA with :class:`~eatta.debias.bounded.BoundedGradNormDebiaser` (the labelled
 weight never below 1, the entropy weight never above 1). It takes every key of ``"eatta"`` with the
 same per-dataset defaults, plus ``sup_floor`` and ``unsup_cap`` (both 1.0). The faithful
 ``"eatta"`` is untouched. The same method from the class API:
 ``EATTA(model, optimizer, oracle=..., debiaser=BoundedGradNormDebiaser())``.
+
+``eatta-safe``: ``eatta-stable`` that is never knowingly worse than the model it was given. A
+frozen copy of the model as given (taken before it is configured: its running statistics too)
+predicts beside the adapted one; each label request is drawn with a known probability, mostly
+among the samples the two disagree on (:class:`~eatta.selection.drawn.DisagreementDraw`, no class
+history), so the same answers that teach also estimate without bias which model is better, and
+:class:`~eatta.monitor.fallback.GivenModelFallback` serves the given model's predictions (and
+resets the adapted model) when they say adapting is worse. It uses no label beyond the budget.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,15 +26,19 @@ from torch import nn
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.debias.bounded import BoundedGradNormDebiaser
+from eatta.history import ClassHistory
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import hparam
-from eatta.methods.eatta import EATTAConfig, build_eatta
+from eatta.methods.eatta import EATTAConfig, HistoryName, build_eatta, config_selector
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, register
+from eatta.monitor.fallback import START, GivenModelFallback
+from eatta.selection.base import ScoreSelector, Selector
+from eatta.selection.drawn import DisagreementDraw
 
-__all__ = ["EATTAStableConfig"]
+__all__ = ["EATTASafeConfig", "EATTAStableConfig"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,11 @@ class EATTAStableConfig(EATTAConfig):
 
 
 def _build_eatta_stable(
-    model: nn.Module, cfg: EATTAStableConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module,
+    cfg: EATTAStableConfig,
+    oracle: Oracle | None,
+    budget: Budget,
+    selector: Selector | None = None,
 ) -> AdaptiveMethod:
     debiaser = None
     if cfg.gnd:  # built (and so checked) before the model is configured
@@ -74,7 +91,14 @@ def _build_eatta_stable(
     )
     replay = NearestReplay(64, cfg.late_replay) if cfg.late_replay else None
     return build_eatta(
-        model, cfg, oracle, budget, debiaser=debiaser, late_labels=late, nearest_replay=replay
+        model,
+        cfg,
+        oracle,
+        budget,
+        debiaser=debiaser,
+        late_labels=late,
+        nearest_replay=replay,
+        selector=selector,
     )
 
 
@@ -86,5 +110,72 @@ register(
         config=EATTAStableConfig,
         datasets=DATASET_PRESETS["eatta-stable"],
         summary="EATTA with one-sided gradient-norm debiasing (labelled weight >= 1): long streams",
+    )
+)
+
+
+@dataclass(frozen=True)
+class EATTASafeConfig(EATTAStableConfig):
+    """``eatta-stable``'s keys, no class history (requests are drawn), and the fallback's."""
+
+    history: HistoryName | ClassHistory | None = hparam(
+        "none", "class-balancing history (requests are drawn: only 'none')"
+    )
+    explore: float = hparam(
+        0.25,
+        "share of each request drawn by the selector's score (the rest: disagreements)",
+        min=0.0,
+        max=1.0,
+    )
+    fallback: bool = hparam(
+        True, "act on evidence (False: measure only, always serve the adapted model)"
+    )
+    fallback_window: int = hparam(64, "answers the fallback's decisions read", min=2)
+    fallback_level: float = hparam(
+        0.05, "two-sided level of each look of the fallback's test", min=0.0, max=1.0
+    )
+    fallback_min_answers: int = hparam(8, "answers before the fallback decides", min=2)
+    fallback_start: Literal["auto", "given", "adapted"] = hparam(
+        "auto", "served without decisive evidence: auto (label-free collapse test), given, adapted"
+    )
+    fallback_reset: bool = hparam(False, "reset the adapted model when it is found worse")
+
+
+def _build_eatta_safe(
+    model: nn.Module, cfg: EATTASafeConfig, oracle: Oracle | None, budget: Budget
+) -> AdaptiveMethod:
+    if cfg.history not in (None, "none"):
+        raise ValueError(
+            f"eatta-safe draws its requests with known probabilities and takes no class "
+            f"history; got history={cfg.history!r} (use 'none')"
+        )
+    base = config_selector(cfg)
+    if not isinstance(base, ScoreSelector):
+        raise TypeError(f"eatta-safe draws by a per-sample score; {base!r} has none")
+    draw = DisagreementDraw(base, explore=cfg.explore, seed=cfg.seed)
+    assert cfg.fallback_start in START
+    fallback = GivenModelFallback(
+        copy.deepcopy(model),  # the model as given, before configure() drops its statistics
+        window=cfg.fallback_window,
+        level=cfg.fallback_level,
+        min_answers=cfg.fallback_min_answers,
+        start=cfg.fallback_start,
+        reset=cfg.fallback_reset,
+        draw=draw,
+        act=cfg.fallback,
+    )
+    method = _build_eatta_stable(model, cfg, fallback.listen(oracle), budget, selector=draw)
+    method.fallback = fallback
+    return method
+
+
+register(
+    MethodSpec(
+        "eatta-safe",
+        _build_eatta_safe,
+        active=True,
+        config=EATTASafeConfig,
+        datasets=DATASET_PRESETS["eatta-safe"],
+        summary="eatta-stable serving the given model when its own answers say adapting is worse",
     )
 )

@@ -46,6 +46,7 @@ DATASET_PRESETS: dict[str, Rows] = {
     "source": {},
     "eatta": EATTA_LR,
     "eatta-stable": EATTA_LR,
+    "eatta-safe": EATTA_LR,
     "tent": TENT_LR,
     "baseline": TENT_LR,
     "eta": ETA_LR,

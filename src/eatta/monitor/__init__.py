@@ -3,12 +3,15 @@
 - :mod:`eatta.monitor.audit`: which samples are audited (a uniform random share);
 - :mod:`eatta.monitor.confseq`: anytime-valid confidence sequences and fixed-sample bounds;
 - :mod:`eatta.monitor.guard`: the paired block test and the reset policy;
-- :mod:`eatta.monitor.monitor`: the monitor a method carries as ``method.monitor``.
+- :mod:`eatta.monitor.monitor`: the monitor a method carries as ``method.monitor``;
+- :mod:`eatta.monitor.fallback`: the given model beside the adapted one, served when the answers
+  (the method's own, drawn with known probabilities, or audits) say adapting is worse.
 
 See ``docs/guard.md``.
 """
 
 from eatta.monitor.audit import AuditSampler, check_share
+from eatta.monitor.fallback import FallbackEvent, GivenModelFallback
 from eatta.monitor.guard import GUARD_POLICIES, Guard, ResetEvent, check_policy
 from eatta.monitor.monitor import AccuracyMonitor, Estimate, Interval, attach
 
@@ -17,6 +20,8 @@ __all__ = [
     "AccuracyMonitor",
     "AuditSampler",
     "Estimate",
+    "FallbackEvent",
+    "GivenModelFallback",
     "Guard",
     "Interval",
     "ResetEvent",

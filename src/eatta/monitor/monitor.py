@@ -33,10 +33,11 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Protocol
 
 from eatta.annotate.base import is_asynchronous
 from eatta.annotate.oracle import ABSTAIN, OracleError, validate_labels
@@ -45,8 +46,17 @@ from eatta.monitor.audit import AuditSampler, check_share
 from eatta.monitor.confseq import check_level, mixture_radius
 from eatta.monitor.guard import Guard, ResetEvent
 
-if TYPE_CHECKING:
-    from eatta.methods.base import AdaptiveMethod
+
+class AdaptiveMethod(Protocol):
+    """What the monitor needs of a method (:class:`eatta.methods.base.AdaptiveMethod`), declared
+    here so that the method's module and this one need not import each other."""
+
+    model: nn.Module
+    _initial_model: dict[str, Tensor]
+    monitor: Any
+
+    def reset(self, *, keep_monitor: bool = False) -> None: ...
+
 
 __all__ = ["AccuracyMonitor", "Estimate", "Interval", "attach"]
 

@@ -1,0 +1,418 @@
+"""The never-worse study: ``eatta-safe`` against the given model, the label-free methods and
+``eatta-stable``, at every kind of annotator; label-free methods with the fallback.
+
+Regenerates the section of ``docs/safety.md`` between ``<!-- safety:begin -->`` and
+``<!-- safety:end -->`` (and ``benchmarks/results/safety_study.md``, ``.json``). Every run is a
+cell of :func:`eatta.bench.run` under ``--out`` (finished cells are read back, so an interrupted
+study resumes). Parts, per stream (``STREAMS``), over ``--seeds``:
+
+* ``references``: the given model (``source``) and the label-free methods TENT and ETA;
+* ``annotators``: ``eatta-safe`` with labels at once, 16 and 64 batches late, at a person's
+  pace (11.7 s an answer, a batch a second) and never; ``eatta-stable`` beside it at once and at
+  a person's pace;
+* ``measure``: ``eatta-safe`` measuring only (``fallback=False``: requests drawn, the adapted
+  model always served), with labels at once: what drawing the requests costs the adaptation;
+* ``guard``: TENT and ETA with ``--fallback`` (one audit a batch, counted as labels).
+
+Nothing was tuned here: the fallback's constants (window 64 answers, level 0.05, 8 answers before
+a decision, explore 0.25, 16 samples for the given model) were set once, before the study, from
+the arithmetic in docs/safety.md, and one 10-round run of the recurring stream (seed 0) chose to
+leave resets off for ``eatta-safe`` (``fallback_reset``) and on for label-free methods.
+
+    python benchmarks/safety_study.py --seeds 0-2 --out runs/safety
+    python benchmarks/safety_study.py --report-only --out runs/safety
+    python benchmarks/safety_study.py --plan annotators:recurring --seeds 1-2 --out runs/safety-b
+    python benchmarks/safety_study.py --report-only --out runs/safety,runs/safety-b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
+
+import eatta.bench
+from eatta.bench import AnnotatorOptions, StreamProtocol
+from eatta.bench.monitoring import MonitorOptions
+from eatta.bench.results import CellResult
+
+SAFE, STABLE = "eatta-safe", "eatta-stable"
+LABEL_FREE = ("tent", "eta")
+#: Annotators: name -> options (None: labels at once, the synchronous path).
+ANNOTATORS: dict[str, AnnotatorOptions | None] = {
+    "instant": None,
+    "delay 16": AnnotatorOptions(delay=16),
+    "delay 64": AnnotatorOptions(delay=64),
+    "person": AnnotatorOptions(stream_rate=1.0),
+    "none": AnnotatorOptions(delay="never"),
+}
+PARTS = ("references", "annotators", "measure", "guard")
+#: Annotators at which ``eatta-stable`` runs too, as the comparison (its other delays are in
+#: the late-labels study, docs/real-annotators.md).
+WITH_STABLE = ("instant", "person")
+#: The given model's error below which a domain counts as easy (the issue's bar).
+EASY = 10.0
+
+
+def streams() -> dict[str, StreamProtocol]:
+    return {
+        "recurring": StreamProtocol(rounds=10),
+        "mixed": StreamProtocol(rounds=2, mixed=True),
+        "ccc": StreamProtocol(rounds=5, ccc="slow"),
+    }
+
+
+#: The order the study runs in (most informative first: an interrupted study still reports).
+PLAN = tuple(f"{p}:{s}" for s in streams() for p in PARTS)
+
+
+def run(
+    out: Path,
+    part: str,
+    protocol: StreamProtocol,
+    methods: Sequence[str],
+    seeds: list[int],
+    *,
+    annotator: AnnotatorOptions | None = None,
+    monitor: MonitorOptions | None = None,
+    hparams: dict[str, dict[str, Any]] | None = None,
+) -> list[CellResult]:
+    started = time.perf_counter()
+    done = eatta.bench.run(
+        "digits-c",
+        list(methods),
+        protocol=protocol,
+        annotator=annotator,
+        monitor=monitor,
+        hparams=hparams,
+        seeds=seeds,
+        jobs=1,
+        threads=1,
+        out=out / part,
+        progress=False,
+        plot=False,
+    )
+    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
+    return done.results
+
+
+def cells(results: Sequence[CellResult], method: str) -> list[dict[str, Any]]:
+    """What the report reads of each run of ``method`` (one per seed)."""
+    out = []
+    for r in results:
+        if r.spec.method != method:
+            continue
+        fb = r.fallback or {}
+        out.append(
+            {
+                "seed": r.seed,
+                "error": float(r.average_error),
+                "rounds": [float(v) for v in (r.round_errors or [])],
+                "domain_errors": _domain_means(r),
+                "labels": int(r.labels_used),
+                "batches": len(r.online),
+                "cpu_s": float(r.cpu_time_s or 0.0),
+                "fallback": fb.get("stats"),
+            }
+        )
+    return out
+
+
+def _domain_means(r: CellResult) -> dict[str, float]:
+    """Each domain's error (%) over the whole run: all its visits, weighted by their images."""
+    wrong: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    for name, n, e in zip(r.domains, r.domain_images, r.domain_errors, strict=True):
+        wrong[name] = wrong.get(name, 0.0) + n * e
+        seen[name] = seen.get(name, 0) + n
+    return {k: wrong[k] / seen[k] for k in wrong if seen[k]}
+
+
+def study(out: Path, seeds: list[int], plan: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    path = out / "study.json"
+    data: dict[str, Any] = (
+        json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
+    )
+    data["seeds"] = seeds
+    every = streams()
+    for part, name in plan:
+        proto = every[name]
+        s = data["streams"].setdefault(name, {"protocol": proto.describe()})
+        print(f"{part} / {name}: {proto}", flush=True)
+        if part == "references":
+            res = run(out / name, "references", proto, ["source", *LABEL_FREE], seeds)
+            s["references"] = {m: cells(res, m) for m in ("source", *LABEL_FREE)}
+        elif part == "annotators":
+            a = s.setdefault("annotators", {})
+            for label, opts in ANNOTATORS.items():
+                methods = [SAFE, STABLE] if label in WITH_STABLE else [SAFE]
+                res = run(
+                    out / name,
+                    f"ann-{label.replace(' ', '-')}",
+                    proto,
+                    methods,
+                    seeds,
+                    annotator=opts,
+                )
+                a[label] = {m: cells(res, m) for m in methods}
+                save(out, data)
+        elif part == "measure":
+            res = run(
+                out / name,
+                "measure-only",
+                proto,
+                [SAFE],
+                seeds,
+                hparams={SAFE: {"fallback": False}},
+            )
+            s["measure"] = cells(res, SAFE)
+        elif part == "guard":
+            res = run(
+                out / name,
+                "guard",
+                proto,
+                list(LABEL_FREE),
+                seeds,
+                monitor=MonitorOptions(fallback=True),
+            )
+            s["guard"] = {m: cells(res, m) for m in LABEL_FREE}
+        save(out, data)
+    return data
+
+
+def merged(folders: Sequence[Path]) -> dict[str, Any]:
+    """The studies saved in ``folders`` as one (runs of the same part and stream concatenated,
+    so seeds split across folders combine)."""
+    data: dict[str, Any] = {"streams": {}, "seeds": []}
+    for folder in folders:
+        one = json.loads((folder / "study.json").read_text(encoding="utf-8"))
+        data["seeds"] = sorted(set(data["seeds"]) | set(one["seeds"]))
+        for name, s in one["streams"].items():
+            _merge(data["streams"].setdefault(name, {}), s)
+    order = list(streams())
+    data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
+    return data
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, list) and isinstance(into.get(key), list):
+            seen = {c["seed"] for c in into[key]}
+            into[key] += [c for c in value if c["seed"] not in seen]
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def save(out: Path, data: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "study.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    tmp.replace(out / "study.json")
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def _errors(runs: Sequence[dict[str, Any]]) -> list[float]:
+    return [c["error"] for c in runs]
+
+
+def _mean(runs: Sequence[dict[str, Any]]) -> float:
+    return float(np.mean(_errors(runs))) if runs else float("nan")
+
+
+def _easy(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
+    """Mean error over the domains where the given model errs under ``EASY`` %."""
+    src = s["references"]["source"][0]["domain_errors"]
+    easy = [d for d, e in src.items() if e < EASY]
+    if not easy or not runs:
+        return float("nan")
+    return float(np.mean([np.mean([c["domain_errors"][d] for d in easy]) for c in runs]))
+
+
+def _worse_domains(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
+    """Domains (over the whole run) whose error is above the given model's, mean over seeds."""
+    src = s["references"]["source"][0]["domain_errors"]
+    return float(np.mean([sum(c["domain_errors"][d] > g for d, g in src.items()) for c in runs]))
+
+
+def report(data: dict[str, Any]) -> str:
+    seeds = data.get("seeds", [])
+    out = [
+        f"Error % averaged over the whole stream, mean ± std over seeds {seeds} (digits-C, the "
+        "packaged CNN). *Given*: the model as given, unadapted. *Best label-free*: the lower of "
+        "TENT's and ETA's mean. *Worse domains*: domains whose error over the run is above the "
+        "given model's (of 15; each domain's error over all its visits). *Served given*: share of "
+        "batches answered with the given model's "
+        "predictions. Labels: answers asked for, all of them (audits too), per batch.",
+        "",
+    ]
+    for name, s in data["streams"].items():
+        refs = s.get("references")
+        if not refs:
+            continue
+        given = _mean(refs["source"])
+        best = min(_mean(refs[m]) for m in LABEL_FREE)
+        out += [f"#### {name}: {json.dumps(s['protocol'])}", ""]
+        rows = [
+            [
+                f"{m} (given)" if m == "source" else m,
+                fmt(_errors(refs[m])),
+                f"{_easy(s, refs[m]):.1f}",
+                f"{_worse_domains(s, refs[m]):.1f}",
+                "",
+                "",
+            ]
+            for m in ("source", *LABEL_FREE)
+        ]
+        for m, runs in s.get("guard", {}).items():
+            rounds = np.mean([c["rounds"] for c in runs], axis=0)
+            rise = float(np.max(rounds - rounds[0])) if len(rounds) else float("nan")
+            fb = [c["fallback"] for c in runs if c["fallback"]]
+            served = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+            resets = np.mean([f["resets"] for f in fb]) if fb else 0
+            rows.append(
+                [
+                    f"{m} + fallback (1 audit/batch)",
+                    fmt(_errors(runs)),
+                    f"{_easy(s, runs):.1f}",
+                    f"{_worse_domains(s, runs):.1f}",
+                    f"{100 * served:.0f} %, {resets:.1f} resets",
+                    f"{np.mean([c['labels'] / c['batches'] for c in runs]):.2f}; worst round "
+                    f"{rise:+.1f} vs round 1",
+                ]
+            )
+        if s.get("measure"):
+            rows.append(
+                [
+                    f"{SAFE}, measure only (instant)",
+                    fmt(_errors(s["measure"])),
+                    f"{_easy(s, s['measure']):.1f}",
+                    f"{_worse_domains(s, s['measure']):.1f}",
+                    "0 %",
+                    "1.00",
+                ]
+            )
+        head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
+        out += [
+            f"Given model {given:.1f}, best label-free {best:.1f}:",
+            "",
+            table(head, rows),
+            "",
+        ]
+        ann = s.get("annotators", {})
+        if ann:
+            rows = []
+            for m in (SAFE, STABLE):
+                rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
+            bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5"]
+            for a in ann:
+                v = _mean(ann[a][SAFE])
+                limit = min(given, best) + 0.5
+                bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit + 0.5:+.1f})")
+            rows.append(bar_row)
+            easy_row = [f"easy domains: {SAFE} (given {_easy(s, refs['source']):.1f})"]
+            easy_row += [f"{_easy(s, ann[a][SAFE]):.1f}" for a in ann]
+            rows.append(easy_row)
+            worse_row = [f"worse domains: {SAFE}"]
+            worse_row += [f"{_worse_domains(s, ann[a][SAFE]):.1f}" for a in ann]
+            rows.append(worse_row)
+            served_row = [f"served given: {SAFE}"]
+            for a in ann:
+                fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
+                share = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+                served_row.append(f"{100 * share:.0f} %")
+            rows.append(served_row)
+            out += [
+                "By annotator (labels at most one a batch; `none`: asked, never answered):",
+                "",
+                table(["method", *ann], rows),
+                "",
+            ]
+            if "instant" in ann:
+                stable_gain = best - _mean(ann["instant"][STABLE])
+                safe_gain = best - _mean(ann["instant"][SAFE])
+                kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
+                line = (
+                    f"Gain over the best label-free method with labels at once: {SAFE} "
+                    f"{safe_gain:+.1f}, {STABLE} {stable_gain:+.1f} (kept {100 * kept:.0f} %"
+                )
+                if "delay 16" in ann:
+                    late_gain = best - _mean(ann["delay 16"][SAFE])
+                    line += (
+                        f"); at delay 16 {SAFE} keeps {late_gain:+.1f} of its own "
+                        f"{safe_gain:+.1f} ({100 * late_gain / safe_gain:.0f} %)"
+                        if safe_gain > 0
+                        else ")"
+                    )
+                else:
+                    line += ")"
+                if s.get("measure"):
+                    line += (
+                        f". Drawing the requests, measured alone (measure only): "
+                        f"{_mean(s['measure']):.1f} against {STABLE}'s "
+                        f"{_mean(ann['instant'][STABLE]):.1f}."
+                    )
+                out += [line, ""]
+    return "\n".join(out)
+
+
+BEGIN, END = "<!-- safety:begin -->", "<!-- safety:end -->"
+
+
+def write_doc(doc: Path, text: str) -> None:
+    """Replace the generated section of ``doc`` (between the markers) with ``text``."""
+    page = doc.read_text(encoding="utf-8")
+    if BEGIN not in page or END not in page:
+        raise SystemExit(f"{doc} has no {BEGIN} ... {END} section")
+    head, rest = page.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2")
+    p.add_argument(
+        "--out",
+        default="runs/safety",
+        help="folder of the runs (with --report-only: folders, comma-separated, merged)",
+    )
+    p.add_argument(
+        "--plan", default=",".join(PLAN), help=f"PART:STREAM items in order (parts: {PARTS})"
+    )
+    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
+    p.add_argument("--tables", default="benchmarks/results/safety_study.md")
+    p.add_argument("--doc", default="docs/safety.md")
+    args = p.parse_args(argv)
+    lo, _, hi = args.seeds.partition("-")
+    seeds = list(range(int(lo), int(hi or lo) + 1))
+    plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
+    bad = [x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams()]
+    if bad:
+        raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
+    if args.report_only:
+        data = merged([Path(x) for x in args.out.split(",") if x])
+    else:
+        data = study(Path(args.out), seeds, plan)  # type: ignore[arg-type]  # pairs
+    text = report(data)
+    Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.tables).write_text(text + "\n", encoding="utf-8")
+    Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    if Path(args.doc).is_file():
+        write_doc(Path(args.doc), text)
+        print(f"tables: {args.tables}; section of {args.doc} regenerated")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

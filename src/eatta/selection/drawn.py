@@ -1,0 +1,177 @@
+"""Label requests drawn at random with known inclusion probabilities, so the answers also measure.
+
+A deterministic top-k selector asks only about the samples it ranks first: every other sample has
+probability 0 of being asked, and no weighting can turn those answers into an unbiased estimate
+of the model's accuracy. :class:`DisagreementDraw` instead draws the ``k`` requests of a batch of
+``n`` samples independently (with replacement) from
+
+    q_i = explore * s_i / sum(s) + (1 - explore) * [i in D] / |D|
+
+where ``s`` is the wrapped selector's score (the perturbation difference by default) mixed with a
+little uniform mass so that every sample can be asked, and ``D`` the samples on which the adapted
+model and the reference model (the model as the user gave it; set :attr:`reference` before each
+step) predict different classes. With ``D`` empty the whole draw follows the scores.
+
+The reference may have predicted on only some of the batch, a uniformly drawn subset ``S`` of
+``m`` samples (:attr:`candidates`; its forward pass then costs ``m / n`` of a full one): the
+draw is then made within ``S`` with ``n`` replaced by ``m``, and ``d_I / (m q_I)`` estimates the
+mean over ``S`` without bias, hence, ``S`` being uniform, the batch's mean.
+
+Why the disagreements: the paired difference acc(adapted) - acc(reference) is non-zero only on
+``D``, so drawing there is what makes one answer a batch enough to compare the two models
+(Sawade et al., "Active comparison of prediction models", NeurIPS 2012), and a sample the two
+models disagree on is also one of the adapted model's most contested predictions, worth learning
+from. Each answer ``y`` to a request for sample ``i`` then gives the unbiased per-batch estimate
+``(1[y = a_i] - 1[y = r_i]) / (n q_i)`` of the batch's mean paired difference (Horvitz-Thompson
+with one draw; ``k`` draws average ``k`` of them), bounded in absolute value by
+``1 / (1 - explore)`` on ``D`` and 0 elsewhere. :attr:`last_draw` records ``q`` of the drawn
+samples and how often each was drawn, for the estimator (:mod:`eatta.monitor.fallback`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from eatta.history import ClassHistory, NoClassBalance, Selection
+from eatta.selection.base import ScoreSelector, SelectionContext
+
+__all__ = ["DisagreementDraw", "Draw", "check_explore"]
+
+#: Uniform mass mixed into the score part so that no sample has inclusion probability 0.
+_FLOOR = 0.05
+
+
+def check_explore(explore: object) -> float:
+    """``explore`` as a float in (0, 1], or an error naming it (0 would give samples outside
+    the disagreements inclusion probability 0 when there are disagreements)."""
+    if isinstance(explore, bool) or not isinstance(explore, int | float) or math.isnan(explore):
+        raise TypeError(f"explore must be a number in (0, 1], got {explore!r}")
+    if not 0.0 < float(explore) <= 1.0:
+        raise ValueError(
+            f"explore must be in (0, 1]: the share of the draw that follows the selector's "
+            f"scores (0 would give some samples inclusion probability 0), got {explore!r}"
+        )
+    return float(explore)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One batch's draw: the asked positions (sorted), their inclusion probability per draw
+    ``q``, how often each was drawn, the number of draws ``k``, the number ``n`` of samples drawn
+    from (the batch, or the candidates) and how many of them the two models disagreed on."""
+
+    indices: Tensor
+    q: Tensor
+    counts: Tensor
+    k: int
+    n: int
+    disagreements: int
+
+
+def inclusion_probabilities(scores: Tensor, disagree: Tensor | None, explore: float) -> Tensor:
+    """``q`` over the batch (sums to 1, every entry > 0): ``explore`` on the floored, normalized
+    scores, the rest uniform over the disagreements (``disagree``, a bool mask; all on the
+    scores when it is None or empty)."""
+    n = scores.shape[0]
+    s = scores.detach().double().clamp_min(0.0)
+    total = float(s.sum())
+    base = torch.full((n,), 1.0 / n, dtype=torch.float64, device=s.device)
+    if total > 0.0 and math.isfinite(total):
+        base = (1.0 - _FLOOR) * s / total + _FLOOR / n
+    if disagree is None or not bool(disagree.any()):
+        return base
+    d = disagree.to(device=s.device, dtype=torch.float64)
+    return explore * base + (1.0 - explore) * d / d.sum()
+
+
+class DisagreementDraw:
+    """Selector that draws requests from :func:`inclusion_probabilities` (module docstring).
+
+    Args:
+        base: the selector whose per-sample score guides the draw off the disagreements (a
+            :class:`~eatta.selection.base.ScoreSelector`; default: the perturbation selector).
+        explore: share of each draw that follows the scores, in (0, 1].
+        seed: the draw's generator seed (its state is part of :meth:`state_dict`).
+
+    It takes no class history (the history would change which sample is asked after the draw,
+    and the inclusion probabilities with it): give the method ``history=None``.
+    """
+
+    def __init__(
+        self, base: ScoreSelector | None = None, *, explore: float = 0.25, seed: int = 0
+    ) -> None:
+        if base is None:
+            from eatta.selection.perturbation import PerturbationSelector
+
+            base = PerturbationSelector()
+        if not isinstance(base, ScoreSelector):
+            raise TypeError(
+                f"DisagreementDraw needs a ScoreSelector (a per-sample score), got "
+                f"{type(base).__name__}"
+            )
+        self.base = base
+        self.explore = check_explore(explore)
+        self.seed = int(seed)
+        self._gen = torch.Generator().manual_seed(self.seed)
+        #: the reference model's classes for the batch in progress (set before each step)
+        self.reference: Tensor | None = None
+        #: positions the reference predicted on (None: all); outside them it is not read
+        self.candidates: Tensor | None = None
+        #: the last draw (read by the estimator after the step)
+        self.last_draw: Draw | None = None
+
+    def select(self, ctx: SelectionContext, k: int, history: ClassHistory) -> Selection:
+        if not isinstance(history, NoClassBalance):
+            raise TypeError(
+                "DisagreementDraw draws with known probabilities and takes no class history "
+                f"(got {type(history).__name__}): give the method history=None"
+            )
+        n = ctx.inputs.shape[0]
+        scores = self.base.score(ctx)
+        disagree = None
+        if self.reference is not None:
+            ref = self.reference.to(ctx.pseudo_labels.device)
+            if ref.shape != ctx.pseudo_labels.shape:
+                raise ValueError(
+                    f"reference predictions have shape {tuple(ref.shape)}, the batch "
+                    f"{tuple(ctx.pseudo_labels.shape)}"
+                )
+            disagree = ref != ctx.pseudo_labels
+        pool = torch.arange(n) if self.candidates is None else self.candidates.cpu()
+        if len(pool) and (int(pool.min()) < 0 or int(pool.max()) >= n):
+            raise ValueError(f"candidates out of range for a batch of {n}: {pool.tolist()}")
+        rows = pool.to(scores.device)
+        sub_dis = None if disagree is None else disagree[pool.to(disagree.device)]
+        q = inclusion_probabilities(scores.detach()[rows], sub_dis, self.explore).cpu()
+        if k <= 0 or len(pool) == 0:
+            self.last_draw = None
+            return Selection(torch.empty(0, dtype=torch.long), [], {"scores": scores})
+        drawn = torch.multinomial(q.float(), k, replacement=True, generator=self._gen)
+        pos, counts = torch.unique(drawn, sorted=True, return_counts=True)
+        idx = pool[pos]
+        classes = ctx.pseudo_labels.detach()[idx.to(ctx.pseudo_labels.device)].cpu().tolist()
+        n_dis = 0 if sub_dis is None else int(sub_dis.sum())
+        self.last_draw = Draw(idx, q[pos], counts, k, len(pool), n_dis)
+        return Selection(idx, [int(c) for c in classes], {"scores": scores})
+
+    def commit(self, ctx: SelectionContext, selection: Selection, labels: Tensor) -> None:
+        self.base.commit(ctx, selection, labels)
+
+    def reset(self) -> None:
+        self.base.reset()
+        self._gen.manual_seed(self.seed)
+        self.reference = None
+        self.candidates = None
+        self.last_draw = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base.state_dict(), "generator": self._gen.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base.load_state_dict(state["base"])
+        self._gen.set_state(state["generator"])
