@@ -114,8 +114,7 @@ class AdaptiveMethod(nn.Module):
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
         )
         self._rank = _expected_rank(model)
-        #: the small-batch window (:meth:`set_window`); None: adapt on each batch as given
-        self.window: SampleWindow | None = None
+        self._window: SampleWindow | None = None  # the small-batch window (:meth:`set_window`)
         self._window_off = False  # set_window(False): windowing turned off explicitly
         self._warned_small = False
         self._small_run = 0  # consecutive batches under SMALL_BATCH (warned at the second)
@@ -319,6 +318,11 @@ class AdaptiveMethod(nn.Module):
             raise InvalidInputError("input contains NaN or infinite values")
 
     # -- small batches ---------------------------------------------------------------------
+    @property
+    def window(self) -> SampleWindow | None:
+        """The small-batch window (:meth:`set_window`); None: each batch adapted on as given."""
+        return self._window
+
     def set_window(
         self, size: int | bool | None, every: int | None = None, refresh: int | None = None
     ) -> None:
@@ -338,7 +342,7 @@ class AdaptiveMethod(nn.Module):
         stream: the window is part of the method's state signature.
         """
         if size is None or size is False:
-            self.window, self._window_off = None, size is False
+            self._window, self._window_off = None, size is False
             return
         if size is True:
             raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
@@ -356,7 +360,7 @@ class AdaptiveMethod(nn.Module):
                     + ": create the method with eatta.create(name, model, window=...), or call "
                     "eatta.use_mixed_norm(model, stats='ema') before eatta.configure"
                 )
-        self.window, self._window_off = window, False
+        self._window, self._window_off = window, False
 
     def _warn_small_batch(self, x: Tensor) -> None:
         """Once per method: a second batch in a row under :data:`~eatta.window.SMALL_BATCH`
