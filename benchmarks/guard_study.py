@@ -99,10 +99,6 @@ def of(results: Sequence[CellResult], method: str) -> list[CellResult]:
     return [r for r in results if r.spec.method == method]
 
 
-
-
-
-
 def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
     """Per method: first/last round, average, resets, audits, annotator hours, coverage."""
     out: dict[str, Any] = {}

@@ -226,10 +226,6 @@ def save(out: Path, data: dict[str, Any]) -> None:
     tmp.replace(out / "study.json")
 
 
-
-
-
-
 #: The streams where the bar asks for half the delay-0 gain over ETA at delays 1 and 4.
 HALF_GAIN_STREAMS = ("recurring", "mixed")
 

@@ -121,10 +121,6 @@ def stats(results: Sequence[CellResult], method: str, field: str = "average_erro
     return values
 
 
-
-
-
-
 def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]:
     data: dict[str, Any] = {"seeds": seeds, "streams": {}}
     chosen_buffer: int | None = None

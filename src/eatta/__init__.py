@@ -21,8 +21,10 @@ from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
 from eatta.methods import EATTA, AdaptiveMethod, InvalidInputError
 from eatta.methods.registry import available, create, describe
 from eatta.noise import GaussianNoise, RecordedNoise
+from eatta.normalization import MixedBatchNorm, set_mix_weight, use_mixed_norm
 from eatta.selection import PerturbationSelector
 from eatta.split import ModelSplit, SplitNotFoundError, split_model
+from eatta.window import SampleWindow, SmallBatchWarning
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,7 @@ __all__ = [
     "InvalidInputError",
     "LabelBuffer",
     "LastKClasses",
+    "MixedBatchNorm",
     "ModelOracle",
     "ModelSplit",
     "NoClassBalance",
@@ -44,6 +47,8 @@ __all__ = [
     "PerturbationSelector",
     "RecordedNoise",
     "ReferenceClassHistory",
+    "SampleWindow",
+    "SmallBatchWarning",
     "SplitNotFoundError",
     "__version__",
     "available",
@@ -52,5 +57,7 @@ __all__ = [
     "configure_model",
     "create",
     "describe",
+    "set_mix_weight",
     "split_model",
+    "use_mixed_norm",
 ]

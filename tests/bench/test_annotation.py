@@ -21,7 +21,7 @@ from eatta.annotate import AnnotatorCost, SimulatedAnnotator
 from eatta.bench import AnnotatorOptions, StreamProtocol
 
 BASE = ["--methods", "baseline,eatta", "--rounds", "2", "--batch-size", "8", "--no-progress"]
-BASE += ["--no-plot", "--jobs", "1"]
+BASE += ["--no-plot", "--jobs", "1", "--window", "off"]
 
 
 @pytest.fixture

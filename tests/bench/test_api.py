@@ -74,6 +74,8 @@ def test_run_gives_the_numbers_and_table_of_the_command(tmp_path, capsys, toy_di
         ({"rounds": 0}, ValueError, "rounds"),
         ({"dirichlet": 0.0}, ValueError, "dirichlet"),
         ({"batch_size": 0}, ValueError, "batch size must be an int >= 1, got 0"),
+        ({"batch_size": 1, "window": "off"}, ValueError, "window off"),
+        ({"window": 1}, ValueError, "got 1"),
         ({"hparams": {"tent": {"lrr": 0.1}}}, TypeError, "lrr"),
         ({"hparams": {"eta": {"lr": 0.1}}}, ValueError, "eta"),
         ({"shard": "3/3"}, ValueError, "shard"),
@@ -111,6 +113,7 @@ def test_loaded_data_and_loading_options_do_not_mix(tmp_path):
 def test_out_folder_holds_the_cells_and_the_summaries_and_a_rerun_reads_them_back(tmp_path):
     data = {"toy": tiny_benchmark()}
     kw: dict[str, Any] = {"seeds": [0, 1], "batch_size": 8, "progress": False, "plot": False}
+    kw["window"] = "off"  # a step a batch: the tiny stream is shorter than one window
     kw["checkpoint_every"] = 1
     lines: list[str] = []
     done = eatta.bench.run(

@@ -104,7 +104,8 @@ def test_default_run_is_long_term_digits_c_with_seven_methods(
     real_set(2)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (threads.append(n), real_set(n)))
     before = torch.get_num_threads()
-    assert cli.main(["--out", str(out), "--batch-size", "8", "--no-progress"]) == 0
+    argv = ["--out", str(out), "--batch-size", "8", "--window", "off", "--no-progress"]
+    assert cli.main(argv) == 0
     assert toy_digits == [None]
     text = capsys.readouterr().out
     rows = table_rows(text)
@@ -298,6 +299,8 @@ def test_imagenet_c_folder_with_a_random_init_backbone(tmp_path, capsys, mini_im
         "4",
         "--batch-size",
         "4",
+        "--window",
+        "off",
         "--device",
         "cpu",
         "--out",
@@ -337,6 +340,8 @@ def test_model_annotator_from_a_checkpoint(tmp_path, capsys, mini_imagenet_c):
         "4",
         "--batch-size",
         "4",
+        "--window",
+        "off",
         "--device",
         "cpu",
         "--no-plot",

@@ -446,6 +446,7 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds processes through /proc")
 def test_a_killed_shard_resumes_when_resubmitted(tmp_path, capsys):
     argv = ["--rounds", "2", "--methods", "tent", "--limit", "128", "--batch-size", "16"]
+    argv += ["--window", "off"]
     argv += ["--seeds", "0,1", "--checkpoint-every", "5", "--no-plot", "--no-progress"]
     out = tmp_path / "sweep"
     status: list[int] = []

@@ -35,6 +35,12 @@ class BatchLabels:
             raise ValueError(f"labels must be 1-d [batch], got shape {tuple(labels.shape)}")
         self._labels = labels
 
+    @property
+    def batch_labels(self) -> Tensor | None:
+        """The labels given for the batch in progress (None: none given); a method with a window
+        of recent samples (:mod:`eatta.window`) keeps them with the samples it adapts on later."""
+        return self._labels
+
     def end_batch(self) -> None:
         """Forget the batch's labels (called by the method after each forward)."""
         self._labels = None

@@ -299,6 +299,7 @@ def run(
     jobs: int | None = None,
     hparams: Mapping[str, Mapping[str, Any]] | None = None,
     batch_size: int = 64,
+    window: int | str | None = "auto",
     limit: int | None = None,
     device: str = "auto",
     workers: int | None = None,
@@ -338,8 +339,10 @@ def run(
             ``eatta-bench`` uses every core on the CPU); results are identical to a serial run.
         hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
             ``{"tent": {...}}`` for one; checked against each method's configuration.
-        batch_size, limit, device, workers, checkpoint_every: see
-            :class:`~eatta.bench.runner.RunOptions` (``device="auto"``: CUDA if available).
+        batch_size, window, limit, device, workers, checkpoint_every: see
+            :class:`~eatta.bench.runner.RunOptions` (``device="auto"``: CUDA if available;
+            ``window="auto"``, as on the command line: a window of 64 samples for smaller
+            batches on BatchNorm models; None: not decided, each batch adapted on as given).
         threads: torch CPU threads during the run (default: 1 for digits-C on the CPU).
         shard: ``"i/n"`` or ``(i, n)``: run only the grid's jobs ``j`` with ``j mod n == i``.
         out: output folder (default ``runs/<name>``, ``name`` defaulting to the dataset names).
@@ -432,6 +435,7 @@ def run(
                 check_fallback_budget(m, k, n)
     options = RunOptions(
         batch_size=batch_size,
+        window=window,
         seed=seed_list[0],
         rounds=rounds,
         dirichlet=dirichlet,

@@ -362,6 +362,15 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("execution")
     g.add_argument("--batch-size", type=int, default=64, help="images per batch (64 in the paper)")
+    g.add_argument(
+        "--window",
+        type=_window,
+        default="auto",
+        metavar="auto|off|N",
+        help="batches smaller than N samples are served on robust statistics and adapted on as a "
+        "window of the last N, one step every N samples, labels per sample as --labels/--every "
+        "give them (docs/small-batches.md); auto: N = 64 for batches under 64 on BatchNorm models",
+    )
     g.add_argument("--seed", type=int, default=0, help="stream order and method randomness")
     g.add_argument(
         "--seeds",
@@ -564,6 +573,21 @@ def list_text() -> str:
     return "\n".join(lines)
 
 
+def _window(text: str) -> int | str:
+    """``--window``: auto, off, or a number of samples >= 2."""
+    if text in ("auto", "off"):
+        return text
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--window must be auto, off or a number of samples, got {text!r}"
+        ) from None
+    if size < 2:
+        raise argparse.ArgumentTypeError(f"--window must hold at least 2 samples, got {size}")
+    return size
+
+
 # ----------------------------------------------------------------------------- commands
 
 
@@ -627,6 +651,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         jobs=args.jobs if args.jobs is not None else _default_jobs(args),
         hparams=parse_hparams(args.hp, methods),
         batch_size=args.batch_size,
+        window=args.window,
         limit=args.limit,
         device=args.device,
         workers=args.workers,

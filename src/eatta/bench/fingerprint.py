@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from eatta import __version__
 from eatta.bench.grid import CellSpec
+from eatta.bench.options import AUTO_WINDOW
 from eatta.methods import registry
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
         "rounds": options.rounds,
         "dirichlet": options.dirichlet,
         **({"mixed": True} if options.mixed else {}),
+        # only where it can apply: fingerprints of batch-64 runs stay as they were
+        **({"window": str(options.window)} if _window_applies(options) else {}),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
         "provenance": to_plain(data.provenance),
@@ -105,6 +108,12 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def _window_applies(options: RunOptions) -> bool:
+    if options.window is None:
+        return False
+    return options.window != "auto" or options.batch_size < AUTO_WINDOW
 
 
 def model_digest(model: nn.Module) -> str:

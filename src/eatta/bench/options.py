@@ -6,10 +6,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch import nn
+
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.monitoring import MonitorOptions
+from eatta.window import check_window
 
-__all__ = ["RunOptions"]
+__all__ = ["AUTO_WINDOW", "RunOptions"]
+
+#: ``--window auto``: a window of 64 samples, the paper's batch size, for smaller batches
+#: (docs/small-batches.md).
+AUTO_WINDOW = 64
 
 
 @dataclass
@@ -36,6 +43,11 @@ class RunOptions:
     annotator: AnnotatorOptions = field(default_factory=AnnotatorOptions)
     #: audits and the guard (``--audit``, ``--guard``); default: none
     monitor: MonitorOptions = field(default_factory=MonitorOptions)
+    #: the small-batch window (``--window``, default ``auto`` there): ``"auto"`` (a window of
+    #: :data:`AUTO_WINDOW` samples for batches smaller than it, on models with BatchNorm),
+    #: ``"off"``, a number of samples, or None (not decided: each batch adapted on as given, and
+    #: the library's small-batch warning)
+    window: int | str | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -44,6 +56,13 @@ class RunOptions:
             or self.batch_size < 1
         ):
             raise ValueError(f"batch size must be an int >= 1, got {self.batch_size!r}")
+        if self.window not in (None, "auto", "off"):
+            check_window(self.window)
+        if self.window == "off" and self.batch_size == 1:
+            raise ValueError(
+                "batch size 1 with --window off: BatchNorm cannot normalize a batch of 1 "
+                "(use --window auto or a window of samples)"
+            )
         if self.limit is not None and self.limit < 2:
             raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
         if self.checkpoint_every < 0 or (self.workers is not None and self.workers < 0):
@@ -56,6 +75,19 @@ class RunOptions:
             and 0 < self.dirichlet < math.inf
         ):
             raise ValueError(f"dirichlet must be a finite number > 0, got {self.dirichlet!r}")
+
+    def window_for(self, model: nn.Module) -> int | bool | None:
+        """The ``window=`` a method around ``model`` gets: ``"auto"`` gives :data:`AUTO_WINDOW`
+        when the batches are smaller and the model has BatchNorm (None otherwise: batches are
+        adapted on as given), ``"off"`` False."""
+        if self.window is None:
+            return None
+        if self.window == "off":
+            return False
+        if self.window == "auto":
+            has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+            return AUTO_WINDOW if has_bn and self.batch_size < AUTO_WINDOW else None
+        return int(self.window)
 
     def overrides(self, method: str) -> dict[str, Any]:
         """Hyperparameter overrides for ``method``: those for all (``"*"``), then its own."""

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +79,31 @@ def _build_method(
             oracle = data.oracle_fn(device)
         else:
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
+    window = None if spec.method in STATIC_METHODS else options.window_for(model)
+    if options.window == "auto" and (options.monitor.fallback or spec.method == "eatta-safe"):
+        window = None  # the given-model fallback decides per step: no window under it yet
     labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
         per_batch = spec.labels - _fallback_audits(spec, options)
-        labels = {"oracle": oracle, "budget": Budget(per_batch, every=spec.every)}
+        budget = _budget(per_batch, spec.every, options.batch_size, window)
+        labels = {"oracle": oracle, "budget": budget}
+    if window is not None:
+        labels["window"] = window
     method = registry.create(spec.method, model, dataset=data.defaults_key, **labels, **hp)
     shown = {k: v for k, v in spec_.hparams(data.defaults_key, hp).items() if k != "fisher_data"}
     return method, oracle, to_plain(shown)
+
+
+def _budget(labels: int, every: int, batch_size: int, window: int | bool | None) -> Budget:
+    """``labels`` per ``every`` batches; with a window (a step every ``window`` samples, for
+    batches smaller than it) the same labels per sample, counted in window steps:
+    ``labels · window / (every · batch_size)`` a step, as a reduced fraction."""
+    if window is None or window is False or batch_size >= window:
+        return Budget(labels, every=every)
+    rate = Fraction(labels * int(window), every * batch_size)
+    if rate == 0:
+        return Budget(0)
+    return Budget(rate.numerator, every=rate.denominator)
 
 
 def _fallback_audits(spec: CellSpec, options: RunOptions) -> int:

@@ -11,8 +11,11 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import Protocol
 
+from eatta._warn import warn_at_caller
 from eatta.methods._active import AsyncAsking
+from eatta.normalization import MixedBatchNorm, absorb_statistics, batch_statistics
 from eatta.split import ModelSplit, split_model
+from eatta.window import SMALL_BATCH, SampleWindow, SmallBatchWarning
 
 __all__ = ["AdaptiveMethod", "InvalidInputError", "StepFallback", "StepObserver"]
 
@@ -111,6 +114,10 @@ class AdaptiveMethod(nn.Module):
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
         )
         self._rank = _expected_rank(model)
+        self._window: SampleWindow | None = None  # the small-batch window (:meth:`set_window`)
+        self._window_off = False  # set_window(False): windowing turned off explicitly
+        self._warned_small = False
+        self._small_run = 0  # consecutive batches under SMALL_BATCH (warned at the second)
         self.last_step: Any = None  # what the last step did (method-specific record)
         self._asking: AsyncAsking | None = None  # an active method's asynchronous annotator
         self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot
@@ -188,13 +195,38 @@ class AdaptiveMethod(nn.Module):
                 )
             if hasattr(oracle, "set_labels"):
                 oracle.set_labels(labels)  # type: ignore[union-attr]  # checked just above
+        if self.window is not None and x.shape[0] < self.window.size:
+            if self.fallback is not None:
+                raise ValueError(
+                    f"a request of {x.shape[0]} samples (under the window of "
+                    f"{self.window.size}) with the given-model fallback: the fallback decides per "
+                    "step and does not follow the window yet; send batches of the window's size "
+                    "or leave out the fallback"
+                )
+            try:
+                out = self._serve_windowed(x, labels, oracle)
+                if self.monitor is not None:
+                    self.monitor.observe(self, x, out, labels)
+                return out
+            finally:
+                end_batch = getattr(oracle, "end_batch", None)
+                if end_batch is not None:
+                    end_batch()
+        self._warn_small_batch(x)
         if self._split is None:
             self._split_example = x
         try:
             if self.fallback is not None:  # the given model's predictions, before the step
                 self.fallback.before(x)
-            with self.transaction(), torch.enable_grad():
-                out = self.forward_and_adapt(x)
+            if self.window is not None:  # a full batch: a step on it, as without a window
+                with self.transaction(), torch.enable_grad(), batch_statistics():
+                    out = self.forward_and_adapt(x)
+                absorb_statistics(self.model, x)
+                known = labels if labels is not None else getattr(oracle, "batch_labels", None)
+                self.window.passed(x, known)
+            else:
+                with self.transaction(), torch.enable_grad():
+                    out = self.forward_and_adapt(x)
             if self.monitor is not None:  # after the step: audit, score, guard
                 self.monitor.observe(self, x, out, labels)
             if self.fallback is not None:  # score the answers, decide what is served
@@ -260,10 +292,19 @@ class AdaptiveMethod(nn.Module):
             raise InvalidInputError(f"input must be {want}, got shape {tuple(x.shape)}")
         if x.shape[0] == 0:
             raise InvalidInputError("input batch is empty")
-        if x.shape[0] == 1 and self._has_batchnorm:
+        if x.shape[0] == 1 and self._has_batchnorm and self.window is None:
+            if self._window_off:
+                raise InvalidInputError(
+                    f"a batch of 1 (input shape {tuple(x.shape)}) cannot be adapted on with "
+                    "windowing turned off (window=False): the model's BatchNorm layers normalize "
+                    "with the statistics of the batch; set a window (window=64) to serve single "
+                    "requests"
+                )
             raise InvalidInputError(
-                "a batch of 1 cannot be adapted on: the model's BatchNorm layers normalize with "
-                "the statistics of the batch"
+                f"a batch of 1 (input shape {tuple(x.shape)}) cannot be adapted on: the model's "
+                "BatchNorm layers normalize with the statistics of the batch; create the method "
+                "with a window of recent samples, eatta.create(name, model, window=64), to serve "
+                "single requests (docs/small-batches.md)"
             )
         ref = next(self.model.parameters(), None)
         if ref is not None:
@@ -276,6 +317,109 @@ class AdaptiveMethod(nn.Module):
         if self.check_finite and not bool(torch.isfinite(x).all()):
             raise InvalidInputError("input contains NaN or infinite values")
 
+    # -- small batches ---------------------------------------------------------------------
+    @property
+    def window(self) -> SampleWindow | None:
+        """The small-batch window (:meth:`set_window`); None: each batch adapted on as given."""
+        return self._window
+
+    def set_window(
+        self, size: int | bool | None, every: int | None = None, refresh: int | None = None
+    ) -> None:
+        """Adapt on a window of the last ``size`` samples, stepping every ``every`` samples.
+
+        With a window, a batch smaller than ``size`` is served by the current model on robust
+        statistics (the EMA of :class:`~eatta.normalization.MixedBatchNorm`, independent of the
+        batch, so a batch of 1 works), joins the window, and every ``every`` samples (default
+        ``size``) the method steps on the window as on a batch; its budget then counts these
+        steps. ``refresh``: also refresh the served statistics from the window every ``refresh``
+        samples between steps (None: at steps only). A batch of ``size`` or more is adapted on
+        as without a window. ``False`` turns
+        windowing off explicitly (no small-batch warning; a batch of 1 on a BatchNorm model is
+        an error naming it); ``None`` leaves it unset. The model's BatchNorm layers must be
+        :class:`~eatta.normalization.MixedBatchNorm` with ``stats="ema"``
+        (``eatta.create(..., window=64)`` swaps them in before configuring). Call it before the
+        stream: the window is part of the method's state signature.
+        """
+        if size is None or size is False:
+            self._window, self._window_off = None, size is False
+            return
+        if size is True:
+            raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
+        window = SampleWindow(size, every, refresh)
+        if not self.adapts:
+            raise ValueError(f"{type(self).__name__} does not adapt: a window has nothing to step")
+        for name, m in self.model.named_modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and not (
+                isinstance(m, MixedBatchNorm) and m.stats == "ema" and not m.update
+            ):
+                raise ValueError(
+                    f"a window serves requests on the EMA statistics of MixedBatchNorm layers, and "
+                    f"layer {name!r} is a {type(m).__name__}"
+                    + (_mixed_setting(m) if isinstance(m, MixedBatchNorm) else "")
+                    + ": create the method with eatta.create(name, model, window=...), or call "
+                    "eatta.use_mixed_norm(model, stats='ema') before eatta.configure"
+                )
+        self._window, self._window_off = window, False
+
+    def _warn_small_batch(self, x: Tensor) -> None:
+        """Once per method: a second batch in a row under :data:`~eatta.window.SMALL_BATCH`
+        samples on a BatchNorm model, with no window decided (set or turned off)."""
+        if self._warned_small or self._window_off or self.window is not None:
+            return
+        if not self.adapts or not self._has_batchnorm:
+            return
+        if x.shape[0] >= SMALL_BATCH:
+            self._small_run = 0
+            return
+        self._small_run += 1
+        if self._small_run < 2:  # one short batch (a domain's remainder) is no small-batch stream
+            return
+        self._warned_small = True
+        warn_at_caller(
+            f"{type(self).__name__} adapts a BatchNorm model on batches of {x.shape[0]} "
+            "samples: their statistics are too noisy to normalize and adapt on, and the error can "
+            "rise far above the given model's (docs/small-batches.md). Create the method with a "
+            "window of recent samples, eatta.create(name, model, window=64), or turn this off "
+            "with set_window(False)",
+            SmallBatchWarning,
+        )
+
+    def _serve_windowed(self, x: Tensor, labels: Tensor | None, oracle: Any) -> Tensor:
+        """A small batch: predict on robust statistics, add it to the window, step when due."""
+        assert self.window is not None
+        with torch.no_grad():
+            out = self.model(x)
+        if labels is None and oracle is not None:
+            labels = getattr(oracle, "batch_labels", None)
+            if labels is not None and len(labels) != x.shape[0]:
+                raise InvalidInputError(
+                    f"the oracle holds {len(labels)} labels for a request of {x.shape[0]} "
+                    "samples; give each request its own (method(x, labels=y))"
+                )
+        window = self.window
+        if not window.due_after(x.shape[0]):
+            window.commit(x, labels, stepped=False)
+            if window.refresh_due():
+                absorb_statistics(self.model, window.contents())
+                window.refreshed()
+            return out
+        wx, wy = window.contents_with(x, labels)
+        known = bool((wy >= 0).any())
+        if known and hasattr(oracle, "set_labels"):
+            oracle.set_labels(wy)
+        if self._split is None:
+            self._split_example = wx
+        try:
+            with self.transaction(), torch.enable_grad(), batch_statistics():
+                self.forward_and_adapt(wx)
+        finally:
+            self._split_example = None
+        absorb_statistics(self.model, wx)
+        window.commit(x, labels, stepped=True)
+        window.refreshed()
+        return out
+
     # -- state -------------------------------------------------------------------------------
     def reset(self, *, keep_monitor: bool = False) -> None:
         """Restore model, optimizer and method state to their values at creation; the monitor
@@ -286,6 +430,8 @@ class AdaptiveMethod(nn.Module):
         if self.optimizer is not None and self._initial_optimizer is not None:
             self.optimizer.load_state_dict(copy.deepcopy(self._initial_optimizer))
         self.reset_method_state()
+        if self.window is not None:
+            self.window.reset()
         if not keep_monitor:
             for watcher in (self.monitor, self.fallback):
                 if watcher is not None:
@@ -349,7 +495,7 @@ class AdaptiveMethod(nn.Module):
     def state_signature(self) -> dict[str, Any]:
         """What a saved state must match to load: the method's class and its state parts (their
         names and types), so a state from another method or configuration is refused."""
-        return {
+        signature: dict[str, Any] = {
             "method": type(self).__qualname__,
             "parts": {
                 name: type(part).__qualname__
@@ -357,6 +503,9 @@ class AdaptiveMethod(nn.Module):
                 if part is not None
             },
         }
+        if self.window is not None:  # only then: states saved without a window load as before
+            signature["window"] = [self.window.size, self.window.every]
+        return signature
 
     def get_extra_state(self) -> dict[str, Any]:
         state = {
@@ -368,6 +517,8 @@ class AdaptiveMethod(nn.Module):
             state["monitor"] = self.monitor.state_dict()
         if self.fallback is not None:
             state["fallback"] = self.fallback.state_dict()
+        if self.window is not None:
+            state["window"] = self.window.state_dict()
         return state
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
@@ -382,15 +533,25 @@ class AdaptiveMethod(nn.Module):
             # from a live method would otherwise keep moving with it
             self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.load_method_state(state.get("method", {}))
+        if self.window is not None and state.get("window") is not None:
+            self.window.load_state_dict(state["window"])
+            if self.device is not None:
+                self.window.to(self.device)
         if self.monitor is not None and state.get("monitor") is not None:
             self.monitor.load_state_dict(copy.deepcopy(state["monitor"]))
         if self.fallback is not None and state.get("fallback") is not None:
             self.fallback.load_state_dict(copy.deepcopy(state["fallback"]))
 
 
+def _mixed_setting(m: MixedBatchNorm) -> str:
+    return f" with stats={m.stats!r}, update={m.update}"
+
+
 def _describe(signature: dict[str, Any]) -> str:
     parts = ", ".join(f"{k}={v}" for k, v in sorted(signature.get("parts", {}).items()))
-    return f"{signature.get('method')} ({parts or 'no state parts'})"
+    window = signature.get("window")
+    where = f", a window of {window[0]} stepping every {window[1]}" if window else ""
+    return f"{signature.get('method')} ({parts or 'no state parts'}{where})"
 
 
 def unique_params(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:

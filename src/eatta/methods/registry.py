@@ -26,6 +26,8 @@ from eatta.budget import Budget
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import MethodConfig, OptimizerConfig, check_keys, type_name
 from eatta.methods.presets import DATASETS
+from eatta.normalization import use_mixed_norm
+from eatta.window import WINDOW_MOMENTUM, WINDOW_REFRESH, check_window
 
 __all__ = [
     "DATASETS",
@@ -192,6 +194,10 @@ def create(
     dataset: str = "default",
     oracle: Oracle | None = None,
     budget: int | Budget | None = None,
+    window: int | bool | None = None,
+    window_every: int | None = None,
+    window_momentum: float = WINDOW_MOMENTUM,
+    window_refresh: int | None = WINDOW_REFRESH,
     **overrides: Any,
 ) -> AdaptiveMethod:
     """Build method ``name`` around ``model`` with the dataset's defaults and the overrides.
@@ -205,6 +211,15 @@ def create(
     ``oracle`` and ``budget`` (default 1 label per batch) are for active methods; a label-free
     method given either, or a key that only the label-taking methods have (``buffer``,
     ``label_expiry``), raises :class:`TypeError` naming the method and the label-taking ones.
+
+    ``window``: adapt on a window of the last ``window`` samples, stepping every
+    ``window_every`` samples (default ``window``), for requests of 1 to a few samples
+    (:mod:`eatta.window`): the model's BatchNorm layers are first swapped for
+    :class:`~eatta.normalization.MixedBatchNorm` (EMA statistics at rate ``window_momentum``)
+    and the budget counts window steps; ``window_refresh``: refresh the served statistics from
+    the window every that many samples between steps (None: at steps only). ``False``:
+    windowing off (no small-batch warning; a batch of 1 on a BatchNorm model is an error);
+    None: unset (a warning at small batches).
     """
     spec = get_spec(name)
     if not spec.active:
@@ -212,10 +227,34 @@ def create(
     check_keys(spec.name, overrides, spec.keys, also=("dataset", "oracle", "budget"))
     if spec.active and oracle is None:
         raise ValueError(f"method {spec.name!r} is active: pass oracle=")
+    if window is True:
+        raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
+    windowed = window is not None and window is not False
+    if windowed:
+        check_window(window, window_every)  # a method that does not adapt: set_window refuses
     config = spec.config_for(dataset, overrides)
     budget = Budget.coerce(1 if budget is None else budget)
-    with _restored_on_error(model):
-        return spec.build(model, config, oracle, budget)
+    with _restored_on_error(model), _swaps_undone_on_error(model):
+        if windowed:
+            use_mixed_norm(model, stats="ema", momentum=window_momentum)
+        method = spec.build(model, config, oracle, budget)
+        if window is not None:
+            method.set_window(window, window_every, window_refresh)
+        return method
+
+
+@contextmanager
+def _swaps_undone_on_error(model: nn.Module) -> Iterator[None]:
+    """Put the model's original child modules back if the body (a swap of its BatchNorm
+    layers, then the build) raises."""
+    children = [(parent, dict(parent._modules)) for parent in model.modules()]
+    try:
+        yield
+    except BaseException:
+        for parent, modules in children:
+            parent._modules.clear()
+            parent._modules.update(modules)
+        raise
 
 
 def merge_overrides(

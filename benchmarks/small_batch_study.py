@@ -1,0 +1,362 @@
+"""The small-batch study: batches of 1 to 64 samples at equal labels per sample.
+
+Regenerates the section of ``docs/small-batches.md`` between ``<!-- small-batches:begin -->``
+and ``<!-- small-batches:end -->`` (and ``benchmarks/results/small_batches.json``). Every run is
+the packaged digits CNN (BatchNorm) on a digits-C stream, served in batches of ``B`` samples with
+one label per 64 samples (``Budget(1, every=64/B)`` without a window, one label per window step
+with one: a step every 64 samples). Rows:
+
+* ``source``: the given model;
+* ``tent`` and ``eatta-stable`` adapting on each batch as given (no window: today's behaviour);
+* ``tent+w`` and ``eatta-stable+w``: the same methods with a window of 64 samples (``eatta.create(
+  ..., window=64)``) for ``B < 64``; at ``B = 64`` they are the plain method. ``eatta-stable+w`` is
+  the recommended configuration (``eatta-bench --window auto``, the default).
+
+Streams: ``recurring`` (the 15 digits-C corruptions, ``--rounds`` rounds, reshuffled per round and
+seed) and ``ccc`` (digits CCC, ``slow``, walked once per seed). Error % per round; tables give the
+mean over rounds, mean ± std over seeds. ``TUNE_SEED`` is the seed the window's EMA rate was
+chosen on (``--tune``); it is not among the reported seeds.
+
+    python benchmarks/small_batch_study.py --seeds 0-2 --rounds 10          # runs, then writes
+    python benchmarks/small_batch_study.py --report-only                     # rewrite from json
+    python benchmarks/small_batch_study.py --tune                            # the EMA-rate choice
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from _common import RESULTS
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
+from torch import Tensor
+
+import eatta
+import eatta.window
+from eatta.bench.digits_model import packaged_digits_source
+from eatta.data import TestStream, digits_c_domains
+from eatta.data.ccc import digits_ccc
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "small-batches.md"
+JSON = RESULTS / "small_batches.json"
+BATCH_SIZES = (1, 2, 4, 8, 16, 64)
+METHODS = ("source", "tent", "tent+w", "eatta-stable", "eatta-stable+w")
+RECOMMENDED = "eatta-stable+w"
+DEFAULT_REFRESH = eatta.window.WINDOW_REFRESH
+#: the report's rows: (label, method, the window's refresh)
+ROWS: tuple[tuple[str, str, int | None], ...] = (
+    ("source", "source", None),
+    ("tent", "tent", None),
+    ("eatta-stable", "eatta-stable", None),
+    ("tent+w, no refresh", "tent+w", None),
+    ("tent+w", "tent+w", DEFAULT_REFRESH),
+    ("eatta-stable+w, no refresh", "eatta-stable+w", None),
+    ("**eatta-stable+w** (recommended)", "eatta-stable+w", DEFAULT_REFRESH),
+)
+WINDOW = 64
+LABELS_EVERY = 64  # samples per label, at every batch size
+TUNE_SEED = 100
+TUNE_MOMENTA = (1.0, 0.5, 0.2, 0.05)
+#: samples between refreshes of the window's statistics without a step (None: at steps only)
+REFRESH: int | None = None
+
+
+def load_stream(
+    kind: str, seed: int, batch_size: int, rounds: int
+) -> tuple[TestStream, Tensor, Tensor]:
+    """The stream's batch order and all its images and labels, concatenated (in memory: the
+    study indexes them directly instead of going through a DataLoader per batch of 1)."""
+    if kind == "recurring":
+        domains = digits_c_domains()
+        stream = TestStream(domains, batch_size, seed=seed, rounds=rounds)
+    elif kind == "ccc":
+        domains = digits_ccc("slow").domains
+        stream = TestStream(domains, batch_size, seed=seed, rounds=1, shuffle=False)
+    else:
+        raise ValueError(f"unknown stream {kind!r}")
+    xs, ys = [], []
+    for d in domains:
+        x, y = d.dataset.tensors  # type: ignore[attr-defined]
+        xs.append(x)
+        ys.append(y)
+    return stream, torch.cat(xs), torch.cat(ys).long()
+
+
+def build(
+    method: str, batch_size: int, momentum: float, every: int = WINDOW
+) -> eatta.AdaptiveMethod:
+    source, _ = packaged_digits_source()
+    model = copy.deepcopy(source)
+    name, windowed = method.removesuffix("+w"), method.endswith("+w") and batch_size < WINDOW
+    kw: dict[str, Any] = {"dataset": "digits-c"}
+    if name == "source":
+        return eatta.create("source", model)
+    if windowed:
+        kw.update(window=WINDOW, window_every=every, window_momentum=momentum)
+        kw["window_refresh"] = REFRESH  # always explicit: None is no refresh
+    elif batch_size < 32:
+        kw["window"] = False  # today's behaviour, on purpose: no warning
+    if name != "tent":
+        per_step = every if windowed else batch_size
+        kw.update(
+            oracle=eatta.GroundTruthOracle(),
+            budget=eatta.Budget(1, every=max(1, LABELS_EVERY // per_step)),
+        )
+    return eatta.create(name, model, **kw)
+
+
+def run(
+    method: str,
+    kind: str,
+    batch_size: int,
+    seed: int,
+    rounds: int,
+    momentum: float,
+    every: int = WINDOW,
+) -> dict[str, Any]:
+    """Per-round error % of one run, its labels and CPU seconds."""
+    torch.manual_seed(seed)
+    stream, X, Y = load_stream(kind, seed, batch_size, rounds)
+    m = build(method, batch_size, momentum, every)
+    wrong = np.zeros(stream.rounds)
+    seen = np.zeros(stream.rounds)
+    gt = getattr(m, "oracle", None)
+    c0 = time.thread_time()
+    if method == "source":  # predictions do not depend on the stream: each image once
+        with torch.no_grad():
+            pred = torch.cat([m(X[i : i + 1024]).argmax(1) for i in range(0, len(X), 1024)])
+        miss = (pred != Y).numpy()
+        for t in range(len(stream)):
+            r = stream.round_of_batch(t)
+            idx = stream.batch_indices(t)[1]
+            wrong[r] += miss[idx].sum()
+            seen[r] += len(idx)
+    else:
+        for t in range(len(stream)):
+            idx = torch.as_tensor(stream.batch_indices(t)[1])
+            x, y = X[idx], Y[idx]
+            if gt is not None:
+                gt.set_labels(y)
+            out = m(x)
+            r = stream.round_of_batch(t)
+            wrong[r] += int((out.argmax(1) != y).sum())
+            seen[r] += len(y)
+    return {
+        "errors": (100 * wrong / seen).tolist(),
+        "labels": int(getattr(m, "labels_used", 0)),
+        "samples": int(seen.sum()),
+        "cpu_s": time.thread_time() - c0,
+    }
+
+
+def _seeds(text: str) -> list[int]:
+    if "-" in text:
+        a, b = text.split("-")
+        return list(range(int(a), int(b) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def key(
+    method: str,
+    kind: str,
+    batch_size: int,
+    seed: int,
+    rounds: int,
+    momentum: float,
+    every: int = WINDOW,
+    refresh: int | str | None = "cli",
+) -> str:
+    """A run's name; a window's method at batch 64 is the plain method's run (no window).
+    ``refresh``: the window's refresh (default: ``--refresh``'s)."""
+    refresh = REFRESH if refresh == "cli" else refresh
+    if method.endswith("+w") and batch_size >= WINDOW:
+        method = method.removesuffix("+w")
+    rate = f"m{momentum}" if method.endswith("+w") else "plain"
+    if method.endswith("+w") and every != WINDOW:
+        rate += f"e{every}"
+    if method.endswith("+w") and refresh is not None:
+        rate += f"r{refresh}"
+    return f"{kind}/r{rounds}/{method}/B{batch_size}/s{seed}/{rate}"
+
+
+def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: float) -> str:
+    """The docs section: per stream, error (mean over rounds, mean ± std over seeds) per method
+    and batch size; the bar's checks for the recommended configuration."""
+    seed_list = ", ".join(map(str, seeds))
+    out = [
+        f"Generated by `python benchmarks/small_batch_study.py` (seeds {seed_list}; "
+        f"recurring: {rounds} rounds; one label per {LABELS_EVERY} samples; window {WINDOW}, "
+        f"EMA rate {momentum}). Error % (mean over rounds), mean ± std over seeds; `+w`: with the "
+        f"window (batches under {WINDOW}); CPU s: one run's thread CPU time, mean over seeds "
+        "(a shared, loaded machine: compare within a column only roughly). A cell run on fewer "
+        "seeds than asked says how many.",
+        "",
+    ]
+    for kind in ("recurring", "ccc"):
+        r = rounds if kind == "recurring" else 1
+        rows = []
+        for label, method, refresh in ROWS:
+            cells = [label]
+            for b in BATCH_SIZES:
+                got = [
+                    data.get(key(method, kind, b, s, r, momentum, refresh=refresh)) for s in seeds
+                ]
+                done = [g for g in got if g is not None]
+                if not done:
+                    cells.append("not run")
+                    continue
+                text = fmt([float(np.mean(g["errors"])) for g in done])
+                partial = f"{text} ({len(done)} seed{'s' if len(done) > 1 else ''})"
+                cells.append(text if len(done) == len(got) else partial)
+            rows.append(cells)
+        out += [
+            f"**{kind}**" + (f" ({r} rounds)" if kind == "recurring" else " (slow, one walk)"),
+            "",
+        ]
+        out += [table(["method", *(f"B={b}" for b in BATCH_SIZES)], rows), ""]
+        cpu_rows = []
+        for label, method, refresh in ROWS:
+            got = [
+                [data.get(key(method, kind, b, s, r, momentum, refresh=refresh)) for s in seeds]
+                for b in BATCH_SIZES
+            ]
+            cpu_rows.append([label] + [_cpu([g for g in gs if g is not None]) for gs in got])
+        out += [
+            "CPU s per run:",
+            "",
+            table(["method", *(f"B={b}" for b in BATCH_SIZES)], cpu_rows),
+            "",
+        ]
+    out += [
+        "**The bar** (recurring; recommended configuration against batch 64 and the source):",
+        "",
+    ]
+    checks = []
+    src = [data.get(key("source", "recurring", 64, s, rounds, momentum)) for s in seeds]
+    ref = [data.get(key(RECOMMENDED, "recurring", 64, s, rounds, momentum)) for s in seeds]
+    for b in (1, 2, 8):
+        got = [
+            data.get(key(RECOMMENDED, "recurring", b, s, rounds, momentum, refresh=DEFAULT_REFRESH))
+            for s in seeds
+        ]
+        pairs = [
+            (g, f, s0)
+            for g, f, s0 in zip(got, ref, src, strict=True)
+            if g is not None and f is not None and s0 is not None
+        ]
+        if not pairs:
+            checks.append([f"B={b}", "not run", "", "", "", ""])
+            continue
+        mean_b = float(np.mean([np.mean(g["errors"]) for g, _, _ in pairs]))
+        mean_64 = float(np.mean([np.mean(f["errors"]) for _, f, _ in pairs]))
+        per_round = np.mean([g["errors"] for g, _, _ in pairs], axis=0)
+        src_round = np.mean([s0["errors"] for _, _, s0 in pairs], axis=0)
+        worst = float(np.max(per_round - src_round))
+        checks.append(
+            [
+                f"B={b}",
+                str(len(pairs)),
+                f"{mean_b:.1f} vs {mean_64:.1f}",
+                f"{mean_b - mean_64:+.1f}",
+                f"{worst:+.1f}",
+                "met" if mean_b - mean_64 <= 2 and worst <= 0 else "missed",
+            ]
+        )
+    out += [
+        table(
+            [
+                "batch",
+                "seeds",
+                "error vs batch 64 (same seeds)",
+                "difference (bar: ≤ +2)",
+                "worst round vs source (bar: ≤ 0)",
+                "bar",
+            ],
+            checks,
+        ),
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _cpu(done: list[dict[str, Any]]) -> str:
+    return f"{np.mean([g['cpu_s'] for g in done]):.0f}" if done else ""
+
+
+def write_doc(text: str) -> None:
+    doc = DOC.read_text(encoding="utf-8")
+    pat = re.compile(r"(<!-- small-batches:begin -->\n).*?(<!-- small-batches:end -->)", re.S)
+    if not pat.search(doc):
+        raise SystemExit(f"{DOC} has no small-batches markers")
+    DOC.write_text(pat.sub(lambda m: m[1] + text + "\n" + m[2], doc), encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2])
+    p.add_argument("--rounds", type=int, default=10, help="rounds of the recurring stream")
+    p.add_argument("--streams", default="recurring,ccc")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
+    p.add_argument("--momentum", type=float, default=eatta.window.WINDOW_MOMENTUM)
+    p.add_argument("--refresh", type=int, default=None, help="window_refresh (samples)")
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--tune", action="store_true", help="the EMA-rate choice on TUNE_SEED")
+    p.add_argument("--json", type=Path, default=JSON)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    global REFRESH
+    REFRESH = args.refresh
+    data: dict[str, Any] = json.loads(args.json.read_text()) if args.json.is_file() else {}
+
+    def save() -> None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+    if args.tune:  # batches of 8: EMA rates, then a step every 32 samples, then batch 64
+        plan = [(8, mom, WINDOW) for mom in TUNE_MOMENTA] + [(8, 1.0, 32), (64, 1.0, WINDOW)]
+        if REFRESH is not None:  # --refresh N --tune: the refresh at the chosen rate only
+            plan = [(8, 1.0, WINDOW)]
+        for b, mom, every in plan:
+            for method in ("tent+w", "eatta-stable+w"):
+                k = key(method, "recurring", b, TUNE_SEED, 1, mom, every)
+                if k not in data:
+                    data[k] = run(method, "recurring", b, TUNE_SEED, 1, mom, every)
+                    save()
+                print(k, f"{np.mean(data[k]['errors']):.2f}", flush=True)
+        return 0
+    if not args.report_only:
+        methods = args.methods.split(",")
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+        for kind in args.streams.split(","):
+            r = args.rounds if kind == "recurring" else 1
+            for seed in args.seeds:
+                for b in sizes:
+                    for method in methods:
+                        k = key(method, kind, b, seed, r, args.momentum)
+                        if k in data:
+                            continue
+                        data[k] = run(method, kind, b, seed, r, args.momentum)
+                        save()
+                        print(
+                            k,
+                            f"{np.mean(data[k]['errors']):.2f}",
+                            f"{data[k]['cpu_s']:.0f}s",
+                            flush=True,
+                        )
+    write_doc(report(data, args.rounds, args.seeds, args.momentum))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
