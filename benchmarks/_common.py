@@ -218,3 +218,14 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
     ]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def replace_section(doc: Path, begin: str, end: str, text: str) -> None:
+    """Replace what lies between the markers ``begin`` and ``end`` in ``doc`` by ``text`` (a
+    study's generated section); a :class:`SystemExit` naming them if ``doc`` lacks either."""
+    page = doc.read_text(encoding="utf-8")
+    if begin not in page or end not in page:
+        raise SystemExit(f"{doc} has no {begin} ... {end} section")
+    head, rest = page.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")

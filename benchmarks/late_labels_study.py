@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _common import replace_section
 
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -325,16 +326,6 @@ def report(data: dict[str, Any]) -> str:
 BEGIN, END = "<!-- late-labels:begin -->", "<!-- late-labels:end -->"
 
 
-def write_doc(doc: Path, text: str) -> None:
-    """Replace the generated section of ``doc`` (between the markers) with ``text``."""
-    page = doc.read_text(encoding="utf-8")
-    if BEGIN not in page or END not in page:
-        raise SystemExit(f"{doc} has no {BEGIN} ... {END} section")
-    head, rest = page.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0-2", help="seeds of the delay part, e.g. 0-2")
@@ -374,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
     Path(args.tables).write_text(text + "\n", encoding="utf-8")
     Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
-    write_doc(Path(args.doc), text)
+    replace_section(Path(args.doc), BEGIN, END, text)
     print(f"tables: {args.tables}; section of {args.doc} regenerated")
     return 0
 

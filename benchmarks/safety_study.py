@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _common import replace_section
 
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -334,11 +335,11 @@ def report(data: dict[str, Any]) -> str:
             rows = []
             for m in (SAFE, STABLE):
                 rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
-            bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5"]
+            bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5 (margin)"]
             for a in ann:
                 v = _mean(ann[a][SAFE])
                 limit = min(given, best) + 0.5
-                bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit + 0.5:+.1f})")
+                bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
             rows.append(bar_row)
             easy_row = [f"easy domains: {SAFE} (given {_easy(s, refs['source']):.1f})"]
             easy_row += [f"{_easy(s, ann[a][SAFE]):.1f}" for a in ann]
@@ -389,16 +390,6 @@ def report(data: dict[str, Any]) -> str:
 BEGIN, END = "<!-- safety:begin -->", "<!-- safety:end -->"
 
 
-def write_doc(doc: Path, text: str) -> None:
-    """Replace the generated section of ``doc`` (between the markers) with ``text``."""
-    page = doc.read_text(encoding="utf-8")
-    if BEGIN not in page or END not in page:
-        raise SystemExit(f"{doc} has no {BEGIN} ... {END} section")
-    head, rest = page.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 or 1,2")
@@ -440,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Path(args.tables).write_text(text + "\n", encoding="utf-8")
     Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
     if Path(args.doc).is_file():
-        write_doc(Path(args.doc), text)
+        replace_section(Path(args.doc), BEGIN, END, text)
         print(f"tables: {args.tables}; section of {args.doc} regenerated")
     return 0
 

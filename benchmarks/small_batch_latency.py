@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS, finish_meta, machine, write_json
+from _common import RESULTS, finish_meta, machine, replace_section, write_json
 from _common import markdown_table as table
 
 import eatta
@@ -159,15 +158,6 @@ def report(res: dict[str, Any]) -> str:
     )
 
 
-def write_doc(text: str) -> None:
-    doc = DOC.read_text(encoding="utf-8")
-    begin, end = "<!-- small-batch-latency:begin -->", "<!-- small-batch-latency:end -->"
-    pat = re.compile(f"({re.escape(begin)}\n).*?({re.escape(end)})", re.S)
-    if not pat.search(doc):
-        raise SystemExit(f"{DOC} has no small-batch-latency markers")
-    DOC.write_text(pat.sub(lambda m: m[1] + text + "\n" + m[2], doc), encoding="utf-8")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=1920)
@@ -184,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if not args.no_doc:
         write_json(RESULTS / "small_batch_latency.json", res)
-        write_doc(text)
+        replace_section(
+            DOC, "<!-- small-batch-latency:begin -->", "<!-- small-batch-latency:end -->", text
+        )
     return 0
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS
+from _common import RESULTS, replace_section
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 from torch import Tensor
@@ -293,14 +292,6 @@ def _cpu(done: list[dict[str, Any]]) -> str:
     return f"{np.mean([g['cpu_s'] for g in done]):.0f}" if done else ""
 
 
-def write_doc(text: str) -> None:
-    doc = DOC.read_text(encoding="utf-8")
-    pat = re.compile(r"(<!-- small-batches:begin -->\n).*?(<!-- small-batches:end -->)", re.S)
-    if not pat.search(doc):
-        raise SystemExit(f"{DOC} has no small-batches markers")
-    DOC.write_text(pat.sub(lambda m: m[1] + text + "\n" + m[2], doc), encoding="utf-8")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=_seeds, default=[0, 1, 2])
@@ -354,7 +345,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f"{data[k]['cpu_s']:.0f}s",
                             flush=True,
                         )
-    write_doc(report(data, args.rounds, args.seeds, args.momentum))
+    replace_section(
+        DOC,
+        "<!-- small-batches:begin -->",
+        "<!-- small-batches:end -->",
+        report(data, args.rounds, args.seeds, args.momentum),
+    )
     return 0
 
 
