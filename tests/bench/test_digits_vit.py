@@ -100,7 +100,9 @@ def small_digits_c(tmp_path, monkeypatch):
     monkeypatch.setattr(
         digits,
         "digits_c_domains",
-        lambda cache_dir=None: digits_c_domains(("snow", "frost"), limit=3, cache_dir=tmp_path),
+        lambda cache_dir=None, severity=5: digits_c_domains(
+            ("snow", "frost"), severity, limit=3, cache_dir=tmp_path
+        ),
     )
 
 
