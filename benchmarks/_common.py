@@ -229,3 +229,12 @@ def replace_section(doc: Path, begin: str, end: str, text: str) -> None:
     head, rest = page.split(begin, 1)
     _, tail = rest.split(end, 1)
     doc.write_text(f"{head}{begin}\n{text}\n{end}{tail}", encoding="utf-8")
+
+
+def save_study(out: Path, data: dict[str, Any]) -> None:
+    """A study so far as ``out/study.json``, written atomically (an interrupted write leaves the
+    last complete one; ``--report-only`` renders from it)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "study.json.tmp"
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    tmp.replace(out / "study.json")

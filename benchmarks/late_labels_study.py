@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import replace_section
+from _common import replace_section, save_study
 
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -158,7 +158,7 @@ def study(
                             hparams={METHOD: hp},
                         )
                         m.setdefault(label, {})[str(d)] = errors(res, METHOD)
-                        save(out, data)
+                        save_study(out, data)
             elif part == "paced" and name in PACED_STREAMS:
                 p = s.setdefault("paced", {})
                 for feedback in ("label", "binary"):
@@ -183,18 +183,18 @@ def study(
                                 "received": float(np.mean([a["received"] for a in ann])),
                                 "requested": float(np.mean([a["requested"] for a in ann])),
                             }
-                            save(out, data)
+                            save_study(out, data)
             elif part == "delay":
                 if not all(s.get("references", {}).get(m) for m in REFERENCES):
                     ref = run(out / name, "references", proto, list(REFERENCES), ONE_SEED)
                     s["references"] = {m: errors(ref, m) for m in REFERENCES}
-                    save(out, data)
+                    save_study(out, data)
                 dd = s.setdefault("delay", {})
                 for d in delays:
                     opts = None if d == 0 else delay_options(d)  # 0: the synchronous path
                     res = run(out / name, f"delay-{d}", proto, [METHOD], seeds, annotator=opts)
                     dd[str(d)] = errors(res, METHOD)
-                    save(out, data)
+                    save_study(out, data)
     return data
 
 
@@ -218,13 +218,6 @@ def merged(folders: Sequence[Path]) -> dict[str, Any]:
 
 def _slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
-
-
-def save(out: Path, data: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "study.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    tmp.replace(out / "study.json")
 
 
 #: The streams where the bar asks for half the delay-0 gain over ETA at delays 1 and 4.

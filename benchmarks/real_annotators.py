@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _common import save_study
 
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -127,7 +128,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
     for name, proto in streams(quick).items():
         print(f"stream {name}: {proto}", flush=True)
         s: dict[str, Any] = {"protocol": proto.describe()}
-        data["streams"][name] = s  # filled part by part, saved after each (save())
+        data["streams"][name] = s  # filled part by part, saved after each (save_study())
         base = run(out / name, "default", proto, REFERENCES + ACTIVE, seeds, jobs)
         s["default"] = {m: stats(base, m) for m in REFERENCES + ACTIVE}
         s["default_last"] = {m: stats(base, m, "last") for m in REFERENCES + ACTIVE}
@@ -148,7 +149,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             )
             s["delay"][str(d)] = {m: stats(res, m) for m in ACTIVE}
             s["delay_last"][str(d)] = {m: stats(res, m, "last") for m in ACTIVE}
-            save(out, data)
+            save_study(out, data)
             s["delay_counts"][str(d)] = {
                 m: {
                     k: float(np.mean([r.annotation[k] for r in res if r.spec.method == m]))
@@ -157,7 +158,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 for m in ACTIVE
             }
         if name not in BUFFER_STREAMS:
-            save(out, data)
+            save_study(out, data)
             continue
         s["buffer"] = {}
         for b in BUFFERS if name == TUNE_STREAM else (chosen_buffer,):
@@ -172,7 +173,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 buffers=b,
             )
             s["buffer"][str(b)] = {m: stats(res, m) for m in ACTIVE}
-            save(out, data)
+            save_study(out, data)
         if name == TUNE_STREAM:  # the size with the lowest error, averaged over the methods
             errors = {
                 b: np.mean([np.mean(v) for v in s["buffer"][str(b)].values()]) for b in BUFFERS
@@ -196,7 +197,7 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             s["binary"][f"{k}_minutes"] = float(
                 np.mean([r.annotation["seconds"] for r in res]) / 60
             )
-            save(out, data)
+            save_study(out, data)
         if name in BINARY_STREAMS:
             s["label_minutes"] = float(
                 np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
@@ -213,17 +214,9 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
                 annotator=AnnotatorOptions(noise=p),
             )
             s["noise"][f"{p:g}"] = {m: stats(res, m) for m in ACTIVE}
-            save(out, data)
-        save(out, data)
+            save_study(out, data)
+        save_study(out, data)
     return data
-
-
-def save(out: Path, data: dict[str, Any]) -> None:
-    """The study so far, as JSON (``--report-only`` renders tables from it)."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "study.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    tmp.replace(out / "study.json")
 
 
 def plot(data: dict[str, Any], path: Path) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import replace_section
+from _common import replace_section, save_study
 
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
@@ -181,7 +181,7 @@ def study(
                     annotator=opts,
                 )
                 a[label] = {m: cells(res, m) for m in methods}
-                save(out, data)
+                save_study(out, data)
         elif part == "measure":
             res = run(
                 out / name,
@@ -204,7 +204,7 @@ def study(
                 monitor=MonitorOptions(fallback=True),
             )
             s["guard"] = {m: cells(res, m) for m in LABEL_FREE}
-        save(out, data)
+        save_study(out, data)
     return data
 
 
@@ -231,13 +231,6 @@ def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
             _merge(into[key], value)
         else:
             into[key] = value
-
-
-def save(out: Path, data: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "study.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    tmp.replace(out / "study.json")
 
 
 # -- the report --------------------------------------------------------------------------------

@@ -164,6 +164,15 @@ def test_draw_and_auditor_together_are_refused():
         GivenModelFallback(linear(RIGHT), draw=DisagreementDraw(), auditor=GroundTruthOracle())
 
 
+@pytest.mark.parametrize("kw", [{"audits": 2}, {"explore": 0.5}])
+def test_audit_settings_with_the_methods_own_draw_are_refused(kw):
+    """With draw= no audit is made: an audit setting would be silently ignored."""
+    from eatta.selection.drawn import DisagreementDraw
+
+    with pytest.raises(ValueError, match="audits= and explore="):
+        GivenModelFallback(linear(RIGHT), draw=DisagreementDraw(), **kw)
+
+
 # -- eatta-safe: the registered method ---------------------------------------------------------
 
 

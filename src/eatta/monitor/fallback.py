@@ -164,8 +164,9 @@ class GivenModelFallback:
             before each step); None for a label-free method.
         auditor: for a label-free method, who answers the audits: a callable
             ``oracle(inputs, indices)`` or an asynchronous annotator; None for an active one.
-        audits: audit requests per batch (label-free methods), >= 1.
-        explore: the audits' share drawn by entropy rather than disagreement, in (0, 1].
+        audits: audit requests per batch (label-free methods; default 1), >= 1.
+        explore: the audits' share drawn by entropy rather than disagreement, in (0, 1]
+            (default 0.25). Both are refused with ``draw=``.
         sample: samples of each batch the given model predicts on while the adapted model is
             served (a uniform subset: the draw is made within it, see
             :mod:`eatta.selection.drawn`); None: all. While the given model is served it predicts
@@ -190,8 +191,8 @@ class GivenModelFallback:
         reset: bool = True,
         draw: DisagreementDraw | None = None,
         auditor: object = None,
-        audits: int = 1,
-        explore: float = 0.25,
+        audits: int | None = None,
+        explore: float | None = None,
         sample: int | None = 16,
         max_age: int = 256,
         seed: int = 0,
@@ -231,8 +232,13 @@ class GivenModelFallback:
             )
         self.draw = draw
         self.auditor: Any = auditor
-        self.audits = _int_at_least("audits", audits, 1)
-        self.explore = check_explore(explore)
+        if draw is not None and (audits is not None or explore is not None):
+            raise ValueError(
+                "audits= and explore= configure the audits of a label-free method; with draw= "
+                "the method's own requests measure (set explore on the DisagreementDraw)"
+            )
+        self.audits = _int_at_least("audits", 1 if audits is None else audits, 1)
+        self.explore = check_explore(0.25 if explore is None else explore)
         self.sample = None if sample is None else _int_at_least("sample", sample, 2)
         self.max_age = _int_at_least("max_age", max_age, 0)
         if auditor is not None and not (is_asynchronous(auditor) or callable(auditor)):
@@ -374,17 +380,23 @@ class GivenModelFallback:
     # -- scoring -----------------------------------------------------------------------------
     def _score_sync(self, adapted: Tensor) -> None:
         draw = self.draw.last_draw if self.draw is not None else None
-        assert self._given_pred is not None
         for indices, got in self._heard:
-            if got is None:
-                continue
-            for j, i in enumerate(indices.tolist()):
-                y, hit = int(got[j]), _weight(draw, i)
-                if y == ABSTAIN or hit is None:
-                    continue
-                a, g = int(y == int(adapted[i])), int(y == int(self._given_pred[i]))
-                self._add(hit[0] * (a - g), hit[1], self.period)
+            self._score_labels(indices, got, adapted, draw)
         self._heard = []
+
+    def _score_labels(
+        self, indices: Tensor, got: Tensor | None, adapted: Tensor, draw: Draw | None
+    ) -> None:
+        """Score labels answered at once for the drawn ``indices`` of this step's batch."""
+        assert self._given_pred is not None
+        if got is None:
+            return
+        for j, i in enumerate(indices.tolist()):
+            y, hit = int(got[j]), _weight(draw, i)
+            if y == ABSTAIN or hit is None:
+                continue
+            a, g = int(y == int(adapted[i])), int(y == int(self._given_pred[i]))
+            self._add(hit[0] * (a - g), hit[1], self.period)
 
     def _score_answer(self, ans: Answer) -> None:
         asked = self._pending.pop(ans.id, None)
@@ -432,13 +444,7 @@ class GivenModelFallback:
                 except Exception as err:
                     raise OracleError(f"the auditor raised {type(err).__name__}: {err}") from err
                 got = validate_labels(answer, len(idx), logits.shape[1])
-                if got is not None:
-                    for j, i in enumerate(idx.tolist()):
-                        y, hit = int(got[j]), _weight(draw, i)
-                        if y == ABSTAIN or hit is None:
-                            continue
-                        a, g = int(y == int(adapted[i])), int(y == int(self._given_pred[i]))
-                        self._add(hit[0] * (a - g), hit[1], self.period)
+                self._score_labels(idx, got, adapted, draw)
                 return
             requests = []
             for j, i in enumerate(idx.tolist()):
