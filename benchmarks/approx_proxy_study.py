@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 
-import eatta
 from eatta.annotate.oracle import GroundTruthOracle
+from eatta.configure import configure_model
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains
 from eatta.data.stream import TestStream
 from eatta.losses import default_entropy_margin, entropy
@@ -97,7 +97,7 @@ def _model(kind: str, x0: Tensor) -> nn.Module:
         return copy.deepcopy(packaged_digits_source()[0])
     torch.manual_seed(0)
     model = _resnet18(10)
-    eatta.configure_model(model)
+    configure_model(model)
     margin = default_entropy_margin(10)
     with torch.no_grad():  # a random network is uniformly unsure: scale the head until it is not
         for _ in range(12):

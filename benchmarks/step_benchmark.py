@@ -79,6 +79,7 @@ import _summary
 import eatta
 from eatta._compat import TorchvisionOpsWarning, import_torchvision
 from eatta.annotate import SimulatedAnnotator
+from eatta.configure import configure_model
 from eatta.debias import GradNormDebiaser
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.late_labels import LateLabels
@@ -137,7 +138,7 @@ def make_source(case: ModelCase, x: Tensor, seed: int = 0) -> dict[str, Tensor]:
     batch is confident."""
     torch.manual_seed(seed)
     model = case.build().to(x.device)
-    eatta.configure_model(model)
+    configure_model(model)
     margin = default_entropy_margin(case.num_classes)
     head = _head(model)
     with torch.no_grad():
@@ -155,7 +156,7 @@ def make_source(case: ModelCase, x: Tensor, seed: int = 0) -> dict[str, Tensor]:
 def fresh(case: ModelCase, state: dict[str, Tensor], device: torch.device, channels_last: bool):
     """A configured copy of the source model and its norm parameters."""
     model = case.build()
-    eatta.configure_model(model)
+    configure_model(model)
     model.load_state_dict(state)
     model.to(device)
     if channels_last:

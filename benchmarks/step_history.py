@@ -37,6 +37,7 @@ import json, statistics, sys, time, warnings
 import torch
 from torch import nn
 import eatta
+from eatta.configure import configure_model
 from eatta.methods.tent import Tent
 warnings.simplefilter("ignore")
 repeats, warmup = int(sys.argv[1]), int(sys.argv[2])
@@ -61,7 +62,7 @@ for name, build, size, classes in CASES:
     y = torch.randint(0, classes, (64,), generator=g)
     torch.manual_seed(0)
     src = build()
-    eatta.configure_model(src)
+    configure_model(src)
     head = eatta.split_model(src).head
     margin = 0.4 * torch.log(torch.tensor(float(classes)))
     with torch.no_grad():
@@ -76,7 +77,7 @@ for name, build, size, classes in CASES:
 
     def fresh():
         m = build()
-        eatta.configure_model(m)
+        configure_model(m)
         m.load_state_dict(state)
         return m, eatta.configure(m)
 

@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 import eatta
 from conftest import confident_cnn
-from eatta import Budget, GaussianNoise, GroundTruthOracle, LabelBuffer, RecordedNoise
-from eatta.annotate.oracle import OracleError, validate_labels
+from eatta import Budget, GroundTruthOracle
+from eatta.annotate.oracle import ModelOracle, OracleError, validate_labels
+from eatta.buffer import LabelBuffer
+from eatta.noise import GaussianNoise, RecordedNoise
 
 
 @settings(max_examples=200, deadline=None)
@@ -167,7 +169,7 @@ def test_a_methods_reset_does_not_lift_the_total_cap():
 def test_model_oracle_labels_by_argmax():
     net = torch.nn.Linear(3, 4)
     x = torch.randn(5, 3)
-    assert torch.equal(eatta.ModelOracle(net)(x, torch.arange(5)), net(x).argmax(1))
+    assert torch.equal(ModelOracle(net)(x, torch.arange(5)), net(x).argmax(1))
 
 
 def test_validate_labels():

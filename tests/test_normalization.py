@@ -11,6 +11,7 @@ from torch import nn
 
 import eatta
 from conftest import nested_equal, tiny_cnn
+from eatta.configure import configure_model
 from eatta.normalization import (
     MixedBatchNorm,
     absorb_statistics,
@@ -56,7 +57,7 @@ def test_batch_statistics_at_weight_one_are_exactly_configured_batchnorm() -> No
     bn = _trained_bn()
     mixed = MixedBatchNorm.from_batchnorm(copy.deepcopy(bn))
     ref = copy.deepcopy(bn)
-    eatta.configure_model(ref)
+    configure_model(ref)
     x1, x2 = _x().requires_grad_(True), _x().requires_grad_(True)
     out_ref, out_mixed = ref(x1), mixed(x2)
     assert torch.equal(out_ref, out_mixed)
@@ -259,7 +260,7 @@ def test_copies_follow_the_batch_phase() -> None:
     use_mixed_norm(model, stats="ema")
     teacher = copy.deepcopy(model)
     plain = tiny_cnn().eval()
-    eatta.configure_model(plain)
+    configure_model(plain)
     x = torch.randn(6, 3, 8, 8)
     with batch_statistics():
         assert torch.equal(teacher(x), plain(x))

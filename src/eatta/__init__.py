@@ -10,21 +10,19 @@ or build any registered method by name with the paper's per-dataset hyperparamet
 
     method = eatta.create("tent", model, dataset="imagenet-c")
     eatta.available()  # the names; eatta.describe("tent") lists its keys and defaults
+
+The parts live in their subpackages: :mod:`eatta.annotate` (who answers), :mod:`eatta.selection`,
+:mod:`eatta.history`, :mod:`eatta.debias`, :mod:`eatta.buffer`, :mod:`eatta.noise`,
+:mod:`eatta.normalization`, :mod:`eatta.window`, :mod:`eatta.split`, :mod:`eatta.methods`.
 """
 
-from eatta.annotate.oracle import ABSTAIN, GroundTruthOracle, ModelOracle, OracleError
+from eatta.annotate.oracle import ABSTAIN, GroundTruthOracle, OracleError
 from eatta.budget import Budget
-from eatta.buffer import LabelBuffer
-from eatta.configure import collect_params, configure, configure_model
-from eatta.debias import GradNormDebiaser
-from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
+from eatta.configure import configure
 from eatta.methods import EATTA, AdaptiveMethod, InvalidInputError
 from eatta.methods.registry import available, create, describe
-from eatta.noise import GaussianNoise, RecordedNoise
-from eatta.normalization import MixedBatchNorm, set_mix_weight, use_mixed_norm
-from eatta.selection import PerturbationSelector
-from eatta.split import ModelSplit, SplitNotFoundError, split_model
-from eatta.window import SampleWindow, SmallBatchWarning
+from eatta.split import SplitNotFoundError, split_model
+from eatta.window import SmallBatchWarning
 
 __version__ = "0.1.0"
 
@@ -33,31 +31,15 @@ __all__ = [
     "EATTA",
     "AdaptiveMethod",
     "Budget",
-    "GaussianNoise",
-    "GradNormDebiaser",
     "GroundTruthOracle",
     "InvalidInputError",
-    "LabelBuffer",
-    "LastKClasses",
-    "MixedBatchNorm",
-    "ModelOracle",
-    "ModelSplit",
-    "NoClassBalance",
     "OracleError",
-    "PerturbationSelector",
-    "RecordedNoise",
-    "ReferenceClassHistory",
-    "SampleWindow",
     "SmallBatchWarning",
     "SplitNotFoundError",
     "__version__",
     "available",
-    "collect_params",
     "configure",
-    "configure_model",
     "create",
     "describe",
-    "set_mix_weight",
     "split_model",
-    "use_mixed_norm",
 ]

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import GroundTruthOracle
+from eatta.configure import configure
+from eatta.debias import GradNormDebiaser
 from eatta.history import make_history
 from eatta.methods.eatta import EATTA
 from eatta.noise import RecordedNoise
@@ -139,10 +141,8 @@ def replay_trace(trace: dict[str, Any] | str | Path) -> ReplayReport:
     torch.manual_seed(0)
     model = build_model(data["model"])
     model.load_state_dict(data["initial_state"], strict=True)
-    import eatta
-
     trainable = list(data["trainable"])
-    params = eatta.configure(model, lambda mod, m, p: f"{mod}.{p}" in trainable)
+    params = configure(model, lambda mod, m, p: f"{mod}.{p}" in trainable)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if sorted(names) != sorted(trainable):
         raise ValueError(f"could not select the trace's trainable parameters {trainable}")
@@ -165,7 +165,7 @@ def replay_trace(trace: dict[str, Any] | str | Path) -> ReplayReport:
         budget=int(cfg["labels_per_batch"]),
         selector=PerturbationSelector(noise=RecordedNoise([s["noise"] for s in steps])),
         history=make_history(cfg.get("class_history", "reference")),
-        debiaser=eatta.GradNormDebiaser(alpha=cfg["ema_alpha"]),
+        debiaser=GradNormDebiaser(alpha=cfg["ema_alpha"]),
         entropy_margin=cfg["entropy_margin"],
         split=(_Features(model), model.fc),
     )

@@ -16,7 +16,7 @@ from bench_fixtures import (
 )
 from torch import Tensor
 
-from eatta import ModelOracle
+from eatta.annotate.oracle import ModelOracle
 from eatta.bench.grid import CellSpec, make_grid, shard
 from eatta.bench.report import csv_text, load_results, markdown_table, write_outputs
 from eatta.bench.results import CellResult

@@ -17,7 +17,9 @@ from torch import nn
 import eatta
 from _state_checks import assert_reset_state, assert_same_state, differences, exact_state
 from conftest import confident_cnn, tiny_cnn
-from eatta import EATTA, Budget, GradNormDebiaser, GroundTruthOracle, InvalidInputError, OracleError
+from eatta import EATTA, Budget, GroundTruthOracle, InvalidInputError, OracleError
+from eatta.buffer import LabelBuffer
+from eatta.debias import GradNormDebiaser
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.eatta import StepOptions
 
@@ -248,7 +250,7 @@ def test_default_path_runs_at_most_two_backward_passes(labelled):
 
 def test_buffer_replays_into_the_supervised_loss(batch):
     x, y = batch
-    m = make(buffer=eatta.LabelBuffer(capacity=3, batch_size=3))
+    m = make(buffer=LabelBuffer(capacity=3, batch_size=3))
     for _ in range(3):
         m(x, labels=y)
     ref = copy.deepcopy(m.model)
@@ -369,7 +371,7 @@ class Boom(RuntimeError):
 
 def full_buffer_method(batch) -> EATTA:
     x, y = batch
-    m = make(buffer=eatta.LabelBuffer(capacity=2, batch_size=2), budget=2)
+    m = make(buffer=LabelBuffer(capacity=2, batch_size=2), budget=2)
     m(x, labels=y)
     m(x + 0.5, labels=y)  # the buffer is full: the next add overwrites
     return m
@@ -726,7 +728,7 @@ def test_no_gradient_is_kept_between_batches(batch):
 
 def test_the_first_label_is_replayed_at_once(batch):
     x, y = batch
-    m = make(buffer=eatta.LabelBuffer(capacity=4, batch_size=4))
+    m = make(buffer=LabelBuffer(capacity=4, batch_size=4))
     ref = copy.deepcopy(m.model)
     m(x, labels=y)
     rec = m.last_step

@@ -14,7 +14,9 @@ import eatta
 import eatta.golden
 from _state_checks import assert_same_state, exact_state
 from conftest import GOLDEN_DIR, confident_cnn
-from eatta import EATTA, GroundTruthOracle, InvalidInputError, LabelBuffer
+from eatta import EATTA, GroundTruthOracle, InvalidInputError
+from eatta.buffer import LabelBuffer
+from eatta.configure import collect_params
 from eatta.losses import entropy
 from eatta.methods._grads import (
     Segmented,
@@ -424,7 +426,7 @@ def test_grad_modes_agree_when_norms_are_measured_over_more_parameters(mode):
 
     def build(grad_mode: str) -> EATTA:
         model = tiny_resnet()
-        norms, _ = eatta.collect_params(model, "norm")
+        norms, _ = collect_params(model, "norm")
         train = list(model[3].parameters()) + list(model[1].parameters())  # block 1 and stem BN
         eatta.configure(model, lambda mod, m, p: mod.startswith(("3.", "1")))
         opt = torch.optim.SGD(train, lr=0.05, momentum=0.9)

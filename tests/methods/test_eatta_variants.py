@@ -9,7 +9,8 @@ import torch
 from _active_method_checks import check_reset_is_exact, check_state_dict_round_trip
 
 from conftest import confident_cnn
-from eatta import EATTA, GradNormDebiaser, GroundTruthOracle
+from eatta import EATTA, GroundTruthOracle
+from eatta.debias import GradNormDebiaser
 from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.methods.registry import available, create, get_spec
 

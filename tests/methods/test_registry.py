@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -297,6 +301,18 @@ def test_top_level_api_is_the_registry():
     assert eatta.create is registry.create and eatta.available is registry.available
     assert eatta.available() == METHODS
     assert isinstance(eatta.create("tent", confident_cnn()), eatta.AdaptiveMethod)
+
+
+def test_every_method_registers_on_import():
+    """Importing any part of the package registers every built-in method, before any call to
+    the registry (a fresh interpreter importing only the registry module reads its table)."""
+    code = "import eatta.methods.registry as r; print(','.join(sorted(r._REGISTRY)))"
+    src = str(Path(eatta.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().split(",") == METHODS
+    assert {"eatta", "eatta-safe", "tent", "cema", "simatta", "baseline", "source"} <= set(METHODS)
 
 
 def test_describe_lists_keys_defaults_and_dataset_values():

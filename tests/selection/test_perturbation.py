@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 import eatta
 from conftest import confident_cnn
+from eatta.noise import RecordedNoise
 from eatta.selection.base import SelectionContext
+from eatta.selection.perturbation import PerturbationSelector
 from eatta.split import split_model
 
 
@@ -23,7 +25,7 @@ def test_eatta_labels_the_max_diff_sample_the_class_rule_allows(seed, rule, k):
         oracle=oracle,
         budget=k,
         history=rule,
-        selector=eatta.PerturbationSelector(seed=seed),
+        selector=PerturbationSelector(seed=seed),
     )
     g = torch.Generator().manual_seed(seed)
     for _ in range(3):
@@ -47,7 +49,7 @@ def test_diff_is_the_change_of_the_pseudo_label_probability():
     x = torch.randn(6, 3, 8, 8)
     z = backbone(x)
     eps = torch.randn(6, 16) * 0.01
-    sel = eatta.PerturbationSelector(noise=eatta.RecordedNoise([eps]))
+    sel = PerturbationSelector(noise=RecordedNoise([eps]))
     ctx = SelectionContext(inputs=x, features=z, logits=head(z), head=head)
     with torch.no_grad():
         p, q = head(z).softmax(1), head(z + eps).softmax(1)
@@ -55,7 +57,7 @@ def test_diff_is_the_change_of_the_pseudo_label_probability():
         want = (p[torch.arange(6), yhat] - q[torch.arange(6), yhat]).abs()
     torch.testing.assert_close(sel.score(ctx), want)
     assert sel.noise.position == 1  # one draw per scoring
-    other = eatta.PerturbationSelector(noise=eatta.RecordedNoise([-eps]))
+    other = PerturbationSelector(noise=RecordedNoise([-eps]))
     assert not torch.equal(other.score(ctx), want)  # the noise matters
 
 
@@ -65,7 +67,7 @@ def test_snapshot_restores_the_noise_generator():
     x = torch.randn(6, 3, 8, 8)
     z = backbone(x)
     ctx = SelectionContext(inputs=x, features=z, logits=head(z), head=head)
-    sel = eatta.PerturbationSelector(seed=3)
+    sel = PerturbationSelector(seed=3)
     token = sel.snapshot()
     first = sel.score(ctx)
     assert not torch.equal(sel.score(ctx), first)  # the generator moved on
@@ -88,7 +90,7 @@ def test_only_the_head_runs_twice():
 
 
 def test_defaults_are_the_papers_sigma_and_seed_zero():
-    sel = eatta.PerturbationSelector()
+    sel = PerturbationSelector()
     assert sel.noise.std == 0.01
     want = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)) * 0.01
     assert torch.equal(sel.noise(torch.Size([4, 3]), torch.device("cpu"), torch.float32), want)

@@ -358,7 +358,7 @@ class AdaptiveMethod(nn.Module):
                     f"layer {name!r} is a {type(m).__name__}"
                     + (_mixed_setting(m) if isinstance(m, MixedBatchNorm) else "")
                     + ": create the method with eatta.create(name, model, window=...), or call "
-                    "eatta.use_mixed_norm(model, stats='ema') before eatta.configure"
+                    "eatta.normalization.use_mixed_norm(model, stats='ema') before eatta.configure"
                 )
         self._window, self._window_off = window, False
 

@@ -104,13 +104,8 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
-def _load_builtins() -> None:
-    import eatta.methods.builtin  # noqa: F401  (registers on import)
-
-
 def get_spec(name: str) -> MethodSpec:
     """The registered method ``name`` (case-insensitive); :class:`KeyError` if there is none."""
-    _load_builtins()
     try:
         return _REGISTRY[name.lower()]
     except KeyError:
@@ -119,7 +114,6 @@ def get_spec(name: str) -> MethodSpec:
 
 def available() -> list[str]:
     """Registered method names."""
-    _load_builtins()
     return sorted(_REGISTRY)
 
 

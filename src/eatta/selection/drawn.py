@@ -39,6 +39,7 @@ from torch import Tensor
 
 from eatta.history import ClassHistory, NoClassBalance, Selection
 from eatta.selection.base import ScoreSelector, SelectionContext
+from eatta.selection.perturbation import PerturbationSelector
 
 __all__ = ["DisagreementDraw", "Draw", "check_explore"]
 
@@ -106,8 +107,6 @@ class DisagreementDraw:
         self, base: ScoreSelector | None = None, *, explore: float = 0.25, seed: int = 0
     ) -> None:
         if base is None:
-            from eatta.selection.perturbation import PerturbationSelector
-
             base = PerturbationSelector()
         if not isinstance(base, ScoreSelector):
             raise TypeError(
