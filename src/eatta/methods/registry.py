@@ -8,6 +8,11 @@ and the method's known keys, before the model is touched; :func:`describe` lists
 come from, in increasing priority: the config class's defaults, the dataset's row of
 :data:`eatta.methods.presets.DATASET_PRESETS`, and the caller's overrides. The benchmark CLI
 lists and builds methods only through this registry.
+
+Registration is eager and acyclic: this module imports no method; each method's module calls
+:func:`register` at its bottom, and :mod:`eatta.methods` imports every method module, so the
+table is complete once ``eatta`` is imported (Python runs ``eatta.methods`` before any of its
+submodules, this one included).
 """
 
 from __future__ import annotations
@@ -96,7 +101,7 @@ _REGISTRY: dict[str, MethodSpec] = {}
 
 
 def register(spec: MethodSpec) -> MethodSpec:
-    """Add a method (its name, lower-case, must be new)."""
+    """Add a method (its name, lower-case, must be new); called at the bottom of its module."""
     key = spec.name.lower()
     if key in _REGISTRY:
         raise ValueError(f"method {spec.name!r} is already registered")
