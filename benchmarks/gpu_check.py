@@ -483,7 +483,7 @@ def _stats_ms(seconds: list[float]) -> dict[str, Any]:
         "q1_ms": q[0],
         "q3_ms": q[2],
         "n": len(ms),
-        "samples_ms": [round(v, 4) for v in ms],
+        "samples_ms": ms,
     }
 
 
@@ -573,6 +573,20 @@ def measure(
 # ---------------------------------------------------------------- gpu-marked tests
 
 
+_PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)\b")
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """The counts in pytest's closing summary line ("1 passed, 3 skipped, 2 errors in 4.1s")."""
+    lines = [ln for ln in output.strip().splitlines() if _PYTEST_COUNT.search(ln)]
+    if not lines:
+        return {}
+    return {
+        word.rstrip("s") if word == "errors" else word: int(n)
+        for n, word in _PYTEST_COUNT.findall(lines[-1])
+    }
+
+
 def run_gpu_tests(timeout: float) -> dict[str, Any]:
     """``pytest -m gpu`` in a subprocess: its counts, exit status and the output's tail."""
     env = dict(os.environ)
@@ -589,12 +603,7 @@ def run_gpu_tests(timeout: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         return {"command": " ".join(cmd[1:]), "timed_out": True, "timeout_s": timeout}
     out = done.stdout + done.stderr
-    counts = {
-        word.rstrip("s") if word == "errors" else word: int(n)
-        for n, word in re.findall(
-            r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)", out[-3000:]
-        )
-    }
+    counts = pytest_counts(out)
     return {
         "command": "python -m pytest -m gpu -q -p no:cacheprovider tests",
         "returncode": done.returncode,
@@ -659,6 +668,13 @@ def _quiet_torchvision() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with warnings.catch_warnings():
+        if args.tiny:  # batches of 8 on BatchNorm models: the method's advice is known here
+            warnings.simplefilter("ignore", eatta.SmallBatchWarning)
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
