@@ -54,6 +54,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -208,6 +209,8 @@ def machine(device: torch.device) -> dict[str, Any]:
                     ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
                 ),
                 "cudnn_benchmark": torch.backends.cudnn.benchmark,
+                "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+                "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
                 "float32_matmul_precision": torch.get_float32_matmul_precision(),
             }
         )
@@ -640,10 +643,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--budget-s",
         type=float,
-        default=300.0,
+        default=240.0,
         help="seconds for all measurements; rounds stop when a model's share is spent",
     )
-    ap.add_argument("--tests-timeout-s", type=float, default=150.0)
+    ap.add_argument("--tests-timeout-s", type=float, default=120.0)
     ap.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -711,6 +714,8 @@ def _main(args: argparse.Namespace) -> int:
         }
         deadline = started + args.budget_s
         jobs = [(f, p) for f in args.models for p in args.precisions]
+        initials: dict[str, tuple[nn.Module, float]] = {}
+        failed = 0
         for i, (family, precision) in enumerate(jobs):
             case = CASES[family][1 if args.tiny else 0]
             entry = out["models"].setdefault(
@@ -727,39 +732,68 @@ def _main(args: argparse.Namespace) -> int:
             if precision not in precisions:
                 entry["precisions"][precision] = {"skipped": f"bf16 not supported: {bf16_why}"}
                 continue
-            g = torch.Generator().manual_seed(args.seed)
-            x = torch.randn(case.batch, 3, case.image_size, case.image_size, generator=g)
-            y = torch.randint(0, case.num_classes, (case.batch,), generator=g)
-            x, y = x.to(device), y.to(device)
-            if "head_scale" not in entry:
-                initial, scale = initial_model(case, x, args.seed)
-                entry["head_scale"] = scale
-                entry["_initial"] = initial
             share = (deadline - time.perf_counter()) / (len(jobs) - i)
             job_deadline = time.perf_counter() + max(share, 0.0)
             print(f"{case.name} {precision}: measuring", flush=True)
-            res = measure(case, precision, entry["_initial"], x, y, device, args, job_deadline)
-            entry["precisions"][precision] = res
-            for n in VARIANTS:
-                r = res["variants"][n]
-                ratio = res["ratios_to_tent"].get(n, {}).get("time", 1.0)
-                print(
-                    f"  {n:13s} {r['median_ms']:9.2f} ms  x{ratio:.3f} TENT  "
-                    f"peak {r['peak_bytes']}  syncs {r['host_syncs_per_step']}",
-                    flush=True,
+            try:
+                entry["precisions"][precision] = _job(
+                    case, precision, initials, entry, device, args, job_deadline
                 )
-            del x, y
-        for entry in out["models"].values():
-            entry.pop("_initial", None)
+            except Exception as err:  # recorded, and the other jobs still run: one GPU call
+                failed += 1
+                entry["precisions"][precision] = {
+                    "error": repr(err),
+                    "traceback": traceback.format_exc()[-3000:],
+                }
+                print(f"  failed: {err!r}", flush=True)
+            _write(args.out, out, started)  # a timeout later still leaves what was measured
+        initials.clear()
     out["measure_wall_s"] = time.perf_counter() - started
     out["gpu_tests"] = (
         {"skipped": "--skip-tests"} if args.skip_tests else run_gpu_tests(args.tests_timeout_s)
     )
-    out["wall_s"] = time.perf_counter() - started
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    out["failed_jobs"] = failed
+    out["complete"] = True
+    _write(args.out, out, started)
     print(f"-> {args.out} ({out['wall_s']:.0f} s)")
-    return 0
+    return 1 if failed else 0
+
+
+def _job(
+    case: ModelCase,
+    precision: str,
+    initials: dict[str, tuple[nn.Module, float]],
+    entry: dict[str, Any],
+    device: torch.device,
+    args: argparse.Namespace,
+    deadline: float,
+) -> dict[str, Any]:
+    """One (model, precision): its batch, the shared initial model, the measurement."""
+    g = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(case.batch, 3, case.image_size, case.image_size, generator=g).to(device)
+    y = torch.randint(0, case.num_classes, (case.batch,), generator=g).to(device)
+    if case.name not in initials:
+        initials[case.name] = initial_model(case, x, args.seed)
+    initial, entry["head_scale"] = initials[case.name]
+    res = measure(case, precision, initial, x, y, device, args, deadline)
+    for n in VARIANTS:
+        r = res["variants"][n]
+        ratio = res["ratios_to_tent"].get(n, {}).get("time", 1.0)
+        print(
+            f"  {n:13s} {r['median_ms']:9.2f} ms  x{ratio:.3f} TENT  "
+            f"peak {r['peak_bytes']}  syncs {r['host_syncs_per_step']}",
+            flush=True,
+        )
+    return res
+
+
+def _write(path: Path, out: dict[str, Any], started: float) -> None:
+    out.setdefault("complete", False)
+    out["wall_s"] = time.perf_counter() - started
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

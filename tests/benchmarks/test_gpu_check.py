@@ -67,6 +67,7 @@ def test_the_dry_run_measures_every_variant_of_both_models(dry_run):
         "host_syncs_per_step": 1,
     }
     assert dry_run["gpu_tests"] == {"skipped": "--skip-tests"}
+    assert dry_run["complete"] is True and dry_run["failed_jobs"] == 0
     assert set(dry_run["models"]) == {"resnet-tiny", "vit-tiny"}
     for model in dry_run["models"].values():
         assert (model["image_size"], model["batch"]) == (32, 8)
@@ -139,6 +140,20 @@ def test_a_spent_budget_stops_adding_rounds_and_says_so(gpu_check, tmp_path):
     assert set(res) == {"fp32"}
     assert res["fp32"]["stopped_by_budget"] and res["fp32"]["rounds_done"] == 1
     assert res["fp32"]["rounds_asked"] == 50
+
+
+def test_a_failing_job_is_recorded_and_the_exit_status_says_so(gpu_check, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("step failed on this device")
+
+    monkeypatch.setattr(gpu_check, "measure", broken)
+    out = tmp_path / "failed.json"
+    argv = ["--device", "cpu", "--tiny", "--skip-tests", "--models", "vit_b_16", "--out", str(out)]
+    assert gpu_check.main(argv) == 1
+    data = json.loads(out.read_text())
+    assert data["complete"] and data["failed_jobs"] == 2
+    for res in data["models"]["vit-tiny"]["precisions"].values():
+        assert "step failed on this device" in res["error"] and "RuntimeError" in res["traceback"]
 
 
 def test_pytest_summary_counts(gpu_check):
