@@ -371,15 +371,22 @@ def count_syncs_debug(step: Step, device: torch.device) -> dict[str, Any]:
     return {"count": len(hits), "sites": dict(sites.most_common())}
 
 
-def count_syncs_profiler(step: Step, device: torch.device) -> dict[str, Any]:
-    """CUDA runtime calls that block the host in one step, from ``torch.profiler``."""
+def _profiled_sync_calls(fn: Callable[[], object]) -> Counter[str]:
     from torch.profiler import ProfilerActivity, profile
 
-    _sync(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step()
-    calls = Counter(e.name for e in prof.events() if e.name.split("_v")[0] in SYNC_RUNTIME_CALLS)
-    return {"count": sum(calls.values()), "calls": dict(calls)}
+        fn()
+    return Counter(e.name for e in prof.events() if e.name.split("_v")[0] in SYNC_RUNTIME_CALLS)
+
+
+def count_syncs_profiler(step: Step, device: torch.device) -> dict[str, Any]:
+    """CUDA runtime calls that block the host in one step, from ``torch.profiler``; the calls
+    the profiler makes around an empty function are subtracted."""
+    _sync(device)
+    own = _profiled_sync_calls(lambda: None)
+    _sync(device)
+    calls = _profiled_sync_calls(step) - own  # Counter subtraction keeps positive counts only
+    return {"count": sum(calls.values()), "calls": dict(calls), "profiler_own": dict(own)}
 
 
 def memory_and_syncs(

@@ -8,6 +8,7 @@ import json
 import math
 import statistics
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,31 @@ def test_a_failing_job_is_recorded_and_the_exit_status_says_so(gpu_check, tmp_pa
     assert data["complete"] and data["failed_jobs"] == 2
     for res in data["models"]["vit-tiny"]["precisions"].values():
         assert "step failed on this device" in res["error"] and "RuntimeError" in res["traceback"]
+
+
+def test_sync_warnings_are_counted_by_site_and_the_mode_restored(gpu_check, monkeypatch):
+    # torch's CUDA sync debug mode, stood in for on the CPU: what it would do is warn
+    modes: list[str] = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def step() -> None:
+        assert modes == ["warn"]
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+        raise RuntimeError("the step fails")
+
+    with pytest.raises(RuntimeError, match="the step fails"):
+        gpu_check.count_syncs_debug(step, torch.device("cpu"))
+    assert modes == ["warn", "default"]  # restored even though the step failed
+
+    def quiet_step() -> None:
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+
+    line = quiet_step.__code__.co_firstlineno + 2
+    got = gpu_check.count_syncs_debug(quiet_step, torch.device("cpu"))
+    assert got == {"count": 3, "sites": {f"benchmarks/test_gpu_check.py:{line}": 3}}
 
 
 def test_pytest_summary_counts(gpu_check):
