@@ -182,6 +182,15 @@ def test_sync_warnings_are_counted_by_site_and_the_mode_restored(gpu_check, monk
     assert got == {"count": 3, "sites": {f"benchmarks/test_gpu_check.py:{line}": 3}}
 
 
+def test_the_gpu_marked_tests_run_in_a_subprocess(gpu_check):
+    files = gpu_check.gpu_test_files()
+    assert "tests/methods/test_eatta.py" in files
+    got = gpu_check.run_gpu_tests(timeout=120)
+    assert got["returncode"] == 0 and got["summary_found"], got["output_tail"]
+    assert got["failed"] == 0 and got["deselected"] > 0
+    assert got["passed"] + got["skipped"] >= 1  # skipped here without CUDA, run on a GPU
+
+
 def test_pytest_summary_counts(gpu_check):
     text = "....\nan earlier 3 passed\n1 passed, 2 skipped, 3 errors, 900 deselected in 4s\n"
     assert gpu_check.pytest_counts(text) == {
