@@ -10,20 +10,25 @@ Per model (torchvision ResNet-50 and ViT-B/16, random init, 224 px, batch 64) an
 * ``eatta-approx``: the same with ``grad_mode="approx"`` (one backward pass);
 * ``eatta-safe``: ``eatta.create("eatta-safe", model, oracle=GroundTruthOracle())``, defaults.
 
-The active methods get random labels through ``method(x, labels=y)``. Three phases per
-(model, precision):
+The active methods get random labels through ``method(x, labels=y)``. Three phases:
 
-1. memory and syncs, one method at a time (only the batch and that method on the device): the
-   peak is reset, the method built and stepped ``--memory-steps`` times, and the peak read
+1. timing, per (model, precision): all five built afresh, ``--warmup`` steps each, then
+   interleaved rounds (every round runs each variant once, the starting one rotating); the device
+   is synchronised before and after each timed step (wall time of the step, host overhead
+   included). Rounds stop at ``--rounds`` or when this (model, precision)'s share of
+   ``--budget-s`` is spent (at least one round);
+2. memory and syncs, per (model, precision), one variant at a time (only the batch and that
+   variant on the device), after all the timing so the profiler stays out of it: the peak is
+   reset, the method built and stepped ``--memory-steps`` times, and the peak read
    (``torch.cuda.max_memory_allocated``; on the CPU the running sum of the profiler's allocation
    events). Then one step under ``torch.cuda.set_sync_debug_mode("warn")`` (the warnings
    counted, with the source line of each) and one under ``torch.profiler`` (the CUDA runtime's
-   synchronising calls counted);
-2. timing: all five built afresh, ``--warmup`` steps each, then interleaved rounds (every round
-   runs each variant once, the starting one rotating); the device is synchronised before and
-   after each timed step (wall time of the step, host overhead included). Rounds stop at
-   ``--rounds`` or when this (model, precision)'s share of ``--budget-s`` is spent;
-3. the ``gpu``-marked tests (``pytest -m gpu``), unless ``--skip-tests``.
+   synchronising calls counted, less those the profiler makes by itself);
+3. the ``gpu``-marked tests (``pytest -m gpu`` over the files that hold them), unless
+   ``--skip-tests``.
+
+The JSON is rewritten after every phase of every job (``"complete": false`` until the end), and
+a job that fails is recorded with its traceback while the others go on (exit status 1).
 
 bf16: a method with an ``autocast`` option is built with ``autocast=True`` (feature extractor
 in bf16, head and losses in fp32); the others (inference, TENT) run inside
@@ -35,7 +40,7 @@ peak memory <= 1.05x, at most one host sync per step) marked ``met`` or ``missed
 
 Usage::
 
-    timeout 540 python benchmarks/gpu_check.py --device cuda   # benchmarks/results/gpu_check.json
+    timeout 480 python benchmarks/gpu_check.py --device cuda   # benchmarks/results/gpu_check.json
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/dry.json   # CPU dry run
 """
 
@@ -486,15 +491,15 @@ def time_rounds(
 
 
 def _stats_ms(seconds: list[float]) -> dict[str, Any]:
-    ms = sorted(1e3 * s for s in seconds)
+    ms = [1e3 * s for s in seconds]
     q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
     return {
         "median_ms": statistics.median(ms),
-        "min_ms": ms[0],
+        "min_ms": min(ms),
         "q1_ms": q[0],
         "q3_ms": q[2],
         "n": len(ms),
-        "samples_ms": ms,
+        "samples_ms": ms,  # in round order
     }
 
 
@@ -540,8 +545,7 @@ def _safe_serving(built: Any) -> str | None:
     return getattr(getattr(built, "fallback", None), "serving", None)
 
 
-def measure(
-    case: ModelCase,
+def time_job(
     precision: str,
     initial: nn.Module,
     x: Tensor,
@@ -549,36 +553,52 @@ def measure(
     device: torch.device,
     args: argparse.Namespace,
     deadline: float,
-) -> dict[str, Any]:
-    """All variants of one (model, precision): memory and syncs, then interleaved timing."""
+) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """Interleaved timing of all variants of one (model, precision), each on a fresh copy."""
     bf16 = precision == "bf16"
     started = time.perf_counter()
-    rows = {
-        n: memory_and_syncs(n, initial, x, y, device, bf16, args.memory_steps) for n in VARIANTS
-    }
     built = {n: _build(n, initial, device, bf16) for n in VARIANTS}
     steps = {n: make_step(n, b, via, x, y, device) for n, (b, via) in built.items()}
     samples, stopped = time_rounds(
         steps, device, rounds=args.rounds, warmup=args.warmup, deadline=deadline
     )
-    for n in VARIANTS:
-        rows[n].update(_stats_ms(samples[n]))
+    rows = {n: {"bf16_via": built[n][1], **_stats_ms(samples[n])} for n in VARIANTS}
     rows["eatta-safe"]["served_at_end"] = _safe_serving(built["eatta-safe"][0])
-    ratios, targets = ratios_and_targets(samples, rows)
     del steps, built
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return {
+    _release(device)
+    res = {
         "rounds_done": len(samples["tent"]),
         "rounds_asked": args.rounds,
         "warmup": args.warmup,
         "stopped_by_budget": stopped,
-        "wall_s": time.perf_counter() - started,
+        "timing_wall_s": time.perf_counter() - started,
         "variants": rows,
-        "ratios_to_tent": ratios,
-        "targets": targets,
     }
+    return res, samples
+
+
+def memory_job(
+    precision: str,
+    initial: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    device: torch.device,
+    args: argparse.Namespace,
+) -> tuple[dict[str, dict[str, Any]], float]:
+    """Peak memory and host syncs of each variant of one (model, precision), one at a time."""
+    started = time.perf_counter()
+    bf16 = precision == "bf16"
+    rows = {
+        n: memory_and_syncs(n, initial, x, y, device, bf16, args.memory_steps) for n in VARIANTS
+    }
+    _release(device)
+    return rows, time.perf_counter() - started
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------- gpu-marked tests
@@ -745,11 +765,8 @@ def _main(args: argparse.Namespace) -> int:
             },
             "models": {},
         }
-        deadline = started + args.budget_s
-        jobs = [(f, p) for f in args.models for p in args.precisions]
-        initials: dict[str, tuple[nn.Module, float]] = {}
-        failed = 0
-        for i, (family, precision) in enumerate(jobs):
+        jobs: list[tuple[ModelCase, str, dict[str, Any]]] = []
+        for family in args.models:
             case = CASES[family][1 if args.tiny else 0]
             entry = out["models"].setdefault(
                 case.name,
@@ -762,24 +779,74 @@ def _main(args: argparse.Namespace) -> int:
                     "precisions": {},
                 },
             )
-            if precision not in precisions:
-                entry["precisions"][precision] = {"skipped": f"bf16 not supported: {bf16_why}"}
-                continue
-            share = (deadline - time.perf_counter()) / (len(jobs) - i)
-            job_deadline = time.perf_counter() + max(share, 0.0)
-            print(f"{case.name} {precision}: measuring", flush=True)
+            for precision in args.precisions:
+                if precision in precisions:
+                    jobs.append((case, precision, entry))
+                else:
+                    entry["precisions"][precision] = {"skipped": f"bf16 not supported: {bf16_why}"}
+        initials: dict[str, tuple[nn.Module, float]] = {}
+        samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+        failed = 0
+
+        def attempt(
+            phase: str, entry: dict[str, Any], precision: str, fn: Callable[[], None]
+        ) -> None:
+            nonlocal failed
             try:
-                entry["precisions"][precision] = _job(
-                    case, precision, initials, entry, device, args, job_deadline
-                )
+                fn()
             except Exception as err:  # recorded, and the other jobs still run: one GPU call
                 failed += 1
                 entry["precisions"][precision] = {
-                    "error": repr(err),
+                    "error": f"{phase}: {err!r}",
                     "traceback": traceback.format_exc()[-3000:],
                 }
-                print(f"  failed: {err!r}", flush=True)
+                print(f"  {phase} failed: {err!r}", flush=True)
             _write(args.out, out, started)  # a timeout later still leaves what was measured
+
+        # timing first, for every job: the profiler of the memory phase stays out of the timings
+        deadline = started + args.budget_s
+        for i, (case, precision, entry) in enumerate(jobs):
+            share = (deadline - time.perf_counter()) / (len(jobs) - i)
+            job_deadline = time.perf_counter() + max(share, 0.0)
+            print(f"{case.name} {precision}: timing", flush=True)
+
+            def timing(
+                case: ModelCase = case,
+                precision: str = precision,
+                entry: Any = entry,
+                job_deadline: float = job_deadline,
+            ) -> None:
+                x, y = _batch(case, args, device)
+                if case.name not in initials:
+                    initials[case.name] = initial_model(case, x, args.seed)
+                initial, entry["head_scale"] = initials[case.name]
+                res, samples[case.name, precision] = time_job(
+                    precision, initial, x, y, device, args, job_deadline
+                )
+                entry["precisions"][precision] = res
+
+            attempt("timing", entry, precision, timing)
+        for case, precision, entry in jobs:
+            if (case.name, precision) not in samples:
+                continue
+            print(f"{case.name} {precision}: memory and host syncs", flush=True)
+
+            def memory(
+                case: ModelCase = case, precision: str = precision, entry: Any = entry
+            ) -> None:
+                x, y = _batch(case, args, device)
+                res = entry["precisions"][precision]
+                rows, res["memory_wall_s"] = memory_job(
+                    precision, initials[case.name][0], x, y, device, args
+                )
+                for n in VARIANTS:
+                    res["variants"][n] = {**rows[n], **res["variants"][n]}
+                res["ratios_to_tent"], res["targets"] = ratios_and_targets(
+                    samples[case.name, precision], res["variants"]
+                )
+                _print(res)
+
+            attempt("memory", entry, precision, memory)
         initials.clear()
     out["measure_wall_s"] = time.perf_counter() - started
     out["gpu_tests"] = (
@@ -792,23 +859,17 @@ def _main(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _job(
-    case: ModelCase,
-    precision: str,
-    initials: dict[str, tuple[nn.Module, float]],
-    entry: dict[str, Any],
-    device: torch.device,
-    args: argparse.Namespace,
-    deadline: float,
-) -> dict[str, Any]:
-    """One (model, precision): its batch, the shared initial model, the measurement."""
+def _batch(
+    case: ModelCase, args: argparse.Namespace, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """The job's batch and labels: the same for every phase (seeded)."""
     g = torch.Generator().manual_seed(args.seed)
-    x = torch.randn(case.batch, 3, case.image_size, case.image_size, generator=g).to(device)
-    y = torch.randint(0, case.num_classes, (case.batch,), generator=g).to(device)
-    if case.name not in initials:
-        initials[case.name] = initial_model(case, x, args.seed)
-    initial, entry["head_scale"] = initials[case.name]
-    res = measure(case, precision, initial, x, y, device, args, deadline)
+    x = torch.randn(case.batch, 3, case.image_size, case.image_size, generator=g)
+    y = torch.randint(0, case.num_classes, (case.batch,), generator=g)
+    return x.to(device), y.to(device)
+
+
+def _print(res: dict[str, Any]) -> None:
     for n in VARIANTS:
         r = res["variants"][n]
         ratio = res["ratios_to_tent"].get(n, {}).get("time", 1.0)
@@ -817,7 +878,6 @@ def _job(
             f"peak {r['peak_bytes']}  syncs {r['host_syncs_per_step']}",
             flush=True,
         )
-    return res
 
 
 def _write(path: Path, out: dict[str, Any], started: float) -> None:

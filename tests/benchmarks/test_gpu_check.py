@@ -117,6 +117,8 @@ def test_ratios_and_verdicts_follow_from_the_measurements(dry_run):
                     tent["samples_ms"]
                 )
                 assert r["time"] == pytest.approx(expected, rel=1e-12)
+                paired = [a / b for a, b in zip(row["samples_ms"], tent["samples_ms"], strict=True)]
+                assert r["time_paired"] == pytest.approx(statistics.median(paired), rel=1e-12)
                 assert r["memory"] == row["peak_bytes"] / tent["peak_bytes"]
             assert set(targets) == set(VARIANTS) - {"inference"}
             for name, limit in TIME_TARGETS.items():
@@ -147,7 +149,7 @@ def test_a_failing_job_is_recorded_and_the_exit_status_says_so(gpu_check, tmp_pa
     def broken(*args, **kwargs):
         raise RuntimeError("step failed on this device")
 
-    monkeypatch.setattr(gpu_check, "measure", broken)
+    monkeypatch.setattr(gpu_check, "time_job", broken)
     out = tmp_path / "failed.json"
     argv = ["--device", "cpu", "--tiny", "--skip-tests", "--models", "vit_b_16", "--out", str(out)]
     assert gpu_check.main(argv) == 1
