@@ -185,6 +185,7 @@ def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
         tv_version: str | None = _tv().__version__
     except Exception:  # a fact, not a requirement: recorded as missing
         tv_version = None
+    from_git = _run_text(["git", "rev-parse", "HEAD"])
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -197,9 +198,13 @@ def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "git_commit": _run_text(["git", "rev-parse", "HEAD"]) or commit,
-        "git_commit_from": "git" if _run_text(["git", "rev-parse", "HEAD"]) else "--commit",
-        "git_dirty": bool(_run_text(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "git_commit": from_git or commit,
+        "git_commit_from": "git" if from_git else ("--commit" if commit else None),
+        "git_dirty": (
+            bool(_run_text(["git", "status", "--porcelain", "--untracked-files=no"]))
+            if from_git
+            else None
+        ),
         "device": str(device),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
