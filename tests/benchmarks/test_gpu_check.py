@@ -37,8 +37,13 @@ def gpu_check() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def dry_run(gpu_check, tmp_path_factory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("gpu_check") / "dry.json"
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    assert gpu_check.main(["--device", "cpu", "--tiny", "--skip-tests", "--out", str(out)]) == 0
+    try:
+        argv = ["--device", "cpu", "--tiny", "--skip-tests", "--out", str(out)]
+        assert gpu_check.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
     return json.loads(out.read_text())
 
 
