@@ -1,0 +1,898 @@
+#!/usr/bin/env python
+"""The GPU path in one prepared call: step cost, peak memory and host syncs against TENT.
+
+Per model (torchvision ResNet-50 and ViT-B/16, random init, 224 px, batch 64) and per precision
+(fp32, bf16 autocast), five variants, each on its own copy of one initial model:
+
+* ``inference``: the model in eval mode under ``torch.no_grad`` (serving without adaptation);
+* ``tent``: ``eatta.create("tent", model)``;
+* ``eatta``: ``eatta.create("eatta", model, oracle=GroundTruthOracle())`` (exact gradient norms);
+* ``eatta-approx``: the same with ``grad_mode="approx"`` (one backward pass);
+* ``eatta-safe``: ``eatta.create("eatta-safe", model, oracle=GroundTruthOracle())``, defaults.
+
+The active methods get random labels through ``method(x, labels=y)``. Three phases:
+
+1. timing, per (model, precision): all five built afresh, ``--warmup`` steps each, then
+   interleaved rounds (every round runs each variant once, the starting one rotating); the device
+   is synchronised before and after each timed step (wall time of the step, host overhead
+   included). Rounds stop at ``--rounds`` or when this (model, precision)'s share of
+   ``--budget-s`` is spent (at least one round);
+2. memory and syncs, per (model, precision), one variant at a time (only the batch and that
+   variant on the device), after all the timing so the profiler stays out of it: the peak is
+   reset, the method built and stepped ``--memory-steps`` times, and the peak read
+   (``torch.cuda.max_memory_allocated``; on the CPU the running sum of the profiler's allocation
+   events). Then one step under ``torch.cuda.set_sync_debug_mode("warn")`` (the warnings
+   counted, with the source line of each) and one under ``torch.profiler`` (the CUDA runtime's
+   synchronising calls counted, less those the profiler makes by itself);
+3. the ``gpu``-marked tests (``pytest -m gpu`` over the files that hold them), unless
+   ``--skip-tests``.
+
+The JSON is rewritten after every phase of every job (``"complete": false`` until the end), and
+a job that fails is recorded with its traceback while the others go on (exit status 1).
+
+bf16: a method with an ``autocast`` option is built with ``autocast=True`` (feature extractor
+in bf16, head and losses in fp32); the others (inference, TENT) run inside
+``torch.autocast(device, torch.bfloat16)``. Each variant's entry says which.
+
+The JSON holds the machine's facts, every measurement, the ratios to TENT and, beside each ratio,
+the issue's target (EATTA exact <= 1.3x TENT's time, the approximate step and eatta-safe <= 1.1x,
+peak memory <= 1.05x, at most one host sync per step) marked ``met`` or ``missed``.
+
+Usage::
+
+    timeout 480 python benchmarks/gpu_check.py --device cuda   # benchmarks/results/gpu_check.json
+    python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/dry.json   # CPU dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+ROOT = Path(__file__).resolve().parents[1]
+if importlib.util.find_spec("eatta") is None:  # not installed: the checkout's source
+    sys.path.insert(0, str(ROOT / "src"))
+
+import eatta  # noqa: E402  (after the path fallback above)
+from eatta._compat import TorchvisionOpsWarning, import_torchvision  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
+VARIANTS = ("inference", "tent", "eatta", "eatta-approx", "eatta-safe")
+TIME_TARGETS = {"eatta": 1.3, "eatta-approx": 1.1, "eatta-safe": 1.1}
+MEMORY_TARGET = 1.05
+SYNC_TARGET = 1
+SYNC_RUNTIME_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",  # the blocking copy; cudaMemcpyAsync is not a sync by itself
+)
+
+Step = Callable[[], object]
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """A model to measure: how to build it, its input size, classes and batch."""
+
+    name: str
+    arch: str
+    build: Callable[[], nn.Module]
+    image_size: int
+    num_classes: int
+    batch: int
+
+
+def _tv() -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TorchvisionOpsWarning)
+        return import_torchvision()
+
+
+def _resnet50() -> nn.Module:
+    return _tv().models.resnet50(num_classes=1000)
+
+
+def _vit_b_16() -> nn.Module:
+    return _tv().models.vit_b_16(num_classes=1000)
+
+
+def _resnet_tiny() -> nn.Module:
+    tv = _tv()
+    return tv.models.resnet.ResNet(tv.models.resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
+
+
+def _vit_tiny() -> nn.Module:
+    vt = _tv().models.vision_transformer
+    return vt.VisionTransformer(
+        image_size=32,
+        patch_size=8,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        mlp_dim=64,
+        num_classes=10,
+    )
+
+
+CASES: dict[str, tuple[ModelCase, ModelCase]] = {  # family: (full, tiny)
+    "resnet50": (
+        ModelCase("resnet50", "torchvision resnet50", _resnet50, 224, 1000, 64),
+        ModelCase(
+            "resnet-tiny", "torchvision ResNet(BasicBlock, [1,1,1,1])", _resnet_tiny, 32, 10, 8
+        ),
+    ),
+    "vit_b_16": (
+        ModelCase("vit_b_16", "torchvision vit_b_16", _vit_b_16, 224, 1000, 64),
+        ModelCase(
+            "vit-tiny",
+            "torchvision VisionTransformer(32 px, patch 8, 2 layers, dim 32)",
+            _vit_tiny,
+            32,
+            10,
+            8,
+        ),
+    ),
+}
+
+
+# ---------------------------------------------------------------- machine facts
+
+
+def _run_text(cmd: list[str], timeout: float = 10.0) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
+    """Versions, CPU, GPU and the checkout: what makes the numbers comparable."""
+    try:
+        tv_version: str | None = _tv().__version__
+    except Exception:  # a fact, not a requirement: recorded as missing
+        tv_version = None
+    from_git = _run_text(["git", "rev-parse", "HEAD"])
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": tv_version,
+        "eatta": eatta.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "git_commit": from_git or commit,
+        "git_commit_from": "git" if from_git else ("--commit" if commit else None),
+        "git_dirty": (
+            bool(_run_text(["git", "status", "--porcelain", "--untracked-files=no"]))
+            if from_git
+            else None
+        ),
+        "device": str(device),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            {
+                "gpu": props.name,
+                "gpu_capability": f"{props.major}.{props.minor}",
+                "gpu_memory_bytes": props.total_memory,
+                "driver": _run_text(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+                ),
+                "cudnn_benchmark": torch.backends.cudnn.benchmark,
+                "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+                "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+                "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            }
+        )
+    return info
+
+
+def bf16_support(device: torch.device) -> tuple[bool, str]:
+    """Whether bf16 autocast works here, and why not if it does not."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return False, "torch.cuda.is_bf16_supported() is False"
+    try:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            a = torch.ones(4, 4, device=device)
+            out = a @ a
+        if out.dtype != torch.bfloat16:
+            return False, f"autocast matmul gave {out.dtype}"
+    except (RuntimeError, TypeError) as err:
+        return False, f"autocast failed: {err}"
+    return True, "ok"
+
+
+# ---------------------------------------------------------------- models and variants
+
+
+def _last_linear(model: nn.Module) -> nn.Linear:
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError("the model has no nn.Linear head")
+    return linears[-1]
+
+
+def initial_model(case: ModelCase, x: Tensor, seed: int = 0) -> tuple[nn.Module, float]:
+    """The shared initial model (on the CPU) and the factor its head was scaled by.
+
+    A randomly initialised network is uniformly unsure, so EATTA's entropy filter (0.4 ln C)
+    would drop every sample and its steps would degenerate: the head is doubled until at least
+    half the batch passes (batch statistics, as the methods use). torchvision's ViT starts from a
+    zero head (no gradient reaches the norm layers): it is drawn from N(0, 0.02^2) first.
+    """
+    torch.manual_seed(seed)
+    model = case.build().to(x.device)
+    head = _last_linear(model)
+    with torch.no_grad():
+        if not head.weight.any():
+            nn.init.normal_(head.weight, std=0.02)
+    probe = copy.deepcopy(model).train()  # its BatchNorm statistics move; the model's do not
+    probe_head = _last_linear(probe)
+    margin = 0.4 * math.log(case.num_classes)
+    scale = 1.0
+    with torch.no_grad():
+        for _ in range(16):
+            p = probe(x).float().softmax(1)
+            ent = -(p * p.clamp_min(1e-12).log()).sum(1)
+            if float((ent < margin).float().mean()) >= 0.5:
+                break
+            scale *= 2.0
+            for h in (head, probe_head):
+                h.weight.mul_(2.0)
+                if h.bias is not None:
+                    h.bias.mul_(2.0)
+    del probe
+    return model.cpu(), scale
+
+
+def _build(name: str, initial: nn.Module, device: torch.device, bf16: bool) -> tuple[Any, str]:
+    """A variant's model/method on a fresh copy, and how bf16 is applied to it."""
+    model = copy.deepcopy(initial).to(device)
+    if name == "inference":
+        return model.eval(), "torch.autocast around the call" if bf16 else "none"
+    method = {"eatta-approx": "eatta"}.get(name, name)
+    kw: dict[str, Any] = {}
+    if name != "tent":
+        kw["oracle"] = eatta.GroundTruthOracle()
+    if name == "eatta-approx":
+        kw["grad_mode"] = "approx"
+    if bf16:
+        try:
+            return eatta.create(method, model, autocast=True, **kw), "autocast=True"
+        except TypeError:  # no autocast option (TENT): autocast around the call
+            pass
+    return eatta.create(method, model, **kw), "torch.autocast around the call" if bf16 else "none"
+
+
+def make_step(name: str, built: Any, via: str, x: Tensor, y: Tensor, device: torch.device) -> Step:
+    """One step of a variant on the batch (the labels for the active methods' oracle)."""
+    outer = via.startswith("torch.autocast")
+
+    def ctx() -> Any:
+        if outer:
+            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    if name == "inference":
+
+        def infer() -> object:
+            with torch.no_grad(), ctx():
+                return built(x)
+
+        return infer
+    if name == "tent":
+
+        def tent() -> object:
+            with ctx():
+                return built(x)
+
+        return tent
+
+    def active() -> object:
+        with ctx():
+            return built(x, labels=y)
+
+    return active
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------- memory and syncs
+
+
+def _cpu_peak(prof: Any) -> int | None:
+    """Peak of the running sum of the profiler's allocation events (None: not available)."""
+    try:
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    except AttributeError:
+        return None
+    events.sort(key=lambda e: e.start_ns())
+    current = peak = 0
+    for e in events:
+        current += e.nbytes()
+        peak = max(peak, current)
+    return int(peak)
+
+
+def _short(path: str) -> str:
+    parts = Path(path).parts
+    for anchor in ("eatta", "torch", "benchmarks"):
+        if anchor in parts:
+            return "/".join(parts[len(parts) - parts[::-1].index(anchor) - 1 :])
+    return Path(path).name
+
+
+def count_syncs_debug(step: Step, device: torch.device) -> dict[str, Any]:
+    """Synchronising operations in one step, as ``set_sync_debug_mode("warn")`` reports them."""
+    _sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    _sync(device)
+    hits = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    sites = Counter(f"{_short(w.filename)}:{w.lineno}" for w in hits)
+    return {"count": len(hits), "sites": dict(sites.most_common())}
+
+
+def _profiled_sync_calls(fn: Callable[[], object]) -> Counter[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+    return Counter(e.name for e in prof.events() if e.name.split("_v")[0] in SYNC_RUNTIME_CALLS)
+
+
+def count_syncs_profiler(step: Step, device: torch.device) -> dict[str, Any]:
+    """CUDA runtime calls that block the host in one step, from ``torch.profiler``; the calls
+    the profiler makes around an empty function are subtracted."""
+    _sync(device)
+    own = _profiled_sync_calls(lambda: None)
+    _sync(device)
+    calls = _profiled_sync_calls(step) - own  # Counter subtraction keeps positive counts only
+    return {"count": sum(calls.values()), "calls": dict(calls), "profiler_own": dict(own)}
+
+
+def memory_and_syncs(
+    name: str,
+    initial: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    device: torch.device,
+    bf16: bool,
+    steps: int,
+) -> dict[str, Any]:
+    """Build one variant alone, step it, and read its peak memory and its host syncs."""
+    gc.collect()
+    row: dict[str, Any] = {}
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        built, via = _build(name, initial, device, bf16)
+        step = make_step(name, built, via, x, y, device)
+        for _ in range(steps):
+            step()
+        _sync(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        row["peak_bytes"] = int(peak)
+        row["peak_bytes_above_batch"] = int(peak - base)
+        row["memory_how"] = (
+            "torch.cuda.max_memory_allocated after reset_peak_memory_stats; the method built "
+            f"and stepped {steps} times with only the batch on the device"
+        )
+        debug = count_syncs_debug(step, device)
+        prof = count_syncs_profiler(step, device)
+        row["host_syncs_per_step"] = max(debug["count"], prof["count"])
+        row["host_syncs"] = {
+            "how": "larger of: torch.cuda.set_sync_debug_mode('warn') warnings in one step; "
+            f"torch.profiler runtime calls {list(SYNC_RUNTIME_CALLS)} in another step",
+            "sync_debug_mode": debug,
+            "profiler": prof,
+        }
+    else:
+        from torch.profiler import ProfilerActivity, profile
+
+        batch_bytes = x.numel() * x.element_size() + y.numel() * y.element_size()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+            built, via = _build(name, initial, device, bf16)
+            step = make_step(name, built, via, x, y, device)
+            for _ in range(steps):
+                step()
+        above = _cpu_peak(p)
+        row["peak_bytes"] = None if above is None else above + batch_bytes
+        row["peak_bytes_above_batch"] = above
+        row["memory_how"] = (
+            "CPU: peak of the running sum of torch.profiler's allocation events while the "
+            f"method is built and stepped {steps} times, plus the batch's bytes"
+        )
+        row["host_syncs_per_step"] = None
+        row["host_syncs"] = {"how": None, "reason": "host syncs are counted on CUDA only"}
+    row["bf16_via"] = via
+    del built, step
+    gc.collect()
+    return row
+
+
+# ---------------------------------------------------------------- timing
+
+
+def time_rounds(
+    steps: dict[str, Step], device: torch.device, *, rounds: int, warmup: int, deadline: float
+) -> tuple[dict[str, list[float]], bool]:
+    """Seconds per step, interleaved rounds; whether the deadline stopped the rounds early."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    _sync(device)
+    names = list(steps)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    stopped = False
+    for r in range(rounds):
+        if r > 0 and time.perf_counter() >= deadline:
+            stopped = True
+            break
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            gc.collect()
+            gc.disable()
+            try:
+                _sync(device)
+                t0 = time.perf_counter()
+                steps[name]()
+                _sync(device)
+                samples[name].append(time.perf_counter() - t0)
+            finally:
+                gc.enable()
+    return samples, stopped
+
+
+def _stats_ms(seconds: list[float]) -> dict[str, Any]:
+    ms = [1e3 * s for s in seconds]
+    q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
+    return {
+        "median_ms": statistics.median(ms),
+        "min_ms": min(ms),
+        "q1_ms": q[0],
+        "q3_ms": q[2],
+        "n": len(ms),
+        "samples_ms": ms,  # in round order
+    }
+
+
+def _verdict(value: float | None, target: float) -> dict[str, Any]:
+    status = None if value is None else ("met" if value <= target else "missed")
+    return {"value": value, "target": target, "status": status}
+
+
+def ratios_and_targets(
+    samples: dict[str, list[float]], rows: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each variant against TENT (time: of the medians, and median of per-round ratios;
+    memory: of the peaks), and the issue's targets beside them."""
+    tent_t = samples["tent"]
+    tent_m = rows["tent"]["peak_bytes"]
+    ratios: dict[str, Any] = {}
+    targets: dict[str, Any] = {}
+    for name in VARIANTS:
+        if name == "tent":
+            continue
+        t = samples[name]
+        paired = [a / b for a, b in zip(t, tent_t, strict=True)]
+        mem = rows[name]["peak_bytes"]
+        ratios[name] = {
+            "time": statistics.median(t) / statistics.median(tent_t),
+            "time_paired": statistics.median(paired),
+            "memory": None if mem is None or not tent_m else mem / tent_m,
+        }
+    for name in VARIANTS:
+        if name == "inference":
+            continue
+        entry: dict[str, Any] = {}
+        if name in TIME_TARGETS:
+            entry["time"] = _verdict(ratios[name]["time"], TIME_TARGETS[name])
+            entry["memory"] = _verdict(ratios[name]["memory"], MEMORY_TARGET)
+        entry["host_syncs_per_step"] = _verdict(rows[name]["host_syncs_per_step"], SYNC_TARGET)
+        targets[name] = entry
+    return ratios, targets
+
+
+def _safe_serving(built: Any) -> str | None:
+    """Which model eatta-safe served last (None where the method does not say)."""
+    return getattr(getattr(built, "fallback", None), "serving", None)
+
+
+def time_job(
+    precision: str,
+    initial: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    device: torch.device,
+    args: argparse.Namespace,
+    deadline: float,
+) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """Interleaved timing of all variants of one (model, precision), each on a fresh copy."""
+    bf16 = precision == "bf16"
+    started = time.perf_counter()
+    built = {n: _build(n, initial, device, bf16) for n in VARIANTS}
+    steps = {n: make_step(n, b, via, x, y, device) for n, (b, via) in built.items()}
+    samples, stopped = time_rounds(
+        steps, device, rounds=args.rounds, warmup=args.warmup, deadline=deadline
+    )
+    rows = {n: {"bf16_via": built[n][1], **_stats_ms(samples[n])} for n in VARIANTS}
+    rows["eatta-safe"]["served_at_end"] = _safe_serving(built["eatta-safe"][0])
+    del steps, built
+    _release(device)
+    res = {
+        "rounds_done": len(samples["tent"]),
+        "rounds_asked": args.rounds,
+        "warmup": args.warmup,
+        "stopped_by_budget": stopped,
+        "timing_wall_s": time.perf_counter() - started,
+        "variants": rows,
+    }
+    return res, samples
+
+
+def memory_job(
+    precision: str,
+    initial: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    device: torch.device,
+    args: argparse.Namespace,
+) -> tuple[dict[str, dict[str, Any]], float]:
+    """Peak memory and host syncs of each variant of one (model, precision), one at a time."""
+    started = time.perf_counter()
+    bf16 = precision == "bf16"
+    rows = {
+        n: memory_and_syncs(n, initial, x, y, device, bf16, args.memory_steps) for n in VARIANTS
+    }
+    _release(device)
+    return rows, time.perf_counter() - started
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- gpu-marked tests
+
+
+_PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)\b")
+
+
+def pytest_counts(output: str) -> dict[str, int]:
+    """The counts in pytest's closing summary line ("1 passed, 3 skipped, 2 errors in 4.1s")."""
+    lines = [ln for ln in output.strip().splitlines() if _PYTEST_COUNT.search(ln)]
+    if not lines:
+        return {}
+    return {
+        word.rstrip("s") if word == "errors" else word: int(n)
+        for n, word in _PYTEST_COUNT.findall(lines[-1])
+    }
+
+
+def gpu_test_files(root: Path = ROOT) -> list[str]:
+    """The test files that hold ``gpu``-marked tests (paths relative to ``root``)."""
+    return sorted(
+        str(p.relative_to(root))
+        for p in (root / "tests").rglob("test_*.py")
+        if "mark.gpu" in p.read_text(encoding="utf-8", errors="replace")
+    )
+
+
+def run_gpu_tests(timeout: float) -> dict[str, Any]:
+    """``pytest -m gpu`` over the files holding such tests, in a subprocess: counts, exit status
+    and the output's tail. Only those files are collected, so a package that the rest of the
+    suite needs (a browser driver, a web server) cannot stop the GPU tests from running."""
+    files = gpu_test_files()
+    if not files:
+        return {"skipped": "no test file holds a gpu-marked test"}
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
+    )
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    # pyproject's addopts already holds -q; a second -q would drop the summary line
+    args = ["-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs", *files]
+    command = "python " + " ".join(args)
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"command": command, "timed_out": True, "timeout_s": timeout}
+    out = done.stdout + done.stderr
+    counts = pytest_counts(out)
+    return {
+        "command": command,
+        "returncode": done.returncode,
+        "summary_found": bool(counts),
+        "passed": counts.get("passed", 0),
+        "failed": counts.get("failed", 0) + counts.get("error", 0),
+        "skipped": counts.get("skipped", 0),
+        "deselected": counts.get("deselected", 0),
+        "duration_s": time.perf_counter() - t0,
+        "output_tail": out[-2000:],
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny models, 32 px, batch 8, 2 rounds (a dry run of the same path)",
+    )
+    ap.add_argument("--models", nargs="+", choices=tuple(CASES), default=list(CASES))
+    ap.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 30; tiny 2)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; tiny 1)")
+    ap.add_argument(
+        "--memory-steps",
+        type=int,
+        default=None,
+        help="steps before the peak is read (default 3; tiny 2)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=240.0,
+        help="seconds for all measurements; rounds stop when a model's share is spent",
+    )
+    ap.add_argument("--tests-timeout-s", type=float, default=120.0)
+    ap.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--commit", default=None, help="the checkout's commit, recorded where git cannot tell"
+    )
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 2 if args.tiny else 30
+    if args.warmup is None:
+        args.warmup = 1 if args.tiny else 3
+    if args.memory_steps is None:
+        args.memory_steps = 2 if args.tiny else 3
+    if args.rounds < 1 or args.warmup < 0 or args.memory_steps < 1 or args.budget_s <= 0:
+        ap.error("--rounds and --memory-steps must be >= 1, --warmup >= 0, --budget-s > 0")
+    return args
+
+
+@contextmanager
+def _quiet_torchvision() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TorchvisionOpsWarning)
+        yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with warnings.catch_warnings():
+        if args.tiny:  # batches of 8 on BatchNorm models: the method's advice is known here
+            warnings.simplefilter("ignore", eatta.SmallBatchWarning)
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "--device cuda: no CUDA device here (use --device cpu for a dry run)", file=sys.stderr
+        )
+        return 2
+    device = torch.device(args.device)
+    bf16_ok, bf16_why = bf16_support(device)
+    precisions = [p for p in args.precisions if p == "fp32" or bf16_ok]
+    with _quiet_torchvision():
+        out: dict[str, Any] = {
+            "machine": machine(device, args.commit),
+            "settings": {
+                "tiny": args.tiny,
+                "rounds": args.rounds,
+                "warmup": args.warmup,
+                "memory_steps": args.memory_steps,
+                "budget_s": args.budget_s,
+                "seed": args.seed,
+                "precisions": args.precisions,
+                "bf16_supported": bf16_ok,
+                "bf16_check": bf16_why,
+                "timing_how": "wall time of one step with the device synchronised before and "
+                "after (time.perf_counter), median over interleaved rounds",
+                "ratio_how": "time: median(variant) / median(tent); time_paired: median of the "
+                "per-round ratios; memory: peak_bytes(variant) / peak_bytes(tent)",
+            },
+            "targets": {
+                "time_ratio_to_tent": TIME_TARGETS,
+                "memory_ratio_to_tent": MEMORY_TARGET,
+                "host_syncs_per_step": SYNC_TARGET,
+            },
+            "models": {},
+        }
+        jobs: list[tuple[ModelCase, str, dict[str, Any]]] = []
+        for family in args.models:
+            case = CASES[family][1 if args.tiny else 0]
+            entry = out["models"].setdefault(
+                case.name,
+                {
+                    "arch": case.arch,
+                    "image_size": case.image_size,
+                    "batch": case.batch,
+                    "num_classes": case.num_classes,
+                    "init": "random (torch.manual_seed(seed)), head scaled",
+                    "precisions": {},
+                },
+            )
+            for precision in args.precisions:
+                if precision in precisions:
+                    jobs.append((case, precision, entry))
+                else:
+                    entry["precisions"][precision] = {"skipped": f"bf16 not supported: {bf16_why}"}
+        initials: dict[str, tuple[nn.Module, float]] = {}
+        samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+        failed = 0
+
+        def attempt(
+            phase: str, entry: dict[str, Any], precision: str, fn: Callable[[], None]
+        ) -> None:
+            nonlocal failed
+            try:
+                fn()
+            except Exception as err:  # recorded, and the other jobs still run: one GPU call
+                failed += 1
+                entry["precisions"][precision] = {
+                    "error": f"{phase}: {err!r}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
+                print(f"  {phase} failed: {err!r}", flush=True)
+            _write(args.out, out, started)  # a timeout later still leaves what was measured
+
+        # timing first, for every job: the profiler of the memory phase stays out of the timings
+        deadline = started + args.budget_s
+        for i, (case, precision, entry) in enumerate(jobs):
+            share = (deadline - time.perf_counter()) / (len(jobs) - i)
+            job_deadline = time.perf_counter() + max(share, 0.0)
+            print(f"{case.name} {precision}: timing", flush=True)
+
+            def timing(
+                case: ModelCase = case,
+                precision: str = precision,
+                entry: Any = entry,
+                job_deadline: float = job_deadline,
+            ) -> None:
+                x, y = _batch(case, args, device)
+                if case.name not in initials:
+                    initials[case.name] = initial_model(case, x, args.seed)
+                initial, entry["head_scale"] = initials[case.name]
+                res, samples[case.name, precision] = time_job(
+                    precision, initial, x, y, device, args, job_deadline
+                )
+                entry["precisions"][precision] = res
+
+            attempt("timing", entry, precision, timing)
+        for case, precision, entry in jobs:
+            if (case.name, precision) not in samples:
+                continue
+            print(f"{case.name} {precision}: memory and host syncs", flush=True)
+
+            def memory(
+                case: ModelCase = case, precision: str = precision, entry: Any = entry
+            ) -> None:
+                x, y = _batch(case, args, device)
+                res = entry["precisions"][precision]
+                rows, res["memory_wall_s"] = memory_job(
+                    precision, initials[case.name][0], x, y, device, args
+                )
+                for n in VARIANTS:
+                    res["variants"][n] = {**rows[n], **res["variants"][n]}
+                res["ratios_to_tent"], res["targets"] = ratios_and_targets(
+                    samples[case.name, precision], res["variants"]
+                )
+                _print(res)
+
+            attempt("memory", entry, precision, memory)
+        initials.clear()
+    out["measure_wall_s"] = time.perf_counter() - started
+    out["gpu_tests"] = (
+        {"skipped": "--skip-tests"} if args.skip_tests else run_gpu_tests(args.tests_timeout_s)
+    )
+    out["failed_jobs"] = failed
+    out["complete"] = True
+    _write(args.out, out, started)
+    print(f"-> {args.out} ({out['wall_s']:.0f} s)")
+    return 1 if failed else 0
+
+
+def _batch(
+    case: ModelCase, args: argparse.Namespace, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """The job's batch and labels: the same for every phase (seeded)."""
+    g = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(case.batch, 3, case.image_size, case.image_size, generator=g)
+    y = torch.randint(0, case.num_classes, (case.batch,), generator=g)
+    return x.to(device), y.to(device)
+
+
+def _print(res: dict[str, Any]) -> None:
+    for n in VARIANTS:
+        r = res["variants"][n]
+        ratio = res["ratios_to_tent"].get(n, {}).get("time", 1.0)
+        print(
+            f"  {n:13s} {r['median_ms']:9.2f} ms  x{ratio:.3f} TENT  "
+            f"peak {r['peak_bytes']}  syncs {r['host_syncs_per_step']}",
+            flush=True,
+        )
+
+
+def _write(path: Path, out: dict[str, Any], started: float) -> None:
+    out.setdefault("complete", False)
+    out["wall_s"] = time.perf_counter() - started
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
