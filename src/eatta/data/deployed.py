@@ -138,9 +138,7 @@ def deployed_domains(
     if isinstance(severity, bool) or not isinstance(severity, int) or not 1 <= severity <= 5:
         raise ValueError(f"severity must be an int in 1..5, got {severity!r}")
     clean = digits_test()
-    plan = deployed_plan(
-        len(clean), corruptions, segment=segment, clean_run=clean_run, seed=seed
-    )
+    plan = deployed_plan(len(clean), corruptions, segment=segment, clean_run=clean_run, seed=seed)
     sources = {CLEAN: clean}
     for name, _ in plan:
         if name not in sources:
