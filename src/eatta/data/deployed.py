@@ -25,8 +25,10 @@ overall, while its corrupted parts stay a real shift.
   The given model errs on 2.3 % of the clean test split and, at severity 2, on 17.9 %
   (gaussian_noise), 33.4 % (defocus_blur), 42.2 % (glass_blur) and 46.8 % (impulse_noise) of the
   corrupted one: a real shift, not a collapse to chance (fog, contrast and motion blur are at
-  86-90 % already at severity 1). On the stream of seed 0 it errs on 8.7 % overall: 2.3 % of the
-  clean segments and 16.8, 32.4, 39.5 and 42.6 % of the four stretches (seeds 1 and 2: 8.9 %).
+  86-90 % already at severity 1). On the stream of seed 0 (``eatta-bench``'s; a run's seed only
+  shuffles within segments, or the whole round when mixed) it errs on 8.7 % overall: 2.3 % of
+  the clean segments and 16.8, 32.4, 39.5 and 42.6 % of the four stretches (seeds 1 and 2 of
+  the construction: 8.9 %).
   "clean" is the only domain where the given model errs under 10 % (the issue-36 "easy domain").
 * **In order and mixed within batches.** Read in order (the default stream protocol), a batch
   never mixes segments: a stretch is consecutive corrupted batches. With the mixed protocol
