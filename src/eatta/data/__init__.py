@@ -1,5 +1,6 @@
 """Benchmark data: ImageNet-C/R/Sketch/A, PACS, digits-C (and its CCC-style stream), MNIST
-rendered as scikit-learn's digits, and seeded CTTA test streams (paper §6).
+rendered as scikit-learn's digits, the deployed stream (clean digits with corrupted stretches),
+and seeded CTTA test streams (paper §6).
 
 Datasets check their folder layout when built and raise :class:`DatasetLayoutError` (a
 ``ValueError``) naming the expected pattern and what was found. Images are decoded with PIL and
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from eatta.data._layout import DatasetLayoutError, FolderDataset
 from eatta.data.ccc import CCC_SPEEDS, CCCStream, CCCWalk, ccc_images, ccc_walk, digits_ccc
+from eatta.data.deployed import deployed_domains
 from eatta.data.digits import (
     DIGITS_C_CORRUPTIONS,
     DIGITS_C_VERSION,
@@ -78,6 +80,7 @@ __all__ = [
     "ccc_images",
     "ccc_walk",
     "class_indices",
+    "deployed_domains",
     "digits_c",
     "digits_c_cache_dir",
     "digits_c_domains",
