@@ -125,11 +125,12 @@ class SignTest:
         return self.total / self.answers if self.answers else math.nan
 
     def decided(self) -> str | None:
-        """``"better"`` (the adapted model: ``K_up >= 1/level``), ``"worse"`` or None."""
-        if self.up >= 1.0 / self.level:
-            return "better"
+        """``"worse"`` (the adapted model: ``K_down >= 1/level``; checked first, the safe
+        side), ``"better"`` (``K_up >= 1/level``) or None."""
         if self.down >= 1.0 / self.level:
             return "worse"
+        if self.up >= 1.0 / self.level:
+            return "better"
         return None
 
     def state_dict(self) -> dict[str, Any]:
