@@ -64,9 +64,7 @@ APPROX_MODELS = [
     "digits",
     pytest.param(
         "custom",
-        marks=pytest.mark.xfail(
-            strict=True, raises=SplitNotFoundError, reason="needs d35s"
-        ),
+        marks=pytest.mark.xfail(strict=True, raises=SplitNotFoundError, reason="needs d35s"),
     ),
 ]
 
@@ -169,7 +167,7 @@ def test_a_fallback_not_wired_to_the_methods_requests_is_refused_before_anything
     draw = DisagreementDraw()
     fallback = GivenModelFallback(copy.deepcopy(model), draw=draw)
     params = eatta.configure(model, "norm")
-    with pytest.raises(ValueError, match="fallback.listen"):
+    with pytest.raises(ValueError, match=r"fallback\.listen"):
         EATTA(
             model,
             torch.optim.SGD(params, lr=0.001),
