@@ -24,13 +24,11 @@ __all__ = ["AdaptiveMethod", "InvalidInputError", "StepFallback", "StepObserver"
 class StepObserver(Protocol):
     """What runs after each step and is saved with the method: the accuracy monitor
     (:class:`eatta.monitor.AccuracyMonitor`). Declared here so the two modules need not import
-    each other."""
+    each other. An optional ``bind(method)`` checks, when it is attached, that it can act."""
 
     auditor: object
 
     def observe(self, method: Any, x: Tensor, logits: Tensor, labels: Tensor | None) -> None: ...
-
-    def bind(self, method: Any) -> None: ...
 
     def reset(self) -> None: ...
 

@@ -244,7 +244,8 @@ class GivenModelFallback:
             )
         self.given = copy.deepcopy(given).eval().requires_grad_(False)
         self.test = test
-        self._classes = _last_linear_outputs(self.given)  # the given model's classes, if known
+        self._head = _last_linear_outputs(self.given)  # its last Linear's outputs, if any
+        self._classes: int | None = None  # its logits' width, read on the first request
         self.seed = int(seed)
         self._gen = torch.Generator().manual_seed(self.seed)
         self.period = 0  # set by the caller (e.g. the round)
@@ -313,9 +314,9 @@ class GivenModelFallback:
                 "it the method's DisagreementDraw (draw=) or an auditor (auditor=)"
             )
         theirs = _last_linear_outputs(method.model)
-        if self._classes is not None and theirs is not None and theirs != self._classes:
+        if self._head is not None and theirs is not None and theirs != self._head:
             raise ValueError(
-                f"the given model predicts {self._classes} classes and the adapted model "
+                f"the given model predicts {self._head} classes and the adapted model "
                 f"{theirs}: the fallback can only serve one in place of the other when they agree"
             )
 
