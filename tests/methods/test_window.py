@@ -279,3 +279,29 @@ def test_with_the_adapted_model_served_requests_between_steps_get_its_prediction
         with torch.no_grad():
             expected = method.model(x)
         torch.testing.assert_close(method(x, labels=y), expected, rtol=0, atol=0)
+
+
+def test_eatta_safe_with_a_window_resumes_bit_identically(checkpoint_round_trip) -> None:
+    """A state saved between window steps (requests of 3, a step every 8 samples) resumes the
+    window, the method and the fallback exactly."""
+
+    def make() -> AdaptiveMethod:
+        return eatta.create(
+            "eatta-safe",
+            tiny_cnn(),
+            oracle=eatta.GroundTruthOracle(),
+            window=8,
+            fallback_start="adapted",
+        )
+
+    a, b = make(), make()
+    reqs = _requests([3] * 16)
+    for x, y in reqs[:7]:
+        a(x, labels=y)
+    b.load_state_dict(checkpoint_round_trip(a.state_dict()))
+    for x, y in reqs[7:]:
+        assert torch.equal(a(x, labels=y), b(x, labels=y))
+    assert nested_equal(a.state_dict(), b.state_dict())
+    assert a.fallback is not None and b.fallback is not None
+    assert nested_equal(a.fallback.state_dict(), b.fallback.state_dict())
+    assert a.fallback.step == 6  # 48 samples: a step every 8
