@@ -91,3 +91,17 @@ def test_bad_answers_change_nothing():
     with pytest.raises(ValueError, match="bound"):
         t.add(0.0, bound=0.0)
     assert t.state_dict() == before
+
+
+def test_the_up_bet_reads_every_answer_since_the_decision_the_down_bet_the_window():
+    """window 2: after +1, +1, -1, -1 the up bet reads all four (mean 0: no bet), the down bet
+    the last two (-1, -1 and the prior: mean -2/3, square 1: 2/3)."""
+    t = SignTest(level=0.05, window=2)
+    for r in (1.0, 1.0, -1.0, -1.0):
+        t.add(r, bound=1.0)
+    up, down = t.up, t.down
+    t.add(1.0, bound=1.0)
+    assert t.up == pytest.approx(up * (1 + 0.0), rel=1e-12)
+    assert t.down == pytest.approx(max(down, 1.0) * (1 - 2 / 3), rel=1e-12)
+    t.clear()
+    assert (t.up, t.down, t.answers) == (1.0, 1.0, 0)

@@ -28,9 +28,12 @@ alarm serves the given model, the safe side, until ``K_up`` shows the adapted on
 In exchange, a long trusted stretch cannot use up the evidence a drift needs.
 
 The bets are plug-ins (any predictable choice keeps the guarantee; this one only decides how fast
-evidence grows): over the last ``window`` answers, the mean ``m`` and mean square ``s`` of
-``r = v / b`` (with one prior answer of ``r = 0`` and ``r^2 = 1``) give ``beta_up = clip(m / s,
-0, BET_CAP)`` (Kelly's fraction, to second order) and ``beta_down = clip(-m / s, 0, BET_CAP)``.
+evidence grows): the mean ``m`` and mean square ``s`` of ``r = v / b`` (with one prior answer of
+``r = 0`` and ``r^2 = 1``) give ``beta_up = clip(m / s, 0, BET_CAP)`` (Kelly's fraction, to second
+order), over every answer since the last decision, and ``beta_down = clip(-m / s, 0, BET_CAP)``
+over the last ``window`` answers (a detector must follow the recent answers; on simulated
+answers with a weak signal, 30 % +1 and 15 % -1, the up bet over all answers reached the
+threshold within 400 answers in 94 % of 300 runs, over the last 16 in 76 %).
 While the recent answers favour the adapted model, ``beta_down`` is 0 and ``K_down`` does not
 move. When the adapted model drifts after it was trusted, with answers ``r = -1`` from then on (it
 errs wherever the two differ and the given model does not), ``K_down`` reaches ``1 / level``
@@ -100,6 +103,7 @@ class SignTest:
         self.up = self.down = 1.0
         self.answers = 0
         self.total = 0.0  # sum of v since the last clear (the running estimate)
+        self._r_sum = self._r_squares = 0.0  # of r = v / b since the last clear (the up bet)
 
     def add(self, value: float, bound: float, count: int = 1) -> None:
         """``count`` draws that hit one sample, each an observation ``value`` in ``[-bound,
@@ -113,11 +117,13 @@ class SignTest:
             m = len(self._recent)
             total = sum(self._recent)
             squares = sum(x * x for x in self._recent)
-            self.up *= 1.0 + _bet(total, squares, m) * r
+            self.up *= 1.0 + _bet(self._r_sum, self._r_squares, self.answers) * r
             self.down = max(self.down, 1.0) * (1.0 - _bet(-total, squares, m) * r)
             self._recent.append(r)
             self.answers += 1
             self.total += value
+            self._r_sum += r
+            self._r_squares += r * r
 
     @property
     def mean(self) -> float:
@@ -139,10 +145,13 @@ class SignTest:
             "down": self.down,
             "answers": self.answers,
             "total": self.total,
+            "r_sum": self._r_sum,
+            "r_squares": self._r_squares,
             "recent": list(self._recent),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.up, self.down = float(state["up"]), float(state["down"])
         self.answers, self.total = int(state["answers"]), float(state["total"])
+        self._r_sum, self._r_squares = float(state["r_sum"]), float(state["r_squares"])
         self._recent = deque((float(r) for r in state["recent"]), maxlen=self.window)
