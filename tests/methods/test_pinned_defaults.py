@@ -22,6 +22,7 @@ from torch import nn
 from conftest import confident_cnn, image_batches
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.methods import registry
+from eatta.methods.base import AdaptiveMethod
 
 PINNED = Path(__file__).with_name("pinned_defaults.json")
 DATASET_KEYS = ("default", *registry.DATASETS)
@@ -39,6 +40,8 @@ def _plain(v: Any) -> Any:
 def _settings(obj: Any, depth: int = 0) -> dict[str, Any]:
     """Plain-valued attributes of ``obj`` and of its parameter-free components (2 levels)."""
     items = dict(vars(obj))
+    if isinstance(obj, AdaptiveMethod):  # the parts (properties over private attributes)
+        items.update(fallback=obj.fallback, monitor=obj.monitor)
     if isinstance(obj, nn.Module):
         items.update(obj._modules)
     out: dict[str, Any] = {}

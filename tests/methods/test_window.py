@@ -253,13 +253,55 @@ def test_refresh_updates_the_served_statistics_between_steps() -> None:
         eatta.create("tent", tiny_cnn(), window=16, window_refresh=0)
 
 
-def test_the_given_model_fallback_refuses_requests_under_the_window() -> None:
-    """eatta-safe's fallback decides per step: small requests with a window are an error that
-    says so, before anything changes; requests of the window's size are served."""
+def test_the_given_model_fallback_decides_at_the_windows_steps_and_serves_between() -> None:
+    """eatta-safe with a window: requests under the window are served by the model the fallback
+    serves (the given one before any evidence), and the fallback takes one step per window step
+    (every 8 samples), not one per request."""
     method = eatta.create("eatta-safe", tiny_cnn(), oracle=eatta.GroundTruthOracle(), window=8)
-    before = copy.deepcopy(method.state_dict())
-    (x, y), (xb, yb) = _requests([2, 8])
-    with pytest.raises(ValueError, match="fallback"):
-        method(x, labels=y)
-    assert nested_equal(method.state_dict(), before)
-    assert method(xb, labels=yb).shape == (8, 5)
+    fallback = method.fallback
+    assert fallback is not None
+    for i, (x, y) in enumerate(_requests([2] * 8)):
+        out = method(x, labels=y)
+        torch.testing.assert_close(out, fallback.given_logits(x), rtol=0, atol=0)
+        assert fallback.step == (i + 1) // 4  # a step every 4 requests of 2
+    assert method.window is not None and method.window.steps == 2
+
+
+def test_with_the_adapted_model_served_requests_between_steps_get_its_predictions() -> None:
+    method = eatta.create(
+        "eatta-safe",
+        tiny_cnn(),
+        oracle=eatta.GroundTruthOracle(),
+        window=8,
+        fallback_start="adapted",
+    )
+    for x, y in _requests([1, 3, 2]):
+        with torch.no_grad():
+            expected = method.model(x)
+        torch.testing.assert_close(method(x, labels=y), expected, rtol=0, atol=0)
+
+
+def test_eatta_safe_with_a_window_resumes_bit_identically(checkpoint_round_trip) -> None:
+    """A state saved between window steps (requests of 3, a step every 8 samples) resumes the
+    window, the method and the fallback exactly."""
+
+    def make() -> AdaptiveMethod:
+        return eatta.create(
+            "eatta-safe",
+            tiny_cnn(),
+            oracle=eatta.GroundTruthOracle(),
+            window=8,
+            fallback_start="adapted",
+        )
+
+    a, b = make(), make()
+    reqs = _requests([3] * 16)
+    for x, y in reqs[:7]:
+        a(x, labels=y)
+    b.load_state_dict(checkpoint_round_trip(a.state_dict()))
+    for x, y in reqs[7:]:
+        assert torch.equal(a(x, labels=y), b(x, labels=y))
+    assert nested_equal(a.state_dict(), b.state_dict())
+    assert a.fallback is not None and b.fallback is not None
+    assert nested_equal(a.fallback.state_dict(), b.fallback.state_dict())
+    assert a.fallback.step == 6  # 48 samples: a step every 8

@@ -11,8 +11,10 @@ from torch import nn
 
 import eatta
 from conftest import bytes_round_trip, nested_equal, tiny_cnn
-from eatta.annotate.oracle import GroundTruthOracle
+from eatta.annotate.oracle import GroundTruthOracle, OracleError
+from eatta.annotate.requests import Answer
 from eatta.methods.base import AdaptiveMethod
+from eatta.monitor.betting import drift_answers
 from eatta.monitor.fallback import GivenModelFallback
 
 C = 6
@@ -69,38 +71,52 @@ class CountingOracle(GroundTruthOracle):
 
 
 def guarded(adapted: list[int], given: list[int], **kw):  # type: ignore[no-untyped-def]
-    method = Fixed(linear(adapted))
     auditor = CountingOracle()
-    method.fallback = GivenModelFallback(linear(given), auditor=auditor, **kw)
+    fallback = GivenModelFallback(linear(given), auditor=auditor, **kw)
+    method = Fixed(linear(adapted), fallback=fallback)
     return method, auditor
 
 
+def served_by(method: Fixed, x: torch.Tensor, out: torch.Tensor) -> str:
+    fb = method.fallback
+    assert fb is not None
+    if torch.equal(out, method.model(x)):
+        return "adapted"
+    assert torch.equal(out, fb.given_logits(x))
+    return "given"
+
+
 def test_starts_on_the_given_model_and_switches_once_the_adapted_one_is_shown_better():
-    method, auditor = guarded(RIGHT, HALF_WRONG, min_answers=8, start="given")
-    served = []
+    """The switch comes at the first answer whose bettor's wealth reaches 1 / level = 20, and
+    from the next batch on the adapted model is served."""
+    method, auditor = guarded(RIGHT, HALF_WRONG)
+    fb = method.fallback
+    assert isinstance(fb, GivenModelFallback)
+    served, up = [], []
     for x, y in batches(30):
-        out = method(x, labels=y)
-        served.append("adapted" if torch.equal(out, method.model(x)) else "given")
-        if served[-1] == "given":
-            assert torch.equal(out, method.fallback.given(x))  # type: ignore[union-attr]
-    assert served[:8] == ["given"] * 8  # no decision before min_answers answers
-    assert served[-1] == "adapted"
-    kinds = [e.kind for e in method.fallback.events]  # type: ignore[union-attr]
-    assert kinds == ["serve adapted"]
+        served.append(served_by(method, x, method(x, labels=y)))
+        up.append(fb.test.up)
+    (switch,) = fb.events
+    assert switch.kind == "serve adapted" and switch.up >= 20.0 > switch.down
+    first = switch.step  # the batch whose answer decided (1-based)
+    assert served[:first] == ["given"] * first
+    assert served[first:] == ["adapted"] * (30 - first)
+    assert all(u < 20.0 for u in up[: first - 1])  # no earlier answer reached the threshold
     assert method.resets == 0
     assert auditor.asked == [1] * 30  # one audit a batch: the budget
-    assert method.fallback.stats()["answers"] == 30  # type: ignore[union-attr]
+    assert fb.stats()["answers"] == 30
 
 
 def test_a_worse_adapted_model_is_never_served_and_is_reset():
-    method, _ = guarded(HALF_WRONG, RIGHT, min_answers=8, window=16, start="given")
+    method, _ = guarded(HALF_WRONG, RIGHT, reset=True)
+    fb = method.fallback
+    assert fb is not None
     for x, y in batches(40):
-        out = method(x, labels=y)
-        assert torch.equal(out, method.fallback.given(x))  # type: ignore[union-attr]
-    events = method.fallback.events  # type: ignore[union-attr]
+        assert served_by(method, x, method(x, labels=y)) == "given"
+    events = fb.events  # type: ignore[attr-defined]
     assert events and all(e.kind == "reset: worse than given" for e in events)
+    assert all(e.down >= 20.0 for e in events)
     assert method.resets == len(events) >= 1
-    assert all(e.high < 0 for e in events)
 
 
 def test_the_estimate_is_the_paired_difference_by_hand():
@@ -110,43 +126,60 @@ def test_the_estimate_is_the_paired_difference_by_hand():
     x, y = batches(1, size=12)[0]
     method(x, labels=y)
     fb = method.fallback
-    assert fb is not None
-    (value,) = list(fb._window)  # type: ignore[attr-defined]
+    assert isinstance(fb, GivenModelFallback)
+    assert fb.test.answers == 1
+    value = fb.test.total
     assert value in (0.0, 1.0)  # adapted right always; given wrong on classes 3-5
     n, gain = fb.period_gain(0)
     assert n == 1 and gain == value
 
 
 def test_measure_only_never_switches():
-    method, _ = guarded(HALF_WRONG, RIGHT, act=False, min_answers=2)
+    method, _ = guarded(HALF_WRONG, RIGHT, act=False)
     for x, y in batches(20):
         assert torch.equal(method(x, labels=y), method.model(x))
-    assert method.fallback.events == [] and method.resets == 0  # type: ignore[union-attr]
-    assert method.fallback.interval()[1] < 0  # type: ignore[union-attr]  # but it measured
+    fb = method.fallback
+    assert isinstance(fb, GivenModelFallback)
+    assert fb.events == [] and method.resets == 0
+    assert fb.evidence()[1] < 0  # but it measured
 
 
-def test_gain_that_falls_resets():
-    """Better than the given model, then no better: the drop below an earlier block resets."""
-    method, _ = guarded(RIGHT, HALF_WRONG, window=16, min_answers=8, explore=1.0)
-    data = batches(80)
-    for x, y in data[:40]:
+DRIFTED = [1, 2, 0, 4, 5, 3]  # misreads 0-2 (the given model reads them right), 3-5 as it does
+
+
+def test_a_model_that_drifts_after_it_was_trusted_is_caught_within_the_stated_answers():
+    """Trusted for 300 answers, then wrong wherever the two differ (the given model right
+    there): the given model is served again within drift_answers(window, level) answers (22 at
+    the defaults), whatever the length of the trust."""
+    method, _ = guarded(RIGHT, HALF_WRONG, explore=0.01)
+    fb = method.fallback
+    assert isinstance(fb, GivenModelFallback)
+    data = batches(340, seed=3)
+    for x, y in data[:300]:
         method(x, labels=y)
-    method.model.load_state_dict(linear(HALF_WRONG).state_dict())  # now the given model's equal
-    for x, y in data[40:]:
+    assert fb.serving == "adapted" and [e.kind for e in fb.events] == ["serve adapted"]
+    method.model.load_state_dict(linear(DRIFTED).state_dict())
+    bound = drift_answers(fb.window, fb.level)
+    assert bound == 22
+    caught = None
+    for i, (x, y) in enumerate(data[300:], start=1):
         method(x, labels=y)
-    events = method.fallback.events  # type: ignore[union-attr]
-    fell = [e for e in events if e.kind == "reset: gain fell"]
-    assert fell and fell[0].high >= 0.0  # not worse than the given model: its gain fell
-    assert method.resets == len(fell)
+        if fb.serving == "given":
+            caught = i
+            break
+    assert caught is not None and caught <= bound
+    kinds = [e.kind for e in fb.events]
+    assert kinds == ["serve adapted", "serve given", "reset: worse than given"]
+    assert fb.events[1].down >= 20.0 and fb.events[1].step == 300 + caught
 
 
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"window": 1}, "fallback window"),
+        ({"window": 0}, "at least 1 answer"),
         ({"level": 0.0}, "fallback level"),
-        ({"min_answers": 1}, "min_answers"),
-        ({"min_answers": 10, "window": 4}, "must not exceed"),
+        ({"level": 1.0}, "fallback level"),
+        ({"level": 1.5}, "fallback level"),
         ({"start": "maybe"}, "start"),
         ({"audits": 0}, "audits"),
         ({"explore": 0.0}, "explore"),
@@ -155,6 +188,51 @@ def test_gain_that_falls_resets():
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
         GivenModelFallback(linear(RIGHT), auditor=GroundTruthOracle(), **kw)
+
+
+def test_a_given_model_of_other_classes_is_refused_when_attached():
+    other = nn.Linear(C, C + 1)
+    fb = GivenModelFallback(other, auditor=GroundTruthOracle())
+    with pytest.raises(ValueError, match="7 classes"):
+        Fixed(linear(RIGHT), fallback=fb)
+    method = Fixed(linear(RIGHT))
+    with pytest.raises(ValueError, match="7 classes"):
+        method.fallback = fb
+    assert method.fallback is None
+
+
+def test_labels_outside_the_given_models_classes_are_refused_before_any_change():
+    method, auditor = guarded(RIGHT, HALF_WRONG)
+    x, y = batches(1)[0]
+    before = copy.deepcopy(method.fallback.state_dict())  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="outside the given model's 6 classes"):
+        method(x, labels=torch.where(y == 0, torch.full_like(y, C), y))
+    assert nested_equal(method.fallback.state_dict(), before)  # type: ignore[union-attr]
+    assert auditor.asked == [] and auditor.batch_labels is None
+
+
+class StrayAuditor:
+    """An asynchronous auditor that answers a request nobody sent."""
+
+    feedback = "label"
+
+    def submit(self, requests):  # type: ignore[no-untyped-def]
+        self.sent = list(requests)
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        return [Answer("someone-else-3", label=1)]
+
+    def cancel(self, ids):  # type: ignore[no-untyped-def]
+        pass
+
+
+def test_an_audit_answer_for_a_sample_never_asked_about_is_an_error():
+    fb = GivenModelFallback(linear(HALF_WRONG), auditor=StrayAuditor())
+    method = Fixed(linear(RIGHT), fallback=fb)
+    x, _ = batches(1)[0]
+    with pytest.raises(OracleError, match="never asked"):
+        method(x)
+    assert fb.answers == 0 and fb.test.answers == 0
 
 
 def test_draw_and_auditor_together_are_refused():
@@ -248,14 +326,17 @@ def test_eatta_safe_refuses_a_class_history_before_touching_the_model():
         eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), history="reference")
     assert nested_equal(model.state_dict(), before)
     with pytest.raises(ValueError, match="fallback_window"):
-        eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), fallback_window=1)
+        eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), fallback_window=0)
+    with pytest.raises(ValueError, match="fallback level"):
+        eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), fallback_level=1.0)
+    assert nested_equal(model.state_dict(), before)
 
 
 def test_without_answers_a_collapsed_given_model_gives_way_to_the_adapted_one():
     """No answer ever comes: the label-free collapse test alone decides what is served."""
     collapsed = [0] * C  # the given model puts every sample in class 0
     method = Fixed(linear(RIGHT))
-    method.fallback = GivenModelFallback(linear(collapsed), auditor=lambda x, i: None)
+    method.fallback = GivenModelFallback(linear(collapsed), auditor=lambda x, i: None, start="auto")
     data = batches(6)
     out = method(*data[0][:1])  # the first batch: no history yet, the given model is served
     assert torch.equal(out, method.fallback.given(data[0][0]))  # type: ignore[union-attr]
@@ -272,7 +353,7 @@ def test_without_answers_a_working_given_model_is_kept():
     under the threshold, here 0.4)."""
     method = Fixed(linear([0, 1, 2, 3, 4, 0]))
     method.fallback = GivenModelFallback(
-        linear(RIGHT), auditor=lambda x, i: None, prior_disagreement=0.4
+        linear(RIGHT), auditor=lambda x, i: None, prior_disagreement=0.4, start="auto"
     )
     for x, _ in batches(6):
         assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
@@ -284,7 +365,9 @@ def test_without_answers_models_far_apart_serve_the_adapted_one():
     """Neither collapsed, but they disagree on half the samples: the given model's statistics
     no longer fit, the adapted model is served."""
     method = Fixed(linear(RIGHT))
-    method.fallback = GivenModelFallback(linear(HALF_WRONG), auditor=lambda x, i: None)
+    method.fallback = GivenModelFallback(
+        linear(HALF_WRONG), auditor=lambda x, i: None, start="auto"
+    )
     data = batches(6)
     method(data[0][0])
     assert method.fallback.disagreement_rate() > 0.3  # type: ignore[union-attr]
@@ -309,19 +392,31 @@ def test_collapse_ratio_by_hand():
     assert fb.collapse_ratio() == pytest.approx(float(want), rel=1e-12)  # ln 2 / ln 4 = 0.5
 
 
+def test_without_answers_the_given_model_serves_by_default():
+    """No answer, no evidence: the default start serves the given model, even where the
+    unvalidated label-free signs would serve the adapted one."""
+    method = Fixed(linear(RIGHT))
+    method.fallback = GivenModelFallback(linear([0] * C), auditor=lambda x, i: None)
+    for x, _ in batches(5):
+        assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
+    assert method.fallback.prior_choice() == "adapted"  # type: ignore[union-attr]
+
+
 def test_undecided_evidence_keeps_what_is_served_whatever_the_label_free_signs_say():
-    """Once there are answers, an interval around 0 keeps the served model: the label-free signs
+    """Once a decision was taken, estimates of 0 keep the served model: the label-free signs
     (here: the two disagree on half the samples, which alone would serve the adapted model)
-    only decide before there is evidence."""
-    method, _ = guarded(HALF_WRONG, RIGHT, window=16, min_answers=8, reset=False)
+    only decide before the first decision."""
+    method, _ = guarded(HALF_WRONG, RIGHT, start="auto")
     data = batches(60)
     for x, y in data[:30]:
         method(x, labels=y)
     fb = method.fallback
-    assert fb.serving == "given"  # type: ignore[union-attr]  # the adapted one was shown worse
-    fb.given.load_state_dict(linear([0, 1, 2, 5, 3, 4]).state_dict())  # type: ignore[union-attr]
+    assert isinstance(fb, GivenModelFallback)
+    assert fb.serving == "given" and fb.events  # the adapted one was shown worse
+    fb.given.load_state_dict(linear([0, 1, 2, 5, 3, 4]).state_dict())
+    answers, total = fb.test.answers, fb.test.total
     for x, y in data[30:]:  # now both err on classes 3-5, differently: every estimate is 0
         method(x, labels=y)
-    assert fb.prior_choice() == "adapted"  # type: ignore[union-attr]
-    assert fb.interval()[1] == 0.0  # type: ignore[union-attr]
-    assert fb.serving == "given"  # type: ignore[union-attr]
+    assert fb.prior_choice() == "adapted"
+    assert fb.test.answers == answers + 30 and fb.test.total == total
+    assert fb.serving == "given"

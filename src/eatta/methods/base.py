@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, ClassVar
 
 import torch
@@ -23,7 +24,7 @@ __all__ = ["AdaptiveMethod", "InvalidInputError", "StepFallback", "StepObserver"
 class StepObserver(Protocol):
     """What runs after each step and is saved with the method: the accuracy monitor
     (:class:`eatta.monitor.AccuracyMonitor`). Declared here so the two modules need not import
-    each other."""
+    each other. An optional ``bind(method)`` checks, when it is attached, that it can act."""
 
     auditor: object
 
@@ -38,19 +39,42 @@ class StepObserver(Protocol):
 
 class StepFallback(Protocol):
     """What chooses the served predictions around each step: the given-model fallback
-    (:class:`eatta.monitor.GivenModelFallback`)."""
+    (:class:`eatta.monitor.GivenModelFallback`).
+
+    ``bind`` checks, when it is attached, that it can act for the method; ``check`` validates a
+    request before anything changes; ``before``/``after`` surround each step (``after`` decides
+    and returns what is served; ``served=False`` for a window's step); ``serve`` chooses the
+    predictions of a request served between steps (a window)."""
 
     auditor: object
 
+    def bind(self, method: Any) -> None: ...
+
+    def check(self, x: Tensor, labels: Tensor | None) -> None: ...
+
     def before(self, x: Tensor) -> None: ...
 
-    def after(self, method: Any, x: Tensor, logits: Tensor, labels: Tensor | None) -> Tensor: ...
+    def after(
+        self,
+        method: Any,
+        x: Tensor,
+        logits: Tensor,
+        labels: Tensor | None,
+        *,
+        served: bool = True,
+    ) -> Tensor: ...
+
+    def serve(self, x: Tensor, logits: Tensor) -> Tensor: ...
 
     def reset(self) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+#: The parts every method's constructor takes (:meth:`AdaptiveMethod.attach`).
+_PARTS = ("window", "fallback", "monitor")
 
 
 class InvalidInputError(ValueError):
@@ -82,6 +106,15 @@ class AdaptiveMethod(nn.Module):
     Each ``forward`` is one transaction: the parts are snapshotted before the step and restored
     if it raises, so a failed step leaves no trace; the model and optimizer are never touched
     before everything that can fail has run (validate, then mutate).
+
+    Three parts compose with any method, given to its constructor (every subclass's constructor
+    takes them, see :meth:`__init_subclass__`) or to :meth:`attach`:
+
+    - ``window``: a window of recent samples (:mod:`eatta.window`) for requests of 1 to a few;
+    - ``fallback``: the given model one step away (:class:`eatta.monitor.GivenModelFallback`),
+      deciding at each step (a window's steps included) and serving requests between steps from
+      whichever model it serves;
+    - ``monitor``: audited accuracy and a guard (:class:`eatta.monitor.AccuracyMonitor`).
     """
 
     #: Whether forward updates the model (False: predictions only, fine under inference_mode).
@@ -94,6 +127,9 @@ class AdaptiveMethod(nn.Module):
         *,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        window: int | bool | SampleWindow | None = None,
+        fallback: StepFallback | None = None,
+        monitor: StepObserver | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -121,15 +157,81 @@ class AdaptiveMethod(nn.Module):
         self.last_step: Any = None  # what the last step did (method-specific record)
         self._asking: AsyncAsking | None = None  # an active method's asynchronous annotator
         self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot
-        #: audited accuracy and guard (:func:`eatta.monitor.attach`); None: no audits
-        self.monitor: StepObserver | None = None
-        #: the given model beside the adapted one, served on evidence
-        #: (:class:`eatta.monitor.GivenModelFallback`); None: the adapted model is always served
-        self.fallback: StepFallback | None = None
+        self._monitor: StepObserver | None = None
+        self._fallback: StepFallback | None = None
         self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._initial_optimizer = (
             copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
         )
+        self.attach(window=window, fallback=fallback, monitor=monitor)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every subclass's constructor also takes the parts (``window=``, ``fallback=``,
+        ``monitor=``, keyword-only): they are attached, all checked first, once the subclass
+        is built, so any method composes with them without declaring them."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "_takes_parts", False):
+            return
+
+        @functools.wraps(init)
+        def with_parts(self: AdaptiveMethod, *args: Any, **kw: Any) -> None:
+            parts = {k: kw.pop(k) for k in _PARTS if k in kw}  # the outermost wrapper's
+            init(self, *args, **kw)
+            if parts:
+                self.attach(**parts)
+
+        with_parts._takes_parts = True  # type: ignore[attr-defined]  # marks the wrapper
+        cls.__init__ = with_parts  # type: ignore[method-assign]  # adds the parts keywords
+
+    # -- parts -------------------------------------------------------------------------------
+    def attach(
+        self,
+        *,
+        window: int | bool | SampleWindow | None = None,
+        fallback: StepFallback | None = None,
+        monitor: StepObserver | None = None,
+    ) -> None:
+        """Attach parts (None: leave that part as it is); each is checked, for this method and
+        together, before any is attached. ``window``: a number of samples or a
+        :class:`~eatta.window.SampleWindow` (see :meth:`set_window`), False: windowing off."""
+        if window is not None and window is not False:
+            window = self._check_window(window)
+        for part in (fallback, monitor):
+            bind = getattr(part, "bind", None)
+            if bind is not None:
+                bind(self)
+        if window is not None:
+            self._window, self._window_off = (None, True) if window is False else (window, False)
+        if fallback is not None:
+            self._fallback = fallback
+        if monitor is not None:
+            self._monitor = monitor
+
+    @property
+    def fallback(self) -> StepFallback | None:
+        """The given model beside the adapted one, served on evidence
+        (:class:`eatta.monitor.GivenModelFallback`); None: the adapted model is always served."""
+        return self._fallback
+
+    @fallback.setter
+    def fallback(self, part: StepFallback | None) -> None:
+        if part is None:
+            self._fallback = None
+        else:
+            self.attach(fallback=part)
+
+    @property
+    def monitor(self) -> StepObserver | None:
+        """Audited accuracy and guard (:func:`eatta.monitor.attach`); None: no audits."""
+        return self._monitor
+
+    @monitor.setter
+    def monitor(self, part: StepObserver | None) -> None:
+        if part is None:
+            self._monitor = None
+        else:
+            self.attach(monitor=part)
 
     # -- structure ---------------------------------------------------------------------------
     @property
@@ -169,6 +271,30 @@ class AdaptiveMethod(nn.Module):
         have ``set_labels``, e.g. :class:`~eatta.annotate.GroundTruthOracle`); it reveals only
         those the method asks for.
         """
+        x, labels = self._take_request(x, labels)
+        oracle = getattr(self, "oracle", None)
+        try:
+            known = self._known_labels(x, labels, oracle)
+            if self.window is not None and x.shape[0] < self.window.size:  # between steps
+                out = self.window.serve(self, x, known, oracle)
+                if self.monitor is not None:
+                    self.monitor.observe(self, x, out, labels)
+                return out if self.fallback is None else self.fallback.serve(x, out)
+            self._warn_small_batch(x)
+            out = self.adapt_on(x)
+            if self.window is not None:  # a full batch: stepped on as given, it fills the window
+                self.window.passed(x, known)
+            if self.monitor is not None:  # after the step: audit, score, guard
+                self.monitor.observe(self, x, out, labels)
+            return self.decide(x, out, labels)
+        finally:
+            end_batch = getattr(oracle, "end_batch", None)
+            if end_batch is not None:  # labels belong to one batch
+                end_batch()
+
+    def _take_request(self, x: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Check a request (and its simulated labels) before anything changes; give the labels
+        to the oracle."""
         if self.adapts and torch.is_inference_mode_enabled():
             raise RuntimeError(
                 f"{type(self).__name__} adapts with autograd and cannot run under "
@@ -193,50 +319,49 @@ class AdaptiveMethod(nn.Module):
                 raise InvalidInputError(
                     f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}"
                 )
-            if hasattr(oracle, "set_labels"):
-                oracle.set_labels(labels)  # type: ignore[union-attr]  # checked just above
-        if self.window is not None and x.shape[0] < self.window.size:
-            if self.fallback is not None:
-                raise ValueError(
-                    f"a request of {x.shape[0]} samples (under the window of "
-                    f"{self.window.size}) with the given-model fallback: the fallback decides per "
-                    "step and does not follow the window yet; send batches of the window's size "
-                    "or leave out the fallback"
-                )
-            try:
-                out = self._serve_windowed(x, labels, oracle)
-                if self.monitor is not None:
-                    self.monitor.observe(self, x, out, labels)
-                return out
-            finally:
-                end_batch = getattr(oracle, "end_batch", None)
-                if end_batch is not None:
-                    end_batch()
-        self._warn_small_batch(x)
+        if self.fallback is not None:
+            self.fallback.check(x, labels)
+        if labels is not None and hasattr(oracle, "set_labels"):
+            oracle.set_labels(labels)  # type: ignore[union-attr]  # checked just above
+        return x, labels
+
+    def _known_labels(self, x: Tensor, labels: Tensor | None, oracle: Any) -> Tensor | None:
+        """A windowed request's labels for the window (a simulated annotator's), if known."""
+        if self.window is None or labels is not None:
+            return labels
+        known: Tensor | None = getattr(oracle, "batch_labels", None)
+        if known is not None and len(known) != x.shape[0]:
+            raise InvalidInputError(
+                f"the oracle holds {len(known)} labels for a request of {x.shape[0]} "
+                "samples; give each request its own (method(x, labels=y))"
+            )
+        return known
+
+    def adapt_on(self, x: Tensor) -> Tensor:
+        """One step on ``x`` (a batch, or a window's samples): the adapted model's logits before
+        its update. With a fallback, the given model predicts first; with a window, the step
+        normalizes with ``x``'s statistics, which are then folded into the served ones."""
         if self._split is None:
             self._split_example = x
+        norm = batch_statistics() if self.window is not None else nullcontext()
         try:
             if self.fallback is not None:  # the given model's predictions, before the step
                 self.fallback.before(x)
-            if self.window is not None:  # a full batch: a step on it, as without a window
-                with self.transaction(), torch.enable_grad(), batch_statistics():
-                    out = self.forward_and_adapt(x)
-                absorb_statistics(self.model, x)
-                known = labels if labels is not None else getattr(oracle, "batch_labels", None)
-                self.window.passed(x, known)
-            else:
-                with self.transaction(), torch.enable_grad():
-                    out = self.forward_and_adapt(x)
-            if self.monitor is not None:  # after the step: audit, score, guard
-                self.monitor.observe(self, x, out, labels)
-            if self.fallback is not None:  # score the answers, decide what is served
-                out = self.fallback.after(self, x, out, labels)
-            return out
+            with self.transaction(), torch.enable_grad(), norm:
+                out = self.forward_and_adapt(x)
         finally:
             self._split_example = None
-            end_batch = getattr(oracle, "end_batch", None)
-            if end_batch is not None:  # labels belong to one batch
-                end_batch()
+        if self.window is not None:
+            absorb_statistics(self.model, x)
+        return out
+
+    def decide(
+        self, x: Tensor, logits: Tensor, labels: Tensor | None, *, served: bool = True
+    ) -> Tensor:
+        """After a step: the fallback scores its answers and decides; what is served."""
+        if self.fallback is None:
+            return logits
+        return self.fallback.after(self, x, logits, labels, served=served)
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -344,9 +469,14 @@ class AdaptiveMethod(nn.Module):
         if size is None or size is False:
             self._window, self._window_off = None, size is False
             return
-        if size is True:
+        self.attach(window=SampleWindow(size, every, refresh) if size is not True else size)
+
+    def _check_window(self, window: int | bool | SampleWindow) -> SampleWindow:
+        """``window`` as a :class:`SampleWindow` this method can step on, or an error."""
+        if window is True:
             raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
-        window = SampleWindow(size, every, refresh)
+        if not isinstance(window, SampleWindow):
+            window = SampleWindow(window)
         if not self.adapts:
             raise ValueError(f"{type(self).__name__} does not adapt: a window has nothing to step")
         for name, m in self.model.named_modules():
@@ -360,7 +490,7 @@ class AdaptiveMethod(nn.Module):
                     + ": create the method with eatta.create(name, model, window=...), or call "
                     "eatta.normalization.use_mixed_norm(model, stats='ema') before eatta.configure"
                 )
-        self._window, self._window_off = window, False
+        return window
 
     def _warn_small_batch(self, x: Tensor) -> None:
         """Once per method: a second batch in a row under :data:`~eatta.window.SMALL_BATCH`
@@ -384,41 +514,6 @@ class AdaptiveMethod(nn.Module):
             "with set_window(False)",
             SmallBatchWarning,
         )
-
-    def _serve_windowed(self, x: Tensor, labels: Tensor | None, oracle: Any) -> Tensor:
-        """A small batch: predict on robust statistics, add it to the window, step when due."""
-        assert self.window is not None
-        with torch.no_grad():
-            out = self.model(x)
-        if labels is None and oracle is not None:
-            labels = getattr(oracle, "batch_labels", None)
-            if labels is not None and len(labels) != x.shape[0]:
-                raise InvalidInputError(
-                    f"the oracle holds {len(labels)} labels for a request of {x.shape[0]} "
-                    "samples; give each request its own (method(x, labels=y))"
-                )
-        window = self.window
-        if not window.due_after(x.shape[0]):
-            window.commit(x, labels, stepped=False)
-            if window.refresh_due():
-                absorb_statistics(self.model, window.contents())
-                window.refreshed()
-            return out
-        wx, wy = window.contents_with(x, labels)
-        known = bool((wy >= 0).any())
-        if known and hasattr(oracle, "set_labels"):
-            oracle.set_labels(wy)
-        if self._split is None:
-            self._split_example = wx
-        try:
-            with self.transaction(), torch.enable_grad(), batch_statistics():
-                self.forward_and_adapt(wx)
-        finally:
-            self._split_example = None
-        absorb_statistics(self.model, wx)
-        window.commit(x, labels, stepped=True)
-        window.refreshed()
-        return out
 
     # -- state -------------------------------------------------------------------------------
     def reset(self, *, keep_monitor: bool = False) -> None:

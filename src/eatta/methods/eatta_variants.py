@@ -130,13 +130,12 @@ class EATTASafeConfig(EATTAStableConfig):
     fallback: bool = hparam(
         True, "act on evidence (False: measure only, always serve the adapted model)"
     )
-    fallback_window: int = hparam(64, "answers the fallback's decisions read", min=2)
+    fallback_window: int = hparam(16, "answers the fallback's bets are sized from", min=1)
     fallback_level: float = hparam(
-        0.05, "two-sided level of each look of the fallback's test", min=0.0, max=1.0
+        0.05, "error level of each of the fallback's decisions", min=0.0, max=1.0
     )
-    fallback_min_answers: int = hparam(8, "answers before the fallback decides", min=2)
     fallback_start: Literal["auto", "given", "adapted"] = hparam(
-        "auto", "served without decisive evidence: auto (label-free collapse test), given, adapted"
+        "given", "served before the first decision: given, adapted, auto (label-free signs)"
     )
     fallback_reset: bool = hparam(False, "reset the adapted model when it is found worse")
 
@@ -158,14 +157,13 @@ def _build_eatta_safe(
         copy.deepcopy(model),  # the model as given, before configure() drops its statistics
         window=cfg.fallback_window,
         level=cfg.fallback_level,
-        min_answers=cfg.fallback_min_answers,
         start=cfg.fallback_start,
         reset=cfg.fallback_reset,
         draw=draw,
         act=cfg.fallback,
     )
     method = _build_eatta_stable(model, cfg, fallback.listen(oracle), budget, selector=draw)
-    method.fallback = fallback
+    method.attach(fallback=fallback)
     return method
 
 

@@ -12,35 +12,28 @@ adapted model also measure it, and measuring costs no extra label:
 - a label-free method gets ``audits`` requests a batch drawn the same way, answered by
   ``auditor`` (these audits are its labels: count them in its budget).
 
-Decisions, after every step, over the last ``window`` answers since the adapted model was last
-reset (the window is counted in answers, so it follows the rate at which answers arrive: one a
-batch, or a person's pace), with the normal-approximation interval ``mean +/- z sd / sqrt(m)``
-at two-sided level ``level`` per look:
+Decisions, after every step, by :class:`~eatta.monitor.betting.SignTest` over every answer since
+the last decision, at any arrival rate (one answer a batch, a person's pace, answers many batches
+late), each answer's range known before its draw (:func:`~eatta.selection.drawn.answer_bound`):
 
-- **serve**: the adapted model's predictions once the interval's lower end is above 0, the given
-  model's once its upper end is below 0; an interval around 0 keeps what is served. Before there
-  are ``min_answers`` answers (since the last reset) ``start`` decides: ``"given"`` or
-  ``"adapted"`` serve that, and ``"auto"`` (the default) reads two label-free signs over the
-  last ``prior_batches`` (3) batches. The *collapse* of the given model's predictions: the
-  entropy of the histogram of the classes it predicts against the adapted model's, on the same
-  samples, below ``prior_ratio`` (0.9); a model whose statistics no longer fit the data (a heavy
-  corruption under running statistics) piles its predictions onto few classes (read off
-  digits-C's fifteen corruptions: given-model entropy 0.0-1.3 nats on the collapsed ones, 1.8 on
-  pixelate, 2.3 on zoom blur and JPEG, the adapted model's 2.0-2.3). And the two models
-  *disagreeing* on more than ``prior_disagreement`` (30 %) of the samples (added after one look
-  at the CCC stream, where a given model that still spreads its predictions erred on many
-  more samples). Either sign serves the adapted model; neither keeps the given one;
-- **reset** (``reset=True``): when the adapted model is worse than the given one (upper end below
-  0), or its gain over the given model has fallen (the window's upper end below the best lower
-  end of an earlier, disjoint window since the reset), the adapted method is reset to its state
-  at creation (``method.reset(keep_monitor=True)``) and its evidence starts again. After a reset
-  for being worse the given model is served until the fresh adapted model shows it is better;
-  after a fall in gain what was served stays, and the fresh model is tested like any other.
+- **serve the adapted model** once its bettor's wealth reaches ``1 / level``: an anytime-valid
+  level-``level`` test of "the adapted model was never better on the answered batches since the
+  last decision" (Ville's inequality; no repeated-look inflation);
+- **serve the given model** once the drift detector's wealth reaches ``1 / level`` (average run
+  length ``>= 1 / level`` answers while the adapted model is never worse): a model that drifts
+  after it was trusted, so that every answer shows it wrong where the two differ and the given
+  model right, is caught within :func:`~eatta.monitor.betting.drift_answers` answers (22 at the
+  defaults ``window=16``, ``level=0.05``), however long it was trusted before;
+  with ``reset=True`` the adapted method is then also reset to its state at creation
+  (``method.reset(keep_monitor=True)``).
 
-The per-look level is stated, not a stream-wide guarantee: the test is repeated at every answer,
-so over a long stream where the two models are equal a switch happens more often than ``level``
-(docs/guard.md measures how often, and what it costs). With no answers at all nothing can be
-measured, and the given model is served throughout.
+Without answers there is no evidence, and the given model serves (``start="given"``, the
+default). ``start="adapted"`` serves the adapted model until the answers say otherwise;
+``start="auto"`` reads two label-free signs until the first decision: the *collapse* of the given
+model's predicted classes (the entropy of their histogram below ``prior_ratio`` times the adapted
+model's) and the two models *disagreeing* on more than ``prior_disagreement`` of the samples.
+Those thresholds were read off digits-C and one look at CCC and are not validated on other
+streams: that is why they are not the default.
 
 State: :meth:`state_dict` (part of the method's ``state_dict()``: a stream resumes
 bit-identically); the method's own ``reset()`` clears it, a fallback's reset of the method keeps
@@ -53,7 +46,6 @@ import copy
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
-from statistics import NormalDist
 from typing import Any
 
 import torch
@@ -62,8 +54,14 @@ from torch import Tensor, nn
 from eatta.annotate.base import is_asynchronous
 from eatta.annotate.oracle import ABSTAIN, OracleError, validate_labels
 from eatta.annotate.requests import Answer, LabelRequest
-from eatta.monitor.confseq import check_level
-from eatta.selection.drawn import DisagreementDraw, Draw, check_explore, inclusion_probabilities
+from eatta.monitor.betting import SignTest
+from eatta.selection.drawn import (
+    DisagreementDraw,
+    Draw,
+    answer_bound,
+    check_explore,
+    inclusion_probabilities,
+)
 
 __all__ = ["START", "FallbackEvent", "GivenModelFallback"]
 
@@ -75,12 +73,12 @@ START = ("auto", "given", "adapted")
 class FallbackEvent:
     """A switch of what is served, or a reset of the adapted method, with its evidence."""
 
-    kind: str  # "serve adapted", "serve given", "reset: worse than given", "reset: gain fell"
+    kind: str  # "serve adapted", "serve given", "reset: worse than given"
     step: int
-    answers: int  # answers in the window the decision read
-    gain: float  # the window's mean paired difference (adapted - given accuracy)
-    low: float
-    high: float
+    answers: int  # answers since the last decision, all of which the decision read
+    gain: float  # their mean paired difference (adapted - given accuracy)
+    up: float  # the wealth betting on the adapted model
+    down: float  # the wealth betting against it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +89,7 @@ class _Asked:
     """A request waiting for its answer: what the estimate needs when it arrives."""
 
     weight: float  # 1 / (n q): the answer's Horvitz-Thompson weight (one draw)
+    bound: float  # the draw's largest possible |estimate| (known before it)
     count: int  # how often the draw picked the sample (each pick is one observation)
     adapted: int
     given: int
@@ -151,11 +150,12 @@ class GivenModelFallback:
     Args:
         given: the model as the user gave it (trained, BatchNorm with its running statistics);
             a frozen copy is kept, in eval mode.
-        window: answers the decisions read (the most recent since the last reset), >= 2.
-        level: two-sided error level of each look's interval, in (0, 1).
-        min_answers: answers needed before any decision, >= 2.
-        start: what is served without decisive evidence: ``"auto"`` (the label-free collapse
-            test), ``"given"`` or ``"adapted"`` (kept until evidence says otherwise).
+        window: answers the bets are sized from (the evidence is every answer since the last
+            decision), >= 1.
+        level: error level of each decision (the test's level, the detector's 1 / run length),
+            in (0, 1).
+        start: what is served before the first decision: ``"given"`` (the default),
+            ``"adapted"``, or ``"auto"`` (the label-free signs, not validated beyond digits-C).
         prior_ratio: ``"auto"``'s threshold on the ratio of the two prediction entropies.
         prior_disagreement: ``"auto"``'s threshold on the share of samples the two disagree on.
         prior_batches: batches ``"auto"`` reads, >= 1.
@@ -181,10 +181,9 @@ class GivenModelFallback:
         self,
         given: nn.Module,
         *,
-        window: int = 64,
+        window: int = 16,
         level: float = 0.05,
-        min_answers: int = 8,
-        start: str = "auto",
+        start: str = "given",
         prior_ratio: float = 0.9,
         prior_disagreement: float = 0.3,
         prior_batches: int = 3,
@@ -200,11 +199,8 @@ class GivenModelFallback:
     ) -> None:
         if not isinstance(given, nn.Module):
             raise TypeError(f"given must be the model as given (an nn.Module), got {given!r}")
-        self.window = _int_at_least("fallback window", window, 2)
-        self.level = check_level(level, "fallback level")
-        self.min_answers = _int_at_least("min_answers", min_answers, 2)
-        if self.min_answers > self.window:
-            raise ValueError(f"min_answers ({min_answers}) must not exceed window ({window})")
+        test = SignTest(level, window)  # checks both
+        self.window, self.level = test.window, test.level
         if start not in START:
             raise ValueError(f"start must be one of {', '.join(START)}, got {start!r}")
         self.start = start
@@ -247,7 +243,9 @@ class GivenModelFallback:
                 f"annotator (submit/collect/cancel), got {type(auditor).__name__}"
             )
         self.given = copy.deepcopy(given).eval().requires_grad_(False)
-        self.z = NormalDist().inv_cdf(1.0 - self.level / 2.0)
+        self.test = test
+        self._head = _last_linear_outputs(self.given)  # its last Linear's outputs, if any
+        self._classes: int | None = None  # its logits' width, read on the first request
         self.seed = int(seed)
         self._gen = torch.Generator().manual_seed(self.seed)
         self.period = 0  # set by the caller (e.g. the round)
@@ -265,9 +263,7 @@ class GivenModelFallback:
         self.answers = 0  # answers scored (lifetime)
         self.requested = 0  # audits this fallback asked for itself (label-free methods)
         self.served_given = 0  # batches whose served predictions were the given model's
-        self._window: deque[float] = deque(maxlen=self.window)
-        self._since_block = 0  # answers since the last disjoint block closed
-        self._best_low = -math.inf  # best lower end of a closed block since the reset
+        self.test = SignTest(self.level, self.window)
         self._periods: dict[int, list[float]] = {}  # period -> [answers, sum of estimates]
         self._pending: dict[str, _Asked] = {}
         self._heard: list[tuple[Tensor, Tensor | None]] = []  # sync answers in this step
@@ -299,6 +295,60 @@ class GivenModelFallback:
             self.given.to(device=x.device, dtype=x.dtype)
         return self.given(x.detach())
 
+    def bind(self, method: Any) -> None:
+        """Check that this fallback can act for ``method`` (called when it is attached): the two
+        models must predict the same number of classes."""
+        if self.draw is not None:  # the method's own requests measure: they must be drawn here
+            oracle = getattr(method, "oracle", None)
+            if getattr(method, "selector", None) is not self.draw or not (
+                isinstance(oracle, _SyncTee | _AsyncTee) and oracle._fallback is self
+            ):
+                raise ValueError(
+                    "a fallback with draw= measures by the method's own requests: build the "
+                    "method with selector=fallback.draw, oracle=fallback.listen(oracle) and "
+                    "history=None (or give the fallback auditor= instead of draw=)"
+                )
+        elif self.auditor is None:
+            raise ValueError(
+                "a fallback without draw= or auditor= has no answers and would never act: give "
+                "it the method's DisagreementDraw (draw=) or an auditor (auditor=)"
+            )
+        theirs = _last_linear_outputs(method.model)
+        if self._head is not None and theirs is not None and theirs != self._head:
+            raise ValueError(
+                f"the given model predicts {self._head} classes and the adapted model "
+                f"{theirs}: the fallback can only serve one in place of the other when they agree"
+            )
+
+    def check(self, x: Tensor, labels: Tensor | None) -> None:
+        """Before anything changes: the given model's number of classes (found on the first
+        request, on one sample) must cover ``labels``."""
+        if self._classes is None:
+            self._classes = int(self.given_logits(x[:1]).shape[1])
+        if labels is not None and len(labels):
+            bad = ((labels < 0) & (labels != ABSTAIN)) | (labels >= self._classes)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"labels {sorted(set(labels[bad].tolist()))} are outside the given model's "
+                    f"{self._classes} classes; nothing was changed"
+                )
+
+    def serve(self, x: Tensor, logits: Tensor) -> Tensor:
+        """A request served between steps (a window): ``logits`` (the adapted model's) or the
+        given model's, whichever is served now."""
+        self._check_classes(logits)
+        if self.serving != "given":
+            return logits
+        self.served_given += 1
+        return self.given_logits(x).to(logits.dtype)
+
+    def _check_classes(self, logits: Tensor) -> None:
+        if self._classes is not None and logits.shape[1] != self._classes:
+            raise ValueError(
+                f"the adapted model predicts {logits.shape[1]} classes, the given model "
+                f"{self._classes}: the fallback cannot serve one in place of the other"
+            )
+
     # -- the step ----------------------------------------------------------------------------
     def before(self, x: Tensor) -> None:
         """Before the method's step on ``x``: the given model's predictions, on the whole batch
@@ -322,10 +372,20 @@ class GivenModelFallback:
             self.draw.reference = self._given_pred
             self.draw.candidates = self._subset
 
-    def after(self, method: Any, x: Tensor, logits: Tensor, labels: Tensor | None = None) -> Tensor:
+    def after(
+        self,
+        method: Any,
+        x: Tensor,
+        logits: Tensor,
+        labels: Tensor | None = None,
+        *,
+        served: bool = True,
+    ) -> Tensor:
         """After the step (``logits``: the adapted model's, before its update): score the answers
-        that arrived, audit (label-free), decide; return the logits to serve."""
+        that arrived, audit (label-free), decide; return the logits to serve (``served``: False
+        for a window's step, whose predictions are not served)."""
         assert self._given_pred is not None
+        self._check_classes(logits)
         self.step += 1
         adapted = logits.detach().argmax(1)
         if self.draw is not None:
@@ -337,14 +397,14 @@ class GivenModelFallback:
         self._answered = []
         self._expire()
         self._record_marginals(adapted)
-        served = logits
+        out = logits
         if self.serving == "given":
             assert self._given_logits is not None  # predicted on the whole batch while served
-            served = self._given_logits.to(logits.dtype)
-            self.served_given += 1
+            out = self._given_logits.to(logits.dtype)
+            self.served_given += int(served)
         self._decide(method)
         self._given_logits = self._given_pred = self._subset = None
-        return served
+        return out
 
     # -- what the tees hear ------------------------------------------------------------------
     def _heard_sync(self, indices: Tensor, answer: object) -> None:
@@ -363,11 +423,18 @@ class GivenModelFallback:
         draw = self.draw.last_draw if self.draw is not None else None
         for r in requests:
             hit = _weight(draw, r.index)
-            if hit is None or self._given_pred is None:
+            if hit is None or self._given_pred is None or draw is None:
                 continue
             given = int(self._given_pred[r.index])
             self._pending[r.id] = _Asked(
-                *hit, r.prediction, given, self.period, self.epoch, self.step + 1
+                hit[0],
+                draw.bound,
+                hit[1],
+                r.prediction,
+                given,
+                self.period,
+                self.epoch,
+                self.step + 1,
             )
 
     def _heard_answers(self, answers: list[Answer]) -> None:
@@ -393,10 +460,30 @@ class GivenModelFallback:
             return
         for j, i in enumerate(indices.tolist()):
             y, hit = int(got[j]), _weight(draw, i)
-            if y == ABSTAIN or hit is None:
+            if y == ABSTAIN or hit is None or draw is None:
                 continue
             a, g = int(y == int(adapted[i])), int(y == int(self._given_pred[i]))
-            self._add(hit[0] * (a - g), hit[1], self.period)
+            self._add(hit[0] * (a - g), draw.bound, hit[1], self.period)
+
+    def _check_audit_answers(self, answers: list[Answer]) -> None:
+        """An audit answer for a request this fallback never sent is an error (before any is
+        scored)."""
+        prefix = f"fallback-{self.seed}-"
+        for ans in answers:
+            if ans.id in self._pending:
+                continue
+            step, _, j = ans.id[len(prefix) :].partition("-")
+            if not (
+                ans.id.startswith(prefix)
+                and step.isdigit()
+                and j.isdigit()
+                and int(step) <= self.step
+                and int(j) < self.audits
+            ):
+                raise OracleError(
+                    f"the auditor answered request {ans.id!r}, which the fallback never asked "
+                    "about; no answer of this batch was scored"
+                )
 
     def _score_answer(self, ans: Answer) -> None:
         asked = self._pending.pop(ans.id, None)
@@ -409,17 +496,16 @@ class GivenModelFallback:
             a = int(bool(ans.correct))
             g = a if asked.given == asked.adapted else int(not a)
         if asked.epoch == self.epoch:
-            self._add(asked.weight * (a - g), asked.count, asked.period)
+            self._add(asked.weight * (a - g), asked.bound, asked.count, asked.period)
 
-    def _add(self, value: float, count: int, period: int) -> None:
-        """One answer: ``count`` draws of the same sample, each an observation ``value``."""
+    def _add(self, value: float, bound: float, count: int, period: int) -> None:
+        """One answer: ``count`` draws of the same sample, each an observation ``value`` in
+        ``[-bound, bound]``."""
         self.answers += 1
         tally = self._periods.setdefault(period, [0.0, 0.0])
         tally[0] += count
         tally[1] += value * count
-        for _ in range(count):
-            self._window.append(value)
-        self._since_block += count
+        self.test.add(value, bound, count)
 
     def _audit(self, x: Tensor, logits: Tensor, adapted: Tensor, labels: Tensor | None) -> None:
         """A label-free method's audits: ``audits`` draws by disagreement (and entropy)."""
@@ -434,7 +520,15 @@ class GivenModelFallback:
         drawn = torch.multinomial(q.float(), self.audits, replacement=True, generator=self._gen)
         pos, counts = torch.unique(drawn, sorted=True, return_counts=True)
         idx = pool[pos]
-        draw = Draw(idx, q[pos], counts, self.audits, len(pool), int(disagree.sum()))
+        draw = Draw(
+            idx,
+            q[pos],
+            counts,
+            self.audits,
+            len(pool),
+            int(disagree.sum()),
+            answer_bound(q, disagree),
+        )
         self.requested += len(idx)
         rows = idx.to(x.device)
         try:
@@ -462,7 +556,9 @@ class GivenModelFallback:
                 hit = _weight(draw, i)
                 assert hit is not None
                 self._pending[rid] = _Asked(
-                    *hit,
+                    hit[0],
+                    draw.bound,
+                    hit[1],
                     int(adapted[i]),
                     int(self._given_pred[i]),
                     self.period,
@@ -471,9 +567,11 @@ class GivenModelFallback:
                 )
             try:
                 self.auditor.submit(requests)
-                self._answered.extend(list(self.auditor.collect()))
+                answers = list(self.auditor.collect())
             except Exception as err:
                 raise OracleError(f"the auditor raised {type(err).__name__}: {err}") from err
+            self._check_audit_answers(answers)
+            self._answered.extend(answers)
         finally:
             end = getattr(self.auditor, "end_batch", None)
             if end is not None:
@@ -489,15 +587,12 @@ class GivenModelFallback:
             self.auditor.cancel(old)
 
     # -- decisions ---------------------------------------------------------------------------
-    def interval(self) -> tuple[int, float, float, float]:
-        """The window's answers, mean paired difference and interval ends."""
-        m = len(self._window)
-        if m < 2:
-            return m, math.nan, -math.inf, math.inf
-        mean = sum(self._window) / m
-        var = sum((v - mean) ** 2 for v in self._window) / (m - 1)
-        r = self.z * math.sqrt(var / m)
-        return m, mean, mean - r, mean + r
+    def evidence(self) -> tuple[int, float, float, float]:
+        """Answers since the last decision, their mean paired difference (adapted - given), and
+        the two wealths (the adapted model shown better at ``up >= 1 / level``, worse at
+        ``down >= 1 / level``)."""
+        t = self.test
+        return t.answers, t.mean, t.up, t.down
 
     def _record_marginals(self, adapted: Tensor) -> None:
         assert self._given_pred is not None
@@ -544,37 +639,30 @@ class GivenModelFallback:
     def _decide(self, method: Any) -> None:
         if not self.act:
             return
-        m, mean, low, high = self.interval()
-        if m >= self.min_answers:  # evidence: decisive, or undecided and what is served stays
-            if low > 0.0 or high < 0.0:
-                want = "adapted" if low > 0.0 else "given"
-                if want != self.serving:
-                    self._event(f"serve {want}", m, mean, low, high)
-                    self.serving = want
-        elif self.start == "auto":  # no evidence yet: the label-free signs
+        verdict = self.test.decided()
+        if verdict is None and self.start == "auto" and not self.events:  # label-free signs
             want = self.prior_choice()
             if want != self.serving:
                 self.prior_switches += 1
                 self.serving = want
-        if m < self.min_answers:
             return
-        fell = high < self._best_low
-        if self._since_block >= self.window:  # a disjoint block closed: its lower end counts
-            self._best_low = max(self._best_low, low)
-            self._since_block = 0
-        if self.reset_on_evidence and (high < 0.0 or fell):
-            kind = "reset: worse than given" if high < 0.0 else "reset: gain fell"
-            self._event(kind, m, mean, low, high)
-            if high < 0.0:  # worse than the given model: serve it; a fall in gain alone keeps
-                self.serving = "given"  # what is served (the reset model is tested afresh)
-            method.reset(keep_monitor=True)
-            self.epoch += 1
-            self._window.clear()
-            self._since_block = 0
-            self._best_low = -math.inf
+        if verdict == "better" and self.serving != "adapted":
+            self._event("serve adapted")
+            self.serving = "adapted"
+            self.test.clear()
+        elif verdict == "worse" and (self.serving != "given" or self.reset_on_evidence):
+            if self.serving != "given":
+                self._event("serve given")
+                self.serving = "given"
+            if self.reset_on_evidence:
+                self._event("reset: worse than given")
+                method.reset(keep_monitor=True)
+                self.epoch += 1
+            self.test.clear()
 
-    def _event(self, kind: str, m: int, mean: float, low: float, high: float) -> None:
-        self.events.append(FallbackEvent(kind, self.step, m, mean, low, high))
+    def _event(self, kind: str) -> None:
+        m, mean, up, down = self.evidence()
+        self.events.append(FallbackEvent(kind, self.step, m, mean, up, down))
 
     # -- what it reports ---------------------------------------------------------------------
     @property
@@ -623,9 +711,7 @@ class GivenModelFallback:
             "prior_switches": self.prior_switches,
             "marginals": [(g.clone(), a.clone()) for g, a in self._marginals],
             "disagreement": [list(p) for p in self._disagreement],
-            "window": list(self._window),
-            "since_block": self._since_block,
-            "best_low": self._best_low,
+            "test": self.test.state_dict(),
             "periods": {p: list(t) for p, t in self._periods.items()},
             "pending": {k: asdict(v) for k, v in self._pending.items()},
             "generator": self._gen.get_state(),
@@ -647,9 +733,7 @@ class GivenModelFallback:
         self._disagreement = deque(
             ((int(d), int(n)) for d, n in state["disagreement"]), maxlen=self.prior_batches
         )
-        self._window = deque((float(v) for v in state["window"]), maxlen=self.window)
-        self._since_block = int(state["since_block"])
-        self._best_low = float(state["best_low"])
+        self.test.load_state_dict(state["test"])
         self._periods = {int(p): [float(t[0]), float(t[1])] for p, t in state["periods"].items()}
         self._pending = {str(k): _Asked(**v) for k, v in state["pending"].items()}
         self._gen.set_state(state["generator"])
@@ -662,6 +746,16 @@ def _entropy(counts: Tensor) -> float:
         return 0.0
     p = counts[counts > 0].double() / total
     return float(-(p * p.log()).sum())
+
+
+def _last_linear_outputs(model: nn.Module) -> int | None:
+    """``out_features`` of the model's last ``nn.Linear`` (its classes, for a usual
+    classifier); None without one."""
+    last = None
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            last = m.out_features
+    return last
 
 
 def _weight(draw: Draw | None, index: int) -> tuple[float, int] | None:

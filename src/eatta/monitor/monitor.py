@@ -57,6 +57,8 @@ class AdaptiveMethod(Protocol):
 
     def reset(self, *, keep_monitor: bool = False) -> None: ...
 
+    def attach(self, *, monitor: Any = None) -> None: ...
+
 
 __all__ = ["AccuracyMonitor", "Estimate", "Interval", "attach"]
 
@@ -475,5 +477,5 @@ def attach(
         max_age=max_age,
         seed=seed,
     )
-    method.monitor = monitor
+    method.attach(monitor=monitor)
     return monitor

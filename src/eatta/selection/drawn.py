@@ -41,7 +41,7 @@ from eatta.history import ClassHistory, NoClassBalance, Selection
 from eatta.selection.base import ScoreSelector, SelectionContext
 from eatta.selection.perturbation import PerturbationSelector
 
-__all__ = ["DisagreementDraw", "Draw", "check_explore"]
+__all__ = ["DisagreementDraw", "Draw", "answer_bound", "check_explore"]
 
 #: Uniform mass mixed into the score part so that no sample has inclusion probability 0.
 _FLOOR = 0.05
@@ -72,6 +72,20 @@ class Draw:
     k: int
     n: int
     disagreements: int
+    #: the largest ``|d_i| / (n q_i)`` any sample of the draw could give (:func:`answer_bound`),
+    #: known before the draw
+    bound: float = 1.0
+
+
+def answer_bound(q: Tensor, disagree: Tensor | None) -> float:
+    """The range ``[-b, b]`` of one answer's estimate ``d_i / (n q_i)``, known before the draw:
+    ``b = 1 / (n min q)`` over the disagreements (``d_i = 0`` elsewhere), over all samples when
+    there is none (the estimate is then 0; ``b`` only sizes a bet)."""
+    n = q.shape[0]
+    if n == 0:
+        return 1.0
+    pool = q if disagree is None or not bool(disagree.any()) else q[disagree.to(q.device)]
+    return float(1.0 / (n * float(pool.min())))
 
 
 def inclusion_probabilities(scores: Tensor, disagree: Tensor | None, explore: float) -> Tensor:
@@ -155,7 +169,8 @@ class DisagreementDraw:
         idx = pool[pos]
         classes = ctx.pseudo_labels.detach()[idx.to(ctx.pseudo_labels.device)].cpu().tolist()
         n_dis = 0 if sub_dis is None else int(sub_dis.sum())
-        self.last_draw = Draw(idx, q[pos], counts, k, len(pool), n_dis)
+        bound = answer_bound(q, None if sub_dis is None else sub_dis.cpu())
+        self.last_draw = Draw(idx, q[pos], counts, k, len(pool), n_dis, bound)
         return Selection(idx, [int(c) for c in classes], {"scores": scores})
 
     def commit(self, ctx: SelectionContext, selection: Selection, labels: Tensor) -> None:

@@ -1,0 +1,186 @@
+"""The parts compose, from the public API, each on the first batch with no explicit split, on the
+packaged digits CNN and on a custom model (a ``features`` / ``classifier`` pair): the window with
+the given-model fallback at requests of 1 and 8, and the fallback with the approximate step and an
+asynchronous annotator 16 batches late; the class path builds them without assigning anything."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import eatta
+from conftest import nested_equal
+from eatta.annotate.simulated import SimulatedAnnotator
+from eatta.bench.digits_model import packaged_digits_source
+from eatta.debias.bounded import BoundedGradNormDebiaser
+from eatta.methods.eatta import EATTA
+from eatta.monitor.fallback import GivenModelFallback
+from eatta.normalization import use_mixed_norm
+from eatta.selection.drawn import DisagreementDraw
+from eatta.split import SplitNotFoundError
+
+
+class FeaturesClassifier(nn.Module):
+    """A custom classifier as published SVHN CNNs are written: no Sequential to split."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16, 10))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.features(x))
+
+
+def custom_model() -> nn.Module:
+    torch.manual_seed(0)
+    model = FeaturesClassifier()
+    model.train()
+    with torch.no_grad():  # running statistics of its own, as a trained model has
+        model(torch.randn(64, 3, 32, 32) * 1.5 + 0.2)
+    return model.eval()
+
+
+def digits_model() -> nn.Module:
+    return packaged_digits_source()[0]
+
+
+MODELS = {"digits": digits_model, "custom": custom_model}
+
+#: grad_mode="approx" on a model whose split is found only on the first batch fails when the
+#: method is built today (SplitNotFoundError); the approximate step's own fix makes these pass.
+APPROX_MODELS = [
+    "digits",
+    pytest.param(
+        "custom",
+        marks=pytest.mark.xfail(strict=True, raises=SplitNotFoundError, reason="needs d35s"),
+    ),
+]
+
+
+def stream(samples: int, size: int, seed: int = 0) -> list[tuple[Tensor, Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, 3, 32, 32, generator=g) * 0.8
+    y = torch.randint(0, 10, (samples,), generator=g)
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, samples, size)]
+
+
+@pytest.mark.parametrize("size", [1, 8])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_eatta_safe_with_a_window_serves_small_requests(name: str, size: int) -> None:
+    """window=64: requests of 1 and 8 are served (by the given model while there is no
+    evidence: exactly its logits), a step every 64 samples, the fallback deciding at each."""
+    model = MODELS[name]()
+    given = copy.deepcopy(model)
+    method = eatta.create("eatta-safe", model, oracle=eatta.GroundTruthOracle(), window=64)
+    fb = method.fallback
+    assert isinstance(fb, GivenModelFallback) and method.window is not None
+    for x, y in stream(160, size):
+        out = method(x, labels=y)
+        assert out.shape == (x.shape[0], 10)
+        torch.testing.assert_close(out, given(x), rtol=0, atol=0)
+    assert method.window.steps == 2 and fb.step == 2  # 160 samples: steps at 64 and 128
+    assert method.labels_used == 2 and fb.stats()["answers"] == 2
+
+
+def safe_approx_async(model: nn.Module, window: int | None = None) -> eatta.AdaptiveMethod:
+    return eatta.create(
+        "eatta-safe",
+        model,
+        oracle=SimulatedAnnotator(delay=16),
+        grad_mode="approx",
+        window=window,
+    )
+
+
+@pytest.mark.parametrize("name", APPROX_MODELS)
+def test_eatta_safe_with_the_approximate_step_and_answers_16_batches_late(name: str) -> None:
+    """Answers come 16 batches after their requests: the fallback scores them then (none before
+    the 17th step), and the approximate step adapts on every batch from the first."""
+    model = MODELS[name]()
+    method = safe_approx_async(model)
+    fb = method.fallback
+    assert isinstance(fb, GivenModelFallback)
+    first = {k: v.clone() for k, v in method.model.state_dict().items()}
+    answered = []
+    for x, y in stream(24 * 16, 16):
+        assert method(x, labels=y).shape == (16, 10)
+        answered.append(fb.stats()["answers"])
+    assert answered[:16] == [0] * 16  # nothing scored before the first answer arrived
+    assert answered[-1] == 24 - 16  # then one a batch, each 16 batches late
+    assert not nested_equal(method.model.state_dict(), first)  # it adapted
+
+
+@pytest.mark.parametrize("size", [1, 8, 64])
+@pytest.mark.parametrize("name", APPROX_MODELS)
+def test_every_part_together_at_any_request_size(name: str, size: int) -> None:
+    """Fallback + window + approximate step + an asynchronous annotator, requests of 1, 8 and
+    64 samples: a window step every 16 samples, answers arriving 16 window steps late."""
+    method = safe_approx_async(MODELS[name](), window=16)
+    fb = method.fallback
+    assert isinstance(fb, GivenModelFallback) and method.window is not None
+    samples = 20 * 64 if size == 64 else 20 * 16
+    for x, y in stream(samples, size):
+        assert method(x, labels=y).shape == (size, 10)
+    steps = samples // 64 if size == 64 else samples // 16
+    assert fb.step == steps
+    assert method.labels_used == steps and fb.stats()["answers"] == steps - 16
+
+
+def test_the_class_path_builds_eatta_safe_without_assigning_anything() -> None:
+    """EATTA(..., fallback=..., window=...) from the classes, as eatta-safe is registered."""
+    model = digits_model()
+    given = copy.deepcopy(model)
+    use_mixed_norm(model, stats="ema", momentum=1.0)
+    params = eatta.configure(model, "norm")
+    draw = DisagreementDraw(explore=0.25)
+    fallback = GivenModelFallback(given, draw=draw)
+    method = EATTA(
+        model,
+        torch.optim.SGD(params, lr=0.001),
+        oracle=fallback.listen(eatta.GroundTruthOracle()),
+        selector=draw,
+        history=None,
+        debiaser=BoundedGradNormDebiaser(),
+        window=64,
+        fallback=fallback,
+    )
+    assert method.fallback is fallback and method.window is not None
+    for x, y in stream(96, 8):
+        torch.testing.assert_close(method(x, labels=y), given(x), rtol=0, atol=0)
+    assert method.window.steps == 1 and fallback.step == 1 and fallback.answers == 1
+
+
+def test_a_fallback_not_wired_to_the_methods_requests_is_refused_before_anything() -> None:
+    model = digits_model()
+    draw = DisagreementDraw()
+    fallback = GivenModelFallback(copy.deepcopy(model), draw=draw)
+    params = eatta.configure(model, "norm")
+    with pytest.raises(ValueError, match=r"fallback\.listen"):
+        EATTA(
+            model,
+            torch.optim.SGD(params, lr=0.001),
+            oracle=eatta.GroundTruthOracle(),  # not fallback.listen(...): it would never hear
+            selector=draw,
+            history=None,
+            fallback=fallback,
+        )
+    assert fallback.step == 0
+
+
+def test_a_window_on_plain_batchnorm_is_refused_naming_the_fix() -> None:
+    model = digits_model()
+    params = eatta.configure(model, "norm")
+    with pytest.raises(ValueError, match="use_mixed_norm"):
+        EATTA(model, torch.optim.SGD(params, lr=0.001), oracle=eatta.GroundTruthOracle(), window=64)
