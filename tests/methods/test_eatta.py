@@ -675,9 +675,9 @@ def test_without_allowance_nothing_is_selected_asked_or_planned(batch, monkeypat
     plan = m.gradients.plan
     monkeypatch.setattr(m.gradients, "plan", lambda *a: planned.append(1) or plan(*a))
     selections = []
-    select = eatta.methods.eatta.select_and_ask
+    select = eatta.methods.active.select_and_ask  # the active layer asks for every method
     monkeypatch.setattr(
-        eatta.methods.eatta,
+        eatta.methods.active,
         "select_and_ask",
         lambda *a, **k: selections.append(1) or select(*a, **k),
     )

@@ -17,27 +17,17 @@ from torch import Tensor, nn
 
 from eatta._warn import warn_at_caller
 from eatta.annotate.oracle import Oracle
-from eatta.annotate.pending import Arrived
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params, configure
 from eatta.debias import GradNormDebiaser, LossWeights
-from eatta.history import ClassHistory, Selection, make_history
+from eatta.history import ClassHistory, make_history
 from eatta.losses import (
-    complementary_cross_entropy,
     default_entropy_margin,
     entropy,
     masked_mean,
 )
-from eatta.methods._active import (
-    DEFAULT_MAX_AGE,
-    AsyncAsking,
-    check_annotator,
-    commit_late,
-    current_answers,
-    select_and_ask,
-    split_answer,
-)
+from eatta.methods._active import DEFAULT_MAX_AGE, commit_late
 from eatta.methods._approx import (
     NormCalibration,
     ProxyName,
@@ -46,6 +36,7 @@ from eatta.methods._approx import (
     proxy_norms,
 )
 from eatta.methods._grads import SegmentPlan
+from eatta.methods.active import ActiveMethod, Answers, answer_terms, late_samples
 from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.late_labels import LateLabels
@@ -110,29 +101,7 @@ def _empty() -> Tensor:
     return torch.empty(0, dtype=torch.long)
 
 
-@dataclass
-class _Labelled:
-    """The step's selection and the annotator's answers (CPU indices and labels).
-
-    ``negatives``/``not_labels``: this batch's samples answered "no" and the class each is not;
-    ``late``: answers to earlier steps' requests; ``requested``: requests sent in this step.
-    """
-
-    ctx: SelectionContext | None
-    selection: Selection | None
-    labels: Tensor | None
-    indices: Tensor
-    targets: Tensor
-    answered: Tensor
-    negatives: Tensor = field(default_factory=_empty)
-    not_labels: Tensor = field(default_factory=_empty)
-    late: list[Arrived] = field(default_factory=list)
-    requested: int = 0
-    late_ctx: SelectionContext | None = None
-    late_weight: float = 0.0  # the late labels' weights in all (LateLabels)
-
-
-class EATTA(AdaptiveMethod):
+class EATTA(ActiveMethod):
     """Wraps a classifier; ``forward(x)`` predicts, labels at most ``budget`` samples, adapts.
 
     Each step (``docs/method.md``, "One step"): features ``z`` and logits ``o``; the selector
@@ -191,7 +160,7 @@ class EATTA(AdaptiveMethod):
     (the selection), not before the forward pass, when the forward pass has no side effects.
     """
 
-    optimizer: torch.optim.Optimizer  # required here (the base allows None)
+    binary_feedback = True
 
     def __init__(
         self,
@@ -219,30 +188,28 @@ class EATTA(AdaptiveMethod):
         approx_proxy: ProxyName = "last-norm",
         approx_refresh: int | None = None,
     ) -> None:
-        if optimizer is None:
-            raise TypeError("EATTA needs an optimizer over the trainable parameters")
         keywords = {"grad_mode": grad_mode, "autocast": autocast, "channels_last": channels_last}
         given = {k: v for k, v in keywords.items() if v is not None}
         if options is not None and given:
             raise ValueError(f"give either options= or {sorted(given)}, not both")
         options = options if options is not None else StepOptions(**given)  # type: ignore[arg-type]  # values checked by StepOptions
-        feedback = check_annotator(
-            oracle, type(self).__name__, binary=True, label_expiry=label_expiry
-        )
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         approx = options.grad_mode == "approx"
         calibration = NormCalibration(approx_refresh) if approx else None  # checks the period
         check_proxy(approx_proxy)
-        options.prepare_model(model)
-        super().__init__(model, optimizer, split=split, check_finite=check_finite)
+        super().__init__(
+            model,
+            optimizer,
+            oracle=oracle,
+            budget=budget,
+            label_expiry=label_expiry,
+            split=split,
+            check_finite=check_finite,
+            prepare_model=options.prepare_model,
+        )
         self.options = options
         self.gradients = options.gradient_strategy(model)
-        self.oracle = oracle
-        self._asking = (
-            None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)  # type: ignore[arg-type]  # asynchronous: checked
-        )
-        self.budget = Budget.coerce(budget)
         self.selector: Selector = selector if selector is not None else PerturbationSelector()
         self.history = make_history(history)
         self.debiaser = debiaser if debiaser is not None else GradNormDebiaser()
@@ -251,9 +218,6 @@ class EATTA(AdaptiveMethod):
         self.steps = steps
         self.skipped_steps = 0  # steps skipped for non-finite gradients
         self._finite = DeferredFiniteCheck()
-        self._train = unique_params(self.params)
-        if not self._train:
-            raise ValueError("the optimizer holds no parameters")
         owned = {id(p) for p in model.parameters()}
         measure = self._train if grad_norm_params is None else unique_params(grad_norm_params)
         if any(id(p) not in owned for p in measure):
@@ -278,10 +242,6 @@ class EATTA(AdaptiveMethod):
         self.last_step: StepRecord | None = None
         self.late_labels = late_labels if self._asking is not None else None
         self.nearest_replay = nearest_replay if self._asking is not None else None
-
-    @property
-    def labels_used(self) -> int:
-        return self.budget.labels_used
 
     @property
     def grad_mode(self) -> GradMode:
@@ -347,7 +307,8 @@ class EATTA(AdaptiveMethod):
         plan = self._plan(o) if k > 0 or self._asking is not None else None
 
         # 1. select the samples and ask the oracle (no state changes until it has answered)
-        lab = self._select_and_ask(x, z, o, k)
+        # the selection synchronised with the device: reading a deferred flag there is free
+        lab = self.ask(x, z, o, k, self.selector, self.history, check=self._raise_if_not_finite)
         record.scores = None if lab.selection is None else lab.selection.update.get("scores")
         if self.late_labels is not None and self._asking is not None:
             self.late_labels.observe(self._asking.pending.step, z)
@@ -389,52 +350,7 @@ class EATTA(AdaptiveMethod):
         return o.detach()
 
     # -- the parts of the step ---------------------------------------------------------------
-    def _select_and_ask(self, x: Tensor, z: Tensor, o: Tensor, k: int) -> _Labelled:
-        """Up to ``k`` samples picked by the selector under the class history, and their labels."""
-        if self._asking is not None:
-            return self._request_and_collect(x, z, o, k)
-        ctx = selection = labels = None
-        if k > 0:
-            backbone, head = self.split
-            ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
-            # the selection synchronised with the device: reading a deferred flag there is free
-            selection, labels = select_and_ask(
-                self.selector, self.history, ctx, k, self.oracle, check=self._raise_if_not_finite
-            )
-        asked = torch.empty(0, dtype=torch.long) if selection is None else selection.indices
-        indices, targets, answered = split_answer(asked, labels)
-        return _Labelled(ctx, selection, labels, indices, targets, answered)
-
-    def _request_and_collect(self, x: Tensor, z: Tensor, o: Tensor, k: int) -> _Labelled:
-        """The asynchronous path: submit this step's requests, take the answers that arrived."""
-        asking = self._asking
-        assert asking is not None
-        asking.begin()
-        ctx = selection = None
-        if k > 0:
-            backbone, head = self.split
-            ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
-            selection = asking.request(
-                self.selector, self.history, ctx, k, check=self._raise_if_not_finite
-            )
-        current, late = asking.collect()
-        asked = _empty() if selection is None else selection.indices
-        labels, negatives, not_labels = current_answers(asked, current)
-        indices, targets, answered = split_answer(asked, labels)
-        return _Labelled(
-            ctx,
-            selection,
-            labels,
-            indices,
-            targets,
-            answered,
-            negatives,
-            not_labels,
-            late,
-            asking.sent,
-        )
-
-    def _supervised_loss(self, x: Tensor, o: Tensor, lab: _Labelled) -> tuple[Tensor | None, bool]:
+    def _supervised_loss(self, x: Tensor, o: Tensor, lab: Answers) -> tuple[Tensor | None, bool]:
         """Cross-entropy on the labelled samples plus, with a buffer, on a replayed mini-batch
         (the new samples are added first, so they can be replayed at once). With an asynchronous
         annotator also: ``-log(1 - p_c)`` for this batch's "no" answers, and the late answers'
@@ -447,11 +363,10 @@ class EATTA(AdaptiveMethod):
                 self.buffer.add(x[idx], y)
             if self.nearest_replay is not None and lab.ctx is not None:
                 self.nearest_replay.add(x[idx], y, lab.ctx.features[idx])
-        if len(lab.negatives):
-            neg = lab.negatives.to(o.device)
-            terms.append(complementary_cross_entropy(o[neg], lab.not_labels.to(o.device)))
         if lab.late:
-            terms.extend(self._late_terms(x, lab))
+            terms.extend(self._late_terms(x, o, lab))
+        else:
+            terms.extend(answer_terms(o, lab))  # the batch's "no" answers
         replayed = bool(lab.late) or (self.buffer is not None and len(self.buffer) > 0)
         near = self._nearest_term(x, lab)
         if near is not None:
@@ -463,10 +378,12 @@ class EATTA(AdaptiveMethod):
             terms.append(F.cross_entropy(head(self.options.features(self.split.backbone, bx)), by))
         return (sum(terms[1:], terms[0]) if terms else None), replayed
 
-    def _late_terms(self, x: Tensor, lab: _Labelled) -> list[Tensor]:
-        """Loss terms of the late answers: their kept samples through the current model."""
+    def _late_terms(self, x: Tensor, o: Tensor, lab: Answers) -> list[Tensor]:
+        """Terms of the batch's "no" answers and the late answers (their kept samples through
+        the current model, :func:`~eatta.methods.active.answer_terms`); the late labelled
+        samples join the buffer and the nearest replay, and give the selector's context."""
         late = lab.late
-        xs = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
+        xs = late_samples(late, x)
         backbone, head = self.split
         if self._has_batchnorm:  # normalized with the batch's statistics, as if asked now: a
             # few late samples alone would be normalized by their own statistics (measured on
@@ -475,22 +392,18 @@ class EATTA(AdaptiveMethod):
         else:
             zl = self.options.features(backbone, xs)
         ol = head(zl)
-        terms = []
-        weigh = self.late_labels
-        if weigh is not None:
+        w = None
+        if self.late_labels is not None:
             assert self._asking is not None
             now = self._asking.pending.step
-            w_all = weigh.weights([a.request.step for a in late], now).to(ol.device, ol.dtype)
-            lab.late_weight = float(w_all.sum())
+            w = self.late_labels.weights([a.request.step for a in late], now)
+            w = w.to(ol.device, ol.dtype)
+            lab.late_weight = float(w.sum())
+        terms = answer_terms(o, lab, ol, w)
         pos = [i for i, a in enumerate(late) if a.label is not None]
         if pos:
             rows = torch.tensor(pos, device=ol.device)
             ys = torch.tensor([late[i].label for i in pos], dtype=torch.long, device=ol.device)
-            if weigh is None:
-                terms.append(F.cross_entropy(ol[rows], ys))
-            else:  # each label at its weight (the mean over the late labels as before)
-                ce = F.cross_entropy(ol[rows], ys, reduction="none")
-                terms.append((ce * w_all[rows]).mean())
             if self.buffer is not None:
                 self.buffer.add(xs[rows.to(xs.device)], ys)
             if self.nearest_replay is not None:
@@ -502,14 +415,6 @@ class EATTA(AdaptiveMethod):
                 head=head,
                 backbone=backbone,
             )
-        neg = [i for i, a in enumerate(late) if a.not_label is not None]
-        if neg:
-            rows = torch.tensor(neg, device=ol.device)
-            cs = torch.tensor([late[i].not_label for i in neg], dtype=torch.long, device=ol.device)
-            if weigh is None:
-                terms.append(complementary_cross_entropy(ol[rows], cs))
-            else:
-                terms.append(complementary_cross_entropy(ol[rows], cs) * w_all[rows].mean())
         return terms
 
     def _entropy_below_margin(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor, float]:
@@ -528,7 +433,7 @@ class EATTA(AdaptiveMethod):
         h, mask, _ = self._entropy_below_margin(o, labelled)
         return masked_mean(h, mask)
 
-    def _nearest_term(self, x: Tensor, lab: _Labelled) -> Tensor | None:
+    def _nearest_term(self, x: Tensor, lab: Answers) -> Tensor | None:
         """In a step without a fresh answer: the kept labelled samples nearest the batch, run
         with it, their cross-entropies weighted by their similarity (NearestReplay)."""
         replay = self.nearest_replay
@@ -549,7 +454,7 @@ class EATTA(AdaptiveMethod):
         lab.late_weight += float(w.mean())
         return (ce * w).mean()
 
-    def _falls_back(self, lab: _Labelled) -> bool:
+    def _falls_back(self, lab: Answers) -> bool:
         """Whether this step takes the label-free fallback: no fresh answer, and late labels
         that weigh too little (``LateLabels.anchor``)."""
         if self.late_labels is None or len(lab.indices) or len(lab.negatives):
@@ -659,27 +564,27 @@ class EATTA(AdaptiveMethod):
         self.last_step = record
         return record.logits
 
-    def _commit(self, lab: _Labelled) -> None:
+    def _commit(self, lab: Answers) -> None:
         """Record the answered labels: budget, class history (annotated classes), selector."""
-        self.budget.commit(len(lab.indices) if self._asking is None else lab.requested)
+        self.charge(lab)
         if lab.selection is not None and len(lab.indices):
             assert lab.ctx is not None and lab.labels is not None
             self.history.commit(lab.selection, lab.answered.tolist(), lab.labels.tolist())
             self.selector.commit(lab.ctx, lab.selection, lab.labels)
         if lab.late:
             commit_late(self.history, self.selector, lab.late, lab.late_ctx)
-        if self._asking is not None:
-            self._asking.committed()
+        self.asking_committed()
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
+        parts = self.asking_parts()
         return {
-            "budget": self.budget,
+            "budget": parts["budget"],
             "selector": self.selector,
             "history": self.history,
             "debiaser": self.debiaser,
             "buffer": self.buffer,
-            "pending": None if self._asking is None else self._asking.pending,
+            "pending": parts["pending"],
             "late_labels": self.late_labels,
             "nearest_replay": self.nearest_replay,
             **({} if self._calibration is None else {"grad_norm_estimate": self._calibration}),
