@@ -47,7 +47,7 @@ from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOption
 from eatta.selection import SELECTORS, make_selector
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
-from eatta.split import ModelSplit
+from eatta.split import ModelSplit, SplitNotFoundError
 
 __all__ = [
     "EATTA",
@@ -231,14 +231,15 @@ class EATTA(ActiveMethod):
         self._calibration = calibration
         self._estimated = False  # whether the last step's norms were estimates
         self._approx_proxy: ProxyName = approx_proxy
-        self._proxy_params: list[nn.Parameter] = []
+        self._measure = measure
+        self._proxy_params: list[nn.Parameter] | None = None  # found with the split (lazily)
         if approx and approx_proxy == "last-norm":
-            self._proxy_params = last_norm_params(self.split.backbone, measure)
-            if not self._proxy_params:
-                raise ValueError(
-                    "approx_proxy='last-norm' needs a normalization layer with measured affine "
-                    "parameters in the backbone; use approx_proxy='head'"
-                )
+            try:  # the split may only be found on the first batch: the proxy then too
+                backbone = self.split.backbone
+            except SplitNotFoundError:
+                pass
+            else:
+                self._find_proxy(backbone)
         self.last_step: StepRecord | None = None
         self.late_labels = late_labels if self._asking is not None else None
         self.nearest_replay = nearest_replay if self._asking is not None else None
@@ -286,8 +287,21 @@ class EATTA(ActiveMethod):
         if flag is not None and not bool(flag):
             raise InvalidInputError("input contains NaN or infinite values")
 
+    def _find_proxy(self, backbone: nn.Module) -> None:
+        """The approximate step's "last-norm" parameters, in the backbone once it is known."""
+        params = last_norm_params(backbone, self._measure)
+        if not params:
+            raise ValueError(
+                "approx_proxy='last-norm' needs a normalization layer with measured affine "
+                "parameters in the backbone; use approx_proxy='head'"
+            )
+        self._proxy_params = params
+
     # -- the step ----------------------------------------------------------------------------
     def forward_and_adapt(self, x: Tensor) -> Tensor:
+        if self._calibration is not None and self._approx_proxy == "last-norm":
+            if self._proxy_params is None:  # the split found on this batch: before any change
+                self._find_proxy(self.split.backbone)
         x = self.options.prepare_input(x)
         logits = self._step(x)
         for _ in range(self.steps - 1):
@@ -498,7 +512,7 @@ class EATTA(ActiveMethod):
             return grads, LossWeights(one, one, one, one), None, None
         cal = self._calibration
         if cal is not None:
-            at: list[Tensor] = list(self._proxy_params)
+            at: list[Tensor] = list(self._proxy_params or [])
             if self._approx_proxy == "head" and features is not None:
                 at = [features]
             due = cal.due
