@@ -356,7 +356,7 @@ def test_constructor_errors():
     other = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="not the model's"):
         EATTA(model, torch.optim.SGD(other.parameters(), lr=0.1), oracle=lambda *a: None)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(TypeError, match="options"):  # the keywords are the one way (StepOptions)
         EATTA(model, opt, oracle=lambda *a: None, grad_mode="batched", options=StepOptions())
     with pytest.raises(ValueError, match="steps"):
         EATTA(model, opt, oracle=lambda *a: None, steps=0)
@@ -778,8 +778,9 @@ def test_state_saved_before_skip_counting_loads_with_no_skips(batch):
 def test_the_finite_check_adds_no_reduction_when_the_norms_cover_the_update(batch, monkeypatch):
     x, y = batch
     calls = []
-    norm = eatta.methods.eatta._global_norm
-    monkeypatch.setattr(eatta.methods.eatta, "_global_norm", lambda g: calls.append(1) or norm(g))
+    norm = eatta.methods.update.global_norm
+    monkeypatch.setattr(eatta.methods.eatta_step, "global_norm", lambda g: calls.append(1) or norm(g))
+    monkeypatch.setattr(eatta.methods.update, "global_norm", lambda g: calls.append(1) or norm(g))
     make()(x, labels=y)  # trained = measured: the two norms saw every gradient
     assert len(calls) == 2
     calls.clear()

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import TypedDict
 
 from eatta.annotate.oracle import Oracle
 from eatta.annotate.pending import Arrived
@@ -36,7 +37,15 @@ from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.selection.base import SelectionContext, Selector
 from eatta.split import ModelSplit
 
-__all__ = ["ActiveMethod", "Answers", "answer_terms", "late_samples"]
+__all__ = ["ActiveMethod", "ActiveOptions", "Answers", "answer_terms", "late_samples"]
+
+
+class ActiveOptions(TypedDict, total=False):
+    """The keywords every active method passes on to :class:`ActiveMethod` (``**active``)."""
+
+    split: ModelSplit | tuple[nn.Module, nn.Module] | None
+    check_finite: bool
+    label_expiry: int
 
 
 def _empty() -> Tensor:
@@ -81,7 +90,9 @@ class ActiveMethod(AdaptiveMethod):
         budget: labels per batch (int) or a :class:`~eatta.budget.Budget`. With an asynchronous
             annotator it counts requests (the annotator's time is spent when asked).
         label_expiry: steps an asynchronous request waits for its answer before it expires.
-        prepare_model: converts the model in place once the arguments are checked, before its
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
+        prepare: converts the model in place once the arguments are checked, before its
             initial state is taken (EATTA's channels-last).
     """
 
@@ -102,7 +113,7 @@ class ActiveMethod(AdaptiveMethod):
         label_expiry: int = DEFAULT_MAX_AGE,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
-        prepare_model: Callable[[nn.Module], None] | None = None,
+        prepare: Callable[[nn.Module], None] | None = None,
     ) -> None:
         name = type(self).__name__
         if optimizer is None:
@@ -110,8 +121,8 @@ class ActiveMethod(AdaptiveMethod):
         feedback = check_annotator(
             oracle, name, binary=self.binary_feedback, label_expiry=label_expiry
         )
-        if prepare_model is not None:
-            prepare_model(model)
+        if prepare is not None:
+            prepare(model)
         super().__init__(model, optimizer, split=split, check_finite=check_finite)
         self.oracle = oracle
         self._asking = (

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
@@ -40,7 +41,7 @@ from eatta.configure import configure
 from eatta.history import NoClassBalance, Selection
 from eatta.losses import entropy
 from eatta.methods._active import DEFAULT_MAX_AGE
-from eatta.methods.active import ActiveMethod, late_samples
+from eatta.methods.active import ActiveMethod, ActiveOptions, late_samples
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
@@ -101,7 +102,7 @@ class CEMA(ActiveMethod):
         beta: float = 3.0,
         gamma: float = 1.0,
         entropy_margin: float | None = None,
-        **active: Any,
+        **active: Unpack[ActiveOptions],
     ) -> None:
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
             if not value >= 0:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.annotate.pending import Arrived
@@ -40,7 +41,7 @@ from eatta.configure import configure
 from eatta.history import NoClassBalance
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods._active import DEFAULT_MAX_AGE, commit_late
-from eatta.methods.active import ActiveMethod, late_samples
+from eatta.methods.active import ActiveMethod, ActiveOptions, late_samples
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
@@ -112,7 +113,7 @@ class SimATTA(ActiveMethod):
         use_teacher: bool = True,
         refresh_anchors: bool = True,
         seed: int = 0,
-        **active: Any,
+        **active: Unpack[ActiveOptions],
     ) -> None:
         for name, value, low in (
             ("steps", steps, 0),
