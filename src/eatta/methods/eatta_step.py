@@ -127,7 +127,8 @@ class EATTAStep(ActiveMethod):
             needs = self.debiaser.needs_grad_norms
             g_sup, g_unsup = self._update.norms(loss_sup, loss_unsup, needs, plan, z)
             w = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
-            grads = self._update.combine(w.sup, w.unsup)  # γ_sup·∇L_sup + γ_unsup·∇L_unsup
+            # γ_sup·∇L_sup + γ_unsup·∇L_unsup
+            grads = self._update.weighted_gradient(w.sup, w.unsup)
 
         # one update, or none if it is not finite
         if not self._update_is_finite(grads, w, g_sup, g_unsup):

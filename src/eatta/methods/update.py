@@ -2,7 +2,7 @@
 
 The step asks its :class:`ExactUpdate` (or :class:`ApproxUpdate`) for the two gradient norms
 ``‖∇L_sup‖₂``, ``‖∇L_unsup‖₂`` (the inputs of Eq. 4-5), lets the debiaser turn them into the
-weights, and asks for the weighted gradient with those weights:
+weights, and asks for the weighted gradient with those weights (``weighted_gradient``):
 
 * :class:`ExactUpdate`: both gradients, by two backward passes (the
   :class:`~eatta.methods._grads.GradientStrategy` of ``grad_mode``: two-pass, segmented,
@@ -105,7 +105,7 @@ class ExactUpdate:
         self.measured = True
         return g_sup, g_unsup
 
-    def combine(self, w_sup: Tensor, w_unsup: Tensor) -> list[Tensor]:
+    def weighted_gradient(self, w_sup: Tensor, w_unsup: Tensor) -> list[Tensor]:
         """``γ_sup·∇L_sup + γ_unsup·∇L_unsup`` for the updated parameters."""
         if self._losses is not None:  # weights 1, 1: the sum's gradient in one pass
             loss_sup, loss_unsup = self._losses
@@ -184,7 +184,7 @@ class ApproxUpdate(ExactUpdate):
         cal.refresh(est, exact)
         return exact
 
-    def combine(self, w_sup: Tensor, w_unsup: Tensor) -> list[Tensor]:
+    def weighted_gradient(self, w_sup: Tensor, w_unsup: Tensor) -> list[Tensor]:
         if (
             self.estimated and self._losses is not None
         ):  # one pass: ∇(γ_sup·L_sup + γ_unsup·L_unsup)
@@ -192,4 +192,4 @@ class ApproxUpdate(ExactUpdate):
             self._losses = None
             total = w_sup * loss_sup + w_unsup * loss_unsup
             return _dense(torch.autograd.grad(total, self.train, allow_unused=True), self.train)
-        return super().combine(w_sup, w_unsup)
+        return super().weighted_gradient(w_sup, w_unsup)
