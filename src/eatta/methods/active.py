@@ -150,6 +150,12 @@ class ActiveMethod(AdaptiveMethod):
         """Whether the annotator answers in later steps."""
         return self._asking is not None
 
+    @property
+    def request_step(self) -> int:
+        """The asynchronous annotator's step counter (the step requests are asked at; 0 for a
+        synchronous oracle)."""
+        return 0 if self._asking is None else self._asking.pending.step
+
     # -- asking ----------------------------------------------------------------------------------
     def ask(
         self,

@@ -171,7 +171,7 @@ class EATTA(EATTAStep):
             else:
                 self._update.find_proxy(lambda: self.split.backbone)
         self.last_step: StepRecord | None = None
-        self.late_labels = late_labels if self._asking is not None else None
+        self.late_labels = late_labels if self.asynchronous else None
         #: the late labels' nearest replay (None: none)
         self.nearest_replay = None if self.late_labels is None else self.late_labels.replay
 
@@ -239,8 +239,8 @@ class EATTA(EATTAStep):
     ) -> tuple[list[Tensor], bool]:
         """The fresh labels join the buffer and the nearest replay; then the terms of "no" and
         late answers, the nearest replay's, and a replayed mini-batch from the buffer."""
-        if self.late_labels is not None and self._asking is not None:
-            self.late_labels.observe(self._asking.pending.step, z)
+        if self.late_labels is not None:  # (asynchronous only)
+            self.late_labels.observe(self.request_step, z)
         if len(lab.indices):
             idx, y = lab.indices.to(o.device), lab.targets.to(o.device)
             if self.buffer is not None:
@@ -275,8 +275,7 @@ class EATTA(EATTAStep):
         ol = head(zl)
         w = None
         if self.late_labels is not None:
-            assert self._asking is not None
-            now = self._asking.pending.step
+            now = self.request_step
             w = self.late_labels.weights([a.request.step for a in late], now)
             w = w.to(ol.device, ol.dtype)
             lab.late_weight = float(w.sum())
