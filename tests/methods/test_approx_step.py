@@ -381,3 +381,19 @@ def test_approx_on_a_custom_model_finds_its_proxy_on_the_first_batch(size):
     bn = method.model.features[1]
     assert [id(p) for p in method._proxy_params] == [id(bn.weight), id(bn.bias)]
     assert any(not torch.equal(a, p) for a, p in zip(before, method.params, strict=True))
+
+
+def test_approx_with_the_fallback_and_an_annotator_16_batches_late_on_a_custom_model():
+    from eatta.annotate import SimulatedAnnotator
+
+    torch.manual_seed(0)
+    ann = SimulatedAnnotator(delay=16)
+    method = create("eatta-safe", _FeaturesClassifier(), oracle=ann, grad_mode="approx")
+    g = torch.Generator().manual_seed(4)
+    for _ in range(20):
+        x = torch.randn(8, 3, 8, 8, generator=g)
+        method(x, labels=torch.randint(0, 5, (8,), generator=g))
+    assert method.labels_used == 20  # one request per batch
+    assert method.annotation_stats["received"] == 4  # the answers to batches 1-4 came back
+    assert method.last_step is not None and method.last_step.late == 1
+    assert method.last_step.grad_norms_approx
