@@ -341,3 +341,59 @@ def test_bad_proxy_and_unsupported_models_are_errors():
         create("eatta", confident_cnn(), oracle=GroundTruthOracle(), approx_refresh=0)
     with pytest.raises(ValueError, match="approx_proxy"):
         create("eatta-stable", confident_cnn(), oracle=GroundTruthOracle(), approx_proxy="x")
+
+
+# -- any model the exact step works on: the split (and the proxy) found on the first batch -----
+class _FeaturesClassifier(nn.Module):
+    """A published-CNN shape: ``features`` then ``classifier``, split found only on a batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(2)
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(32, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+@pytest.mark.parametrize("size", [1, 8, 64])
+def test_approx_on_a_custom_model_finds_its_proxy_on_the_first_batch(size):
+    torch.manual_seed(0)
+    model = _FeaturesClassifier()
+    with pytest.raises(eatta.split.SplitNotFoundError):
+        eatta.split.split_model(_FeaturesClassifier())  # no rule by class: needs a batch
+    window = {"window": 64} if size == 1 else {}
+    method = create("eatta", model, oracle=GroundTruthOracle(), grad_mode="approx", **window)
+    before = [p.detach().clone() for p in method.params]
+    g = torch.Generator().manual_seed(3)
+    steps = 64 if size == 1 else 1  # a request of 1 joins the window: it steps at the 64th
+    for _ in range(steps):
+        x = torch.randn(size, 3, 8, 8, generator=g)
+        y = torch.randint(0, 5, (size,), generator=g)
+        out = method(x, labels=y)
+        assert out.shape == (size, 5)
+    record = method.last_step
+    assert record is not None and not record.skipped
+    assert record.grad_norms_approx  # one backward pass on estimated norms
+    assert method.labels_used == 1
+    bn = method.model.features[1]
+    assert [id(p) for p in method._proxy_params] == [id(bn.weight), id(bn.bias)]
+    assert any(not torch.equal(a, p) for a, p in zip(before, method.params, strict=True))
+
+
+def test_approx_with_the_fallback_and_an_annotator_16_batches_late_on_a_custom_model():
+    from eatta.annotate import SimulatedAnnotator
+
+    torch.manual_seed(0)
+    ann = SimulatedAnnotator(delay=16)
+    method = create("eatta-safe", _FeaturesClassifier(), oracle=ann, grad_mode="approx")
+    g = torch.Generator().manual_seed(4)
+    for _ in range(20):
+        x = torch.randn(8, 3, 8, 8, generator=g)
+        method(x, labels=torch.randint(0, 5, (8,), generator=g))
+    assert method.labels_used == 20  # one request per batch
+    assert method.annotation_stats["received"] == 4  # the answers to batches 1-4 came back
+    assert method.last_step is not None and method.last_step.late == 1
+    assert method.last_step.grad_norms_approx

@@ -79,11 +79,10 @@ def tiny_resnet(num_classes: int = 5, width: int = 8, seed: int = 0) -> nn.Seque
 def make(model: nn.Module, segment_min_bytes: int | None = None, **kw) -> EATTA:
     params = eatta.configure(model)
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True)
-    if segment_min_bytes is not None:
-        names = ("grad_mode", "autocast", "channels_last")
-        options = {k: kw.pop(k) for k in names if k in kw}
-        kw["options"] = StepOptions(segment_min_bytes=segment_min_bytes, **options)
-    return EATTA(model, opt, oracle=GroundTruthOracle(), **kw)
+    method = EATTA(model, opt, oracle=GroundTruthOracle(), **kw)
+    if segment_min_bytes is not None and isinstance(method.gradients, Segmented):
+        method.gradients.min_bytes = segment_min_bytes if method.gradients.auto else 0.0
+    return method
 
 
 def run(method: EATTA, xs, ys) -> list[torch.Tensor]:
@@ -430,10 +429,12 @@ def test_grad_modes_agree_when_norms_are_measured_over_more_parameters(mode):
         train = list(model[3].parameters()) + list(model[1].parameters())  # block 1 and stem BN
         eatta.configure(model, lambda mod, m, p: mod.startswith(("3.", "1")))
         opt = torch.optim.SGD(train, lr=0.05, momentum=0.9)
-        options = StepOptions(grad_mode=grad_mode, segment_min_bytes=0)
-        return EATTA(
-            model, opt, oracle=GroundTruthOracle(), grad_norm_params=norms, options=options
+        method = EATTA(
+            model, opt, oracle=GroundTruthOracle(), grad_norm_params=norms, grad_mode=grad_mode
         )
+        if isinstance(method.gradients, Segmented):
+            method.gradients.min_bytes = 0  # segment even these small graphs
+        return method
 
     xs, ys = stream()
     ref, other = build("two-pass"), build(mode)

@@ -13,7 +13,6 @@ from torch import Tensor, nn
 from typing_extensions import Protocol
 
 from eatta._warn import warn_at_caller
-from eatta.methods._active import AsyncAsking
 from eatta.normalization import MixedBatchNorm, absorb_statistics, batch_statistics
 from eatta.split import ModelSplit, split_model
 from eatta.window import SMALL_BATCH, SampleWindow, SmallBatchWarning
@@ -155,7 +154,6 @@ class AdaptiveMethod(nn.Module):
         self._warned_small = False
         self._small_run = 0  # consecutive batches under SMALL_BATCH (warned at the second)
         self.last_step: Any = None  # what the last step did (method-specific record)
-        self._asking: AsyncAsking | None = None  # an active method's asynchronous annotator
         self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot
         self._monitor: StepObserver | None = None
         self._fallback: StepFallback | None = None
@@ -254,14 +252,9 @@ class AdaptiveMethod(nn.Module):
 
     @property
     def labels_used(self) -> int:
-        """Labels requested from the oracle so far (0 for non-active methods)."""
+        """Labels used so far: none for a label-free method (see
+        :class:`eatta.methods.active.ActiveMethod`)."""
         return 0
-
-    @property
-    def annotation_stats(self) -> dict[str, int]:
-        """With an asynchronous annotator: requests sent, answers received, skipped, expired,
-        refused, dropped by ``reset()``, and pending now (lifetime totals); else empty."""
-        return {} if self._asking is None else self._asking.pending.stats()
 
     # -- prediction ------------------------------------------------------------------------
     def forward(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
@@ -392,16 +385,13 @@ class AdaptiveMethod(nn.Module):
         self._saved_parts = saved
 
     def restore_parts(self) -> None:
-        """Restore every part to the open transaction's snapshot (and cancel the requests the
-        failed step sent to an asynchronous annotator)."""
+        """Restore every part to the open transaction's snapshot."""
         for part, token in self._saved_parts or []:
             restore = getattr(part, "restore", None)
             if restore is not None:
                 restore(token)
             else:
                 part.load_state_dict(copy.deepcopy(token))
-        if self._asking is not None:
-            self._asking.rolled_back()
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         raise NotImplementedError
@@ -544,8 +534,6 @@ class AdaptiveMethod(nn.Module):
         for part in self.state_parts().values():
             if part is not None:
                 part.reset()
-        if self._asking is not None:
-            self._asking.dropped()
 
     def method_state(self) -> dict[str, Any]:
         """Method-specific state to save: every part's state dict (extend for other state)."""

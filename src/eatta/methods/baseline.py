@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
@@ -20,13 +21,13 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
 from eatta.methods._active import DEFAULT_MAX_AGE
+from eatta.methods.active import ActiveOptions
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.selection.uncertainty import RandomSelector
-from eatta.split import ModelSplit
 
 __all__ = ["Baseline"]
 
@@ -43,8 +44,8 @@ class Baseline(EATTA):
         seed: seed of the random selection.
         buffer: optional replay buffer of labelled samples (capacity or :class:`LabelBuffer`).
         entropy_margin: confident-sample threshold; default ``0.4 ln C``.
-        split: ``(backbone, head)`` for models whose split is not found automatically.
-        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        active: ``split``, ``check_finite``, ``label_expiry``
+            (:class:`~eatta.methods.active.ActiveMethod`).
     """
 
     def __init__(
@@ -57,9 +58,7 @@ class Baseline(EATTA):
         seed: int = 0,
         buffer: LabelBuffer | int | None = None,
         entropy_margin: float | None = None,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        label_expiry: int = DEFAULT_MAX_AGE,
+        **active: Unpack[ActiveOptions],
     ) -> None:
         super().__init__(
             model,
@@ -71,9 +70,7 @@ class Baseline(EATTA):
             debiaser=GradNormDebiaser(normalize=False),
             buffer=buffer,
             entropy_margin=entropy_margin,
-            split=split,
-            check_finite=check_finite,
-            label_expiry=label_expiry,
+            **active,
         )
 
 

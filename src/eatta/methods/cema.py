@@ -32,29 +32,21 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
-from eatta.annotate.pending import Arrived
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.history import NoClassBalance, Selection
 from eatta.losses import entropy
-from eatta.methods._active import (
-    DEFAULT_MAX_AGE,
-    AsyncAsking,
-    check_annotator,
-    current_answers,
-    select_and_ask,
-    split_answer,
-)
-from eatta.methods.base import AdaptiveMethod, unique_params
+from eatta.methods._active import DEFAULT_MAX_AGE
+from eatta.methods.active import ActiveMethod, ActiveOptions, late_samples
+from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.selection.base import SelectionContext
 from eatta.selection.dynamic_margin import DynamicMarginSelector
-from eatta.split import ModelSplit
 
 __all__ = ["CEMA", "CEMAStep"]
 
@@ -74,7 +66,7 @@ class CEMAStep:
     loss: Tensor | None = None
 
 
-class CEMA(AdaptiveMethod):
+class CEMA(ActiveMethod):
     """CEMA's selective entropy distillation with the oracle as the teacher.
 
     Args:
@@ -91,10 +83,11 @@ class CEMA(AdaptiveMethod):
         buffer: replay buffer of labelled samples (capacity, or a :class:`LabelBuffer`; 300).
         alpha, beta, gamma: CEMA's loss weights (3, 3, 1 in its public configuration).
         entropy_margin: ``E_max`` of the entropy weights; default ``0.4 ln C``.
-        split: ``(backbone, head)`` for models whose split is not found automatically.
+        active: ``split``, ``check_finite``, ``label_expiry``
+            (:class:`~eatta.methods.active.ActiveMethod`).
     """
 
-    optimizer: torch.optim.Optimizer  # required here (the base allows None)
+    selects_every_batch = True
 
     def __init__(
         self,
@@ -109,42 +102,25 @@ class CEMA(AdaptiveMethod):
         beta: float = 3.0,
         gamma: float = 1.0,
         entropy_margin: float | None = None,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        label_expiry: int = DEFAULT_MAX_AGE,
+        **active: Unpack[ActiveOptions],
     ) -> None:
-        if optimizer is None:
-            raise TypeError("CEMA needs an optimizer over the parameters to adapt")
-        feedback = check_annotator(oracle, "CEMA", binary=False, label_expiry=label_expiry)
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if entropy_margin is not None and not entropy_margin > 0:
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin}")
-        super().__init__(model, optimizer, split=split, check_finite=check_finite)
-        self.oracle = oracle
-        self._asking = (
-            None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)  # type: ignore[arg-type]  # asynchronous: checked
-        )
-        self.budget = Budget.coerce(budget)
+        super().__init__(model, optimizer, oracle=oracle, budget=budget, **active)
         self.selector = selector if selector is not None else DynamicMarginSelector(strict=True)
         self.history = NoClassBalance()
         self.buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
         self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
         self.entropy_margin = entropy_margin
-        self._train = unique_params(self.params)
-        if not self._train:
-            raise ValueError("the optimizer holds no parameters")
         for p in self._train:
             p.requires_grad_(True)
         self._batchnorm = any(
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
         )
         self.last_step: CEMAStep | None = None
-
-    @property
-    def labels_used(self) -> int:
-        return self.budget.labels_used
 
     def thresholds(self, num_classes: int) -> tuple[float, float]:
         """The current ``(E_max^t, E_min)``."""
@@ -155,8 +131,6 @@ class CEMA(AdaptiveMethod):
         with torch.no_grad():
             z, o = self.features_and_logits(x)
         num_classes = o.shape[1]
-        backbone, head = self.split
-        ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
 
         # 1. band and selection, then the oracle; state restored if anything fails
         def inside_band(selection: Selection) -> None:
@@ -165,40 +139,31 @@ class CEMA(AdaptiveMethod):
                 raise RuntimeError("CEMA labels only samples inside the entropy band")
 
         k = self.budget.allowance()
-        late: list[Arrived] = []
-        if self._asking is not None:  # asynchronous: submit, take what arrived
-            self._asking.begin()
-            selection = self._asking.request(self.selector, self.history, ctx, k, check=inside_band)
-            current, late = self._asking.collect()
-            labels: Tensor | None = current_answers(selection.indices, current)[0]
-        else:
-            selection, labels = select_and_ask(
-                self.selector, self.history, ctx, k, self.oracle, check=inside_band
-            )
-        idx, band = selection.indices, selection.update["band"]
-        lab_idx, lab_y, _ = split_answer(idx, labels)
+        ans = self.ask(x, z, o, k, self.selector, self.history, check=inside_band)
+        assert ans.selection is not None  # selects on every batch
+        band = ans.selection.update["band"]
+        lab_idx, lab_y = ans.indices, ans.targets
         record = CEMAStep(
             logits=o.detach(),
             band=band,
-            thresholds=selection.update["thresholds"],
+            thresholds=ans.selection.update["thresholds"],
             selected=lab_idx,
             labels=lab_y,
         )
 
         # 2. commit: budget and replay buffer, then one update on uploaded + replayed samples
-        self.budget.commit(len(lab_idx) if self._asking is None else self._asking.sent)
+        self.charge(ans)
         if len(lab_idx) and self.buffer is not None:
             self.buffer.add(x[lab_idx.to(x.device)], lab_y.to(x.device))
-        late = [a for a in late if a.label is not None]
+        late = [a for a in ans.late if a.label is not None]
         late_x = late_y = None
         if late:  # late labels: into the buffer, and into this update as labelled rows
-            late_x = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
+            late_x = late_samples(late, x)
             late_y = torch.tensor([a.label for a in late], dtype=torch.long, device=x.device)
             if self.buffer is not None:
                 self.buffer.add(late_x, late_y)
         self._update(x, band, lab_idx, lab_y, num_classes, record, late_x, late_y)
-        if self._asking is not None:
-            self._asking.committed()
+        self.asking_committed()
         self.last_step = record
         return o.detach()
 
@@ -253,11 +218,12 @@ class CEMA(AdaptiveMethod):
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
+        parts = self.asking_parts()
         return {
-            "budget": self.budget,
+            "budget": parts["budget"],
             "selector": self.selector,
             "buffer": self.buffer,
-            "pending": None if self._asking is None else self._asking.pending,
+            "pending": parts["pending"],
         }
 
 

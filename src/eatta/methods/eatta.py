@@ -1,62 +1,45 @@
 """EATTA: effortless active test-time adaptation (CVPR 2025), one label per batch at most.
 
-The method is described in ``docs/method.md``; its step reads as the paper's: select, ask,
-losses, loss weights, one update. How the gradients are computed (and autocast, channels-last)
-is :class:`~eatta.methods.step_options.StepOptions`' business, not the step's.
+The step itself, on one screen with the paper's equations, is :mod:`eatta.methods.eatta_step`;
+this module builds it from its parts and registers it. The parts: the active layer
+(:mod:`eatta.methods.active`), how the update's gradient is computed
+(:mod:`eatta.methods.update`, ``grad_mode``), performance options (``autocast``,
+``channels_last``: :class:`~eatta.methods.step_options.StepOptions`), and late answers
+(:class:`~eatta.methods.late_labels.LateLabels`, with its nearest replay).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
-from eatta._warn import warn_at_caller
 from eatta.annotate.oracle import Oracle
-from eatta.annotate.pending import Arrived
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params, configure
-from eatta.debias import GradNormDebiaser, LossWeights
-from eatta.history import ClassHistory, Selection, make_history
-from eatta.losses import (
-    complementary_cross_entropy,
-    default_entropy_margin,
-    entropy,
-    masked_mean,
-)
-from eatta.methods._active import (
-    DEFAULT_MAX_AGE,
-    AsyncAsking,
-    check_annotator,
-    commit_late,
-    current_answers,
-    select_and_ask,
-    split_answer,
-)
-from eatta.methods._approx import (
-    NormCalibration,
-    ProxyName,
-    check_proxy,
-    last_norm_params,
-    proxy_norms,
-)
-from eatta.methods._grads import SegmentPlan
-from eatta.methods.base import AdaptiveMethod, InvalidInputError, unique_params
+from eatta.debias import GradNormDebiaser
+from eatta.history import ClassHistory, make_history
+from eatta.methods._active import DEFAULT_MAX_AGE
+from eatta.methods._approx import NormCalibration, ProxyName, check_proxy
+from eatta.methods.active import ActiveOptions, Answers, answer_terms, late_samples
+from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.eatta_step import EATTAStep, StepRecord
 from eatta.methods.late_labels import LateLabels
-from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOptions
+from eatta.methods.update import ApproxUpdate, ExactUpdate
 from eatta.selection import SELECTORS, make_selector
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
-from eatta.split import ModelSplit
+from eatta.split import SplitNotFoundError
 
 __all__ = [
     "EATTA",
@@ -65,84 +48,21 @@ __all__ = [
     "ProxyName",
     "StepOptions",
     "StepRecord",
-    "build_eatta",
     "config_selector",
 ]
 
 
-@dataclass
-class StepRecord:
-    """What one adaptation step did; tensors stay on the device (reading them syncs).
-
-    ``skipped``: the gradients were not finite, so no update was applied and no state changed.
-    ``grad_norms_approx``: ``grad_norm_sup`` / ``grad_norm_unsup`` are the approximate step's
-    estimates (``grad_mode="approx"`` between refreshes: the proxy norms, scaled as the last
-    refresh said), not the exact global norms; the debiaser received them as they are.
-    With an asynchronous annotator, ``negatives`` are this batch's samples answered "no" (learned
-    as complementary labels) and ``late`` counts the earlier requests answered in this step.
-    """
-
-    logits: Tensor
-    pseudo_labels: Tensor
-    scores: Tensor | None = None
-    selected: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    labels: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    class_history: list[int] = field(default_factory=list)
-    loss_sup: Tensor | None = None
-    loss_unsup: Tensor | None = None
-    num_unsup: Tensor | None = None
-    grad_norm_sup: Tensor | None = None
-    grad_norm_unsup: Tensor | None = None
-    weights: LossWeights | None = None
-    loss: Tensor | None = None
-    skipped: bool = False
-    negatives: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    late: int = 0
-    grad_norms_approx: bool = False
-
-
-def _global_norm(grads: Sequence[Tensor | None]) -> Tensor:
-    present = [g for g in grads if g is not None]
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present)))
-
-
-def _empty() -> Tensor:
-    return torch.empty(0, dtype=torch.long)
-
-
-@dataclass
-class _Labelled:
-    """The step's selection and the annotator's answers (CPU indices and labels).
-
-    ``negatives``/``not_labels``: this batch's samples answered "no" and the class each is not;
-    ``late``: answers to earlier steps' requests; ``requested``: requests sent in this step.
-    """
-
-    ctx: SelectionContext | None
-    selection: Selection | None
-    labels: Tensor | None
-    indices: Tensor
-    targets: Tensor
-    answered: Tensor
-    negatives: Tensor = field(default_factory=_empty)
-    not_labels: Tensor = field(default_factory=_empty)
-    late: list[Arrived] = field(default_factory=list)
-    requested: int = 0
-    late_ctx: SelectionContext | None = None
-    late_weight: float = 0.0  # the late labels' weights in all (LateLabels)
-
-
-class EATTA(AdaptiveMethod):
+class EATTA(EATTAStep):
     """Wraps a classifier; ``forward(x)`` predicts, labels at most ``budget`` samples, adapts.
 
-    Each step (``docs/method.md``, "One step"): features ``z`` and logits ``o``; the selector
-    scores the batch (perturbation difference by default), the class history picks up to ``k``
-    samples, the oracle labels them; ``L_sup`` = cross-entropy on the labelled samples (plus a
-    replayed mini-batch when a buffer is used), ``L_unsup`` = mean entropy of the confident
-    (``H < margin``) unlabelled samples; the debiaser weights the two by their gradient norms
-    (EMA-smoothed) and the optimizer takes one step. The returned logits are those computed
-    before the update. A step whose gradients are not finite is skipped (no update, no state
-    change), counted in :attr:`skipped_steps` and warned about once.
+    Each step (:mod:`eatta.methods.eatta_step`, ``docs/method.md`` "One step"): features and
+    logits; the selector scores the batch (perturbation difference by default), the class
+    history picks up to ``k`` samples, the oracle labels them; ``L_sup`` = cross-entropy on the
+    labelled samples (plus a replayed mini-batch when a buffer is used), ``L_unsup`` = mean
+    entropy of the confident (``H < margin``) unlabelled samples; the debiaser weights the two by
+    their gradient norms (EMA-smoothed) and the optimizer takes one step. The returned logits are
+    those computed before the update. A step whose gradients are not finite is skipped (no
+    update, no state change), counted in :attr:`skipped_steps` and warned about once.
 
     Args:
         model: a classifier prepared with :func:`eatta.configure` (in place).
@@ -162,24 +82,21 @@ class EATTA(AdaptiveMethod):
         grad_norm_params: parameters over which the two gradient norms are measured, if not the
             optimizer's (the reference preset measures all norm layers); they are set to
             ``requires_grad=True`` but not updated.
-        split: ``(backbone, head)`` for models whose split is not found automatically.
-        options: performance options (:class:`StepOptions`); or give ``grad_mode``,
-            ``autocast``, ``channels_last`` as keywords (not both).
+        grad_mode, autocast, channels_last: how the step runs
+            (:class:`~eatta.methods.step_options.StepOptions`, the one place they are
+            described; also the keys of ``create`` and the config).
         approx_proxy: with ``grad_mode="approx"`` (one backward pass on the weighted sum, its
             weights from estimated gradient norms): the estimate, ``"last-norm"`` (the norms
-            over the backbone's last normalization layer's affine parameters) or ``"head"``
-            (the norms of the gradients at the head's input features); see
-            :mod:`eatta.methods._approx` and ``docs/approx-step.md``.
+            over the backbone's last normalization layer's affine parameters, found with the
+            split) or ``"head"`` (at the head's input features); see ``docs/approx-step.md``.
         approx_refresh: with ``grad_mode="approx"``: every this many steps the exact norms are
             computed (two backward passes, as the exact step) and each estimate is scaled by
             ``exact / estimate`` until the next refresh; None: never.
-        label_expiry: steps an asynchronous request waits for its answer before it expires.
-        late_labels: how late labels are weighed and the label-free fallback
-            (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback.
-            Used only with an asynchronous annotator, in steps without a fresh answer.
-        nearest_replay: with an asynchronous annotator, keeps the labelled samples and, in steps
-            without a fresh answer, replays those nearest the batch
-            (:class:`~eatta.methods.nearest_replay.NearestReplay`).
+        late_labels: how late answers count, the label-free fallback and the nearest replay
+            (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback, no
+            replay. Used only with an asynchronous annotator, in steps without a fresh answer.
+        active: ``split``, ``check_finite``, ``label_expiry``
+            (:class:`~eatta.methods.active.ActiveMethod`).
 
     A late answer (docs/real-annotators.md) enters the step in which it arrives: the kept sample
     is re-run through the current model into ``L_sup`` (cross-entropy for a class,
@@ -191,7 +108,7 @@ class EATTA(AdaptiveMethod):
     (the selection), not before the forward pass, when the forward pass has no side effects.
     """
 
-    optimizer: torch.optim.Optimizer  # required here (the base allows None)
+    binary_feedback = True
 
     def __init__(
         self,
@@ -207,43 +124,25 @@ class EATTA(AdaptiveMethod):
         entropy_margin: float | None = None,
         steps: int = 1,
         grad_norm_params: Sequence[nn.Parameter] | None = None,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        grad_mode: GradMode | None = None,
-        autocast: bool | None = None,
-        channels_last: bool | None = None,
-        options: StepOptions | None = None,
-        label_expiry: int = DEFAULT_MAX_AGE,
-        late_labels: LateLabels | None = None,
-        nearest_replay: NearestReplay | None = None,
+        grad_mode: GradMode = "auto",
+        autocast: bool = False,
+        channels_last: bool = False,
         approx_proxy: ProxyName = "last-norm",
         approx_refresh: int | None = None,
+        late_labels: LateLabels | None = None,
+        **active: Unpack[ActiveOptions],
     ) -> None:
-        if optimizer is None:
-            raise TypeError("EATTA needs an optimizer over the trainable parameters")
-        keywords = {"grad_mode": grad_mode, "autocast": autocast, "channels_last": channels_last}
-        given = {k: v for k, v in keywords.items() if v is not None}
-        if options is not None and given:
-            raise ValueError(f"give either options= or {sorted(given)}, not both")
-        options = options if options is not None else StepOptions(**given)  # type: ignore[arg-type]  # values checked by StepOptions
-        feedback = check_annotator(
-            oracle, type(self).__name__, binary=True, label_expiry=label_expiry
-        )
+        options = StepOptions(grad_mode=grad_mode, autocast=autocast, channels_last=channels_last)
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         approx = options.grad_mode == "approx"
         calibration = NormCalibration(approx_refresh) if approx else None  # checks the period
         check_proxy(approx_proxy)
-        options.prepare_model(model)
-        super().__init__(model, optimizer, split=split, check_finite=check_finite)
-        self.options = options
-        self.gradients = options.gradient_strategy(model)
-        self.oracle = oracle
-        self._asking = (
-            None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)  # type: ignore[arg-type]  # asynchronous: checked
+        super().__init__(
+            model, optimizer, oracle=oracle, budget=budget, prepare=options.prepare_model, **active
         )
-        self.budget = Budget.coerce(budget)
-        self.selector: Selector = selector if selector is not None else PerturbationSelector()
+        self.options = options
+        self.selector = selector if selector is not None else PerturbationSelector()
         self.history = make_history(history)
         self.debiaser = debiaser if debiaser is not None else GradNormDebiaser()
         self.buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
@@ -251,38 +150,32 @@ class EATTA(AdaptiveMethod):
         self.steps = steps
         self.skipped_steps = 0  # steps skipped for non-finite gradients
         self._finite = DeferredFiniteCheck()
-        self._train = unique_params(self.params)
-        if not self._train:
-            raise ValueError("the optimizer holds no parameters")
         owned = {id(p) for p in model.parameters()}
         measure = self._train if grad_norm_params is None else unique_params(grad_norm_params)
         if any(id(p) not in owned for p in measure):
             raise ValueError("grad_norm_params must be parameters of the model")
         for p in measure:
             p.requires_grad_(True)
-        train_ids, measure_ids = {id(p) for p in self._train}, {id(p) for p in measure}
-        self._all = self._train + [p for p in measure if id(p) not in train_ids]
-        self._measure_pos = [i for i, p in enumerate(self._all) if id(p) in measure_ids]
-        self._norms_cover_update = train_ids <= measure_ids and not approx
-        self._calibration = calibration
-        self._estimated = False  # whether the last step's norms were estimates
-        self._approx_proxy: ProxyName = approx_proxy
-        self._proxy_params: list[nn.Parameter] = []
-        if approx and approx_proxy == "last-norm":
-            self._proxy_params = last_norm_params(self.split.backbone, measure)
-            if not self._proxy_params:
-                raise ValueError(
-                    "approx_proxy='last-norm' needs a normalization layer with measured affine "
-                    "parameters in the backbone; use approx_proxy='head'"
-                )
+        #: how the two backward passes run (:class:`~eatta.methods._grads.GradientStrategy`)
+        self.gradients = options.gradient_strategy(model)
+        self._update: ExactUpdate = (  # the norms and the weighted gradient (eatta.methods.update)
+            ExactUpdate(self.gradients, self._train, measure)
+            if calibration is None
+            else ApproxUpdate(self.gradients, self._train, measure, approx_proxy, calibration)
+        )
+        if isinstance(self._update, ApproxUpdate) and approx_proxy == "last-norm":
+            try:  # the split may only be found on the first batch: the proxy then too
+                self.split  # noqa: B018  # finds the split, or raises
+            except SplitNotFoundError:
+                pass
+            else:
+                self._update.find_proxy(lambda: self.split.backbone)
         self.last_step: StepRecord | None = None
-        self.late_labels = late_labels if self._asking is not None else None
-        self.nearest_replay = nearest_replay if self._asking is not None else None
+        self.late_labels = late_labels if self.asynchronous else None
+        #: the late labels' nearest replay (None: none)
+        self.nearest_replay = None if self.late_labels is None else self.late_labels.replay
 
-    @property
-    def labels_used(self) -> int:
-        return self.budget.labels_used
-
+    # -- the parts, by name ----------------------------------------------------------------------
     @property
     def grad_mode(self) -> GradMode:
         return self.options.grad_mode
@@ -290,12 +183,21 @@ class EATTA(AdaptiveMethod):
     @property
     def approx_proxy(self) -> ProxyName | None:
         """The approximate step's norm estimate (None unless ``grad_mode="approx"``)."""
-        return None if self._calibration is None else self._approx_proxy
+        return self._update.proxy if isinstance(self._update, ApproxUpdate) else None
 
     @property
     def approx_refresh(self) -> int | None:
         """Steps between the approximate step's exact refreshes (None: never, or not approx)."""
-        return None if self._calibration is None else self._calibration.period
+        upd = self._update
+        return upd.calibration.period if isinstance(upd, ApproxUpdate) else None
+
+    @property
+    def _calibration(self) -> NormCalibration | None:
+        return self._update.calibration if isinstance(self._update, ApproxUpdate) else None
+
+    @property
+    def _proxy_params(self) -> list[nn.Parameter] | None:
+        return self._update.proxy_params if isinstance(self._update, ApproxUpdate) else None
 
     @property
     def autocast(self) -> bool:
@@ -321,13 +223,10 @@ class EATTA(AdaptiveMethod):
     def _defer_finite(self, x: Tensor) -> bool:
         return DeferredFiniteCheck.applies(x, self.model)
 
-    def _raise_if_not_finite(self, _: object = None) -> None:
-        flag = self._finite.take()
-        if flag is not None and not bool(flag):
-            raise InvalidInputError("input contains NaN or infinite values")
-
-    # -- the step ----------------------------------------------------------------------------
+    # -- the step (eatta_step) and the parts around it --------------------------------------------
     def forward_and_adapt(self, x: Tensor) -> Tensor:
+        if isinstance(self._update, ApproxUpdate):  # the split found on this batch at the latest
+            self._update.find_proxy(lambda: self.split.backbone)
         x = self.options.prepare_input(x)
         logits = self._step(x)
         for _ in range(self.steps - 1):
@@ -335,123 +234,20 @@ class EATTA(AdaptiveMethod):
             self._step(x)
         return logits
 
-    def _step(self, x: Tensor) -> Tensor:
-        z = self.options.features(self.split.backbone, x)
-        o = self.split.head(z)
-        if o.dim() != 2:
-            shape = tuple(o.shape)
-            raise RuntimeError(f"the head must return [batch, classes] logits, got {shape}")
-        record = StepRecord(logits=o.detach(), pseudo_labels=o.detach().argmax(1))
-        k = self.budget.allowance()
-        # cut points for segmented gradients, planned while an accelerator runs the forward pass
-        plan = self._plan(o) if k > 0 or self._asking is not None else None
-
-        # 1. select the samples and ask the oracle (no state changes until it has answered)
-        lab = self._select_and_ask(x, z, o, k)
-        record.scores = None if lab.selection is None else lab.selection.update.get("scores")
-        if self.late_labels is not None and self._asking is not None:
-            self.late_labels.observe(self._asking.pending.step, z)
-
-        # 2. the two losses (L_sup is None without a label)
-        loss_sup, replayed = self._supervised_loss(x, o, lab)
-        answered = torch.cat([lab.indices, lab.negatives]) if len(lab.negatives) else lab.indices
-        if self._falls_back(lab):
-            loss_unsup, n_unsup = self._fallback_entropy(o, answered)
-        else:
-            loss_unsup, n_unsup = self._confident_entropy(o, answered)
-        if replayed:
-            plan = None  # a second graph through the same weights: plan from the losses
-
-        # 3. weights and the weighted gradient, γ_sup·∇L_sup + γ_unsup·∇L_unsup
-        grads, weights, g_sup, g_unsup = self._gradients(loss_sup, loss_unsup, n_unsup, plan, z)
-
-        # 4. one update, or none if the gradients are not finite
-        if not self._update_is_finite(grads, weights, g_sup, g_unsup):
-            return self._skip(record)
-        self._commit(lab)
-        for p, g in zip(self._train, grads, strict=False):
-            p.grad = g
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-        record.selected, record.labels = lab.indices, lab.targets
-        record.negatives, record.late = lab.negatives, len(lab.late)
-        record.class_history = list(getattr(self.history, "classes", []))
-        record.loss_unsup, record.num_unsup = loss_unsup.detach(), n_unsup
-        record.loss_sup = None if loss_sup is None else loss_sup.detach()
-        record.grad_norm_sup, record.grad_norm_unsup, record.weights = g_sup, g_unsup, weights
-        record.grad_norms_approx = self._estimated
-        if loss_sup is None or weights is None:  # no label: the entropy loss alone
-            record.loss = loss_unsup.detach()
-        else:
-            record.loss = (weights.sup * loss_sup + weights.unsup * loss_unsup).detach()
-        self.last_step = record
-        return o.detach()
-
-    # -- the parts of the step ---------------------------------------------------------------
-    def _select_and_ask(self, x: Tensor, z: Tensor, o: Tensor, k: int) -> _Labelled:
-        """Up to ``k`` samples picked by the selector under the class history, and their labels."""
-        if self._asking is not None:
-            return self._request_and_collect(x, z, o, k)
-        ctx = selection = labels = None
-        if k > 0:
-            backbone, head = self.split
-            ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
-            # the selection synchronised with the device: reading a deferred flag there is free
-            selection, labels = select_and_ask(
-                self.selector, self.history, ctx, k, self.oracle, check=self._raise_if_not_finite
-            )
-        asked = torch.empty(0, dtype=torch.long) if selection is None else selection.indices
-        indices, targets, answered = split_answer(asked, labels)
-        return _Labelled(ctx, selection, labels, indices, targets, answered)
-
-    def _request_and_collect(self, x: Tensor, z: Tensor, o: Tensor, k: int) -> _Labelled:
-        """The asynchronous path: submit this step's requests, take the answers that arrived."""
-        asking = self._asking
-        assert asking is not None
-        asking.begin()
-        ctx = selection = None
-        if k > 0:
-            backbone, head = self.split
-            ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
-            selection = asking.request(
-                self.selector, self.history, ctx, k, check=self._raise_if_not_finite
-            )
-        current, late = asking.collect()
-        asked = _empty() if selection is None else selection.indices
-        labels, negatives, not_labels = current_answers(asked, current)
-        indices, targets, answered = split_answer(asked, labels)
-        return _Labelled(
-            ctx,
-            selection,
-            labels,
-            indices,
-            targets,
-            answered,
-            negatives,
-            not_labels,
-            late,
-            asking.sent,
-        )
-
-    def _supervised_loss(self, x: Tensor, o: Tensor, lab: _Labelled) -> tuple[Tensor | None, bool]:
-        """Cross-entropy on the labelled samples plus, with a buffer, on a replayed mini-batch
-        (the new samples are added first, so they can be replayed at once). With an asynchronous
-        annotator also: ``-log(1 - p_c)`` for this batch's "no" answers, and the late answers'
-        samples re-run through the current model (see the class docstring)."""
-        terms = []
+    def _replay_terms(
+        self, x: Tensor, z: Tensor, o: Tensor, lab: Answers
+    ) -> tuple[list[Tensor], bool]:
+        """The fresh labels join the buffer and the nearest replay; then the terms of "no" and
+        late answers, the nearest replay's, and a replayed mini-batch from the buffer."""
+        if self.late_labels is not None:  # (asynchronous only)
+            self.late_labels.observe(self.request_step, z)
         if len(lab.indices):
             idx, y = lab.indices.to(o.device), lab.targets.to(o.device)
-            terms.append(F.cross_entropy(o[idx], y))
             if self.buffer is not None:
                 self.buffer.add(x[idx], y)
             if self.nearest_replay is not None and lab.ctx is not None:
                 self.nearest_replay.add(x[idx], y, lab.ctx.features[idx])
-        if len(lab.negatives):
-            neg = lab.negatives.to(o.device)
-            terms.append(complementary_cross_entropy(o[neg], lab.not_labels.to(o.device)))
-        if lab.late:
-            terms.extend(self._late_terms(x, lab))
+        terms = self._late_terms(x, o, lab) if lab.late else answer_terms(o, lab)
         replayed = bool(lab.late) or (self.buffer is not None and len(self.buffer) > 0)
         near = self._nearest_term(x, lab)
         if near is not None:
@@ -461,12 +257,14 @@ class EATTA(AdaptiveMethod):
             bx, by = self.buffer.sample()
             head = self.split.head
             terms.append(F.cross_entropy(head(self.options.features(self.split.backbone, bx)), by))
-        return (sum(terms[1:], terms[0]) if terms else None), replayed
+        return terms, replayed
 
-    def _late_terms(self, x: Tensor, lab: _Labelled) -> list[Tensor]:
-        """Loss terms of the late answers: their kept samples through the current model."""
+    def _late_terms(self, x: Tensor, o: Tensor, lab: Answers) -> list[Tensor]:
+        """Terms of the batch's "no" answers and the late answers (their kept samples through
+        the current model, :func:`~eatta.methods.active.answer_terms`); the late labelled
+        samples join the buffer and the nearest replay, and give the selector's context."""
         late = lab.late
-        xs = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
+        xs = late_samples(late, x)
         backbone, head = self.split
         if self._has_batchnorm:  # normalized with the batch's statistics, as if asked now: a
             # few late samples alone would be normalized by their own statistics (measured on
@@ -475,22 +273,17 @@ class EATTA(AdaptiveMethod):
         else:
             zl = self.options.features(backbone, xs)
         ol = head(zl)
-        terms = []
-        weigh = self.late_labels
-        if weigh is not None:
-            assert self._asking is not None
-            now = self._asking.pending.step
-            w_all = weigh.weights([a.request.step for a in late], now).to(ol.device, ol.dtype)
-            lab.late_weight = float(w_all.sum())
+        w = None
+        if self.late_labels is not None:
+            now = self.request_step
+            w = self.late_labels.weights([a.request.step for a in late], now)
+            w = w.to(ol.device, ol.dtype)
+            lab.late_weight = float(w.sum())
+        terms = answer_terms(o, lab, ol, w)
         pos = [i for i, a in enumerate(late) if a.label is not None]
         if pos:
             rows = torch.tensor(pos, device=ol.device)
             ys = torch.tensor([late[i].label for i in pos], dtype=torch.long, device=ol.device)
-            if weigh is None:
-                terms.append(F.cross_entropy(ol[rows], ys))
-            else:  # each label at its weight (the mean over the late labels as before)
-                ce = F.cross_entropy(ol[rows], ys, reduction="none")
-                terms.append((ce * w_all[rows]).mean())
             if self.buffer is not None:
                 self.buffer.add(xs[rows.to(xs.device)], ys)
             if self.nearest_replay is not None:
@@ -502,33 +295,9 @@ class EATTA(AdaptiveMethod):
                 head=head,
                 backbone=backbone,
             )
-        neg = [i for i, a in enumerate(late) if a.not_label is not None]
-        if neg:
-            rows = torch.tensor(neg, device=ol.device)
-            cs = torch.tensor([late[i].not_label for i in neg], dtype=torch.long, device=ol.device)
-            if weigh is None:
-                terms.append(complementary_cross_entropy(ol[rows], cs))
-            else:
-                terms.append(complementary_cross_entropy(ol[rows], cs) * w_all[rows].mean())
         return terms
 
-    def _entropy_below_margin(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor, float]:
-        """Per-sample entropy, the mask of unlabelled samples below the margin, and the margin."""
-        h = entropy(o)
-        margin = self.entropy_margin
-        if margin is None:
-            margin = default_entropy_margin(o.shape[1])
-        mask = h.detach() < margin
-        if len(labelled):
-            mask = mask.index_fill(0, labelled.to(o.device), False)
-        return h, mask, float(margin)
-
-    def _confident_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean entropy of the unlabelled samples below the margin, and their count."""
-        h, mask, _ = self._entropy_below_margin(o, labelled)
-        return masked_mean(h, mask)
-
-    def _nearest_term(self, x: Tensor, lab: _Labelled) -> Tensor | None:
+    def _nearest_term(self, x: Tensor, lab: Answers) -> Tensor | None:
         """In a step without a fresh answer: the kept labelled samples nearest the batch, run
         with it, their cross-entropies weighted by their similarity (NearestReplay)."""
         replay = self.nearest_replay
@@ -549,137 +318,32 @@ class EATTA(AdaptiveMethod):
         lab.late_weight += float(w.mean())
         return (ce * w).mean()
 
-    def _falls_back(self, lab: _Labelled) -> bool:
+    def _falls_back(self, lab: Answers) -> bool:
         """Whether this step takes the label-free fallback: no fresh answer, and late labels
         that weigh too little (``LateLabels.anchor``)."""
         if self.late_labels is None or len(lab.indices) or len(lab.negatives):
             return False
         return self.late_labels.falls_back(lab.late_weight)
 
-    def _fallback_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
-        """The fallback's entropy term (ETA's reliable, non-redundant samples, weighted)."""
+    def _entropy_term(self, o: Tensor, answered: Tensor, lab: Answers) -> tuple[Tensor, Tensor]:
+        """Eq. 1 on the confident samples, or, in a step that falls back, the fallback's entropy
+        term (ETA's reliable, non-redundant samples, weighted)."""
+        if not self._falls_back(lab):
+            return self._confident_entropy(o, answered)
         assert self.late_labels is not None
-        h, mask, margin = self._entropy_below_margin(o, labelled)
+        h, mask, margin = self._entropy_below_margin(o, answered)
         return self.late_labels.entropy(h, o.detach().softmax(1), mask, margin)
-
-    def _plan(self, o: Tensor) -> SegmentPlan | None:
-        """Cut points below the logits: both losses are functions of ``o`` alone, so every
-        path from them to the parameters runs through ``o``'s node."""
-        if not self.debiaser.needs_grad_norms:
-            return None
-        if self._calibration is not None and not self._calibration.due:
-            return None  # the approximate step between refreshes: one backward pass, no plan
-        return self.gradients.plan(o, self._all)
-
-    def _gradients(
-        self,
-        loss_sup: Tensor | None,
-        loss_unsup: Tensor,
-        n_unsup: Tensor,
-        plan: SegmentPlan | None = None,
-        features: Tensor | None = None,
-    ) -> tuple[list[Tensor], LossWeights | None, Tensor | None, Tensor | None]:
-        """The update's gradients for the trainable parameters, the weights and the two norms
-        (estimated by the approximate step between refreshes: see :attr:`StepRecord`)."""
-        train = self._train
-        self._estimated = False
-        if loss_sup is None:  # no label: plain confident-entropy step, weight 1
-            g = torch.autograd.grad(loss_unsup, train, allow_unused=True)
-            return [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)], None, None, None
-        if not self.debiaser.needs_grad_norms:  # one pass over the sum
-            g = torch.autograd.grad(loss_sup + loss_unsup, train, allow_unused=True)
-            one = torch.ones((), device=loss_sup.device)
-            grads = [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)]
-            return grads, LossWeights(one, one, one, one), None, None
-        cal = self._calibration
-        if cal is not None:
-            at: list[Tensor] = list(self._proxy_params)
-            if self._approx_proxy == "head" and features is not None:
-                at = [features]
-            due = cal.due
-            cal.advance()  # rolled back with the other parts if the step is skipped
-            if not due:  # one backward pass on the weighted sum, weights from the estimates
-                g_sup, g_unsup = cal.scale(*proxy_norms(loss_sup, loss_unsup, at))
-                weights = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
-                total = weights.sup * loss_sup + weights.unsup * loss_unsup
-                g = torch.autograd.grad(total, train, allow_unused=True)
-                self._estimated = True
-                grads = [_zero_if_none(t, p) for t, p in zip(g, train, strict=True)]
-                return grads, weights, g_sup, g_unsup
-            est = proxy_norms(loss_sup, loss_unsup, at)
-        gs, gu = self.gradients.grads(loss_sup, loss_unsup, self._all, plan)
-        zero = loss_sup.new_zeros(())
-        g_sup = _global_norm([gs[i] for i in self._measure_pos] + [zero])
-        g_unsup = _global_norm([gu[i] for i in self._measure_pos] + [zero])
-        if cal is not None:
-            cal.refresh(est, (g_sup, g_unsup))
-        weights = self.debiaser.weights(g_sup, g_unsup, n_unsup > 0)
-        sup = [_zero_if_none(g, p) for g, p in zip(gs, train, strict=False)]
-        unsup = [_zero_if_none(g, p) for g, p in zip(gu, train, strict=False)]
-        grads = list(torch._foreach_mul(sup, weights.sup))  # fused
-        torch._foreach_add_(grads, torch._foreach_mul(unsup, weights.unsup))
-        return list(grads), weights, g_sup, g_unsup
-
-    def _update_is_finite(
-        self,
-        grads: list[Tensor],
-        weights: LossWeights | None,
-        g_sup: Tensor | None,
-        g_unsup: Tensor | None,
-    ) -> bool:
-        """Whether the update is finite; also reads a deferred input flag not read yet (a step
-        without selection), in the same host synchronisation."""
-        if g_sup is not None and g_unsup is not None and weights is not None:
-            if self._norms_cover_update:  # the norms already saw every gradient
-                flag = torch.isfinite(g_sup + g_unsup + weights.sup + weights.unsup)
-            else:
-                flag = torch.isfinite(_global_norm(grads) + weights.sup + weights.unsup)
-        else:
-            flag = torch.isfinite(_global_norm(grads))
-        pending = self._finite.take()
-        if pending is None:
-            return bool(flag)
-        ok_input, ok_update = torch.stack([pending, flag]).tolist()
-        if not ok_input:
-            raise InvalidInputError("input contains NaN or infinite values")
-        return bool(ok_update)
-
-    def _skip(self, record: StepRecord) -> Tensor:
-        """A step with non-finite gradients: every part back as it was, nothing applied (this
-        step's requests are cancelled, the answers it collected kept for the next step)."""
-        self.restore_parts()  # also cancels this step's requests (AdaptiveMethod.restore_parts)
-        self.skipped_steps += 1
-        if self.skipped_steps == 1:
-            warn_at_caller(
-                "EATTA skipped a step whose gradients were not finite (the model overflowed); "
-                "later skips are counted in skipped_steps without a warning",
-                RuntimeWarning,
-            )
-        record.skipped = True
-        self.last_step = record
-        return record.logits
-
-    def _commit(self, lab: _Labelled) -> None:
-        """Record the answered labels: budget, class history (annotated classes), selector."""
-        self.budget.commit(len(lab.indices) if self._asking is None else lab.requested)
-        if lab.selection is not None and len(lab.indices):
-            assert lab.ctx is not None and lab.labels is not None
-            self.history.commit(lab.selection, lab.answered.tolist(), lab.labels.tolist())
-            self.selector.commit(lab.ctx, lab.selection, lab.labels)
-        if lab.late:
-            commit_late(self.history, self.selector, lab.late, lab.late_ctx)
-        if self._asking is not None:
-            self._asking.committed()
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
+        parts = self.asking_parts()
         return {
-            "budget": self.budget,
+            "budget": parts["budget"],
             "selector": self.selector,
             "history": self.history,
             "debiaser": self.debiaser,
             "buffer": self.buffer,
-            "pending": None if self._asking is None else self._asking.pending,
+            "pending": parts["pending"],
             "late_labels": self.late_labels,
             "nearest_replay": self.nearest_replay,
             **({} if self._calibration is None else {"grad_norm_estimate": self._calibration}),
@@ -695,10 +359,6 @@ class EATTA(AdaptiveMethod):
     def reset_method_state(self) -> None:
         super().reset_method_state()
         self.skipped_steps = 0
-
-
-def _zero_if_none(g: Tensor | None, p: nn.Parameter) -> Tensor:
-    return torch.zeros_like(p) if g is None else g
 
 
 # -- registry ------------------------------------------------------------------------------------
@@ -777,7 +437,7 @@ def config_selector(cfg: EATTAConfig) -> Selector:
     return make_selector(selector, seed=cfg.seed, **kw)
 
 
-def build_eatta(
+def _build_eatta(
     model: nn.Module,
     cfg: EATTAConfig,
     oracle: Oracle | None,
@@ -785,11 +445,11 @@ def build_eatta(
     *,
     debiaser: GradNormDebiaser | None = None,
     late_labels: LateLabels | None = None,
-    nearest_replay: NearestReplay | None = None,
     selector: Selector | None = None,
 ) -> AdaptiveMethod:
-    """EATTA from a validated config; ``debiaser`` replaces the config's GND, ``late_labels``
-    weighs late labels and ``selector`` replaces the config's selector (variants)."""
+    """EATTA from a validated config (the registry's builder); ``debiaser`` replaces the
+    config's GND, ``late_labels`` weighs late labels and ``selector`` replaces the config's
+    selector (variants)."""
     params = configure(model, cfg.params)
     norm_params = None
     if cfg.params == "reference":
@@ -817,14 +477,13 @@ def build_eatta(
         approx_refresh=cfg.approx_refresh,
         label_expiry=cfg.label_expiry,
         late_labels=late_labels,
-        nearest_replay=nearest_replay,
     )
 
 
 register(
     MethodSpec(
         "eatta",
-        build_eatta,
+        _build_eatta,
         active=True,
         config=EATTAConfig,
         datasets=DATASET_PRESETS["eatta"],

@@ -29,7 +29,7 @@ from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.history import ClassHistory
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import hparam
-from eatta.methods.eatta import EATTAConfig, HistoryName, build_eatta, config_selector
+from eatta.methods.eatta import EATTAConfig, HistoryName, _build_eatta, config_selector
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
@@ -88,16 +88,15 @@ def _build_eatta_stable(
         fallback=cfg.late_fallback,
         anchor=cfg.late_anchor,
         max_age=cfg.label_expiry,
+        replay=NearestReplay(64, cfg.late_replay) if cfg.late_replay else None,
     )
-    replay = NearestReplay(64, cfg.late_replay) if cfg.late_replay else None
-    return build_eatta(
+    return _build_eatta(
         model,
         cfg,
         oracle,
         budget,
         debiaser=debiaser,
         late_labels=late,
-        nearest_replay=replay,
         selector=selector,
     )
 

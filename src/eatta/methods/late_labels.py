@@ -36,6 +36,8 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
+from eatta.methods.nearest_replay import NearestReplay
+
 __all__ = ["FALLBACKS", "WEIGHTINGS", "Fallback", "LateLabels", "Weighting"]
 
 Weighting = Literal["full", "age", "drift"]
@@ -63,6 +65,8 @@ class LateLabels:
         anchor: label weight a step needs not to fall back.
         d_margin: ETA's redundancy threshold; ``prob_momentum``: its moving average's factor.
         max_age: steps of mean features kept (the method's ``label_expiry``).
+        replay: in steps without a fresh answer, also replay the kept labelled samples nearest
+            the batch (:class:`~eatta.methods.nearest_replay.NearestReplay`); None: no replay.
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class LateLabels:
         d_margin: float = 0.05,
         prob_momentum: float = 0.9,
         max_age: int = 256,
+        replay: NearestReplay | None = None,
     ) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"unknown late-label weighting {weighting!r}; use {WEIGHTINGS}")
@@ -91,6 +96,9 @@ class LateLabels:
         if isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0:
             raise ValueError(f"max_age must be an int >= 0, got {max_age!r}")
         self.max_age = max_age
+        if replay is not None and not isinstance(replay, NearestReplay):
+            raise TypeError(f"replay must be a NearestReplay or None, got {type(replay).__name__}")
+        self.replay = replay
         self._means: OrderedDict[int, Tensor] = OrderedDict()
         self._move: float | None = None  # running mean of consecutive batches' 1 - cos
         self._probs: Tensor | None = None  # ETA's moving average of kept samples' softmax

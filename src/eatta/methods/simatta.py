@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.annotate.pending import Arrived
@@ -39,22 +40,14 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.history import NoClassBalance
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods._active import (
-    DEFAULT_MAX_AGE,
-    AsyncAsking,
-    check_annotator,
-    commit_late,
-    current_answers,
-    select_and_ask,
-    split_answer,
-)
-from eatta.methods.base import AdaptiveMethod, unique_params
+from eatta.methods._active import DEFAULT_MAX_AGE, commit_late
+from eatta.methods.active import ActiveMethod, ActiveOptions, late_samples
+from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.selection.base import SelectionContext
 from eatta.selection.clustering import IncrementalClusteringSelector
-from eatta.split import ModelSplit
 
 __all__ = ["SimATTA", "SimATTAStep"]
 
@@ -75,7 +68,7 @@ def _has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-class SimATTA(AdaptiveMethod):
+class SimATTA(ActiveMethod):
     """SimATTA around ``model``: clustering-selected labels plus source-like pseudo-labels.
 
     Args:
@@ -98,11 +91,9 @@ class SimATTA(AdaptiveMethod):
             (SimATTA's teacher) rather than the current model.
         refresh_anchors: recompute the anchors' features after each update.
         seed: seed of the buffers' sampling.
-        split: ``(backbone, head)`` for models whose split is not found automatically.
-        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        active: ``split``, ``check_finite``, ``label_expiry``
+            (:class:`~eatta.methods.active.ActiveMethod`).
     """
-
-    optimizer: torch.optim.Optimizer  # required here (the base allows None)
 
     def __init__(
         self,
@@ -122,13 +113,8 @@ class SimATTA(AdaptiveMethod):
         use_teacher: bool = True,
         refresh_anchors: bool = True,
         seed: int = 0,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        label_expiry: int = DEFAULT_MAX_AGE,
+        **active: Unpack[ActiveOptions],
     ) -> None:
-        if optimizer is None:
-            raise TypeError("SimATTA needs an optimizer over the parameters to adapt")
-        feedback = check_annotator(oracle, "SimATTA", binary=False, label_expiry=label_expiry)
         for name, value, low in (
             ("steps", steps, 0),
             ("source_per_batch", source_per_batch, 0),
@@ -139,12 +125,7 @@ class SimATTA(AdaptiveMethod):
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if low_entropy_bound is not None and not low_entropy_bound > 0:
             raise ValueError(f"low_entropy_bound must be > 0, got {low_entropy_bound}")
-        super().__init__(model, optimizer, split=split, check_finite=check_finite)
-        self.oracle = oracle
-        self._asking = (
-            None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)  # type: ignore[arg-type]  # asynchronous: checked
-        )
-        self.budget = Budget.coerce(budget)
+        super().__init__(model, optimizer, oracle=oracle, budget=budget, **active)
         self.selector = IncrementalClusteringSelector(
             max_anchors, entropy_bound=high_entropy_bound, keep_inputs=refresh_anchors
         )
@@ -156,9 +137,6 @@ class SimATTA(AdaptiveMethod):
         self.steps = steps
         self.fresh_optimizer = fresh_optimizer
         self.refresh_anchors = refresh_anchors
-        self._train = unique_params(self.params)
-        if not self._train:
-            raise ValueError("the optimizer holds no parameters")
         for p in self._train:
             p.requires_grad_(True)
         self._batchnorm = _has_batchnorm(model)
@@ -171,10 +149,6 @@ class SimATTA(AdaptiveMethod):
         self.last_step: SimATTAStep | None = None
 
     @property
-    def labels_used(self) -> int:
-        return self.budget.labels_used
-
-    @property
     def teacher(self) -> nn.Module | None:
         """The frozen copy of the initial model that labels source-like samples."""
         return self._teacher
@@ -184,44 +158,30 @@ class SimATTA(AdaptiveMethod):
         with torch.no_grad():
             z, o = self.features_and_logits(x)
         num_classes = o.shape[1]
-        backbone, head = self.split
-        ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
 
         # 1. select and ask; nothing changes before the oracle's answer is validated
         k = self.budget.allowance()
-        selection = labels = None
-        late: list[Arrived] = []
-        if self._asking is not None:  # asynchronous: submit, take what arrived
-            self._asking.begin()
-            if k > 0:
-                selection = self._asking.request(self.selector, self.history, ctx, k)
-            current, late = self._asking.collect()
-            asked = torch.empty(0, dtype=torch.long) if selection is None else selection.indices
-            labels = current_answers(asked, current)[0]
-        elif k > 0:
-            selection, labels = select_and_ask(self.selector, self.history, ctx, k, self.oracle)
-        lab_idx, lab_y, _ = split_answer(
-            torch.empty(0, dtype=torch.long) if selection is None else selection.indices, labels
-        )
+        ans = self.ask(x, z, o, k, self.selector, self.history)
+        lab_idx, lab_y = ans.indices, ans.targets
         src_idx, src_y = self._source_like(x, num_classes)
 
         # 2. commit: budget, anchors, buffers
-        self.budget.commit(len(lab_idx) if self._asking is None else self._asking.sent)
+        self.charge(ans)
         if len(lab_idx):
-            assert selection is not None and labels is not None
-            self.selector.commit(ctx, selection, labels)
+            assert ans.ctx is not None and ans.selection is not None and ans.labels is not None
+            self.selector.commit(ans.ctx, ans.selection, ans.labels)
             self.labelled.add(x[lab_idx.to(x.device)], lab_y.to(x.device))
-        self._add_late(x, late)
+        self._add_late(x, ans.late)
         if len(src_idx):
             self.source_buffer.add(x[src_idx], src_y)
-        if self._asking is not None:
-            self._asking.committed()
+        self.asking_committed()
 
         # 3. fine-tune on both buffers, then refresh the anchors' features
         record = SimATTAStep(
             logits=o.detach(), selected=lab_idx, labels=lab_y, source_like=src_idx.cpu()
         )
         self._fine_tune(record)
+        backbone = self.split.backbone
         if self.refresh_anchors and (self.selector.num_anchors > 1 or not self._batchnorm):
             self.selector.refresh(backbone)
         self.last_step = record
@@ -233,7 +193,7 @@ class SimATTA(AdaptiveMethod):
         late = [a for a in late if a.label is not None]
         if not late:
             return
-        xs = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
+        xs = late_samples(late, x)
         ys = torch.tensor([a.label for a in late], dtype=torch.long, device=x.device)
         backbone, head = self.split
         with torch.no_grad():
@@ -299,12 +259,13 @@ class SimATTA(AdaptiveMethod):
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
+        parts = self.asking_parts()
         return {
-            "budget": self.budget,
+            "budget": parts["budget"],
             "selector": self.selector,
             "labelled": self.labelled,
             "source_like": self.source_buffer,
-            "pending": None if self._asking is None else self._asking.pending,
+            "pending": parts["pending"],
         }
 
 
