@@ -20,7 +20,6 @@ from eatta.methods.eatta import EATTA
 from eatta.monitor.fallback import GivenModelFallback
 from eatta.normalization import use_mixed_norm
 from eatta.selection.drawn import DisagreementDraw
-from eatta.split import SplitNotFoundError
 
 
 class FeaturesClassifier(nn.Module):
@@ -58,15 +57,8 @@ def digits_model() -> nn.Module:
 
 MODELS = {"digits": digits_model, "custom": custom_model}
 
-#: grad_mode="approx" on a model whose split is found only on the first batch fails when the
-#: method is built today (SplitNotFoundError); the approximate step's own fix makes these pass.
-APPROX_MODELS = [
-    "digits",
-    pytest.param(
-        "custom",
-        marks=pytest.mark.xfail(strict=True, raises=SplitNotFoundError, reason="needs d35s"),
-    ),
-]
+#: grad_mode="approx" on a model whose split is found only on the first batch (the custom one).
+APPROX_MODELS = ["digits", "custom"]
 
 
 def stream(samples: int, size: int, seed: int = 0) -> list[tuple[Tensor, Tensor]]:
