@@ -197,13 +197,18 @@ def on_config(config: Any) -> Any:
     return config
 
 
-def on_files(files: Files, config: Any) -> Files:
-    """Add the generated pages."""
+def generated_pages() -> dict[str, str]:
+    """The pages the hooks add, by their path under ``docs/``."""
     names = public_names()
     pages = {"api/index.md": api_index(names), "api/methods.md": methods_page()}
     pages.update({f"api/{_page(n.name)}": api_page(n) for n in names})
     pages[CHANGELOG_URI] = changelog_page()
-    for uri, text in pages.items():
+    return pages
+
+
+def on_files(files: Files, config: Any) -> Files:
+    """Add the generated pages."""
+    for uri, text in generated_pages().items():
         files.append(File.generated(config, uri, content=text))
     return files
 
