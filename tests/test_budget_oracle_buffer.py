@@ -12,6 +12,9 @@ from conftest import confident_cnn
 from eatta import Budget, GaussianNoise, GroundTruthOracle, LabelBuffer, RecordedNoise
 from eatta.annotate.oracle import OracleError, validate_labels
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 6), st.integers(1, 5), st.none() | st.integers(0, 20), st.integers(1, 40))

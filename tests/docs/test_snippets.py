@@ -207,7 +207,7 @@ def test_python_blocks_are_all_run_or_skipped_with_a_reason():
 
 # the setups' batches are 16 samples: small for a BatchNorm model, on purpose (a page's reader
 # adapts on their own batches)
-@pytest.mark.filterwarnings("ignore::eatta.SmallBatchWarning")
+@pytest.mark.small_batches
 @pytest.mark.parametrize("block", PYTHON, ids=lambda b: b.name)
 def test_python_block_runs(block: Block, tmp_path, monkeypatch):
     if block.skip is not None:

@@ -15,6 +15,9 @@ from eatta.annotate.oracle import GroundTruthOracle
 from eatta.methods.base import AdaptiveMethod
 from eatta.monitor.fallback import GivenModelFallback
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 C = 6
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +11,9 @@ import eatta
 from conftest import confident_cnn
 from eatta.selection.base import SelectionContext
 from eatta.split import split_model
+
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
 
 
 @settings(max_examples=20, deadline=None)
