@@ -62,24 +62,31 @@ def public_names() -> list[PublicName]:
     return found
 
 
-def missing_docstrings(names: list[PublicName]) -> list[str]:
-    """The public names without a docstring, as griffe (mkdocstrings' reader) sees them."""
+def static_docstring(n: PublicName) -> str:
+    """The docstring of ``n`` as griffe (mkdocstrings' reader) sees it; empty if none."""
     import griffe
 
-    package = griffe.load("eatta", search_paths=[str(ROOT / "src")], resolve_aliases=False)
-    missing = []
-    for n in names:
-        if n.name.startswith("__"):
-            continue
-        try:
-            obj = package[n.path.removeprefix("eatta.")]
-            target = obj.final_target if obj.is_alias else obj
-            doc = target.docstring.value.strip() if target.docstring else ""
-        except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
-            doc = ""
-        if not doc:
-            missing.append(f"eatta.{n.name} ({n.path})")
-    return missing
+    global _PACKAGE
+    if _PACKAGE is None:
+        _PACKAGE = griffe.load("eatta", search_paths=[str(ROOT / "src")], resolve_aliases=False)
+    try:
+        obj = _PACKAGE[n.path.removeprefix("eatta.")]
+        target = obj.final_target if obj.is_alias else obj
+        return target.docstring.value.strip() if target.docstring else ""
+    except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+        return ""
+
+
+_PACKAGE: Any = None
+
+
+def missing_docstrings(names: list[PublicName]) -> list[str]:
+    """The public names without a docstring (dunder metadata such as ``__version__`` exempt)."""
+    return [
+        f"eatta.{n.name} ({n.path})"
+        for n in names
+        if not n.name.startswith("__") and not static_docstring(n)
+    ]
 
 
 def _summary(doc: str | None) -> str:
@@ -100,7 +107,7 @@ def api_index(names: list[PublicName]) -> str:
     ]
     for n in names:
         obj = getattr(eatta, n.name)
-        doc = inspect.getdoc(obj) if n.kind != "constant" else ""
+        doc = inspect.getdoc(obj) if n.kind != "constant" else static_docstring(n)
         if n.name == "__version__":
             doc = f"the package's version ({obj})"
         link = f"[`eatta.{n.name}`]({_page(n.name)})"
@@ -211,6 +218,17 @@ def on_files(files: Files, config: Any) -> Files:
     for uri, text in generated_pages().items():
         files.append(File.generated(config, uri, content=text))
     return files
+
+
+_ROLE = re.compile(r":(?:attr|func|class|meth|mod|data|exc|obj):(?=<code>)")
+_TILDE = re.compile(r"<code>~(?:[\w]+\.)*(?P<last>\w+)</code>")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    """Docstrings use Sphinx roles (``:class:`X` ``): show them as code, ``~a.b.C`` as ``C``."""
+    if not page.file.src_uri.startswith("api/"):
+        return html
+    return _TILDE.sub(r"<code>\g<last></code>", _ROLE.sub("", html))
 
 
 _LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s#]+)(?P<anchor>#[^)\s]*)?\)")

@@ -74,6 +74,22 @@ def test_the_api_reference_has_every_public_name_and_every_method_key(site: Path
     assert words in _text((site / "api" / "EATTA" / "index.html").read_text(encoding="utf-8"))
 
 
+def test_a_public_name_without_a_docstring_stops_the_build(site_hooks, monkeypatch):
+    from mkdocs.exceptions import PluginError
+
+    from eatta.annotate import oracle
+
+    nav = [{"Home": "index.md"}, {"API reference": "api/index.md"}]
+    assert site_hooks.on_config({"nav": nav}) is not None  # today's names all have one
+    assert [next(iter(e.values())) for e in nav[1]["API reference"][:3]] == [
+        "api/index.md", "api/methods.md", f"api/{eatta.__all__[0].strip('_')}.md"
+    ]  # fmt: skip
+    monkeypatch.setattr(eatta, "Oracle", oracle.Oracle, raising=False)  # a type alias, no doc
+    monkeypatch.setattr(eatta, "__all__", [*eatta.__all__, "Oracle"])
+    with pytest.raises(PluginError, match=r"without a docstring.*eatta\.Oracle"):
+        site_hooks.on_config({"nav": [{"API reference": "api/index.md"}]})
+
+
 def test_the_changelog_and_the_results_are_on_the_site(site: Path):
     assert "Changelog" in (site / "changelog" / "index.html").read_text(encoding="utf-8")
     for page in ("safety", "approx-step", "small-batches", "guard", "real-annotators"):

@@ -18,7 +18,6 @@ import ast
 import contextlib
 import copy
 import importlib.metadata
-import importlib.util
 import linecache
 import re
 import runpy
@@ -458,24 +457,11 @@ def _anchors(page: Path) -> set[str]:
     return {_slug(m[1]) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
 
 
-def _generated_pages() -> set[Path]:
-    """The pages the site's hook (docs/_hooks.py) generates: the API reference, the changelog."""
-    spec = importlib.util.spec_from_file_location("_docs_hooks", REPO / "docs" / "_hooks.py")
-    assert spec is not None and spec.loader is not None
-    hooks = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = hooks  # its dataclass looks its module up
-    try:
-        spec.loader.exec_module(hooks)
-    finally:
-        del sys.modules[spec.name]
-    return {(REPO / "docs" / uri).resolve() for uri in hooks.generated_pages()}
-
-
-def test_relative_links_and_anchors_resolve():
-    """Links between the pages; a link to a generated page only needs the page to be generated
-    (`mkdocs build --strict` checks its anchors)."""
-    pytest.importorskip("mkdocs")
-    generated = _generated_pages()
+def test_relative_links_and_anchors_resolve(site_hooks):
+    """Links between the pages; a link to a page the site's hook generates (the API reference,
+    the changelog) only needs the page to be generated (`mkdocs build --strict` checks its
+    anchors)."""
+    generated = {(REPO / "docs" / uri).resolve() for uri in site_hooks.generated_pages()}
     broken = []
     checked = 0
     for page in PAGES:
