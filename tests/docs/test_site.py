@@ -118,6 +118,7 @@ def test_a_browser_finds_the_quick_start_and_the_page_of_eatta_EATTA(site: Path)
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     try:
         from selenium import webdriver
+        from selenium.common.exceptions import ElementClickInterceptedException
         from selenium.webdriver.chrome.service import Service
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import WebDriverWait
@@ -141,9 +142,16 @@ def test_a_browser_finds_the_quick_start_and_the_page_of_eatta_EATTA(site: Path)
             code = driver.find_element(By.CSS_SELECTOR, "article pre code").text
             assert "eatta.create(" in code
             # from the home page to the API reference, and on to eatta.EATTA, by clicking
-            driver.find_element(By.CSS_SELECTOR, 'article a[href="api/"]').click()
+            def follow(selector: str) -> None:
+                link = driver.find_element(By.CSS_SELECTOR, selector)
+                try:
+                    link.click()
+                except ElementClickInterceptedException:  # under the sticky header
+                    driver.execute_script("arguments[0].click()", link)
+
+            follow('article a[href="api/"]')
             wait.until(lambda d: d.current_url.rstrip("/").endswith("/api"))
-            driver.find_element(By.CSS_SELECTOR, 'article a[href="EATTA/"]').click()
+            follow('article a[href="EATTA/"]')
             wait.until(lambda d: d.current_url.rstrip("/").endswith("/api/EATTA"))
             title = driver.find_element(By.TAG_NAME, "h1").text
             assert title.replace("¶", "").strip() == "eatta.EATTA"
