@@ -14,6 +14,9 @@ from eatta.annotate.oracle import ModelOracle, OracleError, validate_labels
 from eatta.buffer import LabelBuffer
 from eatta.noise import GaussianNoise, RecordedNoise
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 6), st.integers(1, 5), st.none() | st.integers(0, 20), st.integers(1, 40))

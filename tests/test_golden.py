@@ -12,6 +12,9 @@ import torch
 from conftest import GOLDEN_DIR
 from eatta.golden import replay_trace
 
+# the authors' golden traces are batches of 16: small on purpose (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 TRACES = sorted(GOLDEN_DIR.glob("*.pt"))
 TOOL = Path(__file__).parents[1] / "tools" / "replay_golden.py"
 

@@ -12,6 +12,9 @@ from conftest import tiny_cnn
 from eatta._compat import import_timm, import_torchvision
 from eatta.split import SplitNotFoundError, split_model
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 def check(model: nn.Module, x: torch.Tensor, feature_dim: int) -> None:
     model.eval()

@@ -82,7 +82,8 @@ class MixedBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     Args:
         num_features: channels.
-        source_mean, source_var: the given model's running statistics.
+        source_mean: the given model's running mean.
+        source_var: the given model's running variance.
         stats: ``"batch"`` (the statistics of the batch being normalized; gradients flow through
             them) or ``"ema"`` (an exponential moving average of batches' statistics).
         weight: the weight ``w`` on the test statistics, in [0, 1]; or

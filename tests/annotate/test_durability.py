@@ -23,6 +23,9 @@ from typing import Any
 
 import pytest
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 

@@ -14,6 +14,9 @@ from _annotate_helpers import make_request
 from eatta.annotate import Annotator, Answer, LabelQueue, LabelRequest, is_asynchronous
 from eatta.annotate.queue import AnswerRefused, encode_png, sample_digest, tensor_to_png
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 req = make_request
 
 

@@ -19,6 +19,9 @@ from eatta.annotate import AnnotatorCost
 from eatta.bench.commands import monitor_options
 from eatta.bench.monitoring import MonitorOptions
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 BASE = ["--methods", "source,tent,eatta", "--rounds", "2", "--batch-size", "8"]
 BASE += ["--no-progress", "--no-plot", "--jobs", "1"]
 

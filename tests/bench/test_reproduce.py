@@ -20,6 +20,9 @@ from eatta.bench import cli
 from eatta.bench.models import resnet18
 from eatta.data.imagenet import imagenet_wnids
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 FAST = [
     "--random-init",
     "--batch-size",

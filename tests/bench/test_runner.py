@@ -24,6 +24,9 @@ from eatta.bench.runner import RunOptions, run_cell, run_grid
 from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 EVENTS: list[tuple[str, int]] = []
 
 

@@ -1,5 +1,6 @@
-"""The main job's tables in README.md and docs/benchmarks.md hold the numbers of the committed
-results file they were copied from (``eatta-bench``'s ``results.json`` of the main job).
+"""The main job's tables in README.md, docs/start/main-job.md and docs/benchmarks.md hold the
+numbers of the committed results file they were copied from (``eatta-bench``'s ``results.json``
+of the main job).
 
 A table is found by its header: a markdown row whose first cell starts with ``Method`` and that has
 an ``R1`` column. Its rows are matched to the file's cells by label (``baseline (1/batch)``; the
@@ -23,7 +24,11 @@ REPO = Path(__file__).resolve().parents[2]
 #: the committed results file the tables are copied from
 MAIN_JOB_RESULTS = REPO / "benchmarks" / "results" / "main-job" / "results.json"
 #: the pages that show the main job's table
-PAGES = [REPO / "README.md", REPO / "docs" / "benchmarks.md"]
+PAGES = [
+    REPO / "README.md",
+    REPO / "docs" / "start" / "main-job.md",
+    REPO / "docs" / "benchmarks.md",
+]
 
 _FIELDS = {
     "avg.": "average_error",

@@ -17,6 +17,9 @@ from test_baseline import make as make_baseline
 from test_cema import make as make_cema
 from test_simatta import make as make_simatta
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 MAKERS = {"baseline": make_baseline, "cema": make_cema, "simatta": make_simatta}
 methods = pytest.mark.parametrize("method", sorted(MAKERS))
 

@@ -24,6 +24,9 @@ from eatta.methods._approx import (
 )
 from eatta.methods.registry import create
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():

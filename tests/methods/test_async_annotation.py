@@ -37,6 +37,9 @@ from eatta.annotate import (
 from eatta.losses import complementary_cross_entropy, default_entropy_margin, entropy
 from eatta.methods.baseline import Baseline
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 C = 5
 #: Keys that make SimATTA and CEMA quick on a tiny model (their defaults are for real streams).
 SMALL = {

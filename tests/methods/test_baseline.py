@@ -19,6 +19,9 @@ from eatta.methods.baseline import Baseline
 from eatta.methods.registry import create
 from eatta.selection import RandomSelector
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 def make(oracle, budget=1, lr=0.05, seed=0, **kw):
     model = confident_cnn()

@@ -19,6 +19,9 @@ from eatta.methods.cema import CEMA
 from eatta.methods.registry import create
 from eatta.selection import DynamicMarginSelector
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 LN5 = math.log(5)
 
 

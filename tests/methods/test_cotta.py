@@ -12,6 +12,9 @@ from eatta import configure
 from eatta.methods.cotta import CoTTA, TTAAugment, cotta_param_filter, symmetric_cross_entropy
 from eatta.methods.registry import create
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 ALL_PARAMS = {
     "0.weight",
     "1.weight",

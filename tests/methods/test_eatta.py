@@ -23,6 +23,9 @@ from eatta.debias import GradNormDebiaser
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.eatta import StepOptions
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 def make(model=None, budget=1, oracle=None, lr=0.05, **kw):
     model = model if model is not None else confident_cnn()

@@ -28,6 +28,9 @@ from eatta.methods._grads import (
 )
 from eatta.methods.step_options import StepOptions
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 MODES = ("auto", "segmented", "batched")
 SEGMENTED_4 = functools.partial(segmented_grads, segments=4)
 

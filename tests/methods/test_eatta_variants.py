@@ -14,6 +14,9 @@ from eatta.debias import GradNormDebiaser
 from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.methods.registry import available, create, get_spec
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 def test_registered_with_eattas_defaults():
     assert "eatta-stable" in available() and get_spec("eatta-stable").active

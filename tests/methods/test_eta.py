@@ -17,6 +17,9 @@ from eatta.methods.base import InvalidInputError
 from eatta.methods.eta import ETA, EATAFisher, compute_fishers
 from eatta.methods.registry import create
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 BN_PARAMS = ["1.weight", "1.bias", "4.weight", "4.bias"]
 
 

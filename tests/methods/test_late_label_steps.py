@@ -14,6 +14,9 @@ from conftest import confident_cnn
 from eatta.annotate import SimulatedAnnotator
 from eatta.losses import default_entropy_margin, entropy
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 C = 5  # confident_cnn's classes
 
 

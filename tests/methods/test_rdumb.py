@@ -15,6 +15,9 @@ from eatta import configure
 from eatta.methods.eta import ETA
 from eatta.methods.rdumb import RDumb
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 def sgd(model: torch.nn.Module) -> torch.optim.SGD:
     return torch.optim.SGD(configure(model), lr=0.1, momentum=0.9)

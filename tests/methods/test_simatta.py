@@ -16,6 +16,9 @@ from eatta.methods.registry import create
 from eatta.methods.simatta import SimATTA
 from eatta.selection.base import SelectionContext
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 def make(oracle, budget=1, lr=0.02, params="norm", **kw):
     model = confident_cnn()

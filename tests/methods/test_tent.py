@@ -14,6 +14,9 @@ from eatta.losses import entropy
 from eatta.methods.registry import create
 from eatta.methods.tent import Tent
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 BN_PARAMS = {"1.weight", "1.bias", "4.weight", "4.bias"}
 
 

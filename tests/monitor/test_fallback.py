@@ -17,6 +17,9 @@ from eatta.methods.base import AdaptiveMethod
 from eatta.monitor.betting import drift_answers
 from eatta.monitor.fallback import GivenModelFallback
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 C = 6
 
 

@@ -15,6 +15,9 @@ from eatta.annotate import Answer, SimulatedAnnotator
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.monitor import AccuracyMonitor, AuditSampler, Guard, attach
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 C = 5
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,9 @@ from eatta.noise import RecordedNoise
 from eatta.selection.base import SelectionContext
 from eatta.selection.perturbation import PerturbationSelector
 from eatta.split import split_model
+
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
 
 
 @settings(max_examples=20, deadline=None)

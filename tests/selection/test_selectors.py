@@ -32,6 +32,9 @@ from eatta.selection.base import SelectionContext
 from eatta.selection.clustering import cluster_with_anchors
 from eatta.selection.plpd import patch_shuffle
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 # Six 4-class predictions with hand-computed statistics (natural log):
 #   entropy      0.1677 1.3863 1.1683 1.1935 0.9405 0.7663
 #   1 - max p    0.03   0.75   0.5    0.6    0.3    0.4

@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 ABSTAIN = -1
+"""The label an annotator gives for a sample it will not label: the sample is skipped."""
 
 Oracle = Callable[[Tensor, Tensor], "Tensor | None"]
 
