@@ -82,9 +82,10 @@ class EATTA(EATTAStep):
         grad_norm_params: parameters over which the two gradient norms are measured, if not the
             optimizer's (the reference preset measures all norm layers); they are set to
             ``requires_grad=True`` but not updated.
-        grad_mode, autocast, channels_last: how the step runs
-            (:class:`~eatta.methods.step_options.StepOptions`, the one place they are
-            described; also the keys of ``create`` and the config).
+        grad_mode: how the two gradients are computed
+            (:class:`~eatta.methods.step_options.StepOptions` describes the three options).
+        autocast: bf16 autocast of the feature extractor.
+        channels_last: channels-last memory format for the model and the batch.
         approx_proxy: with ``grad_mode="approx"`` (one backward pass on the weighted sum, its
             weights from estimated gradient norms): the estimate, ``"last-norm"`` (the norms
             over the backbone's last normalization layer's affine parameters, found with the
