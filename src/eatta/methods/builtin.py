@@ -6,6 +6,7 @@ import eatta.methods.cotta
 import eatta.methods.eatta
 import eatta.methods.eatta_variants
 import eatta.methods.eta
+import eatta.methods.hiltta
 import eatta.methods.rdumb
 import eatta.methods.sar
 import eatta.methods.simatta
