@@ -44,7 +44,7 @@ ROWS: tuple[Row, ...] = (
     Row("Baseline*", "baseline", 1, published={"ctta": 60.6, "ftta": 56.1}),
     Row("SimATTA† (BFS=300)", "simatta", 3, 300, published={"ctta": 54.8, "ftta": 54.1}),
     Row("CEMA (BFS=300)", "cema", 3, 300, published={"ftta": 52.9}),
-    Row("HILTTA†", None, 3, published={"ctta": 53.7, "ftta": 52.8}),
+    Row("HILTTA†", "hiltta", 3, published={"ctta": 53.7, "ftta": 52.8}),
     Row("EATTA*", "eatta", 1, published={"ctta": 53.8, "ftta": 52.4}),
     Row("EATTA†", "eatta", 3, published={"ctta": 51.9, "ftta": 51.5}),
     Row("EATTA† (BFS=300)", "eatta", 3, 300, published={"ctta": 50.9, "ftta": 50.7}),
