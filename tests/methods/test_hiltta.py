@@ -196,9 +196,21 @@ class Reference:
         return o, lab, best
 
 
-@pytest.mark.parametrize(("budget", "lrs"), [(2, (1e-3, 5e-3, 2e-2)), (3, LR_GRID)])
-def test_steps_match_the_reference_loop(budget, lrs):
-    xs, ys = stream(5, seed=7)
+@pytest.mark.parametrize(
+    ("budget", "lrs", "steps", "learnable"),
+    [
+        (2, (1e-1, 1e-3, 5e-2), 20, True),  # labels the given model agrees with: choices vary
+        (2, (1e-3, 5e-3, 2e-2), 20, False),
+        (3, LR_GRID, 6, False),
+        (4, (5e-3,), 4, False),
+    ],
+)
+def test_steps_match_the_reference_loop(budget, lrs, steps, learnable):
+    xs, ys = stream(steps, seed=7)
+    if learnable:
+        given = confident_cnn().eval()
+        with torch.no_grad():
+            ys = [given(x).argmax(1) for x in xs]
     ref = Reference(lrs, budget)
     oracle = Answers()
     m = make(oracle, budget=budget, candidates=lrs)
@@ -214,6 +226,8 @@ def test_steps_match_the_reference_loop(budget, lrs):
         for (name, p), q in zip(m.model.named_parameters(), ref.model.parameters(), strict=True):
             assert torch.allclose(p, q, atol=1e-5), name
         chosen.append(best)
+    if learnable:
+        assert len(set(chosen)) >= 2, chosen  # the choice itself is pinned, not only candidate 0
     assert torch.allclose(m.scores, torch.tensor(ref.queue, dtype=torch.float64), atol=1e-6)
 
 
