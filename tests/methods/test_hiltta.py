@@ -133,14 +133,31 @@ class Reference:
     """The authors' loop for TENT, written out with plain torch: K-Margin, carried candidates,
     anchor + CE scores normalised and averaged, the winner's copy, then Adam on all params."""
 
-    def __init__(self, lrs, budget, momentum=0.5, active_lr=1e-5):
+    def __init__(self, values, budget, momentum=0.5, active_lr=1e-5, lr=1e-3):
         self.model = confident_cnn()
         self.anchor = copy.deepcopy(self.model).eval()
         self.params = eatta.configure(self.model)
-        self.opt = torch.optim.SGD(self.params, lr=1e-3, momentum=0.9, nesterov=True)
+        self.opt = torch.optim.SGD(self.params, lr=lr, momentum=0.9, nesterov=True)
         self.active = torch.optim.Adam(self.model.parameters(), lr=active_lr)
-        self.lrs, self.k, self.m = lrs, budget, momentum
+        self.values, self.k, self.m = values, budget, momentum
         self.queue = None
+
+    # the base method's part (TENT: the learning rate, mean entropy, no state)
+    def set_value(self, v):
+        for g in self.opt.param_groups:
+            g["lr"] = v
+
+    def adapt(self, xu):
+        loss = entropy(self.model(xu)).mean()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+
+    def extra(self):
+        return None
+
+    def load_extra(self, extra):
+        pass
 
     def step(self, x, y):
         backbone, head = self.model[:-1], self.model[-1]
@@ -150,22 +167,22 @@ class Reference:
         lab = k_margin(o, z, self.k)
         unl = torch.tensor([i for i in range(len(x)) if i not in lab.tolist()])
         saved = []
-        for lr in self.lrs:
-            for g in self.opt.param_groups:
-                g["lr"] = lr
-            loss = entropy(self.model(x[unl])).mean()
-            loss.backward()
-            self.opt.step()
-            self.opt.zero_grad()
+        for v in self.values:
+            self.set_value(v)
+            self.adapt(x[unl])
             saved.append(
-                (copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.opt.state_dict()))
+                (
+                    copy.deepcopy(self.model.state_dict()),
+                    copy.deepcopy(self.opt.state_dict()),
+                    copy.deepcopy(self.extra()),
+                )
             )
         inp = torch.cat([x[unl], x[lab]])
         n = len(unl)
         q1, q2 = [], []
         with torch.no_grad():
             anchor_p = self.anchor(inp).softmax(1)
-            for state, _ in saved:
+            for state, _, _ in saved:
                 self.model.load_state_dict(state)
                 out = self.model(inp)
                 q1.append(((out[:n].softmax(1) - anchor_p[:n]) ** 2).mean().item())
@@ -187,6 +204,8 @@ class Reference:
         best = min(range(len(total)), key=lambda j: (self.queue[j], j))
         self.model.load_state_dict(saved[best][0])
         self.opt.load_state_dict(saved[best][1])
+        self.load_extra(saved[best][2])
+        self.set_value(self.values[best])
         for p in self.model.parameters():
             p.requires_grad_(True)
         F.cross_entropy(self.model(x)[lab], y[lab]).backward()
@@ -194,6 +213,43 @@ class Reference:
         self.active.zero_grad()
         eatta.configure(self.model)  # back to the norm parameters only (configure_model)
         return o, lab, best
+
+
+class EtaReference(Reference):
+    """EATA's step (no Fisher term) as the authors' ``methods/eata.py`` takes it, tuning the
+    cosine threshold; the probability average travels with each candidate's copy."""
+
+    def __init__(self, values, budget):
+        super().__init__(values, budget, lr=5e-3)
+        self.d, self.probs = None, None
+
+    def set_value(self, v):
+        self.d = v
+
+    def adapt(self, xu):
+        logits = self.model(xu)
+        e0 = 0.4 * math.log(C)
+        h = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
+        keep = torch.nonzero(h < e0).flatten()
+        probs = logits[keep].softmax(1)
+        if self.probs is not None:
+            cos = F.cosine_similarity(self.probs[None], probs, dim=1)
+            keep2 = torch.nonzero(cos.abs() < self.d).flatten()
+            keep, probs = keep[keep2], probs[keep2]
+        hk = h[keep]
+        loss = (hk / torch.exp(hk.detach() - e0)).mean()
+        if len(keep):
+            loss.backward()
+            self.opt.step()
+            mean = probs.detach().mean(0)
+            self.probs = mean if self.probs is None else 0.9 * self.probs + 0.1 * mean
+        self.opt.zero_grad()
+
+    def extra(self):
+        return self.probs
+
+    def load_extra(self, extra):
+        self.probs = extra
 
 
 @pytest.mark.parametrize(
@@ -229,6 +285,35 @@ def test_steps_match_the_reference_loop(budget, lrs, steps, learnable):
     if learnable:
         assert len(set(chosen)) >= 2, chosen  # the choice itself is pinned, not only candidate 0
     assert torch.allclose(m.scores, torch.tensor(ref.queue, dtype=torch.float64), atol=1e-6)
+
+
+@pytest.mark.parametrize("margins", [(0.05, 0.4, 1.0), (1.0, 0.2, 0.05, 0.6)])
+def test_eta_steps_match_the_reference_loop(margins):
+    xs, ys = stream(12, seed=9)
+    given = confident_cnn().eval()
+    with torch.no_grad():
+        ys = [given(x).argmax(1) for x in xs]
+    ref = EtaReference(margins, 2)
+    oracle = Answers()
+    model = confident_cnn()
+    anchor = copy.deepcopy(model).eval()
+    opt = torch.optim.SGD(eatta.configure(model), lr=5e-3, momentum=0.9, nesterov=True)
+    m = HILTTA(model, ETA(model, opt), oracle=oracle, budget=2, candidates=margins, anchor=anchor)
+    chosen = []
+    for x, y in zip(xs, ys, strict=True):
+        oracle.y = y
+        out = m(x)
+        o, lab, best = ref.step(x, y)
+        assert torch.allclose(out, o, atol=1e-5)
+        assert m.last_step.selected.tolist() == lab.tolist()
+        assert m.last_step.chosen == best and m.value == margins[best]
+        for p, q in zip(m.model.parameters(), ref.model.parameters(), strict=True):
+            assert torch.allclose(p, q, atol=1e-5)
+        # the winner's average, not the last candidate's (the carried steps make ETA's winner the
+        # first candidate here, so restoring the wrong copy would show)
+        assert torch.allclose(m.base.model_probs, ref.probs, atol=1e-6)
+        chosen.append(best)
+    assert len(margins) - 1 not in chosen
 
 
 def test_candidates_are_carried_from_one_to_the_next():
