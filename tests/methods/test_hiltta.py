@@ -316,6 +316,39 @@ def test_eta_steps_match_the_reference_loop(margins):
     assert len(margins) - 1 not in chosen
 
 
+def test_sar_keeps_the_last_candidates_loss_average_and_the_winners_model(monkeypatch):
+    """The authors' SAR path restores models and optimizer only: SAR's loss average stays as the
+    last candidate left it, while the model is the winner's (no supervised step: active_lr=0)."""
+    from eatta.methods.sar import SAR
+
+    emas, models = [], []
+    real = SAR.forward_and_adapt
+
+    def recording(self, x):
+        out = real(self, x)
+        emas.append(self.ema)
+        models.append({k: v.clone() for k, v in self.model.state_dict().items()})
+        return out
+
+    monkeypatch.setattr(SAR, "forward_and_adapt", recording)
+    m = eatta.create(
+        "hiltta", confident_cnn(), oracle=GroundTruthOracle(), budget=2, base="sar",
+        candidates=(1e-3, 5e-2, 1e-1), active_lr=0.0,
+    )  # fmt: skip
+    assert m.base.reset_constant == 0.0 and m.tune == "lr"
+    assert m.optimizer.param_groups[0]["nesterov"] is False
+    xs, ys = stream(3, seed=2)
+    for x, y in zip(xs, ys, strict=True):
+        emas.clear()
+        models.clear()
+        m(x, labels=y)
+        best = m.last_step.chosen
+        assert len(emas) == 3 and len(set(emas)) == 3
+        assert m.base.ema == emas[-1]
+        assert m.value == (1e-3, 5e-2, 1e-1)[best]
+        assert not differences(models[best], dict(m.model.state_dict()))  # active_lr=0
+
+
 def test_candidates_are_carried_from_one_to_the_next():
     """With a zero learning rate in between, candidate 2 equals candidate 1: no restart."""
     oracle = Answers()
