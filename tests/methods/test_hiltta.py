@@ -550,6 +550,7 @@ def untouched(model, state, flags):
         ({"budget": eatta.Budget(0)}, ValueError, "at least one label"),
         ({"base": "tent", "tune": "d_margin"}, ValueError, "eta"),
         ({"score_momentum": 1.5}, ValueError, "score_momentum"),
+        ({"buffer": 300}, ValueError, "no replay buffer"),
         ({"candidate": (1e-3,)}, TypeError, "did you mean 'candidates'"),
     ],
 )

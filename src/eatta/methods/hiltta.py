@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -445,7 +445,12 @@ def _check_candidates(candidates: Any, tune: str) -> tuple[float, ...]:
 class HILTTAConfig(OptimizerConfig):
     """HILTTA's keys. The base's optimizer follows the authors' configuration: SGD, momentum
     0.9, Nesterov for TENT/ETA (``conf.py``), plain momentum under SAR's SAM (``methods/sar.py``);
-    ``lr`` is the base's rate where the grid tunes something else (ETA's ``d_margin``)."""
+    ``lr`` is the base's rate where the grid tunes something else (ETA's ``d_margin``).
+    ``base="sar"`` also sets ``nesterov=False`` and ``params="sar"`` unless given."""
+
+    EXPANSIONS: ClassVar[Mapping[str, Mapping[Any, Mapping[str, Any]]]] = {
+        "base": {"sar": {"nesterov": False, "params": "sar"}}
+    }
 
     base: Literal["tent", "eta", "sar"] = hparam("tent", "the label-free method tuned")
     candidates: tuple[float, ...] | None = hparam(
@@ -454,11 +459,9 @@ class HILTTAConfig(OptimizerConfig):
     tune: Literal["lr", "d_margin"] | None = hparam(
         None, "hyperparameter chosen (None: lr for tent/sar, d_margin for eta)"
     )
-    nesterov: bool | None = hparam(  # type: ignore[assignment]  # None: the base's own default
-        None, "SGD Nesterov momentum (None: True, False for sar)"
-    )
-    params: Literal["sar"] | ParamSelection | None = hparam(
-        None, "parameters the base adapts (None: 'sar' for sar, else 'norm')"
+    nesterov: bool = hparam(True, "SGD Nesterov momentum (base='sar' sets False)")
+    params: Literal["sar"] | ParamSelection = hparam(
+        "norm", "parameters the base adapts (base='sar' sets 'sar': SAR's norm layers)"
     )
     active_lr: float = hparam(1e-5, "Adam rate of the supervised step (ACTIVE.LR)", min=0.0)
     score_momentum: float = hparam(0.5, "momentum of the score average", min=0.0, max=1.0)
@@ -471,25 +474,24 @@ class HILTTAConfig(OptimizerConfig):
     label_expiry: int = hparam(
         DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
     )
+    buffer: int | None = hparam(None, "replay buffer: HILTTA keeps none (None or 0 only)", min=0)
 
 
 def _build_base(model: nn.Module, cfg: HILTTAConfig) -> AdaptiveMethod:
-    nesterov = cfg.nesterov if cfg.nesterov is not None else cfg.base != "sar"
-    hp = replace(cfg, nesterov=nesterov)
-    selection = cfg.params if cfg.params is not None else ("sar" if cfg.base == "sar" else "norm")
-    params = sar_params(model) if selection == "sar" else configure(model, selection)
-    opt = make_optimizer(params, hp)
+    # every base's keys are read, so a key given for another base is still checked and seen
+    margin, d_margin = cfg.entropy_margin, cfg.d_margin
+    rho, reset_constant = cfg.rho, cfg.reset_constant
+    params = sar_params(model) if cfg.params == "sar" else configure(model, cfg.params)
+    opt = make_optimizer(params, cfg)
     if cfg.base == "tent":
         return Tent(model, opt, split=cfg.split)
     if cfg.base == "eta":
-        return ETA(
-            model, opt, entropy_margin=cfg.entropy_margin, d_margin=cfg.d_margin, split=cfg.split
-        )
+        return ETA(model, opt, entropy_margin=margin, d_margin=d_margin, split=cfg.split)
     return SAR(
         model,
-        SAM(opt, rho=cfg.rho),
-        entropy_margin=cfg.entropy_margin,
-        reset_constant=cfg.reset_constant,
+        SAM(opt, rho=rho),
+        entropy_margin=margin,
+        reset_constant=reset_constant,
         split=cfg.split,
     )
 
@@ -502,6 +504,11 @@ def _build_hiltta(
         raise ValueError(
             f"HILTTA needs at least one label per batch (budget={budget.per_batch}): its labels "
             "choose the candidate and train the model"
+        )
+    if cfg.buffer:
+        raise ValueError(
+            f"HILTTA keeps no replay buffer (its labels serve the batch they came with), got "
+            f"buffer={cfg.buffer}"
         )
     if cfg.candidates is not None:
         _check_candidates(cfg.candidates, cfg.tune or DEFAULT_GRIDS[cfg.base][0])
