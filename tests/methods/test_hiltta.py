@@ -133,9 +133,10 @@ class Reference:
     """The authors' loop for TENT, written out with plain torch: K-Margin, carried candidates,
     anchor + CE scores normalised and averaged, the winner's copy, then Adam on all params."""
 
-    def __init__(self, values, budget, momentum=0.5, active_lr=1e-5, lr=1e-3):
+    def __init__(self, values, budget, momentum=0.5, active_lr=1e-5, lr=1e-3, stats="batch"):
         self.model = confident_cnn()
-        self.anchor = copy.deepcopy(self.model).eval()
+        # their ImageNet anchor: get_model's torchvision model, left in train mode
+        self.anchor = copy.deepcopy(self.model).train(stats == "batch")
         self.params = eatta.configure(self.model)
         self.opt = torch.optim.SGD(self.params, lr=lr, momentum=0.9, nesterov=True)
         self.active = torch.optim.Adam(self.model.parameters(), lr=active_lr)
@@ -253,23 +254,24 @@ class EtaReference(Reference):
 
 
 @pytest.mark.parametrize(
-    ("budget", "lrs", "steps", "learnable"),
+    ("budget", "lrs", "steps", "learnable", "stats"),
     [
-        (2, (1e-1, 1e-3, 5e-2), 20, True),  # labels the given model agrees with: choices vary
-        (2, (1e-3, 5e-3, 2e-2), 20, False),
-        (3, LR_GRID, 6, False),
-        (4, (5e-3,), 4, False),
+        (2, (1e-1, 1e-3, 5e-2), 20, True, "batch"),  # labels the given model agrees with
+        (2, (1e-1, 1e-3, 5e-2), 20, True, "running"),
+        (2, (1e-3, 5e-3, 2e-2), 20, False, "batch"),
+        (3, LR_GRID, 6, False, "batch"),
+        (4, (5e-3,), 4, False, "batch"),
     ],
 )
-def test_steps_match_the_reference_loop(budget, lrs, steps, learnable):
+def test_steps_match_the_reference_loop(budget, lrs, steps, learnable, stats):
     xs, ys = stream(steps, seed=7)
     if learnable:
         given = confident_cnn().eval()
         with torch.no_grad():
             ys = [given(x).argmax(1) for x in xs]
-    ref = Reference(lrs, budget)
+    ref = Reference(lrs, budget, stats=stats)
     oracle = Answers()
-    m = make(oracle, budget=budget, candidates=lrs)
+    m = make(oracle, budget=budget, candidates=lrs, anchor_stats=stats)
     chosen = []
     for x, y in zip(xs, ys, strict=True):
         oracle.y = y
@@ -550,6 +552,7 @@ def untouched(model, state, flags):
         ({"budget": eatta.Budget(0)}, ValueError, "at least one label"),
         ({"base": "tent", "tune": "d_margin"}, ValueError, "eta"),
         ({"score_momentum": 1.5}, ValueError, "score_momentum"),
+        ({"anchor_stats": "ema"}, ValueError, "anchor_stats"),
         ({"buffer": 300}, ValueError, "no replay buffer"),
         ({"candidate": (1e-3,)}, TypeError, "did you mean 'candidates'"),
     ],
@@ -597,7 +600,13 @@ def test_create_on_the_packaged_digits_cnn(base):
         assert out.shape == (32, 10) and torch.isfinite(out).all()
     assert m.labels_used == 6
     assert m.anchor.training is False
-    assert all(b.running_mean is not None for b in m.anchor.modules() if hasattr(b, "running_mean"))
+    norms = [b for b in m.anchor.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+    assert norms and all(b.running_mean is None for b in norms)  # input statistics
+    running = eatta.create(
+        "hiltta", packaged_digits_source()[0], oracle=GroundTruthOracle(), anchor_stats="running"
+    )
+    norms = [b for b in running.anchor.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+    assert norms and all(b.running_mean is not None for b in norms)
 
 
 def test_create_on_a_torchvision_resnet():

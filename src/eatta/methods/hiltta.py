@@ -14,14 +14,14 @@ Learned from the authors' code (github.com/Yushu-Li/HILTTA: ``hiltta.py``, ``mai
    ``j`` is the model after ``j + 1`` successive steps with the first ``j + 1`` values, not one
    step from the same start.
 3. **Model selection** (only when labels came): each candidate copy predicts on the unlabelled
-   part followed by the labelled pool (one forward pass, the model's adaptation mode); its
-   *anchor loss* is the mean squared difference between its softmax and the given model's
-   (the *anchor*: the model as given, before :func:`eatta.configure`, in eval mode) on the
-   unlabelled part; its *CE* is the cross-entropy on the labelled pool. Each list is min-max
-   normalised over the candidates (``(v - min) / max``; a list of equal values becomes all 1),
-   the two are added, and an exponential moving average over batches, ``s ← m·s + (1 - m)·r``
-   (``m = 0.5``; the first batch's ``r`` starts it), scores the candidates; the lowest wins (the
-   first on a tie). Without labels, the first candidate wins and the average is left alone.
+   part followed by the labelled pool (one forward pass, the model's adaptation mode). Its
+   *anchor loss* is the mean squared difference between its softmax and the given model's (the
+   *anchor*: the model as given, before :func:`eatta.configure`) on the unlabelled part; its
+   *CE* is the cross-entropy on the labelled pool. Each list is min-max normalised over the
+   candidates (``(v - min) / max``; a list of equal values becomes all 1), the two are added,
+   and an exponential moving average over batches, ``s ← m·s + (1 - m)·r`` (``m = 0.5``; the
+   first batch's ``r`` starts it), scores the candidates; the lowest wins (the first on a tie).
+   Without labels, the first candidate wins and the average is left alone.
 4. The winning copy is loaded: the model, the base's optimizer (its hyperparameter included) and
    the base's state (ETA's probability average). **SAR**: as the authors' SAR path restores
    only models and optimizer, SAR's loss average stays as the last candidate left it.
@@ -47,6 +47,11 @@ Deviations, each deliberate:
   they arrive in (their kept inputs appended to the supervised forward pass); with a zero-delay
   annotator the step is the synchronous one, bit for bit.
 * SAR's recovery threshold defaults to 0.0 (``SAR.RESET_CONSTANT_EM`` in ``conf.py``: never).
+* The anchor's normalisation. Their ``main.py`` builds the anchor with ``get_model``, which puts
+  RobustBench models in eval mode but leaves torchvision/timm models (their ImageNet runs) in
+  train mode: BatchNorm then normalises with the statistics of the anchor's input. The default,
+  ``anchor_stats="batch"``, does the same without touching running buffers;
+  ``anchor_stats="running"`` uses the given model's running statistics (their CIFAR path).
 """
 
 from __future__ import annotations
@@ -159,6 +164,8 @@ class HILTTA(AdaptiveMethod):
         tune: ``"lr"`` or ``"d_margin"`` (ETA only); default: the base's, as in run.sh.
         anchor: the given model, before configuring (default: a frozen copy of ``model`` as it
             is now; pass the unconfigured model so the anchor keeps its running statistics).
+        anchor_stats: ``"batch"`` (the anchor's BatchNorm layers normalise with the statistics
+            of its input, as the authors' ImageNet anchor in train mode) or ``"running"``.
         active_optimizer: optimizer of the supervised step (default Adam, lr ``active_lr``,
             over all of the model's parameters, as ``main.py``).
         active_lr: its learning rate when it is built here (1e-5).
@@ -180,6 +187,7 @@ class HILTTA(AdaptiveMethod):
         candidates: Sequence[float] | None = None,
         tune: str | None = None,
         anchor: nn.Module | None = None,
+        anchor_stats: str = "batch",
         active_optimizer: torch.optim.Optimizer | None = None,
         active_lr: float = 1e-5,
         score_momentum: float = 0.5,
@@ -206,6 +214,8 @@ class HILTTA(AdaptiveMethod):
                 f"HILTTA needs at least one label per batch (budget={budget.per_batch}): its "
                 "labels choose the candidate and train the model"
             )
+        if anchor_stats not in ("batch", "running"):
+            raise ValueError(f"anchor_stats must be 'batch' or 'running', got {anchor_stats!r}")
         if not 0.0 <= score_momentum <= 1.0:
             raise ValueError(f"score_momentum must be in [0, 1], got {score_momentum!r}")
         if not active_lr >= 0.0:
@@ -222,8 +232,11 @@ class HILTTA(AdaptiveMethod):
         self.selector = KMarginSelector()
         self.history = NoClassBalance()
         frozen = anchor if anchor is not None else copy.deepcopy(model)
+        if anchor_stats == "batch":
+            configure(frozen, "norm")  # eval mode, BatchNorm on the statistics of its input
         frozen.requires_grad_(False)
         self.anchor = frozen.eval()
+        self.anchor_stats = anchor_stats
         self.active_optimizer = active_optimizer or torch.optim.Adam(
             model.parameters(), lr=active_lr
         )
@@ -465,6 +478,9 @@ class HILTTAConfig(OptimizerConfig):
     )
     active_lr: float = hparam(1e-5, "Adam rate of the supervised step (ACTIVE.LR)", min=0.0)
     score_momentum: float = hparam(0.5, "momentum of the score average", min=0.0, max=1.0)
+    anchor_stats: Literal["batch", "running"] = hparam(
+        "batch", "the anchor's BatchNorm: input statistics (their ImageNet) or running ones"
+    )
     d_margin: float = hparam(0.05, "ETA's cosine threshold when it is not tuned", min=0.0)
     entropy_margin: float | None = hparam(
         None, "reliability threshold E0 of eta/sar (None: 0.4 ln C)", min=0.0
@@ -524,6 +540,7 @@ def _build_hiltta(
         candidates=cfg.candidates,
         tune=cfg.tune,
         anchor=anchor,
+        anchor_stats=cfg.anchor_stats,
         active_lr=cfg.active_lr,
         score_momentum=cfg.score_momentum,
         split=cfg.split,
