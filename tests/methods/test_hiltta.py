@@ -467,6 +467,26 @@ def test_a_failing_candidate_step_leaves_no_trace(monkeypatch):
     assert m.value == value
 
 
+def test_a_failing_supervised_step_leaves_no_trace(monkeypatch):
+    """After the scores were updated: the average, model and both optimizers are restored."""
+    xs, ys = stream(2)
+    oracle = Answers()
+    m = make(oracle)
+    run(m, oracle, xs[:1], ys[:1])
+    before = exact_state(m)
+    scores = m.scores.clone()
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(m, "_supervised", failing)
+    oracle.y = ys[1]
+    with pytest.raises(RuntimeError, match="boom"):
+        m(xs[1])
+    assert not differences(before, exact_state(m))
+    assert torch.equal(m.scores, scores)
+
+
 # -- 4. asynchronous annotators -----------------------------------------------------------------
 
 

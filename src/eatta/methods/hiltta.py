@@ -294,7 +294,7 @@ class HILTTA(AdaptiveMethod):
             pool_x, pool_y = torch.cat([pool_x, late_x]), torch.cat([pool_y, late_y])
         record = HILTTAStep(logits=o.detach(), selected=lab_idx, labels=lab_y, late=len(late))
 
-        start = self._copy()  # the rollback point (their saved_model[0])
+        start, scores = self._copy(), self.scores  # the rollback point (their saved_model[0])
         try:
             copies = []
             for value in self.candidates:  # carried: each step starts where the last ended
@@ -312,6 +312,7 @@ class HILTTA(AdaptiveMethod):
                 record.supervised_loss = self._supervised(torch.cat([x, late_x]), rows, pool_y)
         except BaseException:
             self._load(start, base_state=True)
+            self.scores = scores
             raise
         self.budget.commit(len(lab_idx) if self._asking is None else self._asking.sent)
         if self._asking is not None:
