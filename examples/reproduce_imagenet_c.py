@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Reproduce the paper's Table 1: ImageNet-C, severity 5, ResNet-50 (BatchNorm), CTTA and FTTA.
 
-Runs the rows of the table that are implemented here (every method of method.md §7 except
-HILTTA, whose numbers are quoted) on the 15 corruptions in the standard order (50,000 images
+Runs the rows of the table (every method of method.md §7; HILTTA with its registry defaults,
+TENT as the base: docs/hiltta.md) on the 15 corruptions in the standard order (50,000 images
 each, batches of 64) and prints the published average error beside the measured one, followed by
 the full per-corruption table. Outputs (JSON, CSV, markdown, PNG) go to ``--out``; an interrupted
 run resumes from its checkpoints when started again with the same arguments; ``--shard i/n``
