@@ -12,6 +12,7 @@ from eatta.methods import cotta as cotta
 from eatta.methods import eatta as eatta
 from eatta.methods import eatta_variants as eatta_variants
 from eatta.methods import eta as eta
+from eatta.methods import hiltta as hiltta
 from eatta.methods import rdumb as rdumb
 from eatta.methods import sar as sar
 from eatta.methods import simatta as simatta

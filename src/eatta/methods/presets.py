@@ -62,4 +62,6 @@ DATASET_PRESETS: dict[str, Rows] = {
     # 10 steps per labelled batch on ImageNet, 30 with Adam 5e-3 on PACS.
     "simatta": {"pacs": _adam(5e-3, steps=30), **_DIGITS_SGD},
     "cema": {"pacs": _adam(5e-3), **_DIGITS_SGD},
+    # HILTTA: the base's rate where its grid tunes something else (eta's d_margin).
+    "hiltta": _DIGITS_SGD,
 }
