@@ -67,10 +67,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import Oracle
-from eatta.annotate.pending import Arrived
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.history import NoClassBalance
+from eatta.methods._active import DEFAULT_MAX_AGE
+from eatta.methods.active import ActiveMethod
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eta import ETA
@@ -78,19 +79,8 @@ from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.sar import SAM, SAR, sar_params
 from eatta.methods.tent import Tent
-from eatta.selection.base import SelectionContext
 from eatta.selection.kmargin import KMarginSelector
 from eatta.split import ModelSplit
-
-# -- the active-method layer: every use of it is in this block and in _ask() below ---------------
-from eatta.methods._active import (  # isort: skip
-    DEFAULT_MAX_AGE,
-    AsyncAsking,
-    check_annotator,
-    current_answers,
-    select_and_ask,
-    split_answer,
-)
 
 __all__ = ["DEFAULT_GRIDS", "HILTTA", "HILTTAStep", "min_max", "smooth"]
 
@@ -150,7 +140,7 @@ class _Copy:
     value: float
 
 
-class HILTTA(AdaptiveMethod):
+class HILTTA(ActiveMethod):
     """K-Margin labels choose among one-step candidates of a label-free method, then train.
 
     Args:
@@ -175,6 +165,7 @@ class HILTTA(AdaptiveMethod):
     """
 
     optimizer: torch.optim.Optimizer  # the base's
+    selects_every_batch = True  # as their loop: K-Margin runs on every batch, k = 0 included
     _base: AdaptiveMethod  # set with object.__setattr__: not a submodule
 
     def __init__(
@@ -220,15 +211,14 @@ class HILTTA(AdaptiveMethod):
             raise ValueError(f"score_momentum must be in [0, 1], got {score_momentum!r}")
         if not active_lr >= 0.0:
             raise ValueError(f"active_lr must be >= 0, got {active_lr!r}")
-        feedback = check_annotator(oracle, "HILTTA", binary=False, label_expiry=label_expiry)
-        super().__init__(model, base.optimizer, split=split, check_finite=check_finite)
+        if base.optimizer is None:
+            raise TypeError("HILTTA's base method needs an optimizer (its lr is tuned)")
+        super().__init__(
+            model, base.optimizer, oracle=oracle, budget=budget, label_expiry=label_expiry,
+            split=split, check_finite=check_finite,
+        )  # fmt: skip
         object.__setattr__(self, "_base", base)  # not a submodule: its model is ours
         self.base_name, self.tune, self.candidates = name, tune, grid
-        self.oracle = oracle
-        self._asking = (
-            None if feedback is None else AsyncAsking(oracle, feedback, label_expiry)  # type: ignore[arg-type]  # asynchronous: checked
-        )
-        self.budget = budget
         self.selector = KMarginSelector()
         self.history = NoClassBalance()
         frozen = anchor if anchor is not None else copy.deepcopy(model)
@@ -271,17 +261,16 @@ class HILTTA(AdaptiveMethod):
             assert isinstance(base, ETA)  # d_margin: checked in __init__
             base.d_margin = value
 
-    @property
-    def labels_used(self) -> int:
-        return self.budget.labels_used
-
     # -- the step --------------------------------------------------------------------------
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         with torch.no_grad():
             z, o = self.features_and_logits(x)
         batch = x.shape[0]
         k = max(0, min(self.budget.allowance(), batch - 2))
-        lab_idx, lab_y, selected, late = self._ask(x, z, o, k)
+        answers = self.ask(x, z, o, k, self.selector, self.history)
+        lab_idx, lab_y = answers.indices, answers.targets
+        selected = lab_idx if answers.selection is None else answers.selection.indices
+        late = [a for a in answers.late if a.label is not None]  # class answers only
         mask = torch.ones(batch, dtype=torch.bool)
         mask[selected] = False
         unl = mask.nonzero().flatten().to(x.device)
@@ -314,32 +303,11 @@ class HILTTA(AdaptiveMethod):
             self._load(start, base_state=True)
             self.scores = scores
             raise
-        self.budget.commit(len(lab_idx) if self._asking is None else self._asking.sent)
-        if self._asking is not None:
-            self._asking.committed()
+        self.charge(answers)
+        self.asking_committed()
         record.scores = None if self.scores is None else self.scores.clone()
         self.last_step = record
         return o.detach()
-
-    def _ask(
-        self, x: Tensor, z: Tensor, o: Tensor, k: int
-    ) -> tuple[Tensor, Tensor, Tensor, list[Arrived]]:
-        """The active-method layer: select with K-Margin and ask (sync or async).
-
-        ``(labelled indices, their labels, selected indices, late class answers)``."""
-        backbone, head = self.split
-        ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
-        late: list[Arrived] = []
-        if self._asking is not None:
-            self._asking.begin()
-            selection = self._asking.request(self.selector, self.history, ctx, k)
-            current, late = self._asking.collect()
-            labels: Tensor | None = current_answers(selection.indices, current)[0]
-        else:
-            selection, labels = select_and_ask(self.selector, self.history, ctx, k, self.oracle)
-        lab_idx, lab_y, _ = split_answer(selection.indices, labels)
-        late = [a for a in late if a.label is not None]
-        return lab_idx, lab_y, selection.indices, late
 
     def _choose(
         self, xu: Tensor, pool_x: Tensor, pool_y: Tensor, copies: list[_Copy], record: HILTTAStep
@@ -395,11 +363,7 @@ class HILTTA(AdaptiveMethod):
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
-        return {
-            "budget": self.budget,
-            "selector": self.selector,
-            "pending": None if self._asking is None else self._asking.pending,
-        }
+        return {**self.asking_parts(), "selector": self.selector}
 
     def reset_method_state(self) -> None:
         super().reset_method_state()
