@@ -217,6 +217,89 @@ def _page_file(name: str) -> bytes:
     return resources.files("eatta.annotate").joinpath("page").joinpath(name).read_bytes()
 
 
+class _Routes:
+    """The page's handlers over one queue, opened on first use and closed when the app stops."""
+
+    def __init__(self, queue_path: str | os.PathLike[str], order: Order, page_limit: int) -> None:
+        self.queue_path, self.order, self.page_limit = queue_path, order, page_limit
+        self._queue: LabelQueue | None = None
+
+    def queue(self) -> LabelQueue:
+        if self._queue is None:
+            self._queue = LabelQueue(self.queue_path, order=self.order)
+        return self._queue
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if self._queue is not None:
+                self._queue.close()
+                self._queue = None
+
+    def index(self, request: Request) -> Response:
+        return Response(_page_file("index.html"), media_type="text/html; charset=utf-8")
+
+    def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _STATIC:
+            raise HTTPException(404, "no such file")
+        return Response(_page_file(name), media_type=_STATIC[name])
+
+    def favicon(self, request: Request) -> Response:
+        return Response(status_code=204)  # no icon, and no 404 in the browser's console
+
+    def pending(self, request: Request) -> Response:
+        raw = request.query_params.get("limit", str(self.page_limit))
+        if not raw.isdigit():
+            raise HTTPException(400, "limit must be a non-negative integer")
+        items = self.queue().pending(min(int(raw), self.page_limit))
+        for item in items:
+            item["image"] = f"/api/images/{item['id']}.png" if item.pop("has_image") else None
+            item["prediction_name"] = item["classes"][item["prediction"]]
+        return JSONResponse(items)
+
+    def stats(self, request: Request) -> Response:
+        return JSONResponse(self.queue().stats())
+
+    def image(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        key = name[:-4] if name.endswith(".png") else ""
+        if ID_PATTERN.fullmatch(key) is None:
+            raise HTTPException(404, "no such image")
+        png = self.queue().image(key)
+        if png is None:
+            raise HTTPException(404, f"no image for request {key!r}")
+        # a key's image never changes: the page may keep it
+        return Response(
+            png, media_type="image/png", headers={"cache-control": "private, max-age=3600"}
+        )
+
+    async def answers(self, request: Request) -> Response:
+        try:
+            data = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError):
+            raise HTTPException(400, "the body is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise HTTPException(422, "an answer is a JSON object: {id, label | correct | skip}")
+        seconds = data.pop("seconds", None)
+        try:
+            answer = Answer.from_mapping(data)
+        except AnswerError as err:
+            raise HTTPException(422, str(err)) from None
+        try:
+            seq = await run_in_threadpool(self.queue().answer, answer, seconds=seconds)
+        except AnswerRefused as err:
+            raise HTTPException(err.status, str(err)) from None
+        return JSONResponse({"ok": True, "id": answer.id, "seq": seq})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+
 def make_app(
     queue_path: str | os.PathLike[str],
     token: str | None = None,
@@ -235,92 +318,18 @@ def make_app(
     check_order(order)
     if token is not None and (not isinstance(token, str) or len(token) < 8):
         raise ValueError("a token must be a string of at least 8 characters")
-    holder: dict[str, LabelQueue] = {}
-
-    def queue() -> LabelQueue:
-        if "queue" not in holder:
-            holder["queue"] = LabelQueue(queue_path, order=order)
-        return holder["queue"]
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            if "queue" in holder:
-                holder.pop("queue").close()
-
-    def index(request: Request) -> Response:
-        return Response(_page_file("index.html"), media_type="text/html; charset=utf-8")
-
-    def static(request: Request) -> Response:
-        name = request.path_params["name"]
-        if name not in _STATIC:
-            raise HTTPException(404, "no such file")
-        return Response(_page_file(name), media_type=_STATIC[name])
-
-    def favicon(request: Request) -> Response:
-        return Response(status_code=204)  # no icon, and no 404 in the browser's console
-
-    def pending(request: Request) -> Response:
-        raw = request.query_params.get("limit", str(page_limit))
-        if not raw.isdigit():
-            raise HTTPException(400, "limit must be a non-negative integer")
-        items = queue().pending(min(int(raw), page_limit))
-        for item in items:
-            item["image"] = f"/api/images/{item['id']}.png" if item.pop("has_image") else None
-            item["prediction_name"] = item["classes"][item["prediction"]]
-        return JSONResponse(items)
-
-    def stats(request: Request) -> Response:
-        return JSONResponse(queue().stats())
-
-    def image(request: Request) -> Response:
-        name = request.path_params["name"]
-        key = name[:-4] if name.endswith(".png") else ""
-        if ID_PATTERN.fullmatch(key) is None:
-            raise HTTPException(404, "no such image")
-        png = queue().image(key)
-        if png is None:
-            raise HTTPException(404, f"no image for request {key!r}")
-        # a key's image never changes: the page may keep it
-        return Response(
-            png, media_type="image/png", headers={"cache-control": "private, max-age=3600"}
-        )
-
-    async def answers(request: Request) -> Response:
-        try:
-            data = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
-            raise HTTPException(400, "the body is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise HTTPException(422, "an answer is a JSON object: {id, label | correct | skip}")
-        seconds = data.pop("seconds", None)
-        try:
-            answer = Answer.from_mapping(data)
-        except AnswerError as err:
-            raise HTTPException(422, str(err)) from None
-        try:
-            seq = await run_in_threadpool(queue().answer, answer, seconds=seconds)
-        except AnswerRefused as err:
-            raise HTTPException(err.status, str(err)) from None
-        return JSONResponse({"ok": True, "id": answer.id, "seq": seq})
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
-
+    r = _Routes(queue_path, order, page_limit)
     app = Starlette(
         routes=[
-            Route("/", index, methods=["GET"]),
-            Route("/favicon.ico", favicon, methods=["GET"]),
-            Route("/static/{name}", static, methods=["GET"]),
-            Route("/api/pending", pending, methods=["GET"]),
-            Route("/api/stats", stats, methods=["GET"]),
-            Route("/api/images/{name}", image, methods=["GET"]),
-            Route("/api/answers", answers, methods=["POST"]),
+            Route("/", r.index, methods=["GET"]),
+            Route("/favicon.ico", r.favicon, methods=["GET"]),
+            Route("/static/{name}", r.static, methods=["GET"]),
+            Route("/api/pending", r.pending, methods=["GET"]),
+            Route("/api/stats", r.stats, methods=["GET"]),
+            Route("/api/images/{name}", r.image, methods=["GET"]),
+            Route("/api/answers", r.answers, methods=["POST"]),
         ],
-        exception_handlers={HTTPException: http_error},
-        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+        lifespan=r.lifespan,
     )
     return _Guard(app, token, max_body)
