@@ -10,7 +10,9 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
+import string
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -238,3 +240,23 @@ def save_study(out: Path, data: dict[str, Any]) -> None:
     tmp = out / "study.json.tmp"
     tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
     tmp.replace(out / "study.json")
+
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+_FRAGMENT = re.compile(r"^<!-- fragment: ([\w-]+) -->\n", re.MULTILINE)
+
+
+class Template:
+    """The prose of a generated page: ``templates/<name>.md``, ``$placeholders`` filled by
+    :class:`string.Template`. The text before the first ``<!-- fragment: KEY -->`` line is the
+    page; each such line starts a fragment (a sentence or paragraph the page may hold or not,
+    or repeat), its trailing newlines dropped."""
+
+    def __init__(self, name: str) -> None:
+        parts = _FRAGMENT.split((TEMPLATES / f"{name}.md").read_text(encoding="utf-8"))
+        self.parts = {"page": string.Template(parts[0])}
+        for key, text in zip(parts[1::2], parts[2::2], strict=True):
+            self.parts[key] = string.Template(text.rstrip("\n"))
+
+    def __call__(self, part: str = "page", /, **values: object) -> str:
+        return self.parts[part].substitute(values)
