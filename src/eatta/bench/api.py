@@ -31,6 +31,7 @@ import torch
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
+from eatta.bench.flags import LoadOptions, RunConfig
 from eatta.bench.grid import SETTINGS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
@@ -62,21 +63,10 @@ DEFAULT_METHODS = ("source", "tent", "eta", "rdumb", "baseline", "eatta", "eatta
 DIGITS_ROUNDS = 10
 #: The datasets built into the package (the digits CNN's): one thread a cell by default.
 EMBEDDED = ("digits-c", "mnist")
-#: The keywords of :func:`load_benchmarks` that :func:`run` passes on (``**loading``).
-_LOADING = (
-    "roots",
-    "sequences",
-    "severity",
-    "subset",
-    "image_size",
-    "backbone",
-    "checkpoint",
-    "pretrained",
-    "oracle_backbone",
-    "oracle_checkpoint",
-    "fisher_root",
-    "cache_dir",
-)
+#: The keywords of :func:`run` that say how the grid runs, and those it passes on to
+#: :func:`load_benchmarks`: one declaration each, the flagged dataclasses' fields.
+_RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
+_LOADING = tuple(f.name for f in dataclasses.fields(LoadOptions))
 
 
 @dataclass
@@ -285,36 +275,17 @@ def run(
     datasets: str | Sequence[str] | Mapping[str, BenchmarkData] = "digits-c",
     methods: str | Sequence[str] = DEFAULT_METHODS,
     *,
-    settings: str | Sequence[str] = ("ctta",),
-    labels: int | Sequence[int] = 1,
-    every: int | Sequence[int] = 1,
-    buffers: int | Sequence[int | None] | None = None,
-    seeds: int | Sequence[int] = 0,
     rounds: int | None = None,
     gradual: bool = False,
     dirichlet: float | None = None,
     protocol: StreamProtocol | None = None,
     annotator: AnnotatorOptions | None = None,
     monitor: MonitorOptions | None = None,
-    jobs: int | None = None,
     hparams: Mapping[str, Mapping[str, Any]] | None = None,
-    batch_size: int = 64,
-    window: int | str | None = "auto",
-    limit: int | None = None,
-    device: str = "auto",
-    workers: int | None = None,
-    threads: int | None = None,
-    checkpoint_every: int = 100,
-    shard: str | tuple[int, int] | None = None,
-    out: str | os.PathLike[str] | None = None,
-    name: str | None = None,
-    reuse: bool = True,
-    progress: bool = True,
-    plot: bool = True,
     log: Callable[[str], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     load: Callable[[list[str]], Mapping[str, BenchmarkData]] | None = None,
-    **loading: Any,
+    **given: Any,
 ) -> BenchmarkRun:
     """Run a benchmark grid and write its outputs; the ``eatta-bench run`` command calls this.
 
@@ -335,37 +306,40 @@ def run(
             noise, yes/no feedback, seconds per answer); default: the ground truth, at once.
         monitor: audits and the guard (:class:`~eatta.bench.monitoring.MonitorOptions`: audit
             share, guard policy and levels); default: none.
-        jobs: cells run in parallel, each in a forked process with one thread (default 1;
-            ``eatta-bench`` uses every core on the CPU); results are identical to a serial run.
         hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
             ``{"tent": {...}}`` for one; checked against each method's configuration.
-        batch_size, window, limit, device, workers, checkpoint_every: see
-            :class:`~eatta.bench.runner.RunOptions` (``device="auto"``: CUDA if available;
-            ``window="auto"``, as on the command line: a window of 64 samples for smaller
-            batches on BatchNorm models; None: not decided, each batch adapted on as given).
-        threads: torch CPU threads during the run (default: 1 for digits-C on the CPU).
-        shard: ``"i/n"`` or ``(i, n)``: run only the grid's jobs ``j`` with ``j mod n == i``.
-        out: output folder (default ``runs/<name>``, ``name`` defaulting to the dataset names).
-        reuse: read back finished cells and resume checkpoints found in ``out``.
-        progress: a progress bar on a terminal, else one ``log`` line per domain or round.
-        plot: write the PNG plot of the online error.
         log: receives progress and summary lines (None: quiet).
         meta: extra entries for the run description in ``results.json``.
         load: loads dataset names instead of :func:`load_benchmarks` (your own datasets, or
             loading options prepared elsewhere); called only after every option is checked.
-        loading: keywords of :func:`load_benchmarks` (``roots``, ``backbone``, ...), only with
-            dataset names.
+        given: the fields of :class:`~eatta.bench.flags.RunConfig` (``settings``,
+            ``labels``, ``every``, ``buffers``, ``seeds``, ``batch_size``, ``window``, ``limit``,
+            ``device``, ``jobs``, ``threads``, ``shard``, ``out``, ``reuse``, ...; each documented
+            there and a flag of ``eatta-bench run``), and with dataset names those of
+            :class:`~eatta.bench.flags.LoadOptions` (``roots``, ``backbone``, ...).
 
     Returns:
         The results and the files written (see :class:`BenchmarkRun`).
     """
     started = time.perf_counter()
+    config = RunConfig(**{k: given.pop(k) for k in _RUN_KEYS if k in given})
+    loading = given
+    settings, labels, every, buffers = config.settings, config.labels, config.every, config.buffers
+    seeds, jobs, batch_size, window = config.seeds, config.jobs, config.batch_size, config.window
+    limit, device, workers, threads = config.limit, config.device, config.workers, config.threads
+    checkpoint_every, shard, out, name = (
+        config.checkpoint_every,
+        config.shard,
+        config.out,
+        config.name,
+    )
+    reuse, progress, plot = config.reuse, config.progress, config.plot
     say = log if log is not None else (lambda _msg: None)
     shorthand = {"rounds": rounds, "gradual": gradual, "dirichlet": dirichlet}
     if protocol is not None:
-        given = [k for k, v in shorthand.items() if v not in (None, False)]
-        if given:
-            raise TypeError(f"give protocol= or {given}, not both")
+        both = [k for k, v in shorthand.items() if v not in (None, False)]
+        if both:
+            raise TypeError(f"give protocol= or {both}, not both")
         if not isinstance(protocol, StreamProtocol):
             raise TypeError(f"protocol must be a StreamProtocol, got {type(protocol).__name__}")
     else:
