@@ -21,6 +21,10 @@ from typing import Any
 
 import torch
 
+import eatta.bench
+from eatta.bench import StreamProtocol
+from eatta.bench.results import CellResult
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -260,3 +264,58 @@ class Template:
 
     def __call__(self, part: str = "page", /, **values: object) -> str:
         return self.parts[part].substitute(values)
+
+
+#: The long streams the studies share (digits-C, but ``mnist``), by name.
+STREAMS = {
+    "recurring": StreamProtocol(rounds=10),
+    "mixed": StreamProtocol(rounds=2, mixed=True),
+    "ccc": StreamProtocol(rounds=5, ccc="slow"),
+    "dirichlet": StreamProtocol(rounds=2, dirichlet=0.1),
+    "mnist": StreamProtocol(rounds=5),
+}
+#: Their short versions, for smoke runs (``--quick``).
+QUICK = {
+    "recurring": StreamProtocol(rounds=2),
+    "mixed": StreamProtocol(rounds=1, mixed=True),
+    "ccc": StreamProtocol(rounds=1, ccc="fast"),
+    "dirichlet": StreamProtocol(rounds=1, dirichlet=0.1),
+    "mnist": StreamProtocol(rounds=1),
+}
+
+
+def streams(*names: str, quick: bool = False, **own: StreamProtocol) -> dict[str, StreamProtocol]:
+    """The named streams in the order given (``quick``: their short versions); ``own``: a
+    study's own version of a stream (``recurring=StreamProtocol(rounds=3)``), full runs only."""
+    return {n: QUICK[n] if quick else own.get(n, STREAMS[n]) for n in names}
+
+
+def run_part(
+    out: Path,
+    part: str,
+    protocol: StreamProtocol,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    dataset: str = "digits-c",
+    jobs: int = 1,
+    **options: Any,
+) -> list[CellResult]:
+    """One part of a study: :func:`eatta.bench.run` of ``methods`` on ``dataset`` streamed by
+    ``protocol``, into ``out/part`` (finished cells read back), one thread a job, quiet; the
+    other keywords are :func:`eatta.bench.run`'s (``annotator``, ``monitor``, ``hparams``...)."""
+    started = time.perf_counter()
+    done = eatta.bench.run(
+        dataset,
+        list(methods),
+        protocol=protocol,
+        seeds=list(seeds),
+        jobs=jobs,
+        threads=1,
+        out=out / part,
+        progress=False,
+        plot=False,
+        **options,
+    )
+    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
+    return done.results

@@ -32,18 +32,16 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS
+from _common import RESULTS, run_part, streams
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
-import eatta.bench
 from eatta.bench import StreamProtocol
 from eatta.bench.results import CellResult
 
@@ -69,42 +67,24 @@ MEMORY_BAR = 1.05
 MIN_TOLERANCE = 0.5
 
 
-def streams(quick: bool) -> dict[str, StreamProtocol]:
-    """The streams, the short ones first (the 10-round tuning stream takes as long as the three
-    others together, so on a shared machine it runs last, seed by seed)."""
+#: The streams, the short ones first (the 10-round tuning stream takes as long as the three
+#: others together, so on a shared machine it runs last, seed by seed).
+STREAM_NAMES = ("ccc", "mixed", "dirichlet", "recurring")
+
+
+def study_streams(quick: bool) -> dict[str, StreamProtocol]:
+    """The study's streams (``quick``: CCC and recurring, short)."""
     if quick:
-        return {
-            "ccc": StreamProtocol(rounds=1, ccc="fast"),
-            "recurring": StreamProtocol(rounds=1),
-        }
-    return {
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-        "dirichlet": StreamProtocol(rounds=2, dirichlet=0.1),
-        "recurring": StreamProtocol(rounds=RECURRING_ROUNDS),
-    }
+        return streams("ccc", "recurring", quick=True)
+    return streams(*STREAM_NAMES, recurring=StreamProtocol(rounds=RECURRING_ROUNDS))
 
 
 def run_cells(
     out: Path, name: str, proto: StreamProtocol, mode: str, seeds: list[int]
 ) -> list[CellResult]:
     hp = APPROX if mode == "approx" else EXACT
-    started = time.perf_counter()
-    done = eatta.bench.run(
-        "digits-c",
-        list(METHODS),
-        protocol=proto,
-        seeds=seeds,
-        jobs=1,
-        threads=1,
-        hparams={m: dict(hp) for m in METHODS},
-        out=out / name / mode,
-        progress=False,
-        plot=False,
-    )
-    secs = time.perf_counter() - started
-    print(f"  {name}/{mode}: {len(done.results)} runs, {secs:.0f} s", flush=True)
-    return done.results
+    hparams = {m: dict(hp) for m in METHODS}
+    return run_part(out / name, mode, proto, METHODS, seeds, hparams=hparams)
 
 
 def _values(results: Sequence[CellResult], method: str, field: str) -> list[float]:
@@ -119,7 +99,7 @@ def study(out: Path, seeds: list[int], quick: bool, only: Sequence[str] = ()) ->
     study still pairs its seeds."""
     data: dict[str, Any] = {"seeds": seeds, "approx": APPROX, "tune_stream": TUNE_STREAM}
     data["streams"] = {}
-    for name, proto in streams(quick).items():
+    for name, proto in study_streams(quick).items():
         if only and name not in only:
             continue
         print(f"stream {name}: {proto.describe()}", flush=True)
@@ -340,7 +320,7 @@ def render(data: dict[str, Any]) -> str:
     fid = json.loads((RESULTS / "approx_proxy_study.json").read_text())
     bench = json.loads((RESULTS / "step_benchmark_cpu.json").read_text())
     ver = verdicts(data)
-    complete = set(ver) == set(streams(False)) and all(
+    complete = set(ver) == set(STREAM_NAMES) and all(
         s["seeds"] == data["seeds"] for s in data["streams"].values()
     )
     everywhere = complete and all(v["within"] for s in ver.values() for v in s.values())

@@ -30,18 +30,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import Template
+from _common import Template, run_part, streams
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
-import eatta.bench
-from eatta.bench import AnnotatorOptions, StreamProtocol
+from eatta.bench import AnnotatorOptions
 from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.report import covered_rounds, load_results
 from eatta.bench.results import CellResult
@@ -54,46 +52,6 @@ TUNE_METHODS = ("tent", "eatta")
 CONFIGS: tuple[tuple[float, float, int], ...] = ((0.2, 0.05, 2000), (0.2, 0.2, 1000))
 DELAY = 16
 DELAY_STREAMS = ("mixed", "ccc")
-
-
-def streams(quick: bool) -> dict[str, StreamProtocol]:
-    if quick:
-        return {
-            "recurring": StreamProtocol(rounds=2),
-            "mixed": StreamProtocol(rounds=1, mixed=True),
-            "ccc": StreamProtocol(rounds=1, ccc="fast"),
-        }
-    return {
-        "recurring": StreamProtocol(rounds=10),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-    }
-
-
-def run(
-    out: Path,
-    part: str,
-    proto: StreamProtocol,
-    methods: Sequence[str],
-    seeds: Sequence[int],
-    monitor: MonitorOptions,
-    annotator: AnnotatorOptions | None = None,
-) -> list[CellResult]:
-    started = time.perf_counter()
-    done = eatta.bench.run(
-        "digits-c",
-        list(methods),
-        protocol=proto,
-        annotator=annotator,
-        monitor=monitor,
-        seeds=list(seeds),
-        jobs=1,
-        out=out / part,
-        progress=False,
-        plot=False,
-    )
-    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
-    return done.results
 
 
 def of(results: Sequence[CellResult], method: str) -> list[CellResult]:
@@ -144,7 +102,7 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
     """Run the parts in order of importance, saving after each (a cut-short study renders
     what finished and says what did not run)."""
     data: dict[str, Any] = {"seeds": seeds, "tune_seed": TUNE_SEED, "streams": {}}
-    protos = streams(quick)
+    protos = streams("recurring", "mixed", "ccc", quick=quick)
 
     def save() -> None:
         if json_path is not None:
@@ -156,7 +114,9 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
         mon = MonitorOptions(audit=share, guard="paired", guard_level=level, window=window)
         key = f"share {share:g}, level {level:g}, block {window}"
         part = f"s{share:g}-a{level:g}-w{window}"
-        res = run(out / "tune", part, protos["recurring"], TUNE_METHODS, [TUNE_SEED], mon)
+        res = run_part(
+            out / "tune", part, protos["recurring"], TUNE_METHODS, [TUNE_SEED], monitor=mon
+        )
         tune[key] = {"config": [share, level, window], **summary(res)}
 
     def drift(k: str) -> float:
@@ -172,7 +132,7 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
     audit_only = MonitorOptions(audit=share)
     guarded = MonitorOptions(audit=share, guard="paired", guard_level=level, window=window)
     for name, proto in protos.items():
-        src = run(out / name, "source", proto, ["source"], seeds[:1], MonitorOptions())
+        src = run_part(out / name, "source", proto, ["source"], seeds[:1])
         data["streams"][name] = {"protocol": proto.describe(), "source": src[0].round_errors}
     save()
     # 2. the parts, most important first
@@ -184,7 +144,7 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
     parts += [(name, "delay", guarded, late) for name in DELAY_STREAMS]
     for name, arm, mon, ann in parts:
         part = f"guard-delay-{DELAY}" if arm == "delay" else arm
-        res = run(out / name, part, protos[name], METHODS, seeds, mon, ann)
+        res = run_part(out / name, part, protos[name], METHODS, seeds, monitor=mon, annotator=ann)
         data["streams"][name][arm] = summary(res)
         save()
     return data

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,9 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import replace_section, save_study
+from _common import replace_section, run_part, save_study, streams
 
-import eatta.bench
-from eatta.bench import AnnotatorOptions, StreamProtocol
+from eatta.bench import AnnotatorOptions
 from eatta.bench.results import CellResult
 
 METHOD = "eatta-stable"
@@ -80,40 +78,8 @@ PLAN = (
 ONE_SEED = [0]
 
 
-def streams() -> dict[str, StreamProtocol]:
-    return {
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-        "recurring": StreamProtocol(rounds=10),
-    }
-
-
-def run(
-    out: Path,
-    part: str,
-    protocol: StreamProtocol,
-    methods: Sequence[str],
-    seeds: list[int],
-    *,
-    annotator: AnnotatorOptions | None = None,
-    hparams: dict[str, dict[str, Any]] | None = None,
-) -> list[CellResult]:
-    started = time.perf_counter()
-    done = eatta.bench.run(
-        "digits-c",
-        list(methods),
-        protocol=protocol,
-        annotator=annotator,
-        hparams=hparams,
-        seeds=seeds,
-        jobs=1,
-        threads=1,
-        out=out / part,
-        progress=False,
-        plot=False,
-    )
-    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
-    return done.results
+#: The streams, in the order the study runs them.
+STREAM_NAMES = ("ccc", "mixed", "recurring")
 
 
 def errors(results: Sequence[CellResult], method: str) -> list[float]:
@@ -135,7 +101,7 @@ def study(
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
     )
     data["seeds"] = seeds
-    every = streams()
+    every = streams(*STREAM_NAMES)
     for part, name in plan:
         if True:
             proto = every[name]
@@ -148,7 +114,7 @@ def study(
                     for d in delays:
                         if d == "never" and label not in NEVER_ROWS:
                             continue  # no label arrives: the same run as today's
-                        res = run(
+                        res = run_part(
                             out / name,
                             f"mech-{_slug(label)}-{d}",
                             proto,
@@ -169,7 +135,7 @@ def study(
                                 stream_rate=rate,
                                 order=order,
                             )
-                            res = run(
+                            res = run_part(
                                 out / name,
                                 f"paced-{feedback}-{rate}-{order}",
                                 proto,
@@ -186,13 +152,13 @@ def study(
                             save_study(out, data)
             elif part == "delay":
                 if not all(s.get("references", {}).get(m) for m in REFERENCES):
-                    ref = run(out / name, "references", proto, list(REFERENCES), ONE_SEED)
+                    ref = run_part(out / name, "references", proto, list(REFERENCES), ONE_SEED)
                     s["references"] = {m: errors(ref, m) for m in REFERENCES}
                     save_study(out, data)
                 dd = s.setdefault("delay", {})
                 for d in delays:
                     opts = None if d == 0 else delay_options(d)  # 0: the synchronous path
-                    res = run(out / name, f"delay-{d}", proto, [METHOD], seeds, annotator=opts)
+                    res = run_part(out / name, f"delay-{d}", proto, [METHOD], seeds, annotator=opts)
                     dd[str(d)] = errors(res, METHOD)
                     save_study(out, data)
     return data
@@ -211,7 +177,7 @@ def merged(folders: Sequence[Path]) -> dict[str, Any]:
                     stream[part].update(value)
                 else:
                     stream[part] = value
-    order = list(streams())
+    order = list(streams(*STREAM_NAMES))
     data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
     return data
 
@@ -344,7 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lo, _, hi = args.seeds.partition("-")
     seeds = list(range(int(lo), int(hi or lo) + 1))
     plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
-    bad = [x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams()]
+    bad = [
+        x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams(*STREAM_NAMES)
+    ]
     if bad:
         raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
     if args.report_only:

@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import save_study
+from _common import run_part, save_study, streams
 
-import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.report import load_results
 from eatta.bench.results import CellResult
@@ -48,21 +47,6 @@ TUNE_DELAY = 16
 TUNE_STREAM = "ccc"
 #: Yes/no answers per batch at about the annotator time of one full label (11.7 s / 1.6 s).
 BINARY_PER_LABEL = 7
-
-
-def streams(quick: bool) -> dict[str, StreamProtocol]:
-    """The streams, the tuning stream first (the buffer size chosen there is used on the others)."""
-    if quick:
-        return {
-            "ccc": StreamProtocol(rounds=1, ccc="fast"),
-            "mixed": StreamProtocol(rounds=1, mixed=True),
-            "recurring": StreamProtocol(rounds=2),
-        }
-    return {
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "recurring": StreamProtocol(rounds=10),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-    }
 
 
 #: Parts without late answers: their path is the synchronous one, unchanged by the fix of
@@ -90,28 +74,23 @@ def run(
     labels: int = 1,
     buffers: int | None = None,
 ) -> list[CellResult]:
-    started = time.perf_counter()
     if FROZEN is not None and part.startswith(ZERO_DELAY_PARTS):
         old = FROZEN / out.name / part
         if (old / "results.json").is_file():
             results = load_results([old])
             print(f"  {part}: {len(results)} runs read from {old}", flush=True)
             return results
-    done = eatta.bench.run(
-        "digits-c",
-        list(methods),
-        protocol=protocol,
+    return run_part(
+        out,
+        part,
+        protocol,
+        methods,
+        seeds,
+        jobs=jobs,
         annotator=annotator,
         labels=labels,
         buffers=buffers,
-        seeds=seeds,
-        jobs=jobs,
-        out=out / part,
-        progress=False,
-        plot=False,
     )
-    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
-    return done.results
 
 
 def stats(results: Sequence[CellResult], method: str, field: str = "average_error") -> list[float]:
@@ -125,7 +104,7 @@ def stats(results: Sequence[CellResult], method: str, field: str = "average_erro
 def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]:
     data: dict[str, Any] = {"seeds": seeds, "streams": {}}
     chosen_buffer: int | None = None
-    for name, proto in streams(quick).items():
+    for name, proto in streams("ccc", "recurring", "mixed", quick=quick).items():
         print(f"stream {name}: {proto}", flush=True)
         s: dict[str, Any] = {"protocol": proto.describe()}
         data["streams"][name] = s  # filled part by part, saved after each (save_study())

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,10 +40,9 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import replace_section, save_study
+from _common import replace_section, run_part, save_study, streams
 
-import eatta.bench
-from eatta.bench import AnnotatorOptions, StreamProtocol
+from eatta.bench import AnnotatorOptions
 from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.results import CellResult
 
@@ -66,13 +64,8 @@ WITH_STABLE = ("instant", "person")
 EASY = 10.0
 
 
-def streams() -> dict[str, StreamProtocol]:
-    return {
-        "recurring": StreamProtocol(rounds=10),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "mnist": StreamProtocol(rounds=5),
-    }
+#: The streams, in the order the study runs them (``mnist``: the MNIST test set).
+STREAM_NAMES = ("recurring", "mixed", "ccc", "mnist")
 
 
 #: The dataset of each stream (the rest are digits-C).
@@ -80,38 +73,7 @@ DATASETS = {"mnist": "mnist"}
 
 
 #: The order the study runs in (most informative first: an interrupted study still reports).
-PLAN = tuple(f"{p}:{s}" for s in streams() for p in PARTS)
-
-
-def run(
-    out: Path,
-    part: str,
-    dataset: str,
-    protocol: StreamProtocol,
-    methods: Sequence[str],
-    seeds: list[int],
-    *,
-    annotator: AnnotatorOptions | None = None,
-    monitor: MonitorOptions | None = None,
-    hparams: dict[str, dict[str, Any]] | None = None,
-) -> list[CellResult]:
-    started = time.perf_counter()
-    done = eatta.bench.run(
-        dataset,
-        list(methods),
-        protocol=protocol,
-        annotator=annotator,
-        monitor=monitor,
-        hparams=hparams,
-        seeds=seeds,
-        jobs=1,
-        threads=1,
-        out=out / part,
-        progress=False,
-        plot=False,
-    )
-    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
-    return done.results
+PLAN = tuple(f"{p}:{s}" for s in streams(*STREAM_NAMES) for p in PARTS)
 
 
 def cells(results: Sequence[CellResult], method: str) -> list[dict[str, Any]]:
@@ -157,50 +119,52 @@ def study(
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
     )
     data["seeds"] = seeds
-    every = streams()
+    every = streams(*STREAM_NAMES)
     for part, name in plan:
         proto = every[name]
         dataset = DATASETS.get(name, "digits-c")
         s = data["streams"].setdefault(name, {"protocol": proto.describe()})
         print(f"{part} / {name}: {proto}", flush=True)
         if part == "references":
-            res = run(out / name, "references", dataset, proto, ["source", *LABEL_FREE], seeds)
+            res = run_part(
+                out / name, "references", proto, ["source", *LABEL_FREE], seeds, dataset=dataset
+            )
             s["references"] = {m: cells(res, m) for m in ("source", *LABEL_FREE)}
         elif part == "annotators":
             a = s.setdefault("annotators", {})
             for label in annotators:
                 opts = ANNOTATORS[label]
                 methods = [SAFE, STABLE] if label in WITH_STABLE else [SAFE]
-                res = run(
+                res = run_part(
                     out / name,
                     f"ann-{label.replace(' ', '-')}",
-                    dataset,
                     proto,
                     methods,
                     seeds,
+                    dataset=dataset,
                     annotator=opts,
                 )
                 a[label] = {m: cells(res, m) for m in methods}
                 save_study(out, data)
         elif part == "measure":
-            res = run(
+            res = run_part(
                 out / name,
                 "measure-only",
-                dataset,
                 proto,
                 [SAFE],
                 seeds,
+                dataset=dataset,
                 hparams={SAFE: {"fallback": False}},
             )
             s["measure"] = cells(res, SAFE)
         elif part == "guard":
-            res = run(
+            res = run_part(
                 out / name,
                 "guard",
-                dataset,
                 proto,
                 list(LABEL_FREE),
                 seeds,
+                dataset=dataset,
                 monitor=MonitorOptions(fallback=True),
             )
             s["guard"] = {m: cells(res, m) for m in LABEL_FREE}
@@ -217,7 +181,7 @@ def merged(folders: Sequence[Path]) -> dict[str, Any]:
         data["seeds"] = sorted(set(data["seeds"]) | set(one["seeds"]))
         for name, s in one["streams"].items():
             _merge(data["streams"].setdefault(name, {}), s)
-    order = list(streams())
+    order = list(streams(*STREAM_NAMES))
     data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
     return data
 
@@ -415,7 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         lo, _, hi = args.seeds.partition("-")
         seeds = list(range(int(lo), int(hi or lo) + 1))
     plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
-    bad = [x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams()]
+    bad = [
+        x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams(*STREAM_NAMES)
+    ]
     if bad:
         raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
     if args.report_only:
