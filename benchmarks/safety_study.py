@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import Template, replace_section, run_part, save_study, streams
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import replace_section, run_part, save_study, streams
 
 from eatta.bench import AnnotatorOptions
 from eatta.bench.monitoring import MonitorOptions
@@ -229,125 +229,126 @@ def _worse_domains(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
 
 
 def report(data: dict[str, Any]) -> str:
-    seeds = data.get("seeds", [])
-    out = [
-        f"Error % averaged over the whole stream, mean ± std over seeds {seeds} (the packaged "
-        "digits CNN on digits-C and, for `mnist`, on MNIST; one seed where a cell says no ±). "
-        "*Given*: the model as given, unadapted. *Best label-free*: the lower of TENT's and "
-        "ETA's mean. *Worse domains*: domains whose error over the run is above the "
-        "given model's (of 15; each domain's error over all its visits). *Served given*: share of "
-        "batches answered with the given model's "
-        "predictions. Labels: answers asked for, all of them (audits too), per batch.",
-        "",
+    """The section of docs/safety.md: ``templates/safety.md`` filled from the study."""
+    blocks = [_stream_report(name, s) for name, s in data["streams"].items()]
+    blocks = [b for b in blocks if b]
+    text = PAGE(seeds=data.get("seeds", []), streams="\n" + "\n\n".join(blocks) if blocks else "")
+    return text if blocks else text[:-1]
+
+
+def _stream_report(name: str, s: dict[str, Any]) -> str:
+    """One stream's tables and the gain line ("" where the references did not run)."""
+    refs = s.get("references")
+    if not refs:
+        return ""
+    given = _mean(refs["source"])
+    best = min(_mean(refs[m]) for m in LABEL_FREE)
+    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
+    rows = [
+        [
+            f"{m} (given)" if m == "source" else m,
+            fmt(_errors(refs[m])),
+            _num(_easy(s, refs[m])),
+            f"{_worse_domains(s, refs[m]):.1f}",
+            "",
+            "",
+        ]
+        for m in ("source", *LABEL_FREE)
     ]
-    for name, s in data["streams"].items():
-        refs = s.get("references")
-        if not refs:
-            continue
-        given = _mean(refs["source"])
-        best = min(_mean(refs[m]) for m in LABEL_FREE)
-        out += [f"#### {name}: {json.dumps(s['protocol'])}", ""]
-        rows = [
+    for m, runs in s.get("guard", {}).items():
+        rounds = np.mean([c["rounds"] for c in runs], axis=0)
+        rise = float(np.max(rounds - rounds[0])) if len(rounds) else float("nan")
+        fb = [c["fallback"] for c in runs if c["fallback"]]
+        served = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+        resets = np.mean([f["resets"] for f in fb]) if fb else 0
+        rows.append(
             [
-                f"{m} (given)" if m == "source" else m,
-                fmt(_errors(refs[m])),
-                _num(_easy(s, refs[m])),
-                f"{_worse_domains(s, refs[m]):.1f}",
-                "",
-                "",
+                f"{m} + fallback (1 audit/batch)",
+                fmt(_errors(runs)),
+                _num(_easy(s, runs)),
+                f"{_worse_domains(s, runs):.1f}",
+                f"{100 * served:.0f} %, {resets:.1f} resets",
+                f"{np.mean([c['labels'] / c['batches'] for c in runs]):.2f}; worst round "
+                f"{rise:+.1f} vs round 1",
             ]
-            for m in ("source", *LABEL_FREE)
-        ]
-        for m, runs in s.get("guard", {}).items():
-            rounds = np.mean([c["rounds"] for c in runs], axis=0)
-            rise = float(np.max(rounds - rounds[0])) if len(rounds) else float("nan")
-            fb = [c["fallback"] for c in runs if c["fallback"]]
-            served = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
-            resets = np.mean([f["resets"] for f in fb]) if fb else 0
-            rows.append(
-                [
-                    f"{m} + fallback (1 audit/batch)",
-                    fmt(_errors(runs)),
-                    _num(_easy(s, runs)),
-                    f"{_worse_domains(s, runs):.1f}",
-                    f"{100 * served:.0f} %, {resets:.1f} resets",
-                    f"{np.mean([c['labels'] / c['batches'] for c in runs]):.2f}; worst round "
-                    f"{rise:+.1f} vs round 1",
-                ]
-            )
-        if s.get("measure"):
-            rows.append(
-                [
-                    f"{SAFE}, measure only (instant)",
-                    fmt(_errors(s["measure"])),
-                    _num(_easy(s, s["measure"])),
-                    f"{_worse_domains(s, s['measure']):.1f}",
-                    "0 %",
-                    "1.00",
-                ]
-            )
-        head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
-        out += [
-            f"Given model {given:.1f}, best label-free {best:.1f}:",
-            "",
-            table(head, rows),
-            "",
-        ]
-        ann = s.get("annotators", {})
-        if ann:
-            rows = []
-            for m in (SAFE, STABLE):
-                rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
-            bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5 (margin)"]
-            for a in ann:
-                v = _mean(ann[a][SAFE])
-                limit = min(given, best) + 0.5
-                bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
-            rows.append(bar_row)
-            easy_row = [f"easy domains: {SAFE} (given {_num(_easy(s, refs['source']))})"]
-            easy_row += [_num(_easy(s, ann[a][SAFE])) for a in ann]
-            rows.append(easy_row)
-            worse_row = [f"worse domains: {SAFE}"]
-            worse_row += [f"{_worse_domains(s, ann[a][SAFE]):.1f}" for a in ann]
-            rows.append(worse_row)
-            served_row = [f"served given: {SAFE}"]
-            for a in ann:
-                fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
-                share = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
-                served_row.append(f"{100 * share:.0f} %")
-            rows.append(served_row)
-            out += [
-                "By annotator (labels at most one a batch; `none`: asked, never answered):",
-                "",
-                table(["method", *ann], rows),
-                "",
+        )
+    if s.get("measure"):
+        rows.append(
+            [
+                f"{SAFE}, measure only (instant)",
+                fmt(_errors(s["measure"])),
+                _num(_easy(s, s["measure"])),
+                f"{_worse_domains(s, s['measure']):.1f}",
+                "0 %",
+                "1.00",
             ]
-            if "instant" in ann:
-                stable_gain = best - _mean(ann["instant"][STABLE])
-                safe_gain = best - _mean(ann["instant"][SAFE])
-                kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
-                line = (
-                    f"Gain over the best label-free method with labels at once: {SAFE} "
-                    f"{safe_gain:+.1f}, {STABLE} {stable_gain:+.1f} (kept {100 * kept:.0f} %"
+        )
+    head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
+    out += [PAGE("given", given=f"{given:.1f}", best=f"{best:.1f}"), table(head, rows)]
+    ann = s.get("annotators", {})
+    if ann:
+        rows = []
+        for m in (SAFE, STABLE):
+            rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
+        bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5 (margin)"]
+        for a in ann:
+            v = _mean(ann[a][SAFE])
+            limit = min(given, best) + 0.5
+            bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
+        rows.append(bar_row)
+        easy_row = [f"easy domains: {SAFE} (given {_num(_easy(s, refs['source']))})"]
+        easy_row += [_num(_easy(s, ann[a][SAFE])) for a in ann]
+        rows.append(easy_row)
+        worse_row = [f"worse domains: {SAFE}"]
+        worse_row += [f"{_worse_domains(s, ann[a][SAFE]):.1f}" for a in ann]
+        rows.append(worse_row)
+        served_row = [f"served given: {SAFE}"]
+        for a in ann:
+            fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
+            share = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+            served_row.append(f"{100 * share:.0f} %")
+        rows.append(served_row)
+        out += [PAGE("annotators"), table(["method", *ann], rows)]
+        if "instant" in ann:
+            stable_gain = best - _mean(ann["instant"][STABLE])
+            safe_gain = best - _mean(ann["instant"][SAFE])
+            kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
+            late = measure = ""
+            if "delay 16" in ann and safe_gain > 0:
+                late_gain = best - _mean(ann["delay 16"][SAFE])
+                share = f"{100 * late_gain / safe_gain:.0f}"
+                late = PAGE(
+                    "late",
+                    safe=SAFE,
+                    late_gain=f"{late_gain:+.1f}",
+                    safe_gain=f"{safe_gain:+.1f}",
+                    share=share,
                 )
-                if "delay 16" in ann:
-                    late_gain = best - _mean(ann["delay 16"][SAFE])
-                    line += (
-                        f"); at delay 16 {SAFE} keeps {late_gain:+.1f} of its own "
-                        f"{safe_gain:+.1f} ({100 * late_gain / safe_gain:.0f} %)"
-                        if safe_gain > 0
-                        else ")"
-                    )
-                else:
-                    line += ")"
-                if s.get("measure"):
-                    line += (
-                        f". Drawing the requests, measured alone (measure only): "
-                        f"{_mean(s['measure']):.1f} against {STABLE}'s "
-                        f"{_mean(ann['instant'][STABLE]):.1f}."
-                    )
-                out += [line, ""]
-    return "\n".join(out)
+            else:
+                late = ")"
+            if s.get("measure"):
+                measure = PAGE(
+                    "measure",
+                    measure=f"{_mean(s['measure']):.1f}",
+                    stable=STABLE,
+                    stable_error=f"{_mean(ann['instant'][STABLE]):.1f}",
+                )
+            out.append(
+                PAGE(
+                    "gain",
+                    safe=SAFE,
+                    safe_gain=f"{safe_gain:+.1f}",
+                    stable=STABLE,
+                    stable_gain=f"{stable_gain:+.1f}",
+                    kept=f"{100 * kept:.0f}",
+                    late=late,
+                    measure=measure,
+                )
+            )
+    return "\n\n".join(out)
+
+
+PAGE = Template("safety")
 
 
 BEGIN, END = "<!-- safety:begin -->", "<!-- safety:end -->"
