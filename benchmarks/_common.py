@@ -6,6 +6,7 @@ as scripts, so this folder is on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
@@ -23,6 +24,7 @@ import torch
 
 import eatta.bench
 from eatta.bench import StreamProtocol
+from eatta.bench.flags import seed_list
 from eatta.bench.results import CellResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -319,3 +321,37 @@ def run_part(
     )
     print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
     return done.results
+
+
+def study_parser(
+    doc: str | None, out: str, *, plan: Sequence[str] = (), parts: Sequence[str] = ()
+) -> argparse.ArgumentParser:
+    """The options every study shares: ``--seeds`` (``0-2``, ``0,2``), ``--out`` (the runs'
+    folder; with ``--report-only`` folders, comma-separated, merged where the study can) and,
+    for a study run in parts, ``--plan`` (``PART:STREAM`` items in order)."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    p.add_argument("--seeds", type=seed_list, default="0-2", help="seeds, e.g. 0-2 or 1,2")
+    p.add_argument("--out", default=out, help="folder of the runs")
+    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
+    if plan:
+        p.add_argument(
+            "--plan", default=",".join(plan), help=f"PART:STREAM items in order (parts: {parts})"
+        )
+    return p
+
+
+def parse_plan(text: str, parts: Sequence[str], names: Sequence[str]) -> list[tuple[str, str]]:
+    """``--plan``'s ``PART:STREAM`` items; a SystemExit naming any unknown one."""
+    plan = [tuple(x.split(":", 1)) for x in text.split(",") if x]
+    bad = [x for x in plan if len(x) != 2 or x[0] not in parts or x[1] not in names]
+    if bad:
+        raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {parts}")
+    return plan  # type: ignore[return-value]  # pairs, checked above
+
+
+def write_tables(text: str, data: dict[str, Any], tables: str | Path) -> None:
+    """A study's tables (``tables``, Markdown) and its numbers (the same name, ``.json``)."""
+    path = Path(tables)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n", encoding="utf-8")
+    path.with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")

@@ -23,7 +23,6 @@ run is a cell of :func:`eatta.bench.run` under ``--out``; finished cells are rea
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections.abc import Sequence
@@ -33,7 +32,15 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import replace_section, run_part, save_study, streams
+from _common import (
+    parse_plan,
+    replace_section,
+    run_part,
+    save_study,
+    streams,
+    study_parser,
+    write_tables,
+)
 
 from eatta.bench import AnnotatorOptions
 from eatta.bench.results import CellResult
@@ -286,46 +293,26 @@ BEGIN, END = "<!-- late-labels:begin -->", "<!-- late-labels:end -->"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0-2", help="seeds of the delay part, e.g. 0-2")
-    p.add_argument(
-        "--out",
-        default="runs/late-labels",
-        help="folder of the runs (with --report-only: folders, comma-separated, merged)",
-    )
-    p.add_argument(
-        "--plan",
-        default=",".join(PLAN),
-        help="PART:STREAM items, run in this order (parts: mechanisms, paced, delay)",
-    )
+    p = study_parser(__doc__, "runs/late-labels", plan=PLAN, parts=PARTS)
     p.add_argument(
         "--delays",
         default=",".join(str(d) for d in DELAYS),
         help="delays of the delay part (a subset, e.g. 16,never, when time is short)",
     )
-    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
     p.add_argument("--tables", default="benchmarks/results/late_labels.md")
     p.add_argument("--doc", default="docs/real-annotators.md")
     args = p.parse_args(argv)
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi or lo) + 1))
-    plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
-    bad = [
-        x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams(*STREAM_NAMES)
-    ]
-    if bad:
-        raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
+    seeds = args.seeds
+    plan = parse_plan(args.plan, PARTS, STREAM_NAMES)
     if args.report_only:
         data = merged([Path(x) for x in args.out.split(",") if x])
     else:
         delays = [d if d == "never" else int(d) for d in args.delays.split(",") if d]
         if any(d not in DELAYS for d in delays):
             raise SystemExit(f"--delays must be among {DELAYS}, got {args.delays!r}")
-        data = study(Path(args.out), seeds, plan, delays)  # type: ignore[arg-type]  # pairs
+        data = study(Path(args.out), seeds, plan, delays)
     text = report(data)
-    Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.tables).write_text(text + "\n", encoding="utf-8")
-    Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_tables(text, data, args.tables)
     replace_section(Path(args.doc), BEGIN, END, text)
     print(f"tables: {args.tables}; section of {args.doc} regenerated")
     return 0

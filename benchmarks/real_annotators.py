@@ -21,7 +21,6 @@ resumes). A delay of 0 is not run again: it is bit-identical to the default sync
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import run_part, save_study, streams
+from _common import run_part, save_study, streams, study_parser, write_tables
 
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.report import load_results
@@ -299,14 +298,9 @@ def report(data: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2")
-    p.add_argument("--out", default="runs/real-annotators", help="folder of the runs")
+    p = study_parser(__doc__, "runs/real-annotators")
     p.add_argument("--jobs", type=int, default=2, help="cells run in parallel")
     p.add_argument("--quick", action="store_true", help="short streams (a smoke run)")
-    p.add_argument(
-        "--report-only", action="store_true", help="render the tables from --out/study.json"
-    )
     p.add_argument(
         "--frozen",
         default=None,
@@ -316,8 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot", default="docs/img/real-annotators-delay.png")
     p.add_argument("--tables", default="benchmarks/results/real_annotators.md")
     args = p.parse_args(argv)
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi or lo) + 1))
+    seeds = args.seeds
     started = time.perf_counter()
     global FROZEN
     FROZEN = None if args.frozen is None else Path(args.frozen)
@@ -325,9 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = json.loads((Path(args.out) / "study.json").read_text(encoding="utf-8"))
     else:
         data = study(Path(args.out), seeds, args.jobs, args.quick)
-    Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.tables).write_text(report(data) + "\n", encoding="utf-8")
-    Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_tables(report(data), data, args.tables)
     plot(data, Path(args.plot))
     print(f"tables: {args.tables}; plot: {args.plot}; {time.perf_counter() - started:.0f} s")
     return 0

@@ -31,14 +31,22 @@ and CCC are tuning streams for the signs; mixed was not looked at before the stu
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import Template, replace_section, run_part, save_study, streams
+from _common import (
+    Template,
+    parse_plan,
+    replace_section,
+    run_part,
+    save_study,
+    streams,
+    study_parser,
+    write_tables,
+)
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
@@ -355,47 +363,26 @@ BEGIN, END = "<!-- safety:begin -->", "<!-- safety:end -->"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 or 1,2")
-    p.add_argument(
-        "--out",
-        default="runs/safety",
-        help="folder of the runs (with --report-only: folders, comma-separated, merged)",
-    )
-    p.add_argument(
-        "--plan", default=",".join(PLAN), help=f"PART:STREAM items in order (parts: {PARTS})"
-    )
+    p = study_parser(__doc__, "runs/safety", plan=PLAN, parts=PARTS)
     p.add_argument(
         "--annotators",
         default=",".join(ANNOTATORS),
         help=f"annotators of the annotators part, a subset of {', '.join(ANNOTATORS)}",
     )
-    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
     p.add_argument("--tables", default="benchmarks/results/safety_study.md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
-    if "," in args.seeds:
-        seeds = [int(x) for x in args.seeds.split(",")]
-    else:
-        lo, _, hi = args.seeds.partition("-")
-        seeds = list(range(int(lo), int(hi or lo) + 1))
-    plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
-    bad = [
-        x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams(*STREAM_NAMES)
-    ]
-    if bad:
-        raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
+    seeds = args.seeds
+    plan = parse_plan(args.plan, PARTS, STREAM_NAMES)
     if args.report_only:
         data = merged([Path(x) for x in args.out.split(",") if x])
     else:
         chosen = [a for a in args.annotators.split(",") if a]
         if any(a not in ANNOTATORS for a in chosen):
             raise SystemExit(f"--annotators must be among {', '.join(ANNOTATORS)}")
-        data = study(Path(args.out), seeds, plan, chosen)  # type: ignore[arg-type]  # pairs
+        data = study(Path(args.out), seeds, plan, chosen)
     text = report(data)
-    Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.tables).write_text(text + "\n", encoding="utf-8")
-    Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_tables(text, data, args.tables)
     if Path(args.doc).is_file():
         replace_section(Path(args.doc), BEGIN, END, text)
         print(f"tables: {args.tables}; section of {args.doc} regenerated")

@@ -16,7 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LoadOptions", "RunConfig", "add_flags", "field_names", "flag", "values"]
+__all__ = [
+    "LoadOptions",
+    "RunConfig",
+    "add_flags",
+    "field_names",
+    "flag",
+    "seed_list",
+    "values",
+]
 
 _MISSING: Any = dataclasses.MISSING
 
@@ -96,7 +104,7 @@ def _ints(text: str) -> list[int]:
         ) from None
 
 
-def _seeds(text: str) -> list[int]:
+def seed_list(text: str) -> list[int]:
     """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,2,5"`` -> [0, 2, 5]; ranges and lists may mix."""
     out: list[int] = []
     try:
@@ -193,7 +201,7 @@ class RunConfig:
     seeds: int | Sequence[int] = flag(
         "run every cell once per seed and report mean ± std (replaces --seed)",
         0,
-        type=_seeds,
+        type=seed_list,
         cli_default=None,
         metavar="0-4|0,1,2",
     )
