@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import fmt_mean_std as fmt
-from _common import markdown_table as table
 from _common import (
+    Template,
     parse_plan,
     replace_section,
     run_part,
@@ -41,6 +40,8 @@ from _common import (
     study_parser,
     write_tables,
 )
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
 
 from eatta.bench import AnnotatorOptions
 from eatta.bench.results import CellResult
@@ -223,70 +224,63 @@ def bar(s: dict[str, Any], keys: Sequence[str], half_gain: bool = True) -> list[
     return [first, half] if any(half[1:]) else [first]
 
 
+PAGE = Template("late_labels")
+
+
 def report(data: dict[str, Any]) -> str:
-    out = [
-        "Error % averaged over all rounds; mean ± std over the seeds each table names (one "
-        "seed: the value); TENT and ETA: seed 0 (on ccc and mixed they varied by 0.0 over seeds in "
-        "the earlier study; the recurring stream reshuffles its rounds per seed). "
-        f"Defaults chosen on `{TUNE_STREAM}` only.",
-        "",
-    ]
-    for name, s in data["streams"].items():
-        if not any(k in s for k in ("delay", "mechanisms", "paced")):
-            continue
-        out += [f"#### {name}: {json.dumps(s['protocol'])}", ""]
-        if "delay" in s:
-            keys = [str(d) for d in DELAYS if str(d) in s["delay"]]
-            rows = [[f"{METHOD} (default)", *[fmt(s["delay"][k]) for k in keys]]]
-            for m in REFERENCES:
-                if s.get("references", {}).get(m):
-                    rows.append([f"{m} (no labels)", *[fmt(s["references"][m])] * len(keys)])
-            marks = bar(s, keys, name in HALF_GAIN_STREAMS)
-            rows += [[f"bar: {r[0]}", *r[1:]] for r in marks]
-            n = max(len(v) for v in s["delay"].values())
-            title = f"Error against label delay (batches), `{METHOD}`'s default, {n} seed(s):"
-            out += [title, "", table(["method", *keys], rows), ""]
-        if "mechanisms" in s:
-            m = s["mechanisms"]
-            keys = sorted(
-                {k for v in m.values() for k in v}, key=lambda k: [str(d) for d in DELAYS].index(k)
-            )
-            rows = [[label, *[fmt(v.get(k, [])) for k in keys]] for label, v in m.items()]
-            if "references" in s:
-                for r in REFERENCES:
-                    rows.append([f"{r} (no labels)", *[fmt(s["references"][r])] * len(keys)])
-            out += [
-                "Late-label mechanisms of `eatta-stable` (label delay in batches), seed 0; at "
-                "`never` only the fallback matters (the other rows equal the first there):",
-                "",
-                table(["mechanism", *keys], rows),
-                "",
-            ]
-        if "paced" in s:
-            p = s["paced"]
-            rows = []
-            for feedback, sec in (("label", 11.7), ("binary", 1.6)):
-                for rate in RATES:
-                    cells = [p.get(f"{feedback}/{rate}/{o}") for o in ORDERS]
-                    if not all(cells):
-                        continue
-                    kind = "label" if feedback == "label" else "yes/no"
-                    got = cells[0]["received"] / max(cells[0]["requested"], 1)  # type: ignore[index]
-                    rows.append(
-                        [
-                            f"{kind}, {sec:g} s, {rate} batch/s",
-                            f"{100 * got:.1f} %",
-                            *[fmt(c["error"]) for c in cells],  # type: ignore[index]
-                        ]
-                    )
-            if rows:
-                head = ["person", "answered", *[f"{o} first" for o in ORDERS]]
-                title = (
-                    "A person's pace (`eatta-stable`'s default, seed 0; answered: share of the "
-                    "requests, the rest dropped after 64 batches or pending at the end):"
+    """The section of docs/real-annotators.md: ``templates/late_labels.md`` filled."""
+    blocks = [_stream_report(n, s) for n, s in data["streams"].items()]
+    blocks = [b for b in blocks if b]
+    text = PAGE(tune=TUNE_STREAM, streams="\n" + "\n\n".join(blocks) if blocks else "")
+    return text if blocks else text[:-1]
+
+
+def _stream_report(name: str, s: dict[str, Any]) -> str:
+    """One stream's tables ("" where none of its parts ran)."""
+    if not any(k in s for k in ("delay", "mechanisms", "paced")):
+        return ""
+    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
+    if "delay" in s:
+        keys = [str(d) for d in DELAYS if str(d) in s["delay"]]
+        rows = [[f"{METHOD} (default)", *[fmt(s["delay"][k]) for k in keys]]]
+        for m in REFERENCES:
+            if s.get("references", {}).get(m):
+                rows.append([f"{m} (no labels)", *[fmt(s["references"][m])] * len(keys)])
+        marks = bar(s, keys, name in HALF_GAIN_STREAMS)
+        rows += [[f"bar: {r[0]}", *r[1:]] for r in marks]
+        n = max(len(v) for v in s["delay"].values())
+        out += [PAGE("delay", method=METHOD, n=n), table(["method", *keys], rows)]
+    if "mechanisms" in s:
+        m = s["mechanisms"]
+        keys = sorted(
+            {k for v in m.values() for k in v}, key=lambda k: [str(d) for d in DELAYS].index(k)
+        )
+        rows = [[label, *[fmt(v.get(k, [])) for k in keys]] for label, v in m.items()]
+        if "references" in s:
+            for r in REFERENCES:
+                rows.append([f"{r} (no labels)", *[fmt(s["references"][r])] * len(keys)])
+        out += [PAGE("mechanisms"), table(["mechanism", *keys], rows)]
+    if "paced" in s:
+        p = s["paced"]
+        rows = []
+        for feedback, sec in (("label", 11.7), ("binary", 1.6)):
+            for rate in RATES:
+                cells = [p.get(f"{feedback}/{rate}/{o}") for o in ORDERS]
+                if not all(cells):
+                    continue
+                kind = "label" if feedback == "label" else "yes/no"
+                got = cells[0]["received"] / max(cells[0]["requested"], 1)  # type: ignore[index]
+                rows.append(
+                    [
+                        f"{kind}, {sec:g} s, {rate} batch/s",
+                        f"{100 * got:.1f} %",
+                        *[fmt(c["error"]) for c in cells],  # type: ignore[index]
+                    ]
                 )
-                out += [title, "", table(head, rows), ""]
-    return "\n".join(out)
+        if rows:
+            head = ["person", "answered", *[f"{o} first" for o in ORDERS]]
+            out += [PAGE("paced"), table(head, rows)]
+    return "\n\n".join(out)
 
 
 BEGIN, END = "<!-- late-labels:begin -->", "<!-- late-labels:end -->"
