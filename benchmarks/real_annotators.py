@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import Template, run_part, save_study, streams, study_parser, write_tables
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import run_part, save_study, streams, study_parser, write_tables
 
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.report import load_results
@@ -230,71 +230,63 @@ def plot(data: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+PAGE = Template("real_annotators")
+
+
 def report(data: dict[str, Any]) -> str:
+    """benchmarks/results/real_annotators.md: ``templates/real_annotators.md`` filled."""
     seeds = data["seeds"]
-    out = [f"Seeds {seeds[0]}-{seeds[-1]}; error % averaged over all rounds, mean ± std.", ""]
-    for name, s in data["streams"].items():
-        keys = [k for k in ["0", *[str(d) for d in DELAYS]] if k in s.get("delay", {})]
-        if len(keys) < 2 or not all(k in s.get("delay_counts", {}) for k in keys[1:]):
-            continue  # not measured (an interrupted study)
-        out += [f"### {name}: {json.dumps(s['protocol'])}", ""]
-        rows = [[m, *[fmt(s["delay"][k][m]) for k in keys]] for m in ACTIVE]
-        rows += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
-        out += ["Error against label delay (batches):", "", table(["method", *keys], rows), ""]
-        rows = [[m, *[fmt(s["delay_last"][k][m]) for k in keys]] for m in ACTIVE]
-        out += ["Last round's error against label delay:", "", table(["method", *keys], rows), ""]
-        counts = s["delay_counts"]
+    blocks = [b for b in (_stream_report(n, s) for n, s in data["streams"].items()) if b]
+    text = PAGE(first=seeds[0], last=seeds[-1], streams="\n" + "\n\n".join(blocks))
+    return text if blocks else text[:-2]
+
+
+def _stream_report(name: str, s: dict[str, Any]) -> str:
+    """One stream's tables ("" where it was not measured: an interrupted study)."""
+    keys = [k for k in ["0", *[str(d) for d in DELAYS]] if k in s.get("delay", {})]
+    if len(keys) < 2 or not all(k in s.get("delay_counts", {}) for k in keys[1:]):
+        return ""
+    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
+    rows = [[m, *[fmt(s["delay"][k][m]) for k in keys]] for m in ACTIVE]
+    rows += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
+    out += [PAGE("delay"), table(["method", *keys], rows)]
+    rows = [[m, *[fmt(s["delay_last"][k][m]) for k in keys]] for m in ACTIVE]
+    out += [PAGE("last"), table(["method", *keys], rows)]
+    counts = s["delay_counts"]
+    rows = [
+        [
+            k,
+            *[
+                f"{counts[k]['eatta'][c]:.0f}"
+                for c in ("requested", "received", "expired", "pending")
+            ],
+        ]
+        for k in counts
+    ]
+    out += [PAGE("counts"), table(["delay", "asked", "received", "expired", "pending"], rows)]
+    ps = [p for p in ["0", *[f"{p:g}" for p in NOISE]] if p in s.get("noise", {})]
+    if len(ps) > 1:
+        rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
+        out += [PAGE("noise"), table(["method", *ps], rows)]
+    ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s.get("binary", {})]
+    ks = ks if "label_minutes" in s else []
+    if ks:
+        rows = [[m, fmt(s["delay"]["0"][m]), *[fmt(s["binary"][k][m]) for k in ks]] for m in ACTIVE]
+        head = [
+            "method",
+            f"1 label/batch ({s['label_minutes']:.0f} min)",
+            *[f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)" for k in ks],
+        ]
+        out += [PAGE("binary"), table(head, rows)]
+    sizes = list(s.get("buffer", {}))
+    if sizes:
         rows = [
-            [
-                k,
-                *[
-                    f"{counts[k]['eatta'][c]:.0f}"
-                    for c in ("requested", "received", "expired", "pending")
-                ],
-            ]
-            for k in counts
+            [m, fmt(s["delay"][str(TUNE_DELAY)][m]), *[fmt(s["buffer"][b][m]) for b in sizes]]
+            for m in ACTIVE
         ]
-        out += [
-            "Labels per run (eatta):",
-            "",
-            table(["delay", "asked", "received", "expired", "pending"], rows),
-            "",
-        ]
-        ps = [p for p in ["0", *[f"{p:g}" for p in NOISE]] if p in s.get("noise", {})]
-        if len(ps) > 1:
-            rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
-            out += [
-                "Error against label noise (share of wrong labels):",
-                "",
-                table(["method", *ps], rows),
-                "",
-            ]
-        ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s.get("binary", {})]
-        ks = ks if "label_minutes" in s else []
-        if ks:
-            rows = [
-                [m, fmt(s["delay"]["0"][m]), *[fmt(s["binary"][k][m]) for k in ks]] for m in ACTIVE
-            ]
-            head = [
-                "method",
-                f"1 label/batch ({s['label_minutes']:.0f} min)",
-                *[f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)" for k in ks],
-            ]
-            out += [
-                "Yes/no against full labels (annotator minutes per run):",
-                "",
-                table(head, rows),
-                "",
-            ]
-        sizes = list(s.get("buffer", {}))
-        if sizes:
-            rows = [
-                [m, fmt(s["delay"][str(TUNE_DELAY)][m]), *[fmt(s["buffer"][b][m]) for b in sizes]]
-                for m in ACTIVE
-            ]
-            head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in sizes]]
-            out += [f"Replay buffer under delay {TUNE_DELAY}:", "", table(head, rows), ""]
-    return "\n".join(out)
+        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in sizes]]
+        out += [PAGE("buffer", delay=TUNE_DELAY), table(head, rows)]
+    return "\n\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
