@@ -235,10 +235,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 0
     methods = api.method_names(args.methods)
     # checks worded with the command's option names (eatta.bench.run checks them again)
-    for what, low in (("labels", 0), ("every", 1)):
+    for what, low, why in (("labels", 0, ""), ("every", 1, " (label every N-th batch)")):
         bad = [k for k in getattr(args, what) if k < low]
         if bad:
-            raise ValueError(f"--{what} must be >= {low}, got {bad[0]}")
+            raise ValueError(f"--{what} must be >= {low}{why}, got {bad[0]}")
     for what in ("batch_size", "rounds", "threads"):
         if getattr(args, what) is not None and getattr(args, what) < 1:
             raise ValueError(f"--{what.replace('_', '-')} must be >= 1, got {getattr(args, what)}")
