@@ -324,23 +324,7 @@ def run(
     annotator = _typed(annotator, AnnotatorOptions, "annotator")
     monitor = _typed(monitor, MonitorOptions, "monitor")
     plan = _plan(datasets, methods, config, protocol, monitor, given, load)
-    options = RunOptions(
-        batch_size=config.batch_size,
-        window=config.window,
-        seed=plan.seeds[0],
-        rounds=protocol.rounds or (DIGITS_ROUNDS if plan.requested == ["digits-c"] else 1),
-        dirichlet=protocol.dirichlet,
-        mixed=protocol.mixed,
-        annotator=annotator,
-        monitor=monitor,
-        limit=config.limit,
-        device=_device(config.device),
-        workers=config.workers,
-        checkpoint_every=config.checkpoint_every,
-        hparams=_hparams(hparams, plan.methods),
-        progress=config.progress,
-        reuse=config.reuse,
-    )
+    options = _run_options(config, plan, protocol, annotator, monitor, hparams)
     shard_ix = _shard(config.shard)
     threads = _threads(config.threads, options.device == "cpu" and plan.embedded)
     before = torch.get_num_threads()
@@ -393,6 +377,34 @@ class _Plan:
     buffers: list[int | None]
     seeds: list[int]
     embedded: bool
+
+
+def _run_options(
+    config: RunConfig,
+    plan: _Plan,
+    protocol: StreamProtocol,
+    annotator: AnnotatorOptions,
+    monitor: MonitorOptions,
+    hparams: Mapping[str, Mapping[str, Any]] | None,
+) -> RunOptions:
+    """How every cell runs (the first seed's; the others replace it)."""
+    return RunOptions(
+        batch_size=config.batch_size,
+        window=config.window,
+        seed=plan.seeds[0],
+        rounds=protocol.rounds or (DIGITS_ROUNDS if plan.requested == ["digits-c"] else 1),
+        dirichlet=protocol.dirichlet,
+        mixed=protocol.mixed,
+        annotator=annotator,
+        monitor=monitor,
+        limit=config.limit,
+        device=_device(config.device),
+        workers=config.workers,
+        checkpoint_every=config.checkpoint_every,
+        hparams=_hparams(hparams, plan.methods),
+        progress=config.progress,
+        reuse=config.reuse,
+    )
 
 
 def _typed(value: Any, cls: type, what: str) -> Any:

@@ -409,6 +409,41 @@ def _submit_slurm(
     return True
 
 
+def _recorder(
+    folder: Path,
+    state: dict[str, Any] | None,
+    result: SweepResult,
+    shards: int,
+    time_min: int | None,
+    slurm: SlurmOptions | None,
+    jobs: int | None,
+) -> Callable[[int, str], None]:
+    """The sweep's record in ``folder`` with a new submission, written now; the function that
+    adds each shard's job id to it (and to ``result``)."""
+    launcher = result.launcher
+    new_state: dict[str, Any] = {
+        "format": _STATE_FORMAT,
+        "argv": list(result.plan.argv),
+        "shards": shards,
+        "launcher": launcher,
+        "time_min": time_min,
+        "slurm": slurm.to_dict() if slurm is not None else None,
+        "jobs": jobs if launcher == "local" else None,
+        "submissions": list(state["submissions"]) if state else [],
+    }
+    submission: dict[str, Any] = {"at": _now(), "launcher": launcher, "job_ids": {}}
+    new_state["submissions"].append(submission)
+    folder.mkdir(parents=True, exist_ok=True)
+    _save_state(folder, new_state)
+
+    def record(index: int, job_id: str) -> None:
+        submission["job_ids"][str(index)] = job_id
+        result.submitted[index] = job_id
+        _save_state(folder, new_state)
+
+    return record
+
+
 def launch(
     run_argv: Sequence[str] | None,
     out: str | os.PathLike[str],
@@ -474,26 +509,7 @@ def launch(
         result.merged = True
         return result
 
-    new_state: dict[str, Any] = {
-        "format": _STATE_FORMAT,
-        "argv": list(sweep_plan.argv),
-        "shards": shards,
-        "launcher": launcher,
-        "time_min": time_min,
-        "slurm": slurm.to_dict() if slurm is not None else None,
-        "jobs": jobs if launcher == "local" else None,
-        "submissions": list(state["submissions"]) if state else [],
-    }
-    submission: dict[str, Any] = {"at": _now(), "launcher": launcher, "job_ids": {}}
-    new_state["submissions"].append(submission)
-    folder.mkdir(parents=True, exist_ok=True)
-    _save_state(folder, new_state)
-
-    def record(index: int, job_id: str) -> None:
-        submission["job_ids"][str(index)] = job_id
-        result.submitted[index] = job_id
-        _save_state(folder, new_state)
-
+    record = _recorder(folder, state, result, shards, time_min, slurm, jobs)
     what = "resubmitting" if finished else "submitting"
     say(
         f"{what} {len(pending)} of {shards} shards ({len(sweep_plan.jobs)} runs) "
