@@ -293,67 +293,74 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
         )
     head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
     out += [PAGE("given", given=f"{given:.1f}", best=f"{best:.1f}"), table(head, rows)]
-    ann = s.get("annotators", {})
-    if ann:
-        rows = []
-        for m in (SAFE, STABLE):
-            rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
-        bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5 (margin)"]
-        for a in ann:
-            v = _mean(ann[a][SAFE])
-            limit = min(given, best) + 0.5
-            bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
-        rows.append(bar_row)
-        easy_row = [f"easy domains: {SAFE} (given {_num(_easy(s, refs['source']))})"]
-        easy_row += [_num(_easy(s, ann[a][SAFE])) for a in ann]
-        rows.append(easy_row)
-        worse_row = [f"worse domains: {SAFE}"]
-        worse_row += [f"{_worse_domains(s, ann[a][SAFE]):.1f}" for a in ann]
-        rows.append(worse_row)
-        served_row = [f"served given: {SAFE}"]
-        for a in ann:
-            fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
-            share = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
-            served_row.append(f"{100 * share:.0f} %")
-        rows.append(served_row)
-        out += [PAGE("annotators"), table(["method", *ann], rows)]
-        if "instant" in ann:
-            stable_gain = best - _mean(ann["instant"][STABLE])
-            safe_gain = best - _mean(ann["instant"][SAFE])
-            kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
-            late = measure = ""
-            if "delay 16" in ann and safe_gain > 0:
-                late_gain = best - _mean(ann["delay 16"][SAFE])
-                share = f"{100 * late_gain / safe_gain:.0f}"
-                late = PAGE(
-                    "late",
-                    safe=SAFE,
-                    late_gain=f"{late_gain:+.1f}",
-                    safe_gain=f"{safe_gain:+.1f}",
-                    share=share,
-                )
-            else:
-                late = ")"
-            if s.get("measure"):
-                measure = PAGE(
-                    "measure",
-                    measure=f"{_mean(s['measure']):.1f}",
-                    stable=STABLE,
-                    stable_error=f"{_mean(ann['instant'][STABLE]):.1f}",
-                )
-            out.append(
-                PAGE(
-                    "gain",
-                    safe=SAFE,
-                    safe_gain=f"{safe_gain:+.1f}",
-                    stable=STABLE,
-                    stable_gain=f"{stable_gain:+.1f}",
-                    kept=f"{100 * kept:.0f}",
-                    late=late,
-                    measure=measure,
-                )
-            )
+    out += _by_annotator(s, refs, given, best)
     return "\n\n".join(out)
+
+
+def _by_annotator(s: dict[str, Any], refs: dict[str, Any], given: float, best: float) -> list[str]:
+    """The stream's table by annotator and the gain line ([] where that part did not run)."""
+    ann = s.get("annotators", {})
+    if not ann:
+        return []
+    rows = []
+    for m in (SAFE, STABLE):
+        rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
+    bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5 (margin)"]
+    for a in ann:
+        v = _mean(ann[a][SAFE])
+        limit = min(given, best) + 0.5
+        bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
+    rows.append(bar_row)
+    easy_row = [f"easy domains: {SAFE} (given {_num(_easy(s, refs['source']))})"]
+    easy_row += [_num(_easy(s, ann[a][SAFE])) for a in ann]
+    rows.append(easy_row)
+    worse_row = [f"worse domains: {SAFE}"]
+    worse_row += [f"{_worse_domains(s, ann[a][SAFE]):.1f}" for a in ann]
+    rows.append(worse_row)
+    served_row = [f"served given: {SAFE}"]
+    for a in ann:
+        fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
+        share = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+        served_row.append(f"{100 * share:.0f} %")
+    rows.append(served_row)
+    out = [PAGE("annotators"), table(["method", *ann], rows)]
+    if "instant" in ann:
+        stable_gain = best - _mean(ann["instant"][STABLE])
+        safe_gain = best - _mean(ann["instant"][SAFE])
+        kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
+        late = measure = ""
+        if "delay 16" in ann and safe_gain > 0:
+            late_gain = best - _mean(ann["delay 16"][SAFE])
+            share = f"{100 * late_gain / safe_gain:.0f}"
+            late = PAGE(
+                "late",
+                safe=SAFE,
+                late_gain=f"{late_gain:+.1f}",
+                safe_gain=f"{safe_gain:+.1f}",
+                share=share,
+            )
+        else:
+            late = ")"
+        if s.get("measure"):
+            measure = PAGE(
+                "measure",
+                measure=f"{_mean(s['measure']):.1f}",
+                stable=STABLE,
+                stable_error=f"{_mean(ann['instant'][STABLE]):.1f}",
+            )
+        out.append(
+            PAGE(
+                "gain",
+                safe=SAFE,
+                safe_gain=f"{safe_gain:+.1f}",
+                stable=STABLE,
+                stable_gain=f"{stable_gain:+.1f}",
+                kept=f"{100 * kept:.0f}",
+                late=late,
+                measure=measure,
+            )
+        )
+    return out
 
 
 PAGE = Template("safety")
