@@ -6,11 +6,14 @@ as scripts, so this folder is on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
 import platform
+import re
 import statistics
+import string
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+import eatta.bench
+from eatta.bench import StreamProtocol
+from eatta.bench.flags import seed_list
+from eatta.bench.results import CellResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -238,3 +246,112 @@ def save_study(out: Path, data: dict[str, Any]) -> None:
     tmp = out / "study.json.tmp"
     tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
     tmp.replace(out / "study.json")
+
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+_FRAGMENT = re.compile(r"^<!-- fragment: ([\w-]+) -->\n", re.MULTILINE)
+
+
+class Template:
+    """The prose of a generated page: ``templates/<name>.md``, ``$placeholders`` filled by
+    :class:`string.Template`. The text before the first ``<!-- fragment: KEY -->`` line is the
+    page; each such line starts a fragment (a sentence or paragraph the page may hold or not,
+    or repeat), its trailing newlines dropped."""
+
+    def __init__(self, name: str) -> None:
+        parts = _FRAGMENT.split((TEMPLATES / f"{name}.md").read_text(encoding="utf-8"))
+        self.parts = {"page": string.Template(parts[0])}
+        for key, text in zip(parts[1::2], parts[2::2], strict=True):
+            self.parts[key] = string.Template(text.rstrip("\n"))
+
+    def __call__(self, part: str = "page", /, **values: object) -> str:
+        return self.parts[part].substitute(values)
+
+
+#: The long streams the studies share (digits-C, but ``mnist``), by name.
+STREAMS = {
+    "recurring": StreamProtocol(rounds=10),
+    "mixed": StreamProtocol(rounds=2, mixed=True),
+    "ccc": StreamProtocol(rounds=5, ccc="slow"),
+    "dirichlet": StreamProtocol(rounds=2, dirichlet=0.1),
+    "mnist": StreamProtocol(rounds=5),
+}
+#: Their short versions, for smoke runs (``--quick``).
+QUICK = {
+    "recurring": StreamProtocol(rounds=2),
+    "mixed": StreamProtocol(rounds=1, mixed=True),
+    "ccc": StreamProtocol(rounds=1, ccc="fast"),
+    "dirichlet": StreamProtocol(rounds=1, dirichlet=0.1),
+    "mnist": StreamProtocol(rounds=1),
+}
+
+
+def streams(*names: str, quick: bool = False, **own: StreamProtocol) -> dict[str, StreamProtocol]:
+    """The named streams in the order given (``quick``: their short versions); ``own``: a
+    study's own version of a stream (``recurring=StreamProtocol(rounds=3)``), full runs only."""
+    return {n: QUICK[n] if quick else own.get(n, STREAMS[n]) for n in names}
+
+
+def run_part(
+    out: Path,
+    part: str,
+    protocol: StreamProtocol,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    dataset: str = "digits-c",
+    jobs: int = 1,
+    **options: Any,
+) -> list[CellResult]:
+    """One part of a study: :func:`eatta.bench.run` of ``methods`` on ``dataset`` streamed by
+    ``protocol``, into ``out/part`` (finished cells read back), one thread a job, quiet; the
+    other keywords are :func:`eatta.bench.run`'s (``annotator``, ``monitor``, ``hparams``...)."""
+    started = time.perf_counter()
+    done = eatta.bench.run(
+        dataset,
+        list(methods),
+        protocol=protocol,
+        seeds=list(seeds),
+        jobs=jobs,
+        threads=1,
+        out=out / part,
+        progress=False,
+        plot=False,
+        **options,
+    )
+    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
+    return done.results
+
+
+def study_parser(
+    doc: str | None, out: str, *, plan: Sequence[str] = (), parts: Sequence[str] = ()
+) -> argparse.ArgumentParser:
+    """The options every study shares: ``--seeds`` (``0-2``, ``0,2``), ``--out`` (the runs'
+    folder; with ``--report-only`` folders, comma-separated, merged where the study can) and,
+    for a study run in parts, ``--plan`` (``PART:STREAM`` items in order)."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    p.add_argument("--seeds", type=seed_list, default="0-2", help="seeds, e.g. 0-2 or 1,2")
+    p.add_argument("--out", default=out, help="folder of the runs")
+    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
+    if plan:
+        p.add_argument(
+            "--plan", default=",".join(plan), help=f"PART:STREAM items in order (parts: {parts})"
+        )
+    return p
+
+
+def parse_plan(text: str, parts: Sequence[str], names: Sequence[str]) -> list[tuple[str, str]]:
+    """``--plan``'s ``PART:STREAM`` items; a SystemExit naming any unknown one."""
+    plan = [tuple(x.split(":", 1)) for x in text.split(",") if x]
+    bad = [x for x in plan if len(x) != 2 or x[0] not in parts or x[1] not in names]
+    if bad:
+        raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {parts}")
+    return plan  # type: ignore[return-value]  # pairs, checked above
+
+
+def write_tables(text: str, data: dict[str, Any], tables: str | Path) -> None:
+    """A study's tables (``tables``, Markdown) and its numbers (the same name, ``.json``)."""
+    path = Path(tables)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n", encoding="utf-8")
+    path.with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")

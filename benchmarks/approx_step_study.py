@@ -32,18 +32,16 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS
+from _common import RESULTS, Template, run_part, streams
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
-import eatta.bench
 from eatta.bench import StreamProtocol
 from eatta.bench.results import CellResult
 
@@ -69,42 +67,24 @@ MEMORY_BAR = 1.05
 MIN_TOLERANCE = 0.5
 
 
-def streams(quick: bool) -> dict[str, StreamProtocol]:
-    """The streams, the short ones first (the 10-round tuning stream takes as long as the three
-    others together, so on a shared machine it runs last, seed by seed)."""
+#: The streams, the short ones first (the 10-round tuning stream takes as long as the three
+#: others together, so on a shared machine it runs last, seed by seed).
+STREAM_NAMES = ("ccc", "mixed", "dirichlet", "recurring")
+
+
+def study_streams(quick: bool) -> dict[str, StreamProtocol]:
+    """The study's streams (``quick``: CCC and recurring, short)."""
     if quick:
-        return {
-            "ccc": StreamProtocol(rounds=1, ccc="fast"),
-            "recurring": StreamProtocol(rounds=1),
-        }
-    return {
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-        "dirichlet": StreamProtocol(rounds=2, dirichlet=0.1),
-        "recurring": StreamProtocol(rounds=RECURRING_ROUNDS),
-    }
+        return streams("ccc", "recurring", quick=True)
+    return streams(*STREAM_NAMES, recurring=StreamProtocol(rounds=RECURRING_ROUNDS))
 
 
 def run_cells(
     out: Path, name: str, proto: StreamProtocol, mode: str, seeds: list[int]
 ) -> list[CellResult]:
     hp = APPROX if mode == "approx" else EXACT
-    started = time.perf_counter()
-    done = eatta.bench.run(
-        "digits-c",
-        list(METHODS),
-        protocol=proto,
-        seeds=seeds,
-        jobs=1,
-        threads=1,
-        hparams={m: dict(hp) for m in METHODS},
-        out=out / name / mode,
-        progress=False,
-        plot=False,
-    )
-    secs = time.perf_counter() - started
-    print(f"  {name}/{mode}: {len(done.results)} runs, {secs:.0f} s", flush=True)
-    return done.results
+    hparams = {m: dict(hp) for m in METHODS}
+    return run_part(out / name, mode, proto, METHODS, seeds, hparams=hparams)
 
 
 def _values(results: Sequence[CellResult], method: str, field: str) -> list[float]:
@@ -119,7 +99,7 @@ def study(out: Path, seeds: list[int], quick: bool, only: Sequence[str] = ()) ->
     study still pairs its seeds."""
     data: dict[str, Any] = {"seeds": seeds, "approx": APPROX, "tune_stream": TUNE_STREAM}
     data["streams"] = {}
-    for name, proto in streams(quick).items():
+    for name, proto in study_streams(quick).items():
         if only and name not in only:
             continue
         print(f"stream {name}: {proto.describe()}", flush=True)
@@ -315,24 +295,17 @@ def _history_section(hist: dict[str, Any]) -> str:
         f"{m} {new[m]['ratio_median']:.2f}x against {old[m]['ratio_median']:.2f}x" for m in old
     )
     worse = any(new[m]["ratio_median"] > old[m]["ratio_median"] for m in old)
-    finding = (
-        f"The current library ({keys[-1].split()[0]}) against the committed benchmark's "
-        f"({keys[0].split()[0]}), same machine and settings, child processes interleaved: {diffs}. "
-        + (
-            "The current step is relatively slower on at least one model: a library change."
-            if worse
-            else "The current step is not relatively slower: the move to 1.55x is not in the "
-            "library. The old revision itself measures "
-            f"{old['resnet18-64']['ratio_median']:.2f}x on ResNet-18-64 here with "
-            "one thread on a loaded machine; the committed 1.44-1.48x were taken with 2 threads "
-            "on a quiet one: threads and load move this ratio by several hundredths."
-        )
+    old_ratio = f"{old['resnet18-64']['ratio_median']:.2f}"
+    verdict = TEMPLATE("slower") if worse else TEMPLATE("not-slower", old_ratio=old_ratio)
+    finding = TEMPLATE(
+        "finding", new=keys[-1].split()[0], old=keys[0].split()[0], diffs=diffs, verdict=verdict
     )
-    return HISTORY_TEMPLATE.format(
-        table=history_table(hist),
-        rounds=hist["rounds"],
-        repeats=hist["repeats"],
-        finding=finding,
+    table = history_table(hist)
+    return (
+        TEMPLATE(
+            "history", table=table, rounds=hist["rounds"], repeats=hist["repeats"], finding=finding
+        )
+        + "\n"
     )
 
 
@@ -340,7 +313,7 @@ def render(data: dict[str, Any]) -> str:
     fid = json.loads((RESULTS / "approx_proxy_study.json").read_text())
     bench = json.loads((RESULTS / "step_benchmark_cpu.json").read_text())
     ver = verdicts(data)
-    complete = set(ver) == set(streams(False)) and all(
+    complete = set(ver) == set(STREAM_NAMES) and all(
         s["seeds"] == data["seeds"] for s in data["streams"].values()
     )
     everywhere = complete and all(v["within"] for s in ver.values() for v in s.values())
@@ -353,31 +326,30 @@ def render(data: dict[str, Any]) -> str:
         "last-norm+refresh-64",
     ]
     seeds = data["seeds"]
-    decision = (
-        "The approximate step is within the tolerance on every stream for both methods, so it "
-        "is the default of `eatta-stable` (and of the methods built on its config); `eatta` "
-        "keeps the exact step."
-        if everywhere
-        else "Outside the tolerance: "
-        + "; ".join(
-            f"`{m}` on {name} ({v['diff']:+.2f} points, "
-            + ("lower error" if v["diff"] < 0 else "higher error")
-            + f" than exact, tolerance {v['tolerance']:.2f})"
-            for name, rows in ver.items()
-            for m, v in rows.items()
-            if not v["within"]
+    cases = "; ".join(
+        TEMPLATE(
+            "case",
+            method=m,
+            stream=name,
+            diff=f"{v['diff']:+.2f}",
+            direction="lower error" if v["diff"] < 0 else "higher error",
+            tolerance=f"{v['tolerance']:.2f}",
         )
-        + ". The bar is the tolerance on every stream for both methods, so the approximate step "
-        "stays opt-in and `eatta-stable` keeps the exact step by default (its committed studies, "
-        "the main job's table among them, were run with it)."
+        for name, rows in ver.items()
+        for m, v in rows.items()
+        if not v["within"]
+    )
+    decision = (
+        TEMPLATE("everywhere")
+        if everywhere
+        else TEMPLATE("outside", cases=cases)
         if complete
-        else "The study is incomplete (the seeds each stream lists above), so the approximate "
-        "step stays opt-in: `eatta-stable` keeps the exact step by default."
+        else TEMPLATE("incomplete")
     )
     approx_hp = ", ".join(f"{k}={v!r}" for k, v in APPROX.items())
     hist_path = RESULTS / "step_history.json"
     hist = json.loads(hist_path.read_text()) if hist_path.is_file() else None
-    return PAGE_TEMPLATE.format(
+    return TEMPLATE(
         cost=cost_table(bench),
         fid_digits=fidelity_table(fid, "digits-32", keep),
         fid_resnet=fidelity_table(fid, "resnet18-64", keep),
@@ -394,136 +366,7 @@ def render(data: dict[str, Any]) -> str:
     )
 
 
-PAGE_TEMPLATE = """# The approximate step: one backward pass (`grad_mode="approx"`)
-
-<!-- generated by benchmarks/approx_step_study.py; edit the script, not this page -->
-
-The exact EATTA step takes two backward passes through the whole network: gradient-norm
-debiasing (GND, [method.md](method.md) §4) weighs `L_sup` and `L_unsup` by the norms of their
-gradients, so each gradient is computed on its own. `grad_mode="approx"` makes ONE backward pass,
-on `γ_sup·L_sup + γ_unsup·L_unsup`, with the weights from a cheap estimate of the two norms. GND
-uses only their ratio `r = g_sup / (g_sup + g_unsup)` (`γ_sup = 2(1 - r)`, `γ_unsup = 2r`, then
-the EMA), so an estimate whose ratio follows the exact one is enough. Everything else in the step
-is unchanged: selection, class history, buffer, late labels, monitor, budgets. The exact step
-stays the default of `eatta` and is bit-exact on the golden traces.
-
-<!-- snippet: setup=model -->
-```python
-import torch
-import eatta
-
-params = eatta.configure(model)
-method = eatta.EATTA(
-    model,
-    torch.optim.SGD(params, lr=2.5e-4, momentum=0.9, nesterov=True),
-    oracle=eatta.GroundTruthOracle(),
-    grad_mode="approx",  # one backward pass
-    approx_proxy="last-norm",  # the norms at the backbone's last normalization layer
-)
-logits = method(x, labels=y)
-assert method.last_step.grad_norms_approx  # the recorded norms are the estimates
-```
-
-From the registry: `eatta.create("eatta", model, oracle=..., grad_mode="approx")`, or
-`eatta-bench --hp grad_mode="'approx'"`.
-
-## The estimates
-
-* `last-norm` (`approx_proxy="last-norm"`): the two norms over the affine parameters of the
-  backbone's last normalization layer only, GradNorm's "last shared layer": two small backward
-  passes from the losses that stop at that layer (through the head, the pooling, the last
-  activation). They also see the replayed buffer samples and late labels, which go through the
-  same layer.
-* `head` (`approx_proxy="head"`): the norms of the gradients with respect to the head's input
-  features, `δ W` with `δ = ∂L/∂logits` (cross-entropy `(p − e_y)/n`, entropy
-  `−p ⊙ (log p + H)/n`); it sees only the current batch's features.
-* `approx_refresh=N`: every `N` steps the exact norms are computed (that step takes the exact
-  two-pass path) and each estimate is scaled by `exact / estimate` until the next refresh.
-* `stale-N` (measured, not offered): the last exact norms reused for `N` steps, what "exact norms
-  every N steps with the EMA between" gives.
-
-What the debiaser receives: the estimates, in the exact norms' place (the EMA, the bounds of
-`eatta-stable` and the degenerate-step rules apply as they do to the exact norms).
-`last_step.grad_norm_sup` / `grad_norm_unsup` then hold the estimates, and
-`last_step.grad_norms_approx` is True (False on the exact step and on refresh steps).
-
-### How well each estimate's ratio tracks the exact one
-
-`benchmarks/approx_proxy_study.py` (results in `benchmarks/results/approx_proxy_study.json`): the
-exact step adapts along the digits-C stream and, at every step, the estimates are computed on the
-same graph next to the exact norms; the table gives the Pearson correlation of each estimate's
-ratio `r` with the exact ratio, its mean bias and mean absolute error, and the same for the EMA
-weight `γ_sup` the update sees.
-
-Digits CNN, {digits_steps} steps (4 rounds of the {tune} stream):
-
-{fid_digits}
-
-ResNet-18 at 64 px (random init, 10 classes, digits upsampled; the head scaled so half a batch is
-confident, as in the step benchmark), {resnet_steps} steps (one round):
-
-{fid_resnet}
-
-Highest correlation of the EMA weight: {best_digits} on the digits CNN, {best_resnet} on the
-ResNet. The default, `last-norm` without refresh, was chosen on the digits CNN's trajectory along
-the tuning stream: of the estimates that add no exact step, its ratio has the highest correlation
-and the smallest bias there (a refresh every 4 steps matches it, at an exact two-pass step every
-fourth step). On the ResNet the `head` estimate, or a refresh, tracks better than `last-norm`,
-whose ratio is biased low there.
-
-Reading: the stale exact norms (`stale-16`) lose most of the step-to-step signal: the ratio moves
-with every batch (which sample was labelled, how many are confident), so exact norms every N steps
-are not enough on their own. The estimates follow it; a refresh removes a constant bias of an
-estimate but adds the staleness of its scale.
-
-## Cost
-
-`benchmarks/step_benchmark.py` (CPU, one thread, interleaved rounds, median ratios of one run;
-`benchmarks/results/step_benchmark_cpu.json`); the approximate step with its defaults, the peak
-memory of one step above its start, its per-step latency over the timed rounds. "no GND" is EATTA
-without gradient-norm debiasing (one backward pass on `L_sup + L_unsup`, no norms): the floor of
-any one-backward EATTA step, what selection, class history, the oracle and the step's bookkeeping
-add to TENT; the approximate step's cost above it is the estimate's (two small backward passes
-that stop at the last normalization layer).
-
-{cost}
-
-No GPU was available for this measurement; the `--device cuda` path of the benchmark times the
-approximate step too.
-{history}
-## Accuracy
-
-Error % averaged over all rounds, mean ± std over seeds {seeds}, one label per batch, digits-c
-defaults, the approximate step as
-
-    {approx_hp}
-
-"tolerance" is the larger of the two modes' seed standard deviations and 0.5 points. The
-settings were chosen on the `{tune}` stream (the tuning stream: the estimates' fidelity above was
-measured on its rounds); the others are reports.
-
-{accuracy}
-
-{decision}
-
-Regenerate: `python benchmarks/approx_step_study.py --out runs/approx-step` (48 runs of 5-20 s
-CPU each at one thread; finished runs are read back).
-"""
-
-
-HISTORY_TEMPLATE = """
-### The exact step over library versions
-
-Issue 32 measured the exact step at 1.55x TENT on this kind of machine (AVX-512), against 1.44-1.48x
-in the committed benchmark (revision 8705f6a, 2 threads) and 1.46x with AVX2 kernels.
-`benchmarks/step_history.py` (`benchmarks/results/step_history.json`) runs the same small timing
-(TENT and the exact EATTA step interleaved, {repeats} rounds each, median ratio; the median over
-{rounds} rounds of child processes, the settings rotating) with the library of each revision:
-
-{table}
-
-{finding}
-"""
+TEMPLATE = Template("approx_step")
 
 
 def main(argv: list[str] | None = None) -> int:

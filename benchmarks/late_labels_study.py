@@ -23,21 +23,27 @@ run is a cell of :func:`eatta.bench.run` under ``--out``; finished cells are rea
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import (
+    Template,
+    parse_plan,
+    replace_section,
+    run_part,
+    save_study,
+    streams,
+    study_parser,
+    write_tables,
+)
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import replace_section, save_study
 
-import eatta.bench
-from eatta.bench import AnnotatorOptions, StreamProtocol
+from eatta.bench import AnnotatorOptions
 from eatta.bench.results import CellResult
 
 METHOD = "eatta-stable"
@@ -80,40 +86,8 @@ PLAN = (
 ONE_SEED = [0]
 
 
-def streams() -> dict[str, StreamProtocol]:
-    return {
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-        "recurring": StreamProtocol(rounds=10),
-    }
-
-
-def run(
-    out: Path,
-    part: str,
-    protocol: StreamProtocol,
-    methods: Sequence[str],
-    seeds: list[int],
-    *,
-    annotator: AnnotatorOptions | None = None,
-    hparams: dict[str, dict[str, Any]] | None = None,
-) -> list[CellResult]:
-    started = time.perf_counter()
-    done = eatta.bench.run(
-        "digits-c",
-        list(methods),
-        protocol=protocol,
-        annotator=annotator,
-        hparams=hparams,
-        seeds=seeds,
-        jobs=1,
-        threads=1,
-        out=out / part,
-        progress=False,
-        plot=False,
-    )
-    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
-    return done.results
+#: The streams, in the order the study runs them.
+STREAM_NAMES = ("ccc", "mixed", "recurring")
 
 
 def errors(results: Sequence[CellResult], method: str) -> list[float]:
@@ -135,7 +109,7 @@ def study(
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
     )
     data["seeds"] = seeds
-    every = streams()
+    every = streams(*STREAM_NAMES)
     for part, name in plan:
         if True:
             proto = every[name]
@@ -148,7 +122,7 @@ def study(
                     for d in delays:
                         if d == "never" and label not in NEVER_ROWS:
                             continue  # no label arrives: the same run as today's
-                        res = run(
+                        res = run_part(
                             out / name,
                             f"mech-{_slug(label)}-{d}",
                             proto,
@@ -169,7 +143,7 @@ def study(
                                 stream_rate=rate,
                                 order=order,
                             )
-                            res = run(
+                            res = run_part(
                                 out / name,
                                 f"paced-{feedback}-{rate}-{order}",
                                 proto,
@@ -186,13 +160,13 @@ def study(
                             save_study(out, data)
             elif part == "delay":
                 if not all(s.get("references", {}).get(m) for m in REFERENCES):
-                    ref = run(out / name, "references", proto, list(REFERENCES), ONE_SEED)
+                    ref = run_part(out / name, "references", proto, list(REFERENCES), ONE_SEED)
                     s["references"] = {m: errors(ref, m) for m in REFERENCES}
                     save_study(out, data)
                 dd = s.setdefault("delay", {})
                 for d in delays:
                     opts = None if d == 0 else delay_options(d)  # 0: the synchronous path
-                    res = run(out / name, f"delay-{d}", proto, [METHOD], seeds, annotator=opts)
+                    res = run_part(out / name, f"delay-{d}", proto, [METHOD], seeds, annotator=opts)
                     dd[str(d)] = errors(res, METHOD)
                     save_study(out, data)
     return data
@@ -211,7 +185,7 @@ def merged(folders: Sequence[Path]) -> dict[str, Any]:
                     stream[part].update(value)
                 else:
                     stream[part] = value
-    order = list(streams())
+    order = list(streams(*STREAM_NAMES))
     data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
     return data
 
@@ -250,114 +224,89 @@ def bar(s: dict[str, Any], keys: Sequence[str], half_gain: bool = True) -> list[
     return [first, half] if any(half[1:]) else [first]
 
 
+PAGE = Template("late_labels")
+
+
 def report(data: dict[str, Any]) -> str:
-    out = [
-        "Error % averaged over all rounds; mean ± std over the seeds each table names (one "
-        "seed: the value); TENT and ETA: seed 0 (on ccc and mixed they varied by 0.0 over seeds in "
-        "the earlier study; the recurring stream reshuffles its rounds per seed). "
-        f"Defaults chosen on `{TUNE_STREAM}` only.",
-        "",
-    ]
-    for name, s in data["streams"].items():
-        if not any(k in s for k in ("delay", "mechanisms", "paced")):
-            continue
-        out += [f"#### {name}: {json.dumps(s['protocol'])}", ""]
-        if "delay" in s:
-            keys = [str(d) for d in DELAYS if str(d) in s["delay"]]
-            rows = [[f"{METHOD} (default)", *[fmt(s["delay"][k]) for k in keys]]]
-            for m in REFERENCES:
-                if s.get("references", {}).get(m):
-                    rows.append([f"{m} (no labels)", *[fmt(s["references"][m])] * len(keys)])
-            marks = bar(s, keys, name in HALF_GAIN_STREAMS)
-            rows += [[f"bar: {r[0]}", *r[1:]] for r in marks]
-            n = max(len(v) for v in s["delay"].values())
-            title = f"Error against label delay (batches), `{METHOD}`'s default, {n} seed(s):"
-            out += [title, "", table(["method", *keys], rows), ""]
-        if "mechanisms" in s:
-            m = s["mechanisms"]
-            keys = sorted(
-                {k for v in m.values() for k in v}, key=lambda k: [str(d) for d in DELAYS].index(k)
-            )
-            rows = [[label, *[fmt(v.get(k, [])) for k in keys]] for label, v in m.items()]
-            if "references" in s:
-                for r in REFERENCES:
-                    rows.append([f"{r} (no labels)", *[fmt(s["references"][r])] * len(keys)])
-            out += [
-                "Late-label mechanisms of `eatta-stable` (label delay in batches), seed 0; at "
-                "`never` only the fallback matters (the other rows equal the first there):",
-                "",
-                table(["mechanism", *keys], rows),
-                "",
-            ]
-        if "paced" in s:
-            p = s["paced"]
-            rows = []
-            for feedback, sec in (("label", 11.7), ("binary", 1.6)):
-                for rate in RATES:
-                    cells = [p.get(f"{feedback}/{rate}/{o}") for o in ORDERS]
-                    if not all(cells):
-                        continue
-                    kind = "label" if feedback == "label" else "yes/no"
-                    got = cells[0]["received"] / max(cells[0]["requested"], 1)  # type: ignore[index]
-                    rows.append(
-                        [
-                            f"{kind}, {sec:g} s, {rate} batch/s",
-                            f"{100 * got:.1f} %",
-                            *[fmt(c["error"]) for c in cells],  # type: ignore[index]
-                        ]
-                    )
-            if rows:
-                head = ["person", "answered", *[f"{o} first" for o in ORDERS]]
-                title = (
-                    "A person's pace (`eatta-stable`'s default, seed 0; answered: share of the "
-                    "requests, the rest dropped after 64 batches or pending at the end):"
+    """The section of docs/real-annotators.md: ``templates/late_labels.md`` filled."""
+    blocks = [_stream_report(n, s) for n, s in data["streams"].items()]
+    blocks = [b for b in blocks if b]
+    text = PAGE(tune=TUNE_STREAM, streams="\n" + "\n\n".join(blocks) if blocks else "")
+    return text if blocks else text[:-1]
+
+
+def _stream_report(name: str, s: dict[str, Any]) -> str:
+    """One stream's tables ("" where none of its parts ran)."""
+    if not any(k in s for k in ("delay", "mechanisms", "paced")):
+        return ""
+    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
+    if "delay" in s:
+        keys = [str(d) for d in DELAYS if str(d) in s["delay"]]
+        rows = [[f"{METHOD} (default)", *[fmt(s["delay"][k]) for k in keys]]]
+        for m in REFERENCES:
+            if s.get("references", {}).get(m):
+                rows.append([f"{m} (no labels)", *[fmt(s["references"][m])] * len(keys)])
+        marks = bar(s, keys, name in HALF_GAIN_STREAMS)
+        rows += [[f"bar: {r[0]}", *r[1:]] for r in marks]
+        n = max(len(v) for v in s["delay"].values())
+        out += [PAGE("delay", method=METHOD, n=n), table(["method", *keys], rows)]
+    if "mechanisms" in s:
+        m = s["mechanisms"]
+        keys = sorted(
+            {k for v in m.values() for k in v}, key=lambda k: [str(d) for d in DELAYS].index(k)
+        )
+        rows = [[label, *[fmt(v.get(k, [])) for k in keys]] for label, v in m.items()]
+        if "references" in s:
+            for r in REFERENCES:
+                rows.append([f"{r} (no labels)", *[fmt(s["references"][r])] * len(keys)])
+        out += [PAGE("mechanisms"), table(["mechanism", *keys], rows)]
+    if "paced" in s:
+        p = s["paced"]
+        rows = []
+        for feedback, sec in (("label", 11.7), ("binary", 1.6)):
+            for rate in RATES:
+                cells = [p.get(f"{feedback}/{rate}/{o}") for o in ORDERS]
+                if not all(cells):
+                    continue
+                kind = "label" if feedback == "label" else "yes/no"
+                got = cells[0]["received"] / max(cells[0]["requested"], 1)  # type: ignore[index]
+                rows.append(
+                    [
+                        f"{kind}, {sec:g} s, {rate} batch/s",
+                        f"{100 * got:.1f} %",
+                        *[fmt(c["error"]) for c in cells],  # type: ignore[index]
+                    ]
                 )
-                out += [title, "", table(head, rows), ""]
-    return "\n".join(out)
+        if rows:
+            head = ["person", "answered", *[f"{o} first" for o in ORDERS]]
+            out += [PAGE("paced"), table(head, rows)]
+    return "\n\n".join(out)
 
 
 BEGIN, END = "<!-- late-labels:begin -->", "<!-- late-labels:end -->"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0-2", help="seeds of the delay part, e.g. 0-2")
-    p.add_argument(
-        "--out",
-        default="runs/late-labels",
-        help="folder of the runs (with --report-only: folders, comma-separated, merged)",
-    )
-    p.add_argument(
-        "--plan",
-        default=",".join(PLAN),
-        help="PART:STREAM items, run in this order (parts: mechanisms, paced, delay)",
-    )
+    p = study_parser(__doc__, "runs/late-labels", plan=PLAN, parts=PARTS)
     p.add_argument(
         "--delays",
         default=",".join(str(d) for d in DELAYS),
         help="delays of the delay part (a subset, e.g. 16,never, when time is short)",
     )
-    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
     p.add_argument("--tables", default="benchmarks/results/late_labels.md")
     p.add_argument("--doc", default="docs/real-annotators.md")
     args = p.parse_args(argv)
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi or lo) + 1))
-    plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
-    bad = [x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams()]
-    if bad:
-        raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
+    seeds = args.seeds
+    plan = parse_plan(args.plan, PARTS, STREAM_NAMES)
     if args.report_only:
         data = merged([Path(x) for x in args.out.split(",") if x])
     else:
         delays = [d if d == "never" else int(d) for d in args.delays.split(",") if d]
         if any(d not in DELAYS for d in delays):
             raise SystemExit(f"--delays must be among {DELAYS}, got {args.delays!r}")
-        data = study(Path(args.out), seeds, plan, delays)  # type: ignore[arg-type]  # pairs
+        data = study(Path(args.out), seeds, plan, delays)
     text = report(data)
-    Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.tables).write_text(text + "\n", encoding="utf-8")
-    Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_tables(text, data, args.tables)
     replace_section(Path(args.doc), BEGIN, END, text)
     print(f"tables: {args.tables}; section of {args.doc} regenerated")
     return 0

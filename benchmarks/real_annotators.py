@@ -21,7 +21,6 @@ resumes). A delay of 0 is not run again: it is bit-identical to the default sync
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Sequence
@@ -29,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import Template, run_part, save_study, streams, study_parser, write_tables
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import save_study
 
-import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.report import load_results
 from eatta.bench.results import CellResult
@@ -48,21 +46,6 @@ TUNE_DELAY = 16
 TUNE_STREAM = "ccc"
 #: Yes/no answers per batch at about the annotator time of one full label (11.7 s / 1.6 s).
 BINARY_PER_LABEL = 7
-
-
-def streams(quick: bool) -> dict[str, StreamProtocol]:
-    """The streams, the tuning stream first (the buffer size chosen there is used on the others)."""
-    if quick:
-        return {
-            "ccc": StreamProtocol(rounds=1, ccc="fast"),
-            "mixed": StreamProtocol(rounds=1, mixed=True),
-            "recurring": StreamProtocol(rounds=2),
-        }
-    return {
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "recurring": StreamProtocol(rounds=10),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-    }
 
 
 #: Parts without late answers: their path is the synchronous one, unchanged by the fix of
@@ -90,28 +73,23 @@ def run(
     labels: int = 1,
     buffers: int | None = None,
 ) -> list[CellResult]:
-    started = time.perf_counter()
     if FROZEN is not None and part.startswith(ZERO_DELAY_PARTS):
         old = FROZEN / out.name / part
         if (old / "results.json").is_file():
             results = load_results([old])
             print(f"  {part}: {len(results)} runs read from {old}", flush=True)
             return results
-    done = eatta.bench.run(
-        "digits-c",
-        list(methods),
-        protocol=protocol,
+    return run_part(
+        out,
+        part,
+        protocol,
+        methods,
+        seeds,
+        jobs=jobs,
         annotator=annotator,
         labels=labels,
         buffers=buffers,
-        seeds=seeds,
-        jobs=jobs,
-        out=out / part,
-        progress=False,
-        plot=False,
     )
-    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
-    return done.results
 
 
 def stats(results: Sequence[CellResult], method: str, field: str = "average_error") -> list[float]:
@@ -125,7 +103,7 @@ def stats(results: Sequence[CellResult], method: str, field: str = "average_erro
 def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]:
     data: dict[str, Any] = {"seeds": seeds, "streams": {}}
     chosen_buffer: int | None = None
-    for name, proto in streams(quick).items():
+    for name, proto in streams("ccc", "recurring", "mixed", quick=quick).items():
         print(f"stream {name}: {proto}", flush=True)
         s: dict[str, Any] = {"protocol": proto.describe()}
         data["streams"][name] = s  # filled part by part, saved after each (save_study())
@@ -252,82 +230,69 @@ def plot(data: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+PAGE = Template("real_annotators")
+
+
 def report(data: dict[str, Any]) -> str:
+    """benchmarks/results/real_annotators.md: ``templates/real_annotators.md`` filled."""
     seeds = data["seeds"]
-    out = [f"Seeds {seeds[0]}-{seeds[-1]}; error % averaged over all rounds, mean ± std.", ""]
-    for name, s in data["streams"].items():
-        keys = [k for k in ["0", *[str(d) for d in DELAYS]] if k in s.get("delay", {})]
-        if len(keys) < 2 or not all(k in s.get("delay_counts", {}) for k in keys[1:]):
-            continue  # not measured (an interrupted study)
-        out += [f"### {name}: {json.dumps(s['protocol'])}", ""]
-        rows = [[m, *[fmt(s["delay"][k][m]) for k in keys]] for m in ACTIVE]
-        rows += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
-        out += ["Error against label delay (batches):", "", table(["method", *keys], rows), ""]
-        rows = [[m, *[fmt(s["delay_last"][k][m]) for k in keys]] for m in ACTIVE]
-        out += ["Last round's error against label delay:", "", table(["method", *keys], rows), ""]
-        counts = s["delay_counts"]
+    blocks = [b for b in (_stream_report(n, s) for n, s in data["streams"].items()) if b]
+    text = PAGE(first=seeds[0], last=seeds[-1], streams="\n" + "\n\n".join(blocks))
+    return text if blocks else text[:-2]
+
+
+def _stream_report(name: str, s: dict[str, Any]) -> str:
+    """One stream's tables ("" where it was not measured: an interrupted study)."""
+    keys = [k for k in ["0", *[str(d) for d in DELAYS]] if k in s.get("delay", {})]
+    if len(keys) < 2 or not all(k in s.get("delay_counts", {}) for k in keys[1:]):
+        return ""
+    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
+    rows = [[m, *[fmt(s["delay"][k][m]) for k in keys]] for m in ACTIVE]
+    rows += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
+    out += [PAGE("delay"), table(["method", *keys], rows)]
+    rows = [[m, *[fmt(s["delay_last"][k][m]) for k in keys]] for m in ACTIVE]
+    out += [PAGE("last"), table(["method", *keys], rows)]
+    counts = s["delay_counts"]
+    rows = [
+        [
+            k,
+            *[
+                f"{counts[k]['eatta'][c]:.0f}"
+                for c in ("requested", "received", "expired", "pending")
+            ],
+        ]
+        for k in counts
+    ]
+    out += [PAGE("counts"), table(["delay", "asked", "received", "expired", "pending"], rows)]
+    ps = [p for p in ["0", *[f"{p:g}" for p in NOISE]] if p in s.get("noise", {})]
+    if len(ps) > 1:
+        rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
+        out += [PAGE("noise"), table(["method", *ps], rows)]
+    ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s.get("binary", {})]
+    ks = ks if "label_minutes" in s else []
+    if ks:
+        rows = [[m, fmt(s["delay"]["0"][m]), *[fmt(s["binary"][k][m]) for k in ks]] for m in ACTIVE]
+        head = [
+            "method",
+            f"1 label/batch ({s['label_minutes']:.0f} min)",
+            *[f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)" for k in ks],
+        ]
+        out += [PAGE("binary"), table(head, rows)]
+    sizes = list(s.get("buffer", {}))
+    if sizes:
         rows = [
-            [
-                k,
-                *[
-                    f"{counts[k]['eatta'][c]:.0f}"
-                    for c in ("requested", "received", "expired", "pending")
-                ],
-            ]
-            for k in counts
+            [m, fmt(s["delay"][str(TUNE_DELAY)][m]), *[fmt(s["buffer"][b][m]) for b in sizes]]
+            for m in ACTIVE
         ]
-        out += [
-            "Labels per run (eatta):",
-            "",
-            table(["delay", "asked", "received", "expired", "pending"], rows),
-            "",
-        ]
-        ps = [p for p in ["0", *[f"{p:g}" for p in NOISE]] if p in s.get("noise", {})]
-        if len(ps) > 1:
-            rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
-            out += [
-                "Error against label noise (share of wrong labels):",
-                "",
-                table(["method", *ps], rows),
-                "",
-            ]
-        ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s.get("binary", {})]
-        ks = ks if "label_minutes" in s else []
-        if ks:
-            rows = [
-                [m, fmt(s["delay"]["0"][m]), *[fmt(s["binary"][k][m]) for k in ks]] for m in ACTIVE
-            ]
-            head = [
-                "method",
-                f"1 label/batch ({s['label_minutes']:.0f} min)",
-                *[f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)" for k in ks],
-            ]
-            out += [
-                "Yes/no against full labels (annotator minutes per run):",
-                "",
-                table(head, rows),
-                "",
-            ]
-        sizes = list(s.get("buffer", {}))
-        if sizes:
-            rows = [
-                [m, fmt(s["delay"][str(TUNE_DELAY)][m]), *[fmt(s["buffer"][b][m]) for b in sizes]]
-                for m in ACTIVE
-            ]
-            head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in sizes]]
-            out += [f"Replay buffer under delay {TUNE_DELAY}:", "", table(head, rows), ""]
-    return "\n".join(out)
+        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in sizes]]
+        out += [PAGE("buffer", delay=TUNE_DELAY), table(head, rows)]
+    return "\n\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2")
-    p.add_argument("--out", default="runs/real-annotators", help="folder of the runs")
+    p = study_parser(__doc__, "runs/real-annotators")
     p.add_argument("--jobs", type=int, default=2, help="cells run in parallel")
     p.add_argument("--quick", action="store_true", help="short streams (a smoke run)")
-    p.add_argument(
-        "--report-only", action="store_true", help="render the tables from --out/study.json"
-    )
     p.add_argument(
         "--frozen",
         default=None,
@@ -337,8 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot", default="docs/img/real-annotators-delay.png")
     p.add_argument("--tables", default="benchmarks/results/real_annotators.md")
     args = p.parse_args(argv)
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi or lo) + 1))
+    seeds = args.seeds
     started = time.perf_counter()
     global FROZEN
     FROZEN = None if args.frozen is None else Path(args.frozen)
@@ -346,9 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = json.loads((Path(args.out) / "study.json").read_text(encoding="utf-8"))
     else:
         data = study(Path(args.out), seeds, args.jobs, args.quick)
-    Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.tables).write_text(report(data) + "\n", encoding="utf-8")
-    Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_tables(report(data), data, args.tables)
     plot(data, Path(args.plot))
     print(f"tables: {args.tables}; plot: {args.plot}; {time.perf_counter() - started:.0f} s")
     return 0

@@ -31,20 +31,26 @@ and CCC are tuning streams for the signs; mixed was not looked at before the stu
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import (
+    Template,
+    parse_plan,
+    replace_section,
+    run_part,
+    save_study,
+    streams,
+    study_parser,
+    write_tables,
+)
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _common import replace_section, save_study
 
-import eatta.bench
-from eatta.bench import AnnotatorOptions, StreamProtocol
+from eatta.bench import AnnotatorOptions
 from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.results import CellResult
 
@@ -66,13 +72,8 @@ WITH_STABLE = ("instant", "person")
 EASY = 10.0
 
 
-def streams() -> dict[str, StreamProtocol]:
-    return {
-        "recurring": StreamProtocol(rounds=10),
-        "mixed": StreamProtocol(rounds=2, mixed=True),
-        "ccc": StreamProtocol(rounds=5, ccc="slow"),
-        "mnist": StreamProtocol(rounds=5),
-    }
+#: The streams, in the order the study runs them (``mnist``: the MNIST test set).
+STREAM_NAMES = ("recurring", "mixed", "ccc", "mnist")
 
 
 #: The dataset of each stream (the rest are digits-C).
@@ -80,38 +81,7 @@ DATASETS = {"mnist": "mnist"}
 
 
 #: The order the study runs in (most informative first: an interrupted study still reports).
-PLAN = tuple(f"{p}:{s}" for s in streams() for p in PARTS)
-
-
-def run(
-    out: Path,
-    part: str,
-    dataset: str,
-    protocol: StreamProtocol,
-    methods: Sequence[str],
-    seeds: list[int],
-    *,
-    annotator: AnnotatorOptions | None = None,
-    monitor: MonitorOptions | None = None,
-    hparams: dict[str, dict[str, Any]] | None = None,
-) -> list[CellResult]:
-    started = time.perf_counter()
-    done = eatta.bench.run(
-        dataset,
-        list(methods),
-        protocol=protocol,
-        annotator=annotator,
-        monitor=monitor,
-        hparams=hparams,
-        seeds=seeds,
-        jobs=1,
-        threads=1,
-        out=out / part,
-        progress=False,
-        plot=False,
-    )
-    print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
-    return done.results
+PLAN = tuple(f"{p}:{s}" for s in streams(*STREAM_NAMES) for p in PARTS)
 
 
 def cells(results: Sequence[CellResult], method: str) -> list[dict[str, Any]]:
@@ -157,50 +127,52 @@ def study(
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
     )
     data["seeds"] = seeds
-    every = streams()
+    every = streams(*STREAM_NAMES)
     for part, name in plan:
         proto = every[name]
         dataset = DATASETS.get(name, "digits-c")
         s = data["streams"].setdefault(name, {"protocol": proto.describe()})
         print(f"{part} / {name}: {proto}", flush=True)
         if part == "references":
-            res = run(out / name, "references", dataset, proto, ["source", *LABEL_FREE], seeds)
+            res = run_part(
+                out / name, "references", proto, ["source", *LABEL_FREE], seeds, dataset=dataset
+            )
             s["references"] = {m: cells(res, m) for m in ("source", *LABEL_FREE)}
         elif part == "annotators":
             a = s.setdefault("annotators", {})
             for label in annotators:
                 opts = ANNOTATORS[label]
                 methods = [SAFE, STABLE] if label in WITH_STABLE else [SAFE]
-                res = run(
+                res = run_part(
                     out / name,
                     f"ann-{label.replace(' ', '-')}",
-                    dataset,
                     proto,
                     methods,
                     seeds,
+                    dataset=dataset,
                     annotator=opts,
                 )
                 a[label] = {m: cells(res, m) for m in methods}
                 save_study(out, data)
         elif part == "measure":
-            res = run(
+            res = run_part(
                 out / name,
                 "measure-only",
-                dataset,
                 proto,
                 [SAFE],
                 seeds,
+                dataset=dataset,
                 hparams={SAFE: {"fallback": False}},
             )
             s["measure"] = cells(res, SAFE)
         elif part == "guard":
-            res = run(
+            res = run_part(
                 out / name,
                 "guard",
-                dataset,
                 proto,
                 list(LABEL_FREE),
                 seeds,
+                dataset=dataset,
                 monitor=MonitorOptions(fallback=True),
             )
             s["guard"] = {m: cells(res, m) for m in LABEL_FREE}
@@ -217,7 +189,7 @@ def merged(folders: Sequence[Path]) -> dict[str, Any]:
         data["seeds"] = sorted(set(data["seeds"]) | set(one["seeds"]))
         for name, s in one["streams"].items():
             _merge(data["streams"].setdefault(name, {}), s)
-    order = list(streams())
+    order = list(streams(*STREAM_NAMES))
     data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
     return data
 
@@ -265,170 +237,159 @@ def _worse_domains(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
 
 
 def report(data: dict[str, Any]) -> str:
-    seeds = data.get("seeds", [])
-    out = [
-        f"Error % averaged over the whole stream, mean ± std over seeds {seeds} (the packaged "
-        "digits CNN on digits-C and, for `mnist`, on MNIST; one seed where a cell says no ±). "
-        "*Given*: the model as given, unadapted. *Best label-free*: the lower of TENT's and "
-        "ETA's mean. *Worse domains*: domains whose error over the run is above the "
-        "given model's (of 15; each domain's error over all its visits). *Served given*: share of "
-        "batches answered with the given model's "
-        "predictions. Labels: answers asked for, all of them (audits too), per batch.",
-        "",
+    """The section of docs/safety.md: ``templates/safety.md`` filled from the study."""
+    blocks = [_stream_report(name, s) for name, s in data["streams"].items()]
+    blocks = [b for b in blocks if b]
+    text = PAGE(seeds=data.get("seeds", []), streams="\n" + "\n\n".join(blocks) if blocks else "")
+    return text if blocks else text[:-1]
+
+
+def _stream_report(name: str, s: dict[str, Any]) -> str:
+    """One stream's tables and the gain line ("" where the references did not run)."""
+    refs = s.get("references")
+    if not refs:
+        return ""
+    given = _mean(refs["source"])
+    best = min(_mean(refs[m]) for m in LABEL_FREE)
+    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
+    rows = [
+        [
+            f"{m} (given)" if m == "source" else m,
+            fmt(_errors(refs[m])),
+            _num(_easy(s, refs[m])),
+            f"{_worse_domains(s, refs[m]):.1f}",
+            "",
+            "",
+        ]
+        for m in ("source", *LABEL_FREE)
     ]
-    for name, s in data["streams"].items():
-        refs = s.get("references")
-        if not refs:
-            continue
-        given = _mean(refs["source"])
-        best = min(_mean(refs[m]) for m in LABEL_FREE)
-        out += [f"#### {name}: {json.dumps(s['protocol'])}", ""]
-        rows = [
+    for m, runs in s.get("guard", {}).items():
+        rounds = np.mean([c["rounds"] for c in runs], axis=0)
+        rise = float(np.max(rounds - rounds[0])) if len(rounds) else float("nan")
+        fb = [c["fallback"] for c in runs if c["fallback"]]
+        served = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+        resets = np.mean([f["resets"] for f in fb]) if fb else 0
+        rows.append(
             [
-                f"{m} (given)" if m == "source" else m,
-                fmt(_errors(refs[m])),
-                _num(_easy(s, refs[m])),
-                f"{_worse_domains(s, refs[m]):.1f}",
-                "",
-                "",
+                f"{m} + fallback (1 audit/batch)",
+                fmt(_errors(runs)),
+                _num(_easy(s, runs)),
+                f"{_worse_domains(s, runs):.1f}",
+                f"{100 * served:.0f} %, {resets:.1f} resets",
+                f"{np.mean([c['labels'] / c['batches'] for c in runs]):.2f}; worst round "
+                f"{rise:+.1f} vs round 1",
             ]
-            for m in ("source", *LABEL_FREE)
-        ]
-        for m, runs in s.get("guard", {}).items():
-            rounds = np.mean([c["rounds"] for c in runs], axis=0)
-            rise = float(np.max(rounds - rounds[0])) if len(rounds) else float("nan")
-            fb = [c["fallback"] for c in runs if c["fallback"]]
-            served = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
-            resets = np.mean([f["resets"] for f in fb]) if fb else 0
-            rows.append(
-                [
-                    f"{m} + fallback (1 audit/batch)",
-                    fmt(_errors(runs)),
-                    _num(_easy(s, runs)),
-                    f"{_worse_domains(s, runs):.1f}",
-                    f"{100 * served:.0f} %, {resets:.1f} resets",
-                    f"{np.mean([c['labels'] / c['batches'] for c in runs]):.2f}; worst round "
-                    f"{rise:+.1f} vs round 1",
-                ]
+        )
+    if s.get("measure"):
+        rows.append(
+            [
+                f"{SAFE}, measure only (instant)",
+                fmt(_errors(s["measure"])),
+                _num(_easy(s, s["measure"])),
+                f"{_worse_domains(s, s['measure']):.1f}",
+                "0 %",
+                "1.00",
+            ]
+        )
+    head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
+    out += [PAGE("given", given=f"{given:.1f}", best=f"{best:.1f}"), table(head, rows)]
+    out += _by_annotator(s, refs, given, best)
+    return "\n\n".join(out)
+
+
+def _by_annotator(s: dict[str, Any], refs: dict[str, Any], given: float, best: float) -> list[str]:
+    """The stream's table by annotator and the gain line ([] where that part did not run)."""
+    ann = s.get("annotators", {})
+    if not ann:
+        return []
+    rows = []
+    for m in (SAFE, STABLE):
+        rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
+    bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5 (margin)"]
+    for a in ann:
+        v = _mean(ann[a][SAFE])
+        limit = min(given, best) + 0.5
+        bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
+    rows.append(bar_row)
+    easy_row = [f"easy domains: {SAFE} (given {_num(_easy(s, refs['source']))})"]
+    easy_row += [_num(_easy(s, ann[a][SAFE])) for a in ann]
+    rows.append(easy_row)
+    worse_row = [f"worse domains: {SAFE}"]
+    worse_row += [f"{_worse_domains(s, ann[a][SAFE]):.1f}" for a in ann]
+    rows.append(worse_row)
+    served_row = [f"served given: {SAFE}"]
+    for a in ann:
+        fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
+        share = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+        served_row.append(f"{100 * share:.0f} %")
+    rows.append(served_row)
+    out = [PAGE("annotators"), table(["method", *ann], rows)]
+    if "instant" in ann:
+        stable_gain = best - _mean(ann["instant"][STABLE])
+        safe_gain = best - _mean(ann["instant"][SAFE])
+        kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
+        late = measure = ""
+        if "delay 16" in ann and safe_gain > 0:
+            late_gain = best - _mean(ann["delay 16"][SAFE])
+            share = f"{100 * late_gain / safe_gain:.0f}"
+            late = PAGE(
+                "late",
+                safe=SAFE,
+                late_gain=f"{late_gain:+.1f}",
+                safe_gain=f"{safe_gain:+.1f}",
+                share=share,
             )
+        else:
+            late = ")"
         if s.get("measure"):
-            rows.append(
-                [
-                    f"{SAFE}, measure only (instant)",
-                    fmt(_errors(s["measure"])),
-                    _num(_easy(s, s["measure"])),
-                    f"{_worse_domains(s, s['measure']):.1f}",
-                    "0 %",
-                    "1.00",
-                ]
+            measure = PAGE(
+                "measure",
+                measure=f"{_mean(s['measure']):.1f}",
+                stable=STABLE,
+                stable_error=f"{_mean(ann['instant'][STABLE]):.1f}",
             )
-        head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
-        out += [
-            f"Given model {given:.1f}, best label-free {best:.1f}:",
-            "",
-            table(head, rows),
-            "",
-        ]
-        ann = s.get("annotators", {})
-        if ann:
-            rows = []
-            for m in (SAFE, STABLE):
-                rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
-            bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5 (margin)"]
-            for a in ann:
-                v = _mean(ann[a][SAFE])
-                limit = min(given, best) + 0.5
-                bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
-            rows.append(bar_row)
-            easy_row = [f"easy domains: {SAFE} (given {_num(_easy(s, refs['source']))})"]
-            easy_row += [_num(_easy(s, ann[a][SAFE])) for a in ann]
-            rows.append(easy_row)
-            worse_row = [f"worse domains: {SAFE}"]
-            worse_row += [f"{_worse_domains(s, ann[a][SAFE]):.1f}" for a in ann]
-            rows.append(worse_row)
-            served_row = [f"served given: {SAFE}"]
-            for a in ann:
-                fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
-                share = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
-                served_row.append(f"{100 * share:.0f} %")
-            rows.append(served_row)
-            out += [
-                "By annotator (labels at most one a batch; `none`: asked, never answered):",
-                "",
-                table(["method", *ann], rows),
-                "",
-            ]
-            if "instant" in ann:
-                stable_gain = best - _mean(ann["instant"][STABLE])
-                safe_gain = best - _mean(ann["instant"][SAFE])
-                kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
-                line = (
-                    f"Gain over the best label-free method with labels at once: {SAFE} "
-                    f"{safe_gain:+.1f}, {STABLE} {stable_gain:+.1f} (kept {100 * kept:.0f} %"
-                )
-                if "delay 16" in ann:
-                    late_gain = best - _mean(ann["delay 16"][SAFE])
-                    line += (
-                        f"); at delay 16 {SAFE} keeps {late_gain:+.1f} of its own "
-                        f"{safe_gain:+.1f} ({100 * late_gain / safe_gain:.0f} %)"
-                        if safe_gain > 0
-                        else ")"
-                    )
-                else:
-                    line += ")"
-                if s.get("measure"):
-                    line += (
-                        f". Drawing the requests, measured alone (measure only): "
-                        f"{_mean(s['measure']):.1f} against {STABLE}'s "
-                        f"{_mean(ann['instant'][STABLE]):.1f}."
-                    )
-                out += [line, ""]
-    return "\n".join(out)
+        out.append(
+            PAGE(
+                "gain",
+                safe=SAFE,
+                safe_gain=f"{safe_gain:+.1f}",
+                stable=STABLE,
+                stable_gain=f"{stable_gain:+.1f}",
+                kept=f"{100 * kept:.0f}",
+                late=late,
+                measure=measure,
+            )
+        )
+    return out
+
+
+PAGE = Template("safety")
 
 
 BEGIN, END = "<!-- safety:begin -->", "<!-- safety:end -->"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 or 1,2")
-    p.add_argument(
-        "--out",
-        default="runs/safety",
-        help="folder of the runs (with --report-only: folders, comma-separated, merged)",
-    )
-    p.add_argument(
-        "--plan", default=",".join(PLAN), help=f"PART:STREAM items in order (parts: {PARTS})"
-    )
+    p = study_parser(__doc__, "runs/safety", plan=PLAN, parts=PARTS)
     p.add_argument(
         "--annotators",
         default=",".join(ANNOTATORS),
         help=f"annotators of the annotators part, a subset of {', '.join(ANNOTATORS)}",
     )
-    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
     p.add_argument("--tables", default="benchmarks/results/safety_study.md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
-    if "," in args.seeds:
-        seeds = [int(x) for x in args.seeds.split(",")]
-    else:
-        lo, _, hi = args.seeds.partition("-")
-        seeds = list(range(int(lo), int(hi or lo) + 1))
-    plan = [tuple(x.split(":", 1)) for x in args.plan.split(",") if x]
-    bad = [x for x in plan if len(x) != 2 or x[0] not in PARTS or x[1] not in streams()]
-    if bad:
-        raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {PARTS}")
+    seeds = args.seeds
+    plan = parse_plan(args.plan, PARTS, STREAM_NAMES)
     if args.report_only:
         data = merged([Path(x) for x in args.out.split(",") if x])
     else:
         chosen = [a for a in args.annotators.split(",") if a]
         if any(a not in ANNOTATORS for a in chosen):
             raise SystemExit(f"--annotators must be among {', '.join(ANNOTATORS)}")
-        data = study(Path(args.out), seeds, plan, chosen)  # type: ignore[arg-type]  # pairs
+        data = study(Path(args.out), seeds, plan, chosen)
     text = report(data)
-    Path(args.tables).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.tables).write_text(text + "\n", encoding="utf-8")
-    Path(args.tables).with_suffix(".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    write_tables(text, data, args.tables)
     if Path(args.doc).is_file():
         replace_section(Path(args.doc), BEGIN, END, text)
         print(f"tables: {args.tables}; section of {args.doc} regenerated")

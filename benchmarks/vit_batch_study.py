@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import Template
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
@@ -140,50 +141,36 @@ def render(data: dict[str, Any]) -> str:
     seeds = ",".join(map(str, meta["seeds"]))
     limit = meta.get("limit")
     rule = meta.get("lr_rule", "none")
-    lr_text = (
-        "each method's digits-C learning rate (the CNN's) times B/64, the same step per sample "
-        "as at batch 64 (`--lr-rule linear`)"
-        if rule == "linear"
-        else "each method's digits-C defaults (the CNN's learning rates) at every batch size"
-    )
     options = f"--seeds {seeds} --rounds {meta['rounds']} --lr-rule {rule}"
     if limit is not None:
         options += f" --limit {limit}"
     if tuple(per) != METHODS:
         options += f" --methods {','.join(per)}"
-    failing = [m for m, ok, _ in verdicts if not ok]
-    holds = [m for m, ok, _ in verdicts if ok]
-    lines = [
-        BEGIN,
-        "",
-        f"Average error % over {meta['rounds']} recurring round(s) of digits-C"
-        + ("" if limit is None else f" ({limit} images per domain, `--limit {limit}`)")
-        + f" with the packaged LayerNorm ViT (`--backbone digits-vit`), seed(s) {seeds}"
-        + (" (mean ± std over seeds)" if len(meta["seeds"]) > 1 else "")
-        + ", at equal labels per sample: batch size B labels one sample every 64/B batches "
-        f"(`--every 64/B`); learning rate: {lr_text}. Regenerate: "
-        f"`python benchmarks/vit_batch_study.py {options}`.",
-        "",
-        table(header, rows),
-        "",
-        "First → last round:",
-        "",
-        table(["Method"] + [f"B = {b}" for b in sizes], first_last),
-        "",
-        "Labels per run (active methods): "
-        + ", ".join(f"B = {b}: {'/'.join(map(str, labels[b])) or '-'}" for b in sizes)
-        + f". Computed with torch CPU kernels {meta['cpu_capability']}.",
-        "",
-    ]
+    verdict = ""
     if verdicts:
-        text = f"Within {BAR:g} points of batch 64 at batch size 1: " + (
-            ", ".join(f"`{m}`" for m in holds) if holds else "none"
-        )
-        if failing:
-            text += "; not: " + ", ".join(f"`{m}` ({g:+.1f})" for m, ok, g in verdicts if not ok)
-        lines += [text + ".", ""]
-    lines.append(END)
-    return "\n".join(lines)
+        holds = ", ".join(f"`{m}`" for m, ok, _ in verdicts if ok) or "none"
+        failing = ", ".join(f"`{m}` ({g:+.1f})" for m, ok, g in verdicts if not ok)
+        failing = PAGE("failing", failing=failing) if failing else ""
+        verdict = PAGE("verdict", bar=f"{BAR:g}", holds=holds, failing=failing) + "\n\n"
+    return PAGE(
+        "section",
+        begin=BEGIN,
+        end=END,
+        rounds=meta["rounds"],
+        limit="" if limit is None else PAGE("limit", limit=limit),
+        seeds=seeds,
+        std=PAGE("std") if len(meta["seeds"]) > 1 else "",
+        lr=PAGE("lr-linear" if rule == "linear" else "lr-none"),
+        options=options,
+        table=table(header, rows),
+        first_last=table(["Method"] + [f"B = {b}" for b in sizes], first_last),
+        labels=", ".join(f"B = {b}: {'/'.join(map(str, labels[b])) or '-'}" for b in sizes),
+        kernels=meta["cpu_capability"],
+        verdict=verdict,
+    )
+
+
+PAGE = Template("vit_batch")
 
 
 def write_doc(section: str) -> None:

@@ -9,16 +9,33 @@ seconds per answer (:class:`~eatta.annotate.cost.AnnotatorCost`).
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from eatta.annotate.cost import AnnotatorCost
 from eatta.annotate.oracle import GroundTruthOracle
-from eatta.annotate.requests import Feedback, check_feedback
+from eatta.annotate.requests import FEEDBACK, Feedback, check_feedback
 from eatta.annotate.simulated import SimulatedAnnotator, parse_delay
+from eatta.bench.flags import flag
 
 __all__ = ["AnnotatorOptions", "annotation_summary"]
+
+
+def _delay(text: str) -> int | str:
+    """``--label-delay``: a number of batches >= 0 or ``never``."""
+    if text.strip().lower() == "never":
+        return "never"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"label delay is a number of batches >= 0 or 'never', got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"label delay must be >= 0 batches, got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -33,14 +50,50 @@ class AnnotatorOptions:
     ``patience`` (steps before an unreached request is dropped) with either.
     """
 
-    delay: int | str | None = None
-    noise: float = 0.0
-    feedback: Feedback = "label"
+    delay: int | str | None = flag(
+        "labels arrive D batches after they are asked for ('never': they never come); "
+        "0 gives the numbers of a run without it",
+        name="label-delay",
+        type=_delay,
+        metavar="D|never",
+    )
+    noise: float = flag(
+        "probability that an answer is wrong (a uniformly drawn other class, or a flipped yes/no)",
+        0.0,
+        name="label-noise",
+        type=float,
+        metavar="P",
+    )
+    feedback: Feedback = flag(
+        "label: the annotator gives a class; binary: yes/no on the model's prediction",
+        "label",
+        choices=FEEDBACK,
+    )
     cost: AnnotatorCost = field(default_factory=AnnotatorCost)
-    pace: float | None = None
-    stream_rate: float | None = None
-    order: str | None = None
-    patience: int | None = None
+    pace: float | None = flag(
+        "a person answering A requests per batch, one at a time (instead of --label-delay: "
+        "the delay follows from the load)",
+        name="label-pace",
+        type=float,
+        metavar="A",
+    )
+    stream_rate: float | None = flag(
+        "a person at --seconds-per-label/--seconds-per-binary against a stream of R batches "
+        "per second (the pace in seconds, instead of --label-pace)",
+        type=float,
+        metavar="R",
+    )
+    order: str | None = flag(
+        "with a pace: which waiting request the person answers next (default newest)",
+        name="label-order",
+        metavar="newest|oldest",
+    )
+    patience: int | None = flag(
+        "with a pace: batches a request waits before the person drops it (default 64)",
+        name="label-patience",
+        type=int,
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         if self.delay is not None:

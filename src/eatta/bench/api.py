@@ -31,6 +31,7 @@ import torch
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
+from eatta.bench.flags import LoadOptions, RunConfig
 from eatta.bench.grid import SETTINGS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
@@ -62,21 +63,10 @@ DEFAULT_METHODS = ("source", "tent", "eta", "rdumb", "baseline", "eatta", "eatta
 DIGITS_ROUNDS = 10
 #: The datasets built into the package (the digits CNN's): one thread a cell by default.
 EMBEDDED = ("digits-c", "mnist", "digits-deployed")
-#: The keywords of :func:`load_benchmarks` that :func:`run` passes on (``**loading``).
-_LOADING = (
-    "roots",
-    "sequences",
-    "severity",
-    "subset",
-    "image_size",
-    "backbone",
-    "checkpoint",
-    "pretrained",
-    "oracle_backbone",
-    "oracle_checkpoint",
-    "fisher_root",
-    "cache_dir",
-)
+#: The keywords of :func:`run` that say how the grid runs, and those it passes on to
+#: :func:`load_benchmarks`: one declaration each, the flagged dataclasses' fields.
+_RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
+_LOADING = tuple(f.name for f in dataclasses.fields(LoadOptions))
 
 
 @dataclass
@@ -291,48 +281,25 @@ def run(
     datasets: str | Sequence[str] | Mapping[str, BenchmarkData] = "digits-c",
     methods: str | Sequence[str] = DEFAULT_METHODS,
     *,
-    settings: str | Sequence[str] = ("ctta",),
-    labels: int | Sequence[int] = 1,
-    every: int | Sequence[int] = 1,
-    buffers: int | Sequence[int | None] | None = None,
-    seeds: int | Sequence[int] = 0,
     rounds: int | None = None,
     gradual: bool = False,
     dirichlet: float | None = None,
     protocol: StreamProtocol | None = None,
     annotator: AnnotatorOptions | None = None,
     monitor: MonitorOptions | None = None,
-    jobs: int | None = None,
     hparams: Mapping[str, Mapping[str, Any]] | None = None,
-    batch_size: int = 64,
-    window: int | str | None = "auto",
-    limit: int | None = None,
-    device: str = "auto",
-    workers: int | None = None,
-    threads: int | None = None,
-    checkpoint_every: int = 100,
-    shard: str | tuple[int, int] | None = None,
-    out: str | os.PathLike[str] | None = None,
-    name: str | None = None,
-    reuse: bool = True,
-    progress: bool = True,
-    plot: bool = True,
     log: Callable[[str], None] | None = None,
     meta: Mapping[str, Any] | None = None,
     load: Callable[[list[str]], Mapping[str, BenchmarkData]] | None = None,
-    **loading: Any,
+    **given: Any,
 ) -> BenchmarkRun:
     """Run a benchmark grid and write its outputs; the ``eatta-bench run`` command calls this.
 
     Args:
         datasets: dataset names (``"digits-c"``, ``"imagenet-c,pacs"``; see ``eatta-bench list``)
-            loaded by :func:`load_benchmarks` with the ``loading`` keywords, or ready
+            loaded by :func:`load_benchmarks` with the loading keywords, or ready
             :class:`~eatta.bench.benchmark.BenchmarkData` by grid name.
         methods: registered method names, or ``"all"``.
-        settings: ``"ctta"`` (never reset), ``"ftta"`` (reset at each domain change), or both.
-        labels, every, buffers: active methods' budgets (``labels`` per ``every``-th batch) and
-            buffer sizes (None: the method's own); every combination is a cell.
-        seeds: every cell runs once per seed (tables then show mean ± std).
         rounds, gradual, dirichlet: shorthands for the same fields of ``protocol``.
         protocol: the stream protocol (:class:`StreamProtocol`: recurring rounds, default 10
             for digits-C alone and 1 otherwise; gradual severities; Dirichlet label shift; mixed
@@ -341,61 +308,157 @@ def run(
             noise, yes/no feedback, seconds per answer); default: the ground truth, at once.
         monitor: audits and the guard (:class:`~eatta.bench.monitoring.MonitorOptions`: audit
             share, guard policy and levels); default: none.
-        jobs: cells run in parallel, each in a forked process with one thread (default 1;
-            ``eatta-bench`` uses every core on the CPU); results are identical to a serial run.
         hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
             ``{"tent": {...}}`` for one; checked against each method's configuration.
-        batch_size, window, limit, device, workers, checkpoint_every: see
-            :class:`~eatta.bench.runner.RunOptions` (``device="auto"``: CUDA if available;
-            ``window="auto"``, as on the command line: a window of 64 samples for smaller
-            batches on BatchNorm models; None: not decided, each batch adapted on as given).
-        threads: torch CPU threads during the run (default: 1 for digits-C on the CPU).
-        shard: ``"i/n"`` or ``(i, n)``: run only the grid's jobs ``j`` with ``j mod n == i``.
-        out: output folder (default ``runs/<name>``, ``name`` defaulting to the dataset names).
-        reuse: read back finished cells and resume checkpoints found in ``out``.
-        progress: a progress bar on a terminal, else one ``log`` line per domain or round.
-        plot: write the PNG plot of the online error.
         log: receives progress and summary lines (None: quiet).
         meta: extra entries for the run description in ``results.json``.
         load: loads dataset names instead of :func:`load_benchmarks` (your own datasets, or
             loading options prepared elsewhere); called only after every option is checked.
-        loading: keywords of :func:`load_benchmarks` (``roots``, ``backbone``, ...), only with
-            dataset names.
+        given: the fields of :class:`~eatta.bench.flags.RunConfig` (``settings``,
+            ``labels``, ``every``, ``buffers``, ``seeds``, ``batch_size``, ``window``, ``limit``,
+            ``device``, ``jobs``, ``threads``, ``shard``, ``out``, ``reuse``, ...; each documented
+            there and a flag of ``eatta-bench run``), and with dataset names those of
+            :class:`~eatta.bench.flags.LoadOptions` (``roots``, ``backbone``, ...).
 
     Returns:
         The results and the files written (see :class:`BenchmarkRun`).
     """
     started = time.perf_counter()
     say = log if log is not None else (lambda _msg: None)
+    config = RunConfig(**{k: given.pop(k) for k in _RUN_KEYS if k in given})
+    protocol = _stream(protocol, rounds, gradual, dirichlet)
+    annotator = _typed(annotator, AnnotatorOptions, "annotator")
+    monitor = _typed(monitor, MonitorOptions, "monitor")
+    plan = _plan(datasets, methods, config, protocol, monitor, given, load)
+    options = _run_options(config, plan, protocol, annotator, monitor, hparams)
+    shard_ix = _shard(config.shard)
+    threads = _threads(config.threads, options.device == "cpu" and plan.embedded)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        data = _data(plan, protocol, config.workers, log, given, load)
+        for b in data.values():
+            for line in provenance_notes(b):
+                say(line)
+        grid = make_grid(list(data), plan.methods, plan.settings, plan.budgets, plan.buffers)
+        all_jobs = make_jobs(grid, plan.seeds)
+        cells = shard_jobs(all_jobs, *shard_ix)
+        out_dir = _out_dir(config, plan.requested, shard_ix)
+        say(
+            f"{len(cells)} of {len(all_jobs)} runs ({len(grid)} cells x {len(plan.seeds)} seeds) "
+            f"on {options.device} (batch size {options.batch_size}, "
+            f"{_stream_text(options, protocol, plan.seeds)}) -> {out_dir}"
+        )
+        jobs = min(config.jobs or 1, len(cells)) if cells else 1
+        try:
+            if jobs > 1 and options.device == "cpu" and _can_fork():
+                results = _run_parallel(cells, data, options, out_dir, jobs, log)
+            else:
+                results = run_grid(cells, data, options, out_dir, log=log)
+        except KeyboardInterrupt:
+            raise RunInterrupted(out_dir, len(cells)) from None
+        from eatta.bench.report import markdown_table, write_outputs
+
+        run_meta = {**dict(meta or {}), "shard": list(shard_ix), "grid_size": len(grid)}
+        description = _description(run_meta, options, protocol, plan.seeds, jobs, data)
+        paths = write_outputs(results, out_dir, description, plot=config.plot)
+    finally:
+        torch.set_num_threads(before)
+    table = markdown_table(results)
+    say("outputs: " + ", ".join(str(p) for p in paths.values()))
+    say(f"total wall time {time.perf_counter() - started:.1f} s")
+    return BenchmarkRun(results=results, out=out_dir, paths=dict(paths), table=table)
+
+
+@dataclass
+class _Plan:
+    """What :func:`run` was asked for, checked before anything is loaded or written."""
+
+    requested: list[str]
+    given_data: dict[str, BenchmarkData] | None
+    methods: list[str]
+    settings: list[str]
+    budgets: list[tuple[int, int]]
+    buffers: list[int | None]
+    seeds: list[int]
+    embedded: bool
+
+
+def _run_options(
+    config: RunConfig,
+    plan: _Plan,
+    protocol: StreamProtocol,
+    annotator: AnnotatorOptions,
+    monitor: MonitorOptions,
+    hparams: Mapping[str, Mapping[str, Any]] | None,
+) -> RunOptions:
+    """How every cell runs (the first seed's; the others replace it)."""
+    return RunOptions(
+        batch_size=config.batch_size,
+        window=config.window,
+        seed=plan.seeds[0],
+        rounds=protocol.rounds or (DIGITS_ROUNDS if plan.requested == ["digits-c"] else 1),
+        dirichlet=protocol.dirichlet,
+        mixed=protocol.mixed,
+        annotator=annotator,
+        monitor=monitor,
+        limit=config.limit,
+        device=_device(config.device),
+        workers=config.workers,
+        checkpoint_every=config.checkpoint_every,
+        hparams=_hparams(hparams, plan.methods),
+        progress=config.progress,
+        reuse=config.reuse,
+    )
+
+
+def _typed(value: Any, cls: type, what: str) -> Any:
+    """``value``, or ``cls()`` for None; a TypeError for anything else."""
+    value = cls() if value is None else value
+    if not isinstance(value, cls):
+        raise TypeError(f"{what} must be {cls.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _stream(
+    protocol: StreamProtocol | None, rounds: int | None, gradual: bool, dirichlet: float | None
+) -> StreamProtocol:
+    """The stream protocol, given whole or by its shorthands (not both)."""
+    if protocol is None:
+        return StreamProtocol(rounds=rounds, gradual=gradual, dirichlet=dirichlet)
     shorthand = {"rounds": rounds, "gradual": gradual, "dirichlet": dirichlet}
-    if protocol is not None:
-        given = [k for k, v in shorthand.items() if v not in (None, False)]
-        if given:
-            raise TypeError(f"give protocol= or {given}, not both")
-        if not isinstance(protocol, StreamProtocol):
-            raise TypeError(f"protocol must be a StreamProtocol, got {type(protocol).__name__}")
-    else:
-        protocol = StreamProtocol(rounds=rounds, gradual=gradual, dirichlet=dirichlet)
-    rounds, gradual, dirichlet = protocol.rounds, protocol.gradual, protocol.dirichlet
-    if annotator is None:
-        annotator = AnnotatorOptions()
-    if not isinstance(annotator, AnnotatorOptions):
-        raise TypeError(f"annotator must be AnnotatorOptions, got {type(annotator).__name__}")
-    if monitor is None:
-        monitor = MonitorOptions()
-    if not isinstance(monitor, MonitorOptions):
-        raise TypeError(f"monitor must be MonitorOptions, got {type(monitor).__name__}")
-    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-        raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
-    # --- every option checked before anything is loaded or written
-    flags = {"gradual": gradual, "reuse": reuse, "progress": progress, "plot": plot}
-    for flag, value in flags.items():
+    both = [k for k, v in shorthand.items() if v not in (None, False)]
+    if both:
+        raise TypeError(f"give protocol= or {both}, not both")
+    if not isinstance(protocol, StreamProtocol):
+        raise TypeError(f"protocol must be a StreamProtocol, got {type(protocol).__name__}")
+    return protocol
+
+
+def _plan(
+    datasets: str | Sequence[str] | Mapping[str, BenchmarkData],
+    methods: str | Sequence[str],
+    config: RunConfig,
+    protocol: StreamProtocol,
+    monitor: MonitorOptions,
+    loading: dict[str, Any],
+    load: Callable[[list[str]], Mapping[str, BenchmarkData]] | None,
+) -> _Plan:
+    """Every option of :func:`run` checked, before anything is loaded or written."""
+    if config.jobs is not None and (
+        isinstance(config.jobs, bool) or not isinstance(config.jobs, int) or config.jobs < 1
+    ):
+        raise ValueError(f"jobs must be an int >= 1, got {config.jobs!r}")
+    switches = {"gradual": protocol.gradual, "reuse": config.reuse}
+    switches.update(progress=config.progress, plot=config.plot)
+    for switch, value in switches.items():
         if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be True or False, got {value!r}")
+            raise TypeError(f"{switch} must be True or False, got {value!r}")
     preloaded = isinstance(datasets, Mapping)
     if load is not None and (preloaded or loading):
         raise TypeError("load= loads dataset names; give neither loaded data nor loading options")
-    given_data: dict[str, BenchmarkData] = {}
+    given_data = None
     if isinstance(datasets, Mapping):  # ready data by grid name
         given_data = dict(datasets)
         if loading:
@@ -412,25 +475,22 @@ def run(
         if unknown:
             raise TypeError(f"run() got unknown option(s) {unknown}")
     chosen = method_names(methods)
-    setting_list = [s.lower() for s in _names(settings, "settings")]
+    setting_list = [s.lower() for s in _names(config.settings, "settings")]
     bad = [s for s in setting_list if s not in SETTINGS]
     if bad:
         raise ValueError(f"unknown setting(s) {bad}; choose from {list(SETTINGS)}")
-    budgets = [(k, n) for k in _ints(labels, "labels", 0) for n in _ints(every, "every", 1)]
-    buffer_list = _buffers(buffers)
-    seed_list = _ints(seeds, "seeds", 0)
+    labels, every = _ints(config.labels, "labels", 0), _ints(config.every, "every", 1)
+    budgets = [(k, n) for k in labels for n in every]
+    seed_list = _ints(config.seeds, "seeds", 0)
     if len(set(seed_list)) != len(seed_list):
         raise ValueError(f"seeds must be distinct, got {seed_list}")
-    if rounds is None:
-        rounds = DIGITS_ROUNDS if requested == ["digits-c"] else 1
-    embedded = set(requested) <= set(EMBEDDED)
     if not preloaded:
         from eatta.bench.suites import check_severity
 
         for dataset in requested:  # before anything is loaded or written
             check_severity(dataset, loading.get("severity"))
-    if (gradual or protocol.ccc) and loading.get("severity") is not None:
-        stream = "gradual" if gradual else "CCC-style"
+    if (protocol.gradual or protocol.ccc) and loading.get("severity") is not None:
+        stream = "gradual" if protocol.gradual else "CCC-style"
         raise ValueError(
             f"severity {loading['severity']}: the {stream} stream walks its own severities; "
             "leave out severity"
@@ -439,139 +499,132 @@ def run(
         for k, n in budgets:
             for m in chosen:
                 check_fallback_budget(m, k, n)
-    options = RunOptions(
-        batch_size=batch_size,
-        window=window,
-        seed=seed_list[0],
-        rounds=rounds,
-        dirichlet=dirichlet,
-        mixed=protocol.mixed,
-        annotator=annotator,
-        monitor=monitor,
-        limit=limit,
-        device=_device(device),
-        workers=workers,
-        checkpoint_every=checkpoint_every,
-        hparams=_hparams(hparams, chosen),
-        progress=progress,
-        reuse=reuse,
+    embedded = set(requested) <= set(EMBEDDED)
+    buffer_list = _buffers(config.buffers)
+    return _Plan(
+        requested, given_data, chosen, setting_list, budgets, buffer_list, seed_list, embedded
     )
+
+
+def _shard(shard: str | tuple[int, int] | None) -> tuple[int, int]:
     if shard is None:
-        shard_ix = (0, 1)
-    elif isinstance(shard, str):
-        shard_ix = parse_shard(shard)
-    elif isinstance(shard, tuple) and len(shard) == 2:
-        shard_ix = parse_shard("/".join(map(str, shard)))
-    else:
-        raise TypeError(f"shard must be 'i/n' or a pair (i, n), got {shard!r}")
-    if threads is None and options.device == "cpu" and embedded:
+        return (0, 1)
+    if isinstance(shard, str):
+        return parse_shard(shard)
+    if isinstance(shard, tuple) and len(shard) == 2:
+        return parse_shard("/".join(map(str, shard)))
+    raise TypeError(f"shard must be 'i/n' or a pair (i, n), got {shard!r}")
+
+
+def _threads(threads: int | None, embedded_on_cpu: bool) -> int | None:
+    """The torch threads of the run: 1 for the embedded datasets on the CPU by default."""
+    if threads is None and embedded_on_cpu:
         threads = 1
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
         raise TypeError(f"threads must be an int, got {threads!r}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        # --- data (fails fast on layouts and weights), then the grid
-        if preloaded:
-            data = given_data
-        elif load is not None:
-            data = dict(load(requested))
-            bad_data = [k for k, v in data.items() if not isinstance(v, BenchmarkData)]
-            if bad_data or not data:
-                raise TypeError(f"load() must return BenchmarkData by name (bad: {bad_data})")
-        else:
-            data = load_benchmarks(
-                requested, gradual=gradual, ccc=protocol.ccc, workers=workers, log=log, **loading
-            )
-        if protocol.mixed:
-            single = [n for n, b in data.items() if len(b.domains) < 2]
-            if single:
-                raise ValueError(f"mixed domains need at least two domains; {single} has one")
-        if "eata" in chosen:
-            missing = [n for n, b in data.items() if b.fisher_data is None]
-            if missing:
-                raise ValueError(f"eata needs clean source data (fisher_root) for {missing}")
-        for b in data.values():
-            for line in provenance_notes(b):
-                say(line)
-        grid = make_grid(list(data), chosen, setting_list, budgets, buffer_list)
-        all_jobs = make_jobs(grid, seed_list)
-        cells = shard_jobs(all_jobs, *shard_ix)
-        if out is None:
-            run_name = name or "+".join(requested)
-            if shard is not None:
-                run_name += f"-shard{shard_ix[0]}of{shard_ix[1]}"
-            out_dir = Path("runs") / run_name
-        else:
-            out_dir = Path(out)
-        proto = f", {options.rounds} rounds" if options.rounds > 1 else ""
-        if gradual:
-            proto += ", gradual"
-        if protocol.mixed:
-            proto += ", mixed domains"
-        if protocol.ccc:
-            proto += f", CCC {protocol.ccc}"
-        if annotator.simulated:
-            proto += f", {annotator.text()}"
-        if options.dirichlet is not None:
-            proto += f", Dirichlet {options.dirichlet:g}"
-        if monitor.active:
-            proto += f", {monitor.text()}"
-        seed_text = (
-            f"seeds {','.join(map(str, seed_list))}"
-            if len(seed_list) > 1
-            else f"seed {seed_list[0]}"
-        )
-        say(
-            f"{len(cells)} of {len(all_jobs)} runs ({len(grid)} cells x {len(seed_list)} seeds) on "
-            f"{options.device} (batch size {options.batch_size}, {seed_text}{proto}) -> {out_dir}"
-        )
-        jobs = min(jobs or 1, len(cells)) if cells else 1
-        try:
-            if jobs > 1 and options.device == "cpu" and _can_fork():
-                results = _run_parallel(cells, data, options, out_dir, jobs, log)
-            else:
-                results = run_grid(cells, data, options, out_dir, log=log)
-        except KeyboardInterrupt:
-            raise RunInterrupted(out_dir, len(cells)) from None
-        from eatta.bench.report import markdown_table, write_outputs
+    return threads
 
-        description = {
-            **dict(meta or {}),
-            "shard": list(shard_ix),
-            "grid_size": len(grid),
-            "batch_size": options.batch_size,
-            "seeds": seed_list,
-            "rounds": options.rounds,
-            "dirichlet": options.dirichlet,
-            "gradual": bool(gradual),
-            "mixed": protocol.mixed,
-            "ccc": protocol.ccc,
-            "annotator": {**annotator.describe(), "cost": vars(annotator.cost)},
-            **({"monitor": monitor.describe()} if monitor.active else {}),
-            "jobs": jobs,
-            "code_digest": code_digest(),
-            "git_commit": _git_commit(),
-            "provenance": {
-                n: {"found": b.provenance, "expected": b.expected_provenance}
-                for n, b in data.items()
-            },
-            "limit": options.limit,
-            "device": options.device,
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            **machine_provenance(),
-        }
-        paths = write_outputs(results, out_dir, description, plot=plot)
-    finally:
-        torch.set_num_threads(before)
-    table = markdown_table(results)
-    say("outputs: " + ", ".join(str(p) for p in paths.values()))
-    say(f"total wall time {time.perf_counter() - started:.1f} s")
-    return BenchmarkRun(results=results, out=out_dir, paths=dict(paths), table=table)
+
+def _data(
+    plan: _Plan,
+    protocol: StreamProtocol,
+    workers: int | None,
+    log: Callable[[str], None] | None,
+    loading: dict[str, Any],
+    load: Callable[[list[str]], Mapping[str, BenchmarkData]] | None,
+) -> dict[str, BenchmarkData]:
+    """The data (fails fast on layouts and weights), checked against the stream and methods."""
+    if plan.given_data is not None:
+        data = plan.given_data
+    elif load is not None:
+        data = dict(load(plan.requested))
+        bad_data = [k for k, v in data.items() if not isinstance(v, BenchmarkData)]
+        if bad_data or not data:
+            raise TypeError(f"load() must return BenchmarkData by name (bad: {bad_data})")
+    else:
+        data = load_benchmarks(
+            plan.requested,
+            gradual=protocol.gradual,
+            ccc=protocol.ccc,
+            workers=workers,
+            log=log,
+            **loading,
+        )
+    if protocol.mixed:
+        single = [n for n, b in data.items() if len(b.domains) < 2]
+        if single:
+            raise ValueError(f"mixed domains need at least two domains; {single} has one")
+    if "eata" in plan.methods:
+        missing = [n for n, b in data.items() if b.fisher_data is None]
+        if missing:
+            raise ValueError(f"eata needs clean source data (fisher_root) for {missing}")
+    return data
+
+
+def _out_dir(config: RunConfig, requested: list[str], shard_ix: tuple[int, int]) -> Path:
+    if config.out is not None:
+        return Path(config.out)
+    run_name = config.name or "+".join(requested)
+    if config.shard is not None:
+        run_name += f"-shard{shard_ix[0]}of{shard_ix[1]}"
+    return Path("runs") / run_name
+
+
+def _stream_text(options: RunOptions, protocol: StreamProtocol, seeds: list[int]) -> str:
+    """The seeds and the stream, annotator and monitor in words (the run's first log line)."""
+    text = f"seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
+    if options.rounds > 1:
+        text += f", {options.rounds} rounds"
+    if protocol.gradual:
+        text += ", gradual"
+    if protocol.mixed:
+        text += ", mixed domains"
+    if protocol.ccc:
+        text += f", CCC {protocol.ccc}"
+    if options.annotator.simulated:
+        text += f", {options.annotator.text()}"
+    if options.dirichlet is not None:
+        text += f", Dirichlet {options.dirichlet:g}"
+    if options.monitor.active:
+        text += f", {options.monitor.text()}"
+    return text
+
+
+def _description(
+    meta: dict[str, Any],
+    options: RunOptions,
+    protocol: StreamProtocol,
+    seeds: list[int],
+    jobs: int,
+    data: Mapping[str, BenchmarkData],
+) -> dict[str, Any]:
+    """The run's description in ``results.json``: options, code, machine and data."""
+    annotator, monitor = options.annotator, options.monitor
+    return {
+        **meta,
+        "batch_size": options.batch_size,
+        "seeds": seeds,
+        "rounds": options.rounds,
+        "dirichlet": options.dirichlet,
+        "gradual": bool(protocol.gradual),
+        "mixed": protocol.mixed,
+        "ccc": protocol.ccc,
+        "annotator": {**annotator.describe(), "cost": vars(annotator.cost)},
+        **({"monitor": monitor.describe()} if monitor.active else {}),
+        "jobs": jobs,
+        "code_digest": code_digest(),
+        "git_commit": _git_commit(),
+        "provenance": {
+            n: {"found": b.provenance, "expected": b.expected_provenance} for n, b in data.items()
+        },
+        "limit": options.limit,
+        "device": options.device,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        **machine_provenance(),
+    }
 
 
 def provenance_notes(b: BenchmarkData) -> list[str]:

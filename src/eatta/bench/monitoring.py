@@ -24,7 +24,9 @@ import torch
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.annotate.simulated import SimulatedAnnotator
 from eatta.bench.annotation import AnnotatorOptions
+from eatta.bench.flags import flag
 from eatta.monitor import (
+    GUARD_POLICIES,
     AccuracyMonitor,
     GivenModelFallback,
     Guard,
@@ -63,12 +65,39 @@ class MonitorOptions:
     guard's stated false-reset level; ``window``: audits per guard block; ``fallback``: the
     given-model fallback at one audit a batch (module docstring)."""
 
-    audit: float = 0.0
-    guard: str | None = None
+    audit: float = flag(
+        "share of the stream's samples sent as audits (uniform random) to an auditor like the "
+        "annotator: the monitor's accuracy of the adapted and the source model per round "
+        f"(default with --guard: {DEFAULT_AUDIT_SHARE:g})",
+        0.0,
+        type=float,
+        metavar="FRACTION",
+        cli_default=None,
+    )
+    guard: str | None = flag(
+        "reset to the source state when the audits show the model worse than the source "
+        f"or than it was ({', '.join(GUARD_POLICIES)}; default paired: either)",
+        nargs="?",
+        const="paired",
+        metavar="POLICY",
+    )
     level: float = 0.05
-    guard_level: float = DEFAULT_GUARD_LEVEL
-    window: int = 1000
-    fallback: bool = False
+    guard_level: float = flag(
+        "the guard's error level: chance of any reset over the stream where nothing "
+        f"degrades (default {DEFAULT_GUARD_LEVEL:g}, tuned in docs/guard.md)",
+        DEFAULT_GUARD_LEVEL,
+        type=float,
+        metavar="ALPHA",
+    )
+    window: int = flag(
+        "audits per block of the guard's test", 1000, name="guard-window", type=int, metavar="N"
+    )
+    fallback: bool = flag(
+        "the given model beside every adapting method: one audit a batch (drawn where the "
+        "two disagree) decides which predictions are served and resets a method found worse "
+        "(eatta-safe has its own, measured by its own requests; docs/guard.md)",
+        False,
+    )
 
     def __post_init__(self) -> None:
         check_share(self.audit)

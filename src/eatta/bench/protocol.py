@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from eatta.bench.flags import flag
+
 __all__ = ["CCC_SPEEDS", "StreamProtocol"]
 
 #: The CCC-style stream's speeds (see :mod:`eatta.data.ccc`).
@@ -25,11 +27,26 @@ class StreamProtocol:
     ``rounds=None`` means the run's default: 10 for the embedded digits-C benchmark alone, else 1.
     """
 
-    rounds: int | None = None
-    gradual: bool = False
-    dirichlet: float | None = None
-    mixed: bool = False
-    ccc: str | None = None
+    rounds: int | None = flag(
+        "recurring: repeat the domain sequence R times, each round reshuffled "
+        "(default: 10 for the digits-C main job, else 1)",
+        type=int,
+    )
+    gradual: bool = flag(
+        "gradual: severity 1,2,3,4,5,4,3,2,1 within each corruption (imagenet-c, digits-c)", False
+    )
+    dirichlet: float | None = flag(
+        "label shift: order each domain by a Dirichlet(DELTA) class process "
+        "(0.1: strongly class-correlated batches)",
+        type=float,
+        metavar="DELTA",
+    )
+    mixed: bool = flag("mixed domains: every batch drawn across all domains of the round", False)
+    ccc: str | None = flag(
+        "CCC-style stream (digits-c): corruption pairs blended with a continuously changing mix "
+        "and severity, at this speed",
+        choices=CCC_SPEEDS,
+    )
 
     def __post_init__(self) -> None:
         if self.rounds is not None and (

@@ -113,6 +113,10 @@ def _fallback_audits(spec: CellSpec, options: RunOptions) -> int:
     return check_fallback_budget(spec.method, spec.labels, spec.every)
 
 
+# Longer than 100 lines on purpose: the per-batch loop and the checkpoint share a dozen locals
+# (position, online record, tally, the wall and CPU clocks less checkpoint time, sessions, peak
+# memory) whose order of restoring matters (the loader's iterator draws from the global RNG
+# before the saved generator states are set); one function keeps that order readable.
 def run_cell(
     spec: CellSpec,
     data: BenchmarkData,
@@ -142,56 +146,20 @@ def run_cell(
         return done
 
     device = torch.device(options.device)
-    workers = options.workers
-    if workers is None:  # keep an accelerator fed; on the CPU decoding competes with the step
-        workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
-    stream = TestStream(
-        domains,
-        options.batch_size,
-        seed=options.seed,
-        rounds=options.rounds,
-        dirichlet=options.dirichlet,
-        **({"mixed": True} if options.mixed else {}),
-        shuffle=not data.config.get("ccc"),  # a CCC walk is read in its order
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0,
-    )
+    stream = _stream(domains, data, options, device)
     seed_all(options.seed)
     rss_before = _memory_start()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     method, oracle, hparams = _build_method(spec, data, options, device)
-    monitor = auditor = fallback_auditor = None
-    if options.monitor.active and spec.method not in STATIC_METHODS:
-        with torch.random.fork_rng(devices=[]):  # the stream and method draw as without it
-            source = data.model_fn().to(device)  # the model as trained: the monitor's reference
-        if options.monitor.audit > 0.0:
-            monitor, auditor = options.monitor.attach(
-                method, source, options.annotator, options.seed
-            )
-        if options.monitor.fallback and method.fallback is None:
-            fallback_auditor = options.monitor.attach_fallback(
-                method, source, options.annotator, options.seed
-            )
+    monitor, auditor, fallback_auditor = _attach_monitor(spec, data, options, method, device)
 
     start, online, wall, sessions, peak_prev = 0, [], 0.0, 1, None
     cpu = 0.0  # this thread's CPU seconds: unlike wall time, not inflated by a busy machine
     # mixed streams: images and errors per (round, domain), counted per sample
     tally = [[[0, 0] for _ in stream.domains] for _ in range(stream.rounds)] if stream.mixed else []
-    saved = None
-    if ckpt_path.is_file() and options.reuse:
-        # written by run_cell itself into this output folder: trusted, holds RNG states and
-        # optimizer state that the weights-only unpickler rejects
-        saved = torch.load(ckpt_path, map_location=device, weights_only=False)
-        if saved.get("fingerprint") != fp:
-            saved = None
+    saved = _resume(ckpt_path, fp, device, method, oracle, auditor) if options.reuse else None
     if saved is not None:
-        method.load_state_dict(saved["method"])
-        if saved.get("annotator") is not None:
-            oracle.load_state_dict(saved["annotator"])  # type: ignore[union-attr]
-        if saved.get("auditor") is not None:
-            auditor.load_state_dict(saved["auditor"])  # type: ignore[union-attr]
         start, online, wall = saved["position"], saved["online"], saved["wall_time_s"]
         cpu = saved.get("cpu_time_s", 0.0)
         tally = saved.get("tally", tally)
@@ -209,21 +177,9 @@ def run_cell(
     total = len(stream)
     n_seen = sum(b[0] for b in online)
     n_wrong = sum(b[1] for b in online)
-    bar = None
     terminal = options.progress and _is_terminal()
     milestone_log = log if options.progress and not terminal else None
-    if terminal:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=total,
-            initial=start,
-            desc=spec.label,
-            unit="batch",
-            leave=False,
-            dynamic_ncols=True,
-            file=sys.stderr,
-        )
+    bar = _progress_bar(spec, total, start) if terminal else None
     prev_domain = stream.locate(start - 1)[0] if start > 0 else None
     t0, cpu0 = time.perf_counter(), time.thread_time()
     ckpt_time = ckpt_cpu = 0.0
@@ -240,7 +196,7 @@ def run_cell(
                 gt.set_labels(y)
             if monitor is not None:  # audits count for the round they were asked in
                 monitor.period = stream.round_of_batch(t)
-                auditor.set_labels(y)  # type: ignore[union-attr]  # set with the monitor
+                auditor.set_labels(y)  # set with the monitor
             fb = method.fallback
             if fb is not None:
                 fb.period = stream.round_of_batch(t)  # type: ignore[attr-defined]
@@ -270,24 +226,13 @@ def run_cell(
                 and t + 1 < total
             ):
                 c0, cc0 = time.perf_counter(), time.thread_time()
-                atomic_save(
-                    {
-                        "fingerprint": fp,
-                        "spec": dataclasses.asdict(spec),
-                        "position": t + 1,
-                        "online": online,
-                        "tally": tally,
-                        "method": method.state_dict(),
-                        "annotator": _annotator_state(oracle),
-                        "auditor": _annotator_state(auditor),
-                        "rng": rng_state(device),
-                        "wall_time_s": wall + (c0 - t0 - ckpt_time),
-                        "cpu_time_s": cpu + (cc0 - cpu0 - ckpt_cpu),
-                        "sessions": sessions,
-                        "peak_mem_mb": _peak(device, rss_before, peak_prev),
-                    },
-                    ckpt_path,
-                )
+                state = {"fingerprint": fp, "spec": dataclasses.asdict(spec), "position": t + 1}
+                state.update(online=online, tally=tally, method=method.state_dict())
+                state.update(annotator=_annotator_state(oracle), auditor=_annotator_state(auditor))
+                state.update(rng=rng_state(device), wall_time_s=wall + (c0 - t0 - ckpt_time))
+                state.update(cpu_time_s=cpu + (cc0 - cpu0 - ckpt_cpu), sessions=sessions)
+                state.update(peak_mem_mb=_peak(device, rss_before, peak_prev))
+                atomic_save(state, ckpt_path)
                 ckpt_time += time.perf_counter() - c0
                 ckpt_cpu += time.thread_time() - cc0
             if callback is not None:
@@ -301,7 +246,116 @@ def run_cell(
     result = _summarize(spec, stream, online, grid_index, fp, wall, device, notes, hparams, tally)
     result.seed = options.seed
     result.cpu_time_s = cpu
-    result.protocol = {
+    result.protocol = _protocol(data, options)
+    _summaries(result, data, options, stream.rounds, method, oracle, monitor)
+    result.peak_mem_mb = _peak(device, rss_before, peak_prev)
+    result.max_rss_mb = _max_rss_mb()
+    result.model_digest = model_digest(method.model)
+    result.sessions = sessions
+    result.save(result_path)
+    ckpt_path.unlink(missing_ok=True)
+    return result
+
+
+def _summaries(
+    result: CellResult,
+    data: BenchmarkData,
+    options: RunOptions,
+    rounds: int,
+    method: Any,
+    oracle: Any,
+    monitor: Any,
+) -> None:
+    """The monitor's, the fallback's and the annotator's records, and the provenance."""
+    if monitor is not None:
+        result.monitor = monitor_summary(monitor, rounds, options.annotator)
+    if isinstance(method.fallback, GivenModelFallback):
+        result.fallback = fallback_summary(method.fallback, rounds)
+    result.provenance = {**data.provenance, **machine_provenance()}
+    if spec_active(result.spec):
+        result.annotation = annotation_summary(
+            method, oracle, result.labels_used, options.annotator
+        )
+
+
+def _resume(
+    path: Path, fp: str, device: torch.device, method: Any, oracle: Any, auditor: Any
+) -> dict[str, Any] | None:
+    """The cell's checkpoint, if there is one of this fingerprint, with the method's, the
+    annotator's and the auditor's states restored from it (the rest is the caller's)."""
+    if not path.is_file():
+        return None
+    # written by run_cell itself into this output folder: trusted, holds RNG states and
+    # optimizer state that the weights-only unpickler rejects
+    saved: dict[str, Any] = torch.load(path, map_location=device, weights_only=False)
+    if saved.get("fingerprint") != fp:
+        return None
+    method.load_state_dict(saved["method"])
+    if saved.get("annotator") is not None:
+        oracle.load_state_dict(saved["annotator"])
+    if saved.get("auditor") is not None:
+        auditor.load_state_dict(saved["auditor"])
+    return saved
+
+
+def _stream(
+    domains: Any, data: BenchmarkData, options: RunOptions, device: torch.device
+) -> TestStream:
+    """The cell's test stream (data-loading workers by device: ``options.workers`` or, on a
+    GPU, up to 8 to keep it fed; on the CPU decoding competes with the step)."""
+    workers = options.workers
+    if workers is None:
+        workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
+    return TestStream(
+        domains,
+        options.batch_size,
+        seed=options.seed,
+        rounds=options.rounds,
+        dirichlet=options.dirichlet,
+        **({"mixed": True} if options.mixed else {}),
+        shuffle=not data.config.get("ccc"),  # a CCC walk is read in its order
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+    )
+
+
+def _attach_monitor(
+    spec: CellSpec, data: BenchmarkData, options: RunOptions, method: Any, device: torch.device
+) -> tuple[Any, Any, Any]:
+    """The monitor, its auditor and the fallback's auditor (None where not asked for)."""
+    monitor = auditor = fallback_auditor = None
+    if options.monitor.active and spec.method not in STATIC_METHODS:
+        with torch.random.fork_rng(devices=[]):  # the stream and method draw as without it
+            source = data.model_fn().to(device)  # the model as trained: the monitor's reference
+        if options.monitor.audit > 0.0:
+            monitor, auditor = options.monitor.attach(
+                method, source, options.annotator, options.seed
+            )
+        if options.monitor.fallback and method.fallback is None:
+            fallback_auditor = options.monitor.attach_fallback(
+                method, source, options.annotator, options.seed
+            )
+    return monitor, auditor, fallback_auditor
+
+
+def _progress_bar(spec: CellSpec, total: int, start: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=start,
+        desc=spec.label,
+        unit="batch",
+        leave=False,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
+
+
+def _protocol(data: BenchmarkData, options: RunOptions) -> dict[str, Any]:
+    """The stream, annotator and monitor of a cell, as its result records them."""
+    return {
         "rounds": options.rounds,
         "dirichlet": options.dirichlet,
         "gradual": bool(data.config.get("gradual", False)),
@@ -311,22 +365,6 @@ def run_cell(
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
     }
-    if monitor is not None:
-        result.monitor = monitor_summary(monitor, stream.rounds, options.annotator)
-    if isinstance(method.fallback, GivenModelFallback):
-        result.fallback = fallback_summary(method.fallback, stream.rounds)
-    result.provenance = {**data.provenance, **machine_provenance()}
-    if spec_active(spec):
-        result.annotation = annotation_summary(
-            method, oracle, result.labels_used, options.annotator
-        )
-    result.peak_mem_mb = _peak(device, rss_before, peak_prev)
-    result.max_rss_mb = _max_rss_mb()
-    result.model_digest = model_digest(method.model)
-    result.sessions = sessions
-    result.save(result_path)
-    ckpt_path.unlink(missing_ok=True)
-    return result
 
 
 def _audited(fallback: object) -> int:

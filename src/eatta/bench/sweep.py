@@ -313,37 +313,18 @@ def _run_local(
     return failed
 
 
-def launch(
+def _settings(
+    folder: Path,
+    state: dict[str, Any] | None,
     run_argv: Sequence[str] | None,
-    out: str | os.PathLike[str],
-    *,
-    shards: int | None = None,
-    launcher: str | None = None,
-    slurm: SlurmOptions | None = None,
-    jobs: int | None = None,
-    time_min: int | None = None,
-    wait: bool = False,
-    resubmit: bool = False,
-    dry_run: bool = False,
-    poll_s: float | None = None,
-    say: Callable[[str], None] = _say,
-    show: Callable[[str], None] = print,
-) -> SweepResult:
-    """Run the grid of ``run_argv`` (``eatta-bench run`` options) as shards into the folder
-    ``out``; see the module docstring. Everything is checked before anything is written or
-    submitted (bad input: :class:`ValueError`).
-
-    ``shards`` (default: ``jobs`` locally, one run per shard on Slurm), ``launcher`` (``"slurm"``
-    or ``"local"``), ``slurm`` (what each array job asks for), ``jobs`` (local: parallel
-    processes, default one per GPU else per core), ``time_min`` (a job's time limit). ``wait``:
-    wait for the Slurm jobs and merge (the local launcher always waits). ``resubmit``: continue
-    the sweep recorded in ``out`` (``run_argv``, ``shards`` and the launcher options default to
-    the recorded ones); the same call without it does the same when its options match the record.
-    Only shards without ``results.json`` are submitted. ``dry_run``: print the plan, nothing else.
-    ``say`` receives progress lines, ``show`` what the command prints on stdout.
-    """
-    folder = Path(out)
-    state = load_state(folder)
+    shards: int | None,
+    launcher: str | None,
+    slurm: SlurmOptions | None,
+    jobs: int | None,
+    time_min: int | None,
+    resubmit: bool,
+) -> tuple[Sequence[str], int | None, str, SlurmOptions | None, int | None, int | None]:
+    """:func:`launch`'s options checked, and completed from the sweep recorded in ``folder``."""
     if resubmit and state is None:
         raise ValueError(f"--resubmit: {folder} holds no sweep ({STATE_FILE}); nothing to resubmit")
     if state is not None:
@@ -382,6 +363,121 @@ def launch(
         slurm = slurm or SlurmOptions()
         if time_min is not None:
             slurm = SlurmOptions(**{**slurm.to_dict(), "time_min": time_min})
+    return run_argv, shards, launcher, slurm, jobs, time_min
+
+
+def _submit_slurm(
+    result: SweepResult,
+    pending: list[int],
+    shards: int,
+    slurm: SlurmOptions,
+    record: Callable[[int, str], None],
+    wait: bool,
+    poll_s: float | None,
+    say: Callable[[str], None],
+    show: Callable[[str], None],
+) -> bool:
+    """Submit the pending shards as a Slurm job array; with ``wait``, wait for them (filling
+    ``result.failed``). Whether they were waited for."""
+    ex = slurm_executor(result.out / "submitit" / "%j", slurm)
+    tasks = [
+        ShardJob(result.plan.argv, i, shards, str(shard_dir(result.out, i)), slurm.cpus)
+        for i in pending
+    ]
+    with ex.batch():
+        submitted = [ex.submit(t) for t in tasks]
+    for i, job in zip(pending, submitted, strict=True):
+        record(i, job.job_id)
+    first = submitted[0].job_id.split("_")[0]
+    show(f"submitted {len(pending)} shard(s) of {shards} as Slurm job {first}:")
+    for i, job in zip(pending, submitted, strict=True):
+        show(f"  shard {i}: job {job.job_id}  log {job.paths.stderr}")
+    if not wait:
+        show(f"when they have finished: {result.merge_command}")
+        show(
+            "failed or out of time: eatta-bench sweep --resubmit --out "
+            f"{shlex.quote(str(result.out))} (finished cells are read back)"
+        )
+        return False
+    try:
+        result.failed = _wait(dict(zip(pending, submitted, strict=True)), result.out, poll_s, say)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"stopped waiting: the Slurm jobs of {result.out} keep running (squeue shows them; "
+            f"scancel {first} stops them); when they have finished: {result.merge_command}"
+        ) from None
+    return True
+
+
+def _recorder(
+    folder: Path,
+    state: dict[str, Any] | None,
+    result: SweepResult,
+    shards: int,
+    time_min: int | None,
+    slurm: SlurmOptions | None,
+    jobs: int | None,
+) -> Callable[[int, str], None]:
+    """The sweep's record in ``folder`` with a new submission, written now; the function that
+    adds each shard's job id to it (and to ``result``)."""
+    launcher = result.launcher
+    new_state: dict[str, Any] = {
+        "format": _STATE_FORMAT,
+        "argv": list(result.plan.argv),
+        "shards": shards,
+        "launcher": launcher,
+        "time_min": time_min,
+        "slurm": slurm.to_dict() if slurm is not None else None,
+        "jobs": jobs if launcher == "local" else None,
+        "submissions": list(state["submissions"]) if state else [],
+    }
+    submission: dict[str, Any] = {"at": _now(), "launcher": launcher, "job_ids": {}}
+    new_state["submissions"].append(submission)
+    folder.mkdir(parents=True, exist_ok=True)
+    _save_state(folder, new_state)
+
+    def record(index: int, job_id: str) -> None:
+        submission["job_ids"][str(index)] = job_id
+        result.submitted[index] = job_id
+        _save_state(folder, new_state)
+
+    return record
+
+
+def launch(
+    run_argv: Sequence[str] | None,
+    out: str | os.PathLike[str],
+    *,
+    shards: int | None = None,
+    launcher: str | None = None,
+    slurm: SlurmOptions | None = None,
+    jobs: int | None = None,
+    time_min: int | None = None,
+    wait: bool = False,
+    resubmit: bool = False,
+    dry_run: bool = False,
+    poll_s: float | None = None,
+    say: Callable[[str], None] = _say,
+    show: Callable[[str], None] = print,
+) -> SweepResult:
+    """Run the grid of ``run_argv`` (``eatta-bench run`` options) as shards into the folder
+    ``out``; see the module docstring. Everything is checked before anything is written or
+    submitted (bad input: :class:`ValueError`).
+
+    ``shards`` (default: ``jobs`` locally, one run per shard on Slurm), ``launcher`` (``"slurm"``
+    or ``"local"``), ``slurm`` (what each array job asks for), ``jobs`` (local: parallel
+    processes, default one per GPU else per core), ``time_min`` (a job's time limit). ``wait``:
+    wait for the Slurm jobs and merge (the local launcher always waits). ``resubmit``: continue
+    the sweep recorded in ``out`` (``run_argv``, ``shards`` and the launcher options default to
+    the recorded ones); the same call without it does the same when its options match the record.
+    Only shards without ``results.json`` are submitted. ``dry_run``: print the plan, nothing else.
+    ``say`` receives progress lines, ``show`` what the command prints on stdout.
+    """
+    folder = Path(out)
+    state = load_state(folder)
+    run_argv, shards, launcher, slurm, jobs, time_min = _settings(
+        folder, state, run_argv, shards, launcher, slurm, jobs, time_min, resubmit
+    )
     parallel = 0
     if launcher == "local":
         parallel = _local_slots(jobs)[0]
@@ -413,26 +509,7 @@ def launch(
         result.merged = True
         return result
 
-    new_state: dict[str, Any] = {
-        "format": _STATE_FORMAT,
-        "argv": list(sweep_plan.argv),
-        "shards": shards,
-        "launcher": launcher,
-        "time_min": time_min,
-        "slurm": slurm.to_dict() if slurm is not None else None,
-        "jobs": jobs if launcher == "local" else None,
-        "submissions": list(state["submissions"]) if state else [],
-    }
-    submission: dict[str, Any] = {"at": _now(), "launcher": launcher, "job_ids": {}}
-    new_state["submissions"].append(submission)
-    folder.mkdir(parents=True, exist_ok=True)
-    _save_state(folder, new_state)
-
-    def record(index: int, job_id: str) -> None:
-        submission["job_ids"][str(index)] = job_id
-        result.submitted[index] = job_id
-        _save_state(folder, new_state)
-
+    record = _recorder(folder, state, result, shards, time_min, slurm, jobs)
     what = "resubmitting" if finished else "submitting"
     say(
         f"{what} {len(pending)} of {shards} shards ({len(sweep_plan.jobs)} runs) "
@@ -452,33 +529,8 @@ def launch(
             ) from None
     else:
         assert slurm is not None
-        ex = slurm_executor(folder / "submitit" / "%j", slurm)
-        tasks = [
-            ShardJob(sweep_plan.argv, i, shards, str(shard_dir(folder, i)), slurm.cpus)
-            for i in pending
-        ]
-        with ex.batch():
-            submitted = [ex.submit(t) for t in tasks]
-        for i, job in zip(pending, submitted, strict=True):
-            record(i, job.job_id)
-        first = submitted[0].job_id.split("_")[0]
-        show(f"submitted {len(pending)} shard(s) of {shards} as Slurm job {first}:")
-        for i, job in zip(pending, submitted, strict=True):
-            show(f"  shard {i}: job {job.job_id}  log {job.paths.stderr}")
-        if not wait:
-            show(f"when they have finished: {merge_command}")
-            show(
-                "failed or out of time: eatta-bench sweep --resubmit --out "
-                f"{shlex.quote(str(folder))} (finished cells are read back)"
-            )
+        if not _submit_slurm(result, pending, shards, slurm, record, wait, poll_s, say, show):
             return result
-        try:
-            result.failed = _wait(dict(zip(pending, submitted, strict=True)), folder, poll_s, say)
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(
-                f"stopped waiting: the Slurm jobs of {folder} keep running (squeue shows them; "
-                f"scancel {first} stops them); when they have finished: {merge_command}"
-            ) from None
     if result.failed:
         show(
             f"{len(result.failed)} shard(s) failed: {sorted(result.failed)}; resubmit them with: "

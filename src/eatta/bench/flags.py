@@ -1,0 +1,303 @@
+"""Command-line flags declared once, on the option dataclasses' fields.
+
+A field made with :func:`flag` carries its help, its flag name, how to read it from text and its
+argparse group in ``field.metadata``; :func:`add_flags` turns a dataclass's flagged fields into
+arguments, and :func:`values` reads them back from the parsed namespace as keyword arguments of
+the same dataclass (or of :func:`eatta.bench.run`, whose keywords are :class:`RunConfig`'s and
+:class:`LoadOptions`' fields). A flag that negates its field (``--rerun`` for ``reuse``) says so
+with ``negate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "LoadOptions",
+    "RunConfig",
+    "add_flags",
+    "field_names",
+    "flag",
+    "seed_list",
+    "values",
+]
+
+_MISSING: Any = dataclasses.MISSING
+
+
+def flag(
+    help: str,
+    default: Any = None,
+    *,
+    name: str | None = None,
+    cli_default: Any = _MISSING,
+    negate: bool = False,
+    **argparse_kw: Any,
+) -> Any:
+    """A dataclass field with its command-line flag: ``--name`` (default: the field's name with
+    dashes), ``cli_default`` where the command line's default differs (text it parses, or a
+    value meaning "not given"), and argparse's ``type``, ``metavar``, ``choices``, ``action``,
+    ``nargs``, ``const``."""
+    meta = {"help": help, "name": name, "cli_default": cli_default, "negate": negate}
+    meta["argparse"] = argparse_kw
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _flagged(cls: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def field_names(cls: type) -> list[str]:
+    """The names of ``cls``'s flagged fields."""
+    return [f.name for f in _flagged(cls)]
+
+
+def _flag_name(f: dataclasses.Field[Any]) -> str:
+    return str(f.metadata["name"] or f.name.replace("_", "-"))
+
+
+def _dest(f: dataclasses.Field[Any]) -> str:
+    return _flag_name(f).replace("-", "_")
+
+
+def add_flags(group: Any, cls: type, *, skip: Sequence[str] = ()) -> None:
+    """Add ``cls``'s flagged fields (but ``skip``) to an argparse parser or group."""
+    for f in _flagged(cls):
+        if f.name in skip:
+            continue
+        meta = f.metadata
+        kw = dict(meta["argparse"])
+        if meta["negate"] or (f.type in ("bool", bool) and "action" not in kw):
+            kw.setdefault("action", "store_true")
+        else:
+            default = f.default if f.default is not _MISSING else f.default_factory()  # type: ignore[misc]
+            kw["default"] = default if meta["cli_default"] is _MISSING else meta["cli_default"]
+        group.add_argument("--" + _flag_name(f), dest=_dest(f), help=meta["help"], **kw)
+
+
+def values(cls: type, args: argparse.Namespace, *, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """``cls``'s flagged fields (but ``skip``) read back from ``args``, by field name."""
+    out = {}
+    for f in _flagged(cls):
+        if f.name not in skip:
+            value = getattr(args, _dest(f))
+            out[f.name] = (not value) if f.metadata["negate"] else value
+    return out
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}"
+        ) from None
+
+
+def seed_list(text: str) -> list[int]:
+    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,2,5"`` -> [0, 2, 5]; ranges and lists may mix."""
+    out: list[int] = []
+    try:
+        for part in _csv(text):
+            lo, sep, hi = part.partition("-")
+            if sep and lo:
+                a, b = int(lo), int(hi)
+                if b < a:
+                    raise argparse.ArgumentTypeError(f"empty seed range {part!r}")
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds are integers or ranges such as 0-4 or 0,1,2, got {text!r}"
+        ) from None
+    if not out or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"seeds must be distinct and non-empty, got {text!r}")
+    return out
+
+
+def _buffers(text: str) -> list[int | None]:
+    out: list[int | None] = []
+    for t in _csv(text):
+        if t.lower() in ("default", "none", "-"):
+            out.append(None)
+            continue
+        try:
+            out.append(int(t))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"buffer sizes are integers, got {t!r}") from None
+    return out
+
+
+def _window(text: str) -> int | str:
+    """``--window``: auto, off, or a number of samples >= 2."""
+    if text in ("auto", "off"):
+        return text
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--window must be auto, off or a number of samples, got {text!r}"
+        ) from None
+    if size < 2:
+        raise argparse.ArgumentTypeError(f"--window must hold at least 2 samples, got {size}")
+    return size
+
+
+def _severity(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= 5:
+        raise argparse.ArgumentTypeError(f"severity is an integer from 1 to 5, got {text!r}")
+    return value
+
+
+def _subset(text: str) -> int | str | None:
+    if text.lower() == "all":
+        return None
+    return int(text) if text.isdigit() else text
+
+
+_Int: Callable[[str], int] = int
+
+
+@dataclass
+class RunConfig:
+    """The keyword options of :func:`eatta.bench.run` that say what grid runs and how (the
+    stream, annotator and monitor have their own dataclasses); each is also a flag of
+    ``eatta-bench run``."""
+
+    settings: str | Sequence[str] = flag(
+        "ctta (never reset), ftta (reset at each domain change), or both: ctta,ftta",
+        ("ctta",),
+        name="setting",
+        cli_default="ctta",
+    )
+    labels: int | Sequence[int] = flag(
+        "labels per batch for active methods", 1, type=_ints, cli_default="1", metavar="K[,K]"
+    )
+    every: int | Sequence[int] = flag(
+        "label only every N-th batch", 1, type=_ints, cli_default="1", metavar="N[,N]"
+    )
+    buffers: int | Sequence[int | None] | None = flag(
+        "labelled-sample buffer size for active methods ('default': the method's own)",
+        name="buffer",
+        type=_buffers,
+        cli_default="default",
+        metavar="N[,N]",
+    )
+    seeds: int | Sequence[int] = flag(
+        "run every cell once per seed and report mean ± std (replaces --seed)",
+        0,
+        type=seed_list,
+        cli_default=None,
+        metavar="0-4|0,1,2",
+    )
+    batch_size: int = flag("images per batch (64 in the paper)", 64, type=_Int)
+    window: int | str | None = flag(
+        "batches smaller than N samples are served on robust statistics and adapted on as a "
+        "window of the last N, one step every N samples, labels per sample as --labels/--every "
+        "give them (docs/small-batches.md); auto: N = 64 for batches under 64 on BatchNorm models",
+        "auto",
+        type=_window,
+        metavar="auto|off|N",
+    )
+    limit: int | None = flag(
+        "at most this many images per domain (seeded subset; smoke runs)", type=_Int
+    )
+    shard: str | tuple[int, int] | None = flag(
+        "run only grid cells j with j mod n == i (0 <= i < n); auto: i and n from a Slurm "
+        "job array (sbatch --array=0-<n-1>) or EATTA_SHARD=i/n",
+        metavar="i/n|auto",
+    )
+    out: str | None = flag("output folder (default ./runs/<name>)")
+    name: str | None = flag("run name for the default output folder")
+    workers: int | None = flag(
+        "data-loading worker processes (default: 0 on the CPU, up to 8 on a GPU)", type=_Int
+    )
+    device: str = flag("cpu, cuda, cuda:1, or auto", "auto")
+    jobs: int | None = flag(
+        "cells run in parallel processes of one thread each (default: every core for "
+        "digits-C on the CPU, else 1); results are identical to a serial run",
+        type=_Int,
+    )
+    threads: int | None = flag(
+        "torch CPU threads (default: 1 for digits-C and mnist, whose tiny convolutions only "
+        "lose from intra-op parallelism, else torch's default)",
+        type=_Int,
+    )
+    checkpoint_every: int = flag(
+        "save a resumable checkpoint every this many batches (0: never)",
+        100,
+        type=_Int,
+        metavar="BATCHES",
+    )
+    reuse: bool = flag(
+        "ignore finished cells and checkpoints in the output folder",
+        True,
+        name="rerun",
+        negate=True,
+    )
+    progress: bool = flag("no progress bar", True, name="no-progress", negate=True)
+    plot: bool = flag("skip the PNG plot", True, name="no-plot", negate=True)
+
+
+@dataclass
+class LoadOptions:
+    """The keywords of :func:`eatta.bench.api.load_benchmarks` that :func:`eatta.bench.run`
+    passes on; each is also a flag of ``eatta-bench run``."""
+
+    roots: Any = flag(
+        "dataset folder; repeat as NAME=PATH for several datasets",
+        name="root",
+        action="append",
+        cli_default=[],
+        metavar="[DATASET=]PATH",
+    )
+    sequences: str | Sequence[str] = flag(
+        "PACS sequence(s), comma-separated (P-A-C-S, A-C-P-S, C-A-S-P, S-C-P-A)",
+        ("P-A-C-S",),
+        name="sequence",
+        cli_default="P-A-C-S",
+    )
+    severity: int | None = flag(
+        "corruption severity of digits-c and imagenet-c (default 5; other datasets have none)",
+        type=_severity,
+        metavar="1-5",
+    )
+    subset: int | str | None = flag(
+        "ImageNet-C images per corruption: all (the paper), a count, or a list file",
+        type=_subset,
+        cli_default="all",
+    )
+    image_size: int = flag(
+        "input size for ImageNet-R/K/A and PACS (224; smaller for smoke tests)", 224, type=_Int
+    )
+    backbone: str | None = flag(
+        "digits-cnn (digits-C default, BatchNorm), digits-vit (digits-C, LayerNorm); "
+        "resnet50_bn (ImageNet default), resnet50_gn, vit_b_16; resnet18 (PACS)"
+    )
+    checkpoint: str | None = flag(
+        "local weights; for PACS '{source}' becomes the source domain letter"
+    )
+    pretrained: bool = flag(
+        "no pretrained weights (smoke tests only)", True, name="random-init", negate=True
+    )
+    oracle_backbone: str | None = flag("the annotating model's backbone")
+    oracle_checkpoint: str | None = flag("the annotating model's weights")
+    fisher_root: str | None = flag("clean ImageNet images (<wnid>/*) for EATA's Fisher regularizer")
+    cache_dir: str | None = flag(
+        "digits-C cache (default $EATTA_CACHE/digits-c or ~/.cache/eatta/digits-c)"
+    )
