@@ -170,6 +170,28 @@ def _hparams(
     return registry.merge_overrides(methods, common, own)
 
 
+def _load_embedded(
+    name: str,
+    root: str | None,
+    cache_dir: str | None,
+    log: Callable[[str], None] | None,
+    gradual: bool,
+    ccc: str | None,
+    severity: int | None,
+    backbone: str | None,
+) -> BenchmarkData:
+    """One of the datasets built into the package (:data:`EMBEDDED`)."""
+    from eatta.bench import suites
+
+    if name == "mnist":
+        return suites.mnist_benchmark(root, cache_dir, log=log)
+    if name == "digits-deployed":
+        return suites.deployed_benchmark(cache_dir, log=log, severity=severity or 2)
+    return suites.digits_c_benchmark(
+        cache_dir, log=log, gradual=gradual, ccc=ccc, severity=severity or 5, backbone=backbone
+    )
+
+
 def load_benchmarks(
     datasets: str | Sequence[str],
     *,
@@ -226,29 +248,12 @@ def load_benchmarks(
             raise ValueError(f"gradual needs severities; {name} has none (digits-c, imagenet-c)")
         if ccc is not None and name != "digits-c":
             raise ValueError(f"the CCC-style stream is built for digits-c, not {name}")
-        if name == "digits-c":
+        if name in EMBEDDED:  # built into the package, annotated by the ground truth
             if oracle_backbone is not None:
-                raise ValueError("digits-C has no model annotator; use the ground truth")
-            b = suites.digits_c_benchmark(
-                cache_dir,
-                log=log,
-                gradual=gradual,
-                ccc=ccc,
-                severity=severity_of[name] or 5,
-                backbone=backbone,
+                raise ValueError(f"{name} has no model annotator; use the ground truth")
+            b = _load_embedded(
+                name, root_of.get(name), cache_dir, log, gradual, ccc, severity_of[name], backbone
             )
-            out[b.name] = b
-            continue
-        if name == "mnist":
-            if oracle_backbone is not None:
-                raise ValueError("mnist has no model annotator; use the ground truth")
-            b = suites.mnist_benchmark(root_of.get(name), cache_dir, log=log)
-            out[b.name] = b
-            continue
-        if name == "digits-deployed":
-            if oracle_backbone is not None:
-                raise ValueError("digits-deployed has no model annotator; use the ground truth")
-            b = suites.deployed_benchmark(cache_dir, log=log, severity=severity_of[name] or 2)
             out[b.name] = b
             continue
         if name not in root_of:
