@@ -111,7 +111,7 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
     # 1. tuning, on the recurring stream with TUNE_SEED only
     tune: dict[str, Any] = {}
     for share, level, window in CONFIGS:
-        mon = MonitorOptions(audit=share, guard="paired", guard_level=level, window=window)
+        mon = MonitorOptions(audit=share, guard="paired", guard_level=level, block=window)
         key = f"share {share:g}, level {level:g}, block {window}"
         part = f"s{share:g}-a{level:g}-w{window}"
         res = run_part(
@@ -130,7 +130,7 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
     data["chosen"] = {"share": share, "level": level, "window": window, "key": chosen_key}
     print(f"chosen on recurring seed {TUNE_SEED}: {chosen_key}", flush=True)
     audit_only = MonitorOptions(audit=share)
-    guarded = MonitorOptions(audit=share, guard="paired", guard_level=level, window=window)
+    guarded = MonitorOptions(audit=share, guard="paired", guard_level=level, block=window)
     for name, proto in protos.items():
         src = run_part(out / name, "source", proto, ["source"], seeds[:1])
         data["streams"][name] = {"protocol": proto.describe(), "source": src[0].round_errors}

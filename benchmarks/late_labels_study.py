@@ -53,13 +53,17 @@ DELAYS: tuple[int | str, ...] = (0, 1, 4, 16, 64, "never")
 TUNE_STREAM = "ccc"
 #: Mechanisms: ``eatta-stable`` overrides. "today" is the rule before this study.
 MECHANISMS: dict[str, dict[str, Any]] = {
-    "today: full weight": {"late_weight": "full", "late_fallback": "none"},
-    "age (half-life 2 steps)": {"late_weight": "age", "late_fallback": "none"},
-    "drift, scale 1": {"late_weight": "drift", "late_drift_scale": 1.0, "late_fallback": "none"},
-    "drift, scale 0.25": {"late_weight": "drift", "late_fallback": "none"},
+    "today: full weight": {"late_weight": "full", "late_entropy_filter": "none"},
+    "age (half-life 2 steps)": {"late_weight": "age", "late_entropy_filter": "none"},
+    "drift, scale 1": {
+        "late_weight": "drift",
+        "late_drift_scale": 1.0,
+        "late_entropy_filter": "none",
+    },
+    "drift, scale 0.25": {"late_weight": "drift", "late_entropy_filter": "none"},
     "IWMS-like nearest replay (4 of 64)": {
         "late_weight": "full",
-        "late_fallback": "none",
+        "late_entropy_filter": "none",
         "late_replay": 4,
     },
     "default: drift 0.25 + ETA fallback (anchor 0.1)": {},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What the given-model fallback costs a step: ``eatta-safe`` against ``eatta-stable`` (and TENT).
+"""What the source-model fallback costs a step: ``eatta-safe`` against ``eatta-stable`` (and TENT).
 
 On one batch per model, interleaved rounds (``_common.time_interleaved``), median of the per-round
 ratios, in one run:
@@ -7,10 +7,10 @@ ratios, in one run:
 * ``tent``: TENT's step;
 * ``eatta-stable``: the recommended configuration before the fallback (budget 1, a synchronous
   ground-truth oracle);
-* ``eatta-safe``: the same plus the given model's forward pass on 16 of the 64 samples, the drawn
+* ``eatta-safe``: the same plus the source model's forward pass on 16 of the 64 samples, the drawn
   request and the decision, while the adapted model is served (``fallback_start="adapted"``; the
   issue's bar: at most 1.15x ``eatta-stable``);
-* ``eatta-safe (serving given)``: while the given model is served it predicts on the whole batch
+* ``eatta-safe (serving source)``: while the source model is served it predicts on the whole batch
   (the adapted model goes on adapting beside it, to show when it is better again);
 * ``eatta-safe (measure only)``: the estimates without acting on them (``fallback=False``).
 
@@ -86,7 +86,7 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Callable[[], 
         "tent": make("tent"),
         "eatta-stable": make("eatta-stable"),
         "eatta-safe": make("eatta-safe", fallback_start="adapted"),
-        "eatta-safe (serving given)": make("eatta-safe", fallback_start="given"),
+        "eatta-safe (serving source)": make("eatta-safe", fallback_start="source"),
         "eatta-safe (measure only)": make("eatta-safe", fallback=False),
     }
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios = {
             "eatta-safe / eatta-stable": _common.ratio(samples, "eatta-safe", "eatta-stable"),
             "serving given / eatta-stable": _common.ratio(
-                samples, "eatta-safe (serving given)", "eatta-stable"
+                samples, "eatta-safe (serving source)", "eatta-stable"
             ),
             "measure only / eatta-stable": _common.ratio(
                 samples, "eatta-safe (measure only)", "eatta-stable"

@@ -1,4 +1,4 @@
-"""The never-worse study: ``eatta-safe`` against the given model, the label-free methods and
+"""The never-worse study: ``eatta-safe`` against the source model, the label-free methods and
 ``eatta-stable``, at every kind of annotator; label-free methods with the fallback.
 
 Regenerates the section of ``docs/safety.md`` between ``<!-- safety:begin -->`` and
@@ -6,7 +6,7 @@ Regenerates the section of ``docs/safety.md`` between ``<!-- safety:begin -->`` 
 cell of :func:`eatta.bench.run` under ``--out`` (finished cells are read back, so an interrupted
 study resumes). Parts, per stream (``STREAMS``), over ``--seeds``:
 
-* ``references``: the given model (``source``) and the label-free methods TENT and ETA;
+* ``references``: the source model (``source``) and the label-free methods TENT and ETA;
 * ``annotators``: ``eatta-safe`` with labels at once, 16 and 64 batches late, at a person's
   pace (11.7 s an answer, a batch a second) and never; ``eatta-stable`` beside it at once and at
   a person's pace;
@@ -15,12 +15,12 @@ study resumes). Parts, per stream (``STREAMS``), over ``--seeds``:
 * ``guard``: TENT and ETA with ``--fallback`` (one audit a batch, counted as labels).
 
 What was chosen where: the fallback's constants (window 64 answers, level 0.05, 8 answers
-before a decision, explore 0.25, 16 samples for the given model) were set once from the
+before a decision, explore 0.25, 16 samples for the source model) were set once from the
 arithmetic in docs/safety.md; one 10-round run of the recurring stream (seed 0) chose to leave
 resets off for ``eatta-safe`` and on for label-free methods; the label-free signs' thresholds
 were read off digits-C's corruptions (the collapse ratio 0.9, the recurring stream) and one
 look at the CCC stream, seed 0 (the disagreement share 0.3, added after the collapse test alone
-served the given model on a quarter of CCC's batches without answers). So the recurring stream
+served the source model on a quarter of CCC's batches without answers). So the recurring stream
 and CCC are tuning streams for the signs; mixed was not looked at before the study.
 
     python benchmarks/safety_study.py --seeds 0-2 --out runs/safety
@@ -68,7 +68,7 @@ PARTS = ("references", "annotators", "measure", "guard")
 #: Annotators at which ``eatta-stable`` runs too, as the comparison (its other delays are in
 #: the late-labels study, docs/real-annotators.md).
 WITH_STABLE = ("instant", "person")
-#: The given model's error below which a domain counts as easy (the issue's bar).
+#: The source model's error below which a domain counts as easy (the issue's bar).
 EASY = 10.0
 
 
@@ -222,7 +222,7 @@ def _num(v: float) -> str:
 
 
 def _easy(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
-    """Mean error over the domains where the given model errs under ``EASY`` %."""
+    """Mean error over the domains where the source model errs under ``EASY`` %."""
     src = s["references"]["source"][0]["domain_errors"]
     easy = [d for d, e in src.items() if e < EASY]
     if not easy or not runs:
@@ -231,7 +231,7 @@ def _easy(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
 
 
 def _worse_domains(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
-    """Domains (over the whole run) whose error is above the given model's, mean over seeds."""
+    """Domains (over the whole run) whose error is above the source model's, mean over seeds."""
     src = s["references"]["source"][0]["domain_errors"]
     return float(np.mean([sum(c["domain_errors"][d] > g for d, g in src.items()) for c in runs]))
 
@@ -267,7 +267,13 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
         rounds = np.mean([c["rounds"] for c in runs], axis=0)
         rise = float(np.max(rounds - rounds[0])) if len(rounds) else float("nan")
         fb = [c["fallback"] for c in runs if c["fallback"]]
-        served = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+        served = (
+            np.mean(
+                [f.get("served_source", f.get("served_given", 0)) / max(f["steps"], 1) for f in fb]
+            )
+            if fb
+            else 0
+        )
         resets = np.mean([f["resets"] for f in fb]) if fb else 0
         rows.append(
             [
@@ -292,7 +298,7 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
             ]
         )
     head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
-    out += [PAGE("given", given=f"{given:.1f}", best=f"{best:.1f}"), table(head, rows)]
+    out += [PAGE("source", given=f"{given:.1f}", best=f"{best:.1f}"), table(head, rows)]
     out += _by_annotator(s, refs, given, best)
     return "\n\n".join(out)
 
@@ -320,7 +326,13 @@ def _by_annotator(s: dict[str, Any], refs: dict[str, Any], given: float, best: f
     served_row = [f"served given: {SAFE}"]
     for a in ann:
         fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
-        share = np.mean([f["served_given"] / max(f["steps"], 1) for f in fb]) if fb else 0
+        share = (
+            np.mean(
+                [f.get("served_source", f.get("served_given", 0)) / max(f["steps"], 1) for f in fb]
+            )
+            if fb
+            else 0
+        )
         served_row.append(f"{100 * share:.0f} %")
     rows.append(served_row)
     out = [PAGE("annotators"), table(["method", *ann], rows)]

@@ -4,7 +4,7 @@ bare model's forward.
 Each request is one digits-C image. Variants, interleaved request by request (the starting
 variant rotating, so a change in the machine's load hits all alike):
 
-* ``bare``: the given model's forward (eval mode, running statistics, no gradients);
+* ``bare``: the source model's forward (eval mode, running statistics, no gradients);
 * ``eatta-stable+w``: the recommended configuration at small batches,
   ``eatta.create("eatta-stable", model, window=64)``, one label per 64 samples (its step, on the
   window, runs inside every 64th request);

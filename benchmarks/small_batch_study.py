@@ -6,7 +6,7 @@ the packaged digits CNN (BatchNorm) on a digits-C stream, served in batches of `
 one label per 64 samples (``Budget(1, every=64/B)`` without a window, one label per window step
 with one: a step every 64 samples). Rows:
 
-* ``source``: the given model;
+* ``source``: the source model;
 * ``tent`` and ``eatta-stable`` adapting on each batch as given (no window: today's behaviour);
 * ``tent+w`` and ``eatta-stable+w``: the same methods with a window of 64 samples (``eatta.create(
   ..., window=64)``) for ``B < 64``; at ``B = 64`` they are the plain method. ``eatta-stable+w`` is

@@ -24,7 +24,7 @@ measured in a separate, untimed call (``_common.peak_bytes``):
   memory is the largest of ``approx_refresh`` consecutive steps (a refresh step among them).
 * ``eatta-no-gnd``: EATTA without gradient-norm debiasing (``GradNormDebiaser(normalize=False)``,
   the paper's ablation): one backward pass on ``L_sup + L_unsup``, no norms at all. The floor of
-  any one-backward EATTA step: what selection, class history, oracle and bookkeeping add to TENT.
+  any one-backward EATTA step: what selection, class balance, oracle and bookkeeping add to TENT.
 * ``reference-style``: :class:`ReferenceStyleStep`, the step structure of the authors' code: a
   backward pass for the supervised norm, one for the unsupervised norm, one for the weighted loss.
 * ``two-backward floor``: forward, both losses, two plain ``autograd.grad`` passes and the

@@ -16,7 +16,7 @@ from conftest import nested_equal
 
 
 def exact_state(method: nn.Module) -> dict[str, Any]:
-    """Model tensors, optimizer state, method state (RNGs, EMA, buffer, history) and counters."""
+    """Model tensors, optimizer state, method state (RNGs, EMA, buffer, balance) and counters."""
     state: dict[str, Any] = {
         "model": {k: v.detach().clone() for k, v in method.model.state_dict().items()},
         "method": copy.deepcopy(method.method_state()),

@@ -200,7 +200,7 @@ def test_use_mixed_norm_swaps_in_place_sharing_parameters() -> None:
     names = use_mixed_norm(model, weight=0.0)
     assert names == ["1", "4"]
     assert [m.weight for m in mixed_norm_layers(model)] == weights  # the same Parameter objects
-    assert torch.equal(model(x), before)  # weight 0: the given model, exactly
+    assert torch.equal(model(x), before)  # weight 0: the source model, exactly
     assert optimizer.param_groups[0]["params"][0] is model[1].weight
     assert use_mixed_norm(model) == []  # already swapped: left as they are
 

@@ -1,6 +1,6 @@
 """The parts compose, from the public API, each on the first batch with no explicit split, on the
 packaged digits CNN and on a custom model (a ``features`` / ``classifier`` pair): the window with
-the given-model fallback at requests of 1 and 8, and the fallback with the approximate step and an
+the source-model fallback at requests of 1 and 8, and the fallback with the approximate step and an
 asynchronous annotator 16 batches late; the class path builds them without assigning anything."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from eatta.annotate.simulated import SimulatedAnnotator
 from eatta.bench.digits_model import packaged_digits_source
 from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.methods.eatta import EATTA
-from eatta.monitor.fallback import GivenModelFallback
+from eatta.monitor.fallback import SourceFallback
 from eatta.normalization import use_mixed_norm
 from eatta.selection.drawn import DisagreementDraw
 
@@ -71,13 +71,13 @@ def stream(samples: int, size: int, seed: int = 0) -> list[tuple[Tensor, Tensor]
 @pytest.mark.parametrize("size", [1, 8])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_eatta_safe_with_a_window_serves_small_requests(name: str, size: int) -> None:
-    """window=64: requests of 1 and 8 are served (by the given model while there is no
+    """window=64: requests of 1 and 8 are served (by the source model while there is no
     evidence: exactly its logits), a step every 64 samples, the fallback deciding at each."""
     model = MODELS[name]()
     given = copy.deepcopy(model)
     method = eatta.create("eatta-safe", model, oracle=eatta.GroundTruthOracle(), window=64)
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback) and method.window is not None
+    assert isinstance(fb, SourceFallback) and method.window is not None
     for x, y in stream(160, size):
         out = method(x, labels=y)
         assert out.shape == (x.shape[0], 10)
@@ -103,7 +103,7 @@ def test_eatta_safe_with_the_approximate_step_and_answers_16_batches_late(name: 
     model = MODELS[name]()
     method = safe_approx_async(model)
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback)
+    assert isinstance(fb, SourceFallback)
     first = {k: v.clone() for k, v in method.model.state_dict().items()}
     answered = []
     for x, y in stream(24 * 16, 16):
@@ -121,7 +121,7 @@ def test_every_part_together_at_any_request_size(name: str, size: int) -> None:
     64 samples: a window step every 16 samples, answers arriving 16 window steps late."""
     method = safe_approx_async(MODELS[name](), window=16)
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback) and method.window is not None
+    assert isinstance(fb, SourceFallback) and method.window is not None
     samples = 20 * 64 if size == 64 else 20 * 16
     for x, y in stream(samples, size):
         assert method(x, labels=y).shape == (size, 10)
@@ -137,13 +137,13 @@ def test_the_class_path_builds_eatta_safe_without_assigning_anything() -> None:
     use_mixed_norm(model, stats="ema", momentum=1.0)
     params = eatta.configure(model, "norm")
     draw = DisagreementDraw(explore=0.25)
-    fallback = GivenModelFallback(given, draw=draw)
+    fallback = SourceFallback(given, draw=draw)
     method = EATTA(
         model,
         torch.optim.SGD(params, lr=0.001),
         oracle=fallback.listen(eatta.GroundTruthOracle()),
         selector=draw,
-        history=None,
+        balance=None,
         debiaser=BoundedGradNormDebiaser(),
         window=64,
         fallback=fallback,
@@ -157,7 +157,7 @@ def test_the_class_path_builds_eatta_safe_without_assigning_anything() -> None:
 def test_a_fallback_not_wired_to_the_methods_requests_is_refused_before_anything() -> None:
     model = digits_model()
     draw = DisagreementDraw()
-    fallback = GivenModelFallback(copy.deepcopy(model), draw=draw)
+    fallback = SourceFallback(copy.deepcopy(model), draw=draw)
     params = eatta.configure(model, "norm")
     with pytest.raises(ValueError, match=r"fallback\.listen"):
         EATTA(
@@ -165,7 +165,7 @@ def test_a_fallback_not_wired_to_the_methods_requests_is_refused_before_anything
             torch.optim.SGD(params, lr=0.001),
             oracle=eatta.GroundTruthOracle(),  # not fallback.listen(...): it would never hear
             selector=draw,
-            history=None,
+            balance=None,
             fallback=fallback,
         )
     assert fallback.step == 0

@@ -56,8 +56,8 @@ MODULE_TESTS: dict[str, list[str]] = {
         "tests/debias/test_bounded.py",
         *_STEP_TESTS,
     ],
-    "history.py": [
-        "tests/test_history_properties.py",
+    "balance.py": [
+        "tests/test_balance_properties.py",
         "tests/selection/test_perturbation.py",
         *_STEP_TESTS,
     ],
@@ -260,7 +260,7 @@ def _score_module(
 
 
 def _parse_only(items: list[str], p: argparse.ArgumentParser) -> dict[str, set[int]]:
-    """``["history.py#22", ...]`` -> ``{"history.py": {22}}``; unknown modules are errors."""
+    """``["balance.py#22", ...]`` -> ``{"balance.py": {22}}``; unknown modules are errors."""
     out: dict[str, set[int]] = {}
     for item in items:
         module, sep, index = item.partition("#")
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=None,
         metavar="MODULE#INDEX",
-        help="run just these mutants (as the log names them), e.g. history.py#22",
+        help="run just these mutants (as the log names them), e.g. balance.py#22",
     )
     args = p.parse_args(argv)
     only = _parse_only(args.only, p) if args.only is not None else None

@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import GroundTruthOracle
+from eatta.balance import make_balance
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
-from eatta.history import make_history
 from eatta.methods.eatta import EATTA
 from eatta.noise import RecordedNoise
 from eatta.selection.perturbation import PerturbationSelector
@@ -164,7 +164,7 @@ def replay_trace(trace: dict[str, Any] | str | Path) -> ReplayReport:
         oracle=oracle,
         budget=int(cfg["labels_per_batch"]),
         selector=PerturbationSelector(noise=RecordedNoise([s["noise"] for s in steps])),
-        history=make_history(cfg.get("class_history", "reference")),
+        balance=make_balance(cfg.get("class_history", "reference")),
         debiaser=GradNormDebiaser(alpha=cfg["ema_alpha"]),
         entropy_margin=cfg["entropy_margin"],
         split=(_Features(model), model.fc),

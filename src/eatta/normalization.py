@@ -1,4 +1,4 @@
-"""One BatchNorm replacement that mixes the given model's statistics with test statistics.
+"""One BatchNorm replacement that mixes the source model's statistics with test statistics.
 
 :class:`MixedBatchNorm` keeps the running statistics of the layer it replaces (the *source*
 statistics) and normalizes with ``w · test + (1 − w) · source`` (mean and variance each), where
@@ -13,7 +13,7 @@ Two settings reproduce existing layers exactly, bit for bit:
 
 * ``stats="batch"``, weight 1: BatchNorm on the batch's statistics, what :func:`eatta.configure`
   sets up (TENT's normalization);
-* weight 0: the given layer in eval mode, on its running statistics (the given model's
+* weight 0: the given layer in eval mode, on its running statistics (the source model's
   behaviour).
 
 :func:`use_mixed_norm` swaps every BatchNorm of a model for one, in place; :func:`set_mix_weight`
@@ -82,8 +82,8 @@ class MixedBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     Args:
         num_features: channels.
-        source_mean: the given model's running mean.
-        source_var: the given model's running variance.
+        source_mean: the source model's running mean.
+        source_var: the source model's running variance.
         stats: ``"batch"`` (the statistics of the batch being normalized; gradients flow through
             them) or ``"ema"`` (an exponential moving average of batches' statistics).
         weight: the weight ``w`` on the test statistics, in [0, 1]; or
@@ -189,7 +189,7 @@ class MixedBatchNorm(nn.modules.batchnorm._BatchNorm):
             if bn.running_mean is None or bn.running_var is None:
                 raise ValueError(
                     "this BatchNorm has no running statistics (eatta.configure drops them): "
-                    "swap before configuring, or pass source= (a copy of the given model)"
+                    "swap before configuring, or pass source= (a copy of the source model)"
                 )
             source = (bn.running_mean, bn.running_var)
         ref = bn.weight if bn.weight is not None else source[0]
@@ -294,7 +294,7 @@ class MixedBatchNorm(nn.modules.batchnorm._BatchNorm):
         elif self.update:
             var, mean = torch.var_mean(x, dim=_dims(x), unbiased=False)
             mean, var = self._fold(mean, var)
-        elif int(self.test_batches) == 0:  # no test statistics yet: the given model's
+        elif int(self.test_batches) == 0:  # no test statistics yet: the source model's
             return self._with(x, self.source_mean, self.source_var)
         else:
             mean, var = self.test_mean, self.test_var
@@ -344,7 +344,7 @@ def use_mixed_norm(
     """Swap every BatchNorm of ``model`` for a :class:`MixedBatchNorm`, in place.
 
     The source statistics are each layer's running statistics, or those of the same-named layer
-    of ``source`` (a copy of the given model) when ``model`` was already configured by
+    of ``source`` (a copy of the source model) when ``model`` was already configured by
     :func:`eatta.configure` (which drops them). Affine parameters are shared, not copied, so an
     optimizer built before the swap keeps working. Layers that already are ``MixedBatchNorm`` are
     left as they are. Returns the qualified names of the swapped layers (empty for a model

@@ -12,7 +12,7 @@ updated parameters, are folded into the EMA.
 
 The window is a part of any method (``AdaptiveMethod(..., window=64)``): :meth:`SampleWindow.serve`
 serves a request between steps and, when one is due, asks the method for a step on the window
-(``method.adapt_on``) and for its decision (``method.decide``: a given-model fallback decides at
+(``method.adapt_on``) and for its decision (``method.decide``: a source-model fallback decides at
 each step of the window, and the method serves the requests between steps from whichever model
 the fallback serves).
 """

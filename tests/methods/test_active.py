@@ -50,7 +50,7 @@ def test_ask_is_one_path_for_both_kinds_of_annotator():
         oracle.set_labels(y)
         with torch.no_grad():
             z, o = m.features_and_logits(x)
-        ans = m.ask(x, z, o, 2, m.selector, m.history)
+        ans = m.ask(x, z, o, 2, m.selector, m.balance)
         got.append((ans.indices.tolist(), ans.targets.tolist(), ans.requested))
         m.charge(ans)
         assert m.labels_used == 2

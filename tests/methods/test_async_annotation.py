@@ -92,14 +92,14 @@ def full_state(m):
     }
 
 
-def run(m, xs, ys, history=False):
-    """Logits and late counts per step (and the class history after each step)."""
+def run(m, xs, ys, balance=False):
+    """Logits and late counts per step (and the class balance after each step)."""
     out, late, classes = [], [], []
     for x, y in zip(xs, ys, strict=True):
         out.append(m(x, labels=y))
         late.append(getattr(m.last_step, "late", None))
-        classes.append(list(m.history.classes) if history else None)
-    return (out, late, classes) if history else (out, late)
+        classes.append(list(m.balance.classes) if balance else None)
+    return (out, late, classes) if balance else (out, late)
 
 
 class Manual(QueuedAnnotator):
@@ -230,7 +230,7 @@ def make_async(ann, expiry, buffer):
         oracle=ann,
         budget=2,
         buffer=buffer,
-        history="last-k",
+        balance="last-k",
         label_expiry=expiry,
     )
 
@@ -265,13 +265,13 @@ def test_a_resumed_run_equals_the_uninterrupted_one(
         m(xs[t], labels=ys[t])
     saved = copy.deepcopy(m.state_dict())
     saved_ann = copy.deepcopy(ann.state_dict())
-    tail = run(m, xs[split:], ys[split:], history=True)
+    tail = run(m, xs[split:], ys[split:], balance=True)
 
     ann2 = annotator()
     m2 = make_async(ann2, expiry, buffer=4 if seed % 2 else None)
     m2.load_state_dict(saved)
     ann2.load_state_dict(saved_ann)
-    tail2 = run(m2, xs[split:], ys[split:], history=True)
+    tail2 = run(m2, xs[split:], ys[split:], balance=True)
 
     assert all(torch.equal(a, b) for a, b in zip(tail[0], tail2[0], strict=True))
     assert tail[1] == tail2[1] and tail[2] == tail2[2]
@@ -312,25 +312,25 @@ def test_late_counts_per_step_follow_the_delay_exactly(delay, budget):
 def test_a_late_label_reaches_the_class_history_when_it_arrives():
     xs, ys = stream(3, seed=5)
     ann = SimulatedAnnotator(delay=1)
-    m = build("eatta", ann, budget=1, history="last-k")
+    m = build("eatta", ann, budget=1, balance="last-k")
     m(xs[0], labels=ys[0])
     (r1,) = m._asking.pending.state_dict()["requests"]
-    assert m.history.classes == [] and m.last_step.class_history == []
+    assert m.balance.classes == [] and m.last_step.class_history == []
     m(xs[1], labels=ys[1])
     assert m.last_step.late == 1
-    assert m.history.classes == [int(ys[0][r1["index"]])]
-    assert m.last_step.class_history == m.history.classes
+    assert m.balance.classes == [int(ys[0][r1["index"]])]
+    assert m.last_step.class_history == m.balance.classes
 
 
 def test_late_label_value_in_the_history_is_the_answer():
     xs, ys = stream(2, seed=6)
     ann = Manual()
-    m = build("eatta", ann, budget=1, history="last-k")
+    m = build("eatta", ann, budget=1, balance="last-k")
     m(xs[0], labels=ys[0])
     (r,) = ann.requests
     ann.answer(r.id, (r.prediction + 2) % C)
     m(xs[1], labels=ys[1])
-    assert m.history.classes == [(r.prediction + 2) % C] and m.last_step.late == 1
+    assert m.balance.classes == [(r.prediction + 2) % C] and m.last_step.late == 1
 
 
 @pytest.mark.parametrize("expiry", [0, 1, 3])
@@ -502,7 +502,7 @@ def test_answers_collected_by_a_failed_step_are_applied_by_the_next(monkeypatch)
     assert m.last_step.late == 1 and m.annotation_stats["received"] == 1
     assert torch.equal(out, twin(xs[1]))
     assert differences(model_state(m), model_state(twin)) == []
-    assert m.history.classes == twin.history.classes
+    assert m.balance.classes == twin.balance.classes
     assert m.method_state()["pending"]["carried"] == []
 
 
@@ -531,16 +531,16 @@ def test_carried_answers_survive_a_second_failure_before_collecting(monkeypatch)
 def test_carried_answers_are_saved_and_dropped_by_reset(monkeypatch):
     xs, _ = stream(2, seed=33)
     ann = Manual()
-    m = build("eatta", ann, budget=1, history="last-k")
+    m = build("eatta", ann, budget=1, balance="last-k")
     m(xs[0])
     ann.answer(ann.requests[0].id, 4)
     fail_once_after_collect(monkeypatch)
     with pytest.raises(RuntimeError, match="boom"):
         m(xs[1])
-    resumed = build("eatta", Manual(), budget=1, history="last-k")
+    resumed = build("eatta", Manual(), budget=1, balance="last-k")
     resumed.load_state_dict(copy.deepcopy(m.state_dict()))
     resumed(xs[1])
-    assert resumed.last_step.late == 1 and resumed.history.classes == [4]
+    assert resumed.last_step.late == 1 and resumed.balance.classes == [4]
     m.reset()
     assert m.method_state()["pending"]["carried"] == []
     m(xs[1])
@@ -748,7 +748,7 @@ def test_an_oracle_that_is_neither_is_refused():
 def test_a_negative_expiry_is_refused():
     with pytest.raises(ValueError, match="label_expiry"):
         build("eatta", SimulatedAnnotator(), label_expiry=-1)
-    with pytest.raises(ValueError, match="max_age must be an integer >= 0"):
+    with pytest.raises(ValueError, match="label_expiry must be an integer >= 0"):
         model = confident_cnn()
         EATTA(
             model,
@@ -787,7 +787,7 @@ def test_a_state_of_another_method_is_refused_naming_both_and_changes_nothing():
     with pytest.raises(
         ValueError,
         match=r"saved by Tent \(no state parts\) and cannot be loaded "
-        r"into EATTA \(budget=Budget, .*nothing was changed",
+        r"into EATTA \(balance=ReferenceBalance, budget=Budget, .*nothing was changed",
     ):
         m.load_state_dict(tent.state_dict())
     assert differences(before, full_state(m)) == []
@@ -802,7 +802,7 @@ def test_states_of_other_configurations_are_refused():
     with pytest.raises(
         ValueError,
         match="buffer=LabelBuffer.*cannot be loaded into EATTA "
-        r"\(budget=Budget, debiaser",
+        r"\(balance=ReferenceBalance, budget=Budget, debiaser",
     ):
         plain.load_state_dict(with_buffer.state_dict())
     assert differences(before, full_state(plain)) == []
@@ -934,7 +934,7 @@ def test_a_model_oracle_answers_asynchronously_with_its_argmax():
     oracle = ModelOracle(teacher)
     with oracle.asynchronous(delay_s=0.2) as ann:
         assert isinstance(ann, ThreadedAnnotator) and ann.feedback == "label"
-        m = build("eatta", ann, budget=2, history="last-k")
+        m = build("eatta", ann, budget=2, balance="last-k")
         m(xs[0])
         requests = list(m._asking.pending.state_dict()["requests"])
         assert ann.wait(timeout=10)
@@ -942,7 +942,7 @@ def test_a_model_oracle_answers_asynchronously_with_its_argmax():
         with torch.no_grad():
             want = [int(teacher(r["sample"].unsqueeze(0)).argmax()) for r in requests]
         assert m.last_step.late == 2
-        assert m.history.classes == want
+        assert m.balance.classes == want
 
 
 # -- SimATTA and CEMA: where a late label goes ------------------------------------------------
@@ -1015,4 +1015,4 @@ def test_label_expiry_with_a_synchronous_oracle_is_an_error_naming_it():
     # the default is fine with either kind, and a non-default one with an asynchronous annotator
     eatta.create("eatta", confident_cnn(), oracle=eatta.GroundTruthOracle())
     m = eatta.create("eatta", confident_cnn(), oracle=SimulatedAnnotator(), label_expiry=8)
-    assert m._asking is not None and m._asking.pending.max_age == 8
+    assert m._asking is not None and m._asking.pending.label_expiry == 8

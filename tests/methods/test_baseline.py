@@ -14,7 +14,7 @@ from _active_method_checks import (
 
 import eatta
 from conftest import confident_cnn
-from eatta.history import NoClassBalance
+from eatta.balance import NoClassBalance
 from eatta.methods.baseline import Baseline
 from eatta.methods.registry import create
 from eatta.selection import RandomSelector
@@ -33,7 +33,7 @@ def make(oracle, budget=1, lr=0.05, seed=0, **kw):
 def test_components_are_random_no_balance_unit_weights():
     m = make(Answers())
     assert isinstance(m.selector, RandomSelector)
-    assert isinstance(m.history, NoClassBalance)
+    assert isinstance(m.balance, NoClassBalance)
     assert m.debiaser.normalize is False
 
 

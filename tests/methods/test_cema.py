@@ -64,7 +64,7 @@ def test_thresholds_follow_the_running_mean_entropy(factor):
 
 def test_threshold_decreases_as_the_stream_gets_confident():
     sel = DynamicMarginSelector(0.4, 0.02, 1.0)
-    from eatta.history import NoClassBalance
+    from eatta.balance import NoClassBalance
     from eatta.selection.base import SelectionContext
 
     highs = []

@@ -114,7 +114,7 @@ def test_no_label_step_applies_the_confident_entropy_gradient_with_weight_one(ba
     assert m.labels_used == 0 and rec.loss_sup is None and rec.weights is None
     assert torch.equal(rec.loss, rec.loss_unsup) and int(rec.num_unsup) == int(confident.sum())
     assert m.debiaser.current is None  # EMA untouched
-    assert m.history.classes == [] and m.budget.batches_seen == 1
+    assert m.balance.classes == [] and m.budget.batches_seen == 1
 
 
 def test_per_sample_abstention_counts_only_answered(batch):
@@ -198,7 +198,7 @@ def test_ema_weights_follow_the_exact_recursion(make_image_batches):
 
 def test_ablation_without_gnd_applies_the_plain_sum(batch):
     x, y = batch
-    m = make(debiaser=GradNormDebiaser(normalize=False), selector=None, history=None)
+    m = make(debiaser=GradNormDebiaser(normalize=False), selector=None, balance=None)
     names = trained_names(m)
     ref = copy.deepcopy(m.model)
     m(x, labels=y)
@@ -512,12 +512,12 @@ def test_labels_keyword_is_checked_before_anything_changes(batch):
 
 def test_last_k_history_records_the_annotated_classes(batch):
     x, _ = batch
-    m = make(history="last-k")
+    m = make(balance="last-k")
     pl = m.model(x).argmax(1)
     wrong = (pl + 1) % 5  # an annotator who always disagrees with the model
     m(x, labels=wrong)
     (i,) = m.last_step.selected.tolist()
-    assert m.history.classes == [int(wrong[i])] != [int(pl[i])]
+    assert m.balance.classes == [int(wrong[i])] != [int(pl[i])]
 
 
 # -- reset and state -------------------------------------------------------------------------

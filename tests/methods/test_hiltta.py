@@ -256,7 +256,7 @@ class EtaReference(Reference):
 @pytest.mark.parametrize(
     ("budget", "lrs", "steps", "learnable", "stats"),
     [
-        (2, (1e-1, 1e-3, 5e-2), 20, True, "batch"),  # labels the given model agrees with
+        (2, (1e-1, 1e-3, 5e-2), 20, True, "batch"),  # labels the source model agrees with
         (2, (1e-1, 1e-3, 5e-2), 20, True, "running"),
         (2, (1e-3, 5e-3, 2e-2), 20, False, "batch"),
         (3, LR_GRID, 6, False, "batch"),

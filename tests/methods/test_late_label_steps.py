@@ -84,7 +84,7 @@ def test_without_labels_the_step_takes_etas_filtered_entropy() -> None:
 
 def test_no_fallback_keeps_the_plain_entropy_term() -> None:
     xs, ys = _stream(1)
-    m = _build(SimulatedAnnotator(delay="never"), late_fallback="none")
+    m = _build(SimulatedAnnotator(delay="never"), late_entropy_filter="none")
     with torch.no_grad():
         h = entropy(m.model(xs[0]))
     m(xs[0], labels=ys[0])

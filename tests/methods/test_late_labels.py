@@ -42,17 +42,17 @@ def test_drift_weight_is_one_while_the_stream_stays_put_and_falls_after_a_shift(
     assert late.weights([0], now=8)[0] == 0.0  # nothing recorded for that step
 
 
-def test_drift_keeps_at_most_max_age_steps() -> None:
-    late = LateLabels("drift", max_age=3)
+def test_drift_keeps_at_most_label_expiry_steps() -> None:
+    late = LateLabels("drift", label_expiry=3)
     for step in range(10):
         late.observe(step, torch.randn(2, 5))
     assert list(late._means) == [6, 7, 8, 9]
 
 
 def test_fallback_is_etas_filtered_weighted_entropy() -> None:
-    late = LateLabels("drift", fallback="eta", d_margin=0.5, anchor=0.5)
-    assert late.falls_back(0.2) and not late.falls_back(0.5)
-    assert not LateLabels(fallback="none").falls_back(0.0)
+    late = LateLabels("drift", entropy_filter="eta", d_margin=0.5, anchor=0.5)
+    assert late.filters(0.2) and not late.filters(0.5)
+    assert not LateLabels(entropy_filter="none").filters(0.0)
     h = torch.tensor([0.1, 0.2, 0.3, 2.0])
     probs = torch.tensor([[0.9, 0.1], [0.1, 0.9], [0.8, 0.2], [0.5, 0.5]])
     mask = h < 1.0
@@ -69,7 +69,7 @@ def test_fallback_is_etas_filtered_weighted_entropy() -> None:
 
 
 def test_state_round_trip_and_reset() -> None:
-    a = LateLabels("drift", fallback="eta")
+    a = LateLabels("drift", entropy_filter="eta")
     for step in range(4):
         a.observe(step, torch.randn(3, 4))
     a.entropy(
@@ -78,7 +78,7 @@ def test_state_round_trip_and_reset() -> None:
         torch.ones(2, dtype=torch.bool),
         1.0,
     )
-    b = LateLabels("drift", fallback="eta")
+    b = LateLabels("drift", entropy_filter="eta")
     b.load_state_dict(a.state_dict())
     assert torch.equal(a.weights([1, 2], 3), b.weights([1, 2], 3))
     token = a.snapshot()
@@ -93,10 +93,10 @@ def test_state_round_trip_and_reset() -> None:
     ("kwargs", "match"),
     [
         ({"weighting": "recent"}, "unknown late-label weighting 'recent'"),
-        ({"fallback": "reset"}, "unknown fallback 'reset'"),
+        ({"entropy_filter": "reset"}, "unknown entropy filter 'reset'"),
         ({"half_life": 0}, "half_life"),
         ({"drift_scale": -1.0}, "drift_scale"),
-        ({"max_age": -1}, "max_age"),
+        ({"label_expiry": -1}, "label_expiry"),
     ],
 )
 def test_bad_options_are_errors(kwargs: dict[str, object], match: str) -> None:

@@ -11,7 +11,7 @@ from _active_method_checks import (
 
 import eatta
 from conftest import confident_cnn
-from eatta.history import NoClassBalance
+from eatta.balance import NoClassBalance
 from eatta.methods.registry import create
 from eatta.methods.simatta import SimATTA
 from eatta.selection.base import SelectionContext

@@ -253,7 +253,7 @@ def test_refresh_updates_the_served_statistics_between_steps() -> None:
         eatta.create("tent", tiny_cnn(), window=16, window_refresh=0)
 
 
-def test_the_given_model_fallback_decides_at_the_windows_steps_and_serves_between() -> None:
+def test_the_source_model_fallback_decides_at_the_windows_steps_and_serves_between() -> None:
     """eatta-safe with a window: requests under the window are served by the model the fallback
     serves (the given one before any evidence), and the fallback takes one step per window step
     (every 8 samples), not one per request."""
@@ -262,7 +262,7 @@ def test_the_given_model_fallback_decides_at_the_windows_steps_and_serves_betwee
     assert fallback is not None
     for i, (x, y) in enumerate(_requests([2] * 8)):
         out = method(x, labels=y)
-        torch.testing.assert_close(out, fallback.given_logits(x), rtol=0, atol=0)
+        torch.testing.assert_close(out, fallback.source_logits(x), rtol=0, atol=0)
         assert fallback.step == (i + 1) // 4  # a step every 4 requests of 2
     assert method.window is not None and method.window.steps == 2
 

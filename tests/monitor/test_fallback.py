@@ -1,5 +1,5 @@
-"""The given-model fallback: what is served, when it switches and resets, that it measures with
-the method's own answers (no extra label), the given model kept as given, state, bad input."""
+"""The source-model fallback: what is served, when it switches and resets, that it measures with
+the method's own answers (no extra label), the source model kept as given, state, bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from eatta.annotate.oracle import GroundTruthOracle, OracleError
 from eatta.annotate.requests import Answer
 from eatta.methods.base import AdaptiveMethod
 from eatta.monitor.betting import drift_answers
-from eatta.monitor.fallback import GivenModelFallback
+from eatta.monitor.fallback import SourceFallback
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -75,7 +75,7 @@ class CountingOracle(GroundTruthOracle):
 
 def guarded(adapted: list[int], given: list[int], **kw):  # type: ignore[no-untyped-def]
     auditor = CountingOracle()
-    fallback = GivenModelFallback(linear(given), auditor=auditor, **kw)
+    fallback = SourceFallback(linear(given), auditor=auditor, **kw)
     method = Fixed(linear(adapted), fallback=fallback)
     return method, auditor
 
@@ -85,16 +85,16 @@ def served_by(method: Fixed, x: torch.Tensor, out: torch.Tensor) -> str:
     assert fb is not None
     if torch.equal(out, method.model(x)):
         return "adapted"
-    assert torch.equal(out, fb.given_logits(x))
-    return "given"
+    assert torch.equal(out, fb.source_logits(x))
+    return "source"
 
 
-def test_starts_on_the_given_model_and_switches_once_the_adapted_one_is_shown_better():
+def test_starts_on_the_source_model_and_switches_once_the_adapted_one_is_shown_better():
     """The switch comes at the first answer whose bettor's wealth reaches 1 / level = 20, and
     from the next batch on the adapted model is served."""
     method, auditor = guarded(RIGHT, HALF_WRONG)
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback)
+    assert isinstance(fb, SourceFallback)
     served, up = [], []
     for x, y in batches(30):
         served.append(served_by(method, x, method(x, labels=y)))
@@ -102,7 +102,7 @@ def test_starts_on_the_given_model_and_switches_once_the_adapted_one_is_shown_be
     (switch,) = fb.events
     assert switch.kind == "serve adapted" and switch.up >= 20.0 > switch.down
     first = switch.step  # the batch whose answer decided (1-based)
-    assert served[:first] == ["given"] * first
+    assert served[:first] == ["source"] * first
     assert served[first:] == ["adapted"] * (30 - first)
     assert all(u < 20.0 for u in up[: first - 1])  # no earlier answer reached the threshold
     assert method.resets == 0
@@ -115,7 +115,7 @@ def test_a_worse_adapted_model_is_never_served_and_is_reset():
     fb = method.fallback
     assert fb is not None
     for x, y in batches(40):
-        assert served_by(method, x, method(x, labels=y)) == "given"
+        assert served_by(method, x, method(x, labels=y)) == "source"
     events = fb.events  # type: ignore[attr-defined]
     assert events and all(e.kind == "reset: worse than given" for e in events)
     assert all(e.down >= 20.0 for e in events)
@@ -129,7 +129,7 @@ def test_the_estimate_is_the_paired_difference_by_hand():
     x, y = batches(1, size=12)[0]
     method(x, labels=y)
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback)
+    assert isinstance(fb, SourceFallback)
     assert fb.test.answers == 1
     value = fb.test.total
     assert value in (0.0, 1.0)  # adapted right always; given wrong on classes 3-5
@@ -142,32 +142,32 @@ def test_measure_only_never_switches():
     for x, y in batches(20):
         assert torch.equal(method(x, labels=y), method.model(x))
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback)
+    assert isinstance(fb, SourceFallback)
     assert fb.events == [] and method.resets == 0
     assert fb.evidence()[1] < 0  # but it measured
 
 
-DRIFTED = [1, 2, 0, 4, 5, 3]  # misreads 0-2 (the given model reads them right), 3-5 as it does
+DRIFTED = [1, 2, 0, 4, 5, 3]  # misreads 0-2 (the source model reads them right), 3-5 as it does
 
 
 def test_a_model_that_drifts_after_it_was_trusted_is_caught_within_the_stated_answers():
-    """Trusted for 300 answers, then wrong wherever the two differ (the given model right
-    there): the given model is served again within drift_answers(window, level) answers (22 at
+    """Trusted for 300 answers, then wrong wherever the two differ (the source model right
+    there): the source model is served again within drift_answers(window, level) answers (22 at
     the defaults), whatever the length of the trust."""
     method, _ = guarded(RIGHT, HALF_WRONG, explore=0.01)
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback)
+    assert isinstance(fb, SourceFallback)
     data = batches(340, seed=3)
     for x, y in data[:300]:
         method(x, labels=y)
     assert fb.serving == "adapted" and [e.kind for e in fb.events] == ["serve adapted"]
     method.model.load_state_dict(linear(DRIFTED).state_dict())
-    bound = drift_answers(fb.window, fb.level)
+    bound = drift_answers(fb.recent, fb.level)
     assert bound == 22
     caught = None
     for i, (x, y) in enumerate(data[300:], start=1):
         method(x, labels=y)
-        if fb.serving == "given":
+        if fb.serving == "source":
             caught = i
             break
     assert caught is not None and caught <= bound
@@ -179,7 +179,7 @@ def test_a_model_that_drifts_after_it_was_trusted_is_caught_within_the_stated_an
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        ({"window": 0}, "at least 1 answer"),
+        ({"recent": 0}, "at least 1 answer"),
         ({"level": 0.0}, "fallback level"),
         ({"level": 1.0}, "fallback level"),
         ({"level": 1.5}, "fallback level"),
@@ -190,12 +190,12 @@ def test_a_model_that_drifts_after_it_was_trusted_is_caught_within_the_stated_an
 )
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
-        GivenModelFallback(linear(RIGHT), auditor=GroundTruthOracle(), **kw)
+        SourceFallback(linear(RIGHT), auditor=GroundTruthOracle(), **kw)
 
 
-def test_a_given_model_of_other_classes_is_refused_when_attached():
+def test_a_source_model_of_other_classes_is_refused_when_attached():
     other = nn.Linear(C, C + 1)
-    fb = GivenModelFallback(other, auditor=GroundTruthOracle())
+    fb = SourceFallback(other, auditor=GroundTruthOracle())
     with pytest.raises(ValueError, match="7 classes"):
         Fixed(linear(RIGHT), fallback=fb)
     method = Fixed(linear(RIGHT))
@@ -208,7 +208,7 @@ def test_labels_outside_the_given_models_classes_are_refused_before_any_change()
     method, auditor = guarded(RIGHT, HALF_WRONG)
     x, y = batches(1)[0]
     before = copy.deepcopy(method.fallback.state_dict())  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="outside the given model's 6 classes"):
+    with pytest.raises(ValueError, match="outside the source model's 6 classes"):
         method(x, labels=torch.where(y == 0, torch.full_like(y, C), y))
     assert nested_equal(method.fallback.state_dict(), before)  # type: ignore[union-attr]
     assert auditor.asked == [] and auditor.batch_labels is None
@@ -230,7 +230,7 @@ class StrayAuditor:
 
 
 def test_an_audit_answer_for_a_sample_never_asked_about_is_an_error():
-    fb = GivenModelFallback(linear(HALF_WRONG), auditor=StrayAuditor())
+    fb = SourceFallback(linear(HALF_WRONG), auditor=StrayAuditor())
     method = Fixed(linear(RIGHT), fallback=fb)
     x, _ = batches(1)[0]
     with pytest.raises(OracleError, match="never asked"):
@@ -242,7 +242,7 @@ def test_draw_and_auditor_together_are_refused():
     from eatta.selection.drawn import DisagreementDraw
 
     with pytest.raises(ValueError, match="not both"):
-        GivenModelFallback(linear(RIGHT), draw=DisagreementDraw(), auditor=GroundTruthOracle())
+        SourceFallback(linear(RIGHT), draw=DisagreementDraw(), auditor=GroundTruthOracle())
 
 
 @pytest.mark.parametrize("kw", [{"audits": 2}, {"explore": 0.5}])
@@ -251,7 +251,7 @@ def test_audit_settings_with_the_methods_own_draw_are_refused(kw):
     from eatta.selection.drawn import DisagreementDraw
 
     with pytest.raises(ValueError, match="audits= and explore="):
-        GivenModelFallback(linear(RIGHT), draw=DisagreementDraw(), **kw)
+        SourceFallback(linear(RIGHT), draw=DisagreementDraw(), **kw)
 
 
 # -- eatta-safe: the registered method ---------------------------------------------------------
@@ -275,18 +275,18 @@ def trained_cnn() -> nn.Module:
     return model.eval()
 
 
-def test_eatta_safe_keeps_the_given_model_and_serves_it_first():
+def test_eatta_safe_keeps_the_source_model_and_serves_it_first():
     model = trained_cnn()
     given = copy.deepcopy(model)
     oracle = CountingOracle()
     method = eatta.create("eatta-safe", model, oracle=oracle, lr=0.05)
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback)
+    assert isinstance(fb, SourceFallback)
     assert nested_equal(fb.given.state_dict(), given.state_dict())  # running statistics kept
     assert model[1].running_mean is None  # the adapted copy normalizes with the batch
     x, y = cnn_stream(1)[0]
     out = method(x, labels=y)
-    assert torch.equal(out, given(x))  # served: the given model, batch-free
+    assert torch.equal(out, given(x))  # served: the source model, batch-free
     assert oracle.asked == [1] and method.labels_used == 1  # measuring took no extra label
 
 
@@ -319,29 +319,29 @@ def test_eatta_safe_reset_clears_the_fallback():
     assert method.fallback.stats()["answers"] == 3  # type: ignore[union-attr]
     method.reset()
     assert method.fallback.stats()["answers"] == 0  # type: ignore[union-attr]
-    assert method.fallback.serving == "given"  # type: ignore[union-attr]
+    assert method.fallback.serving == "source"  # type: ignore[union-attr]
 
 
 def test_eatta_safe_refuses_a_class_history_before_touching_the_model():
     model = trained_cnn()
     before = copy.deepcopy(model.state_dict())
-    with pytest.raises(ValueError, match="history"):
-        eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), history="reference")
+    with pytest.raises(ValueError, match="balance"):
+        eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), balance="reference")
     assert nested_equal(model.state_dict(), before)
-    with pytest.raises(ValueError, match="fallback_window"):
-        eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), fallback_window=0)
+    with pytest.raises(ValueError, match="fallback_recent"):
+        eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), fallback_recent=0)
     with pytest.raises(ValueError, match="fallback level"):
         eatta.create("eatta-safe", model, oracle=GroundTruthOracle(), fallback_level=1.0)
     assert nested_equal(model.state_dict(), before)
 
 
-def test_without_answers_a_collapsed_given_model_gives_way_to_the_adapted_one():
+def test_without_answers_a_collapsed_source_model_gives_way_to_the_adapted_one():
     """No answer ever comes: the label-free collapse test alone decides what is served."""
-    collapsed = [0] * C  # the given model puts every sample in class 0
+    collapsed = [0] * C  # the source model puts every sample in class 0
     method = Fixed(linear(RIGHT))
-    method.fallback = GivenModelFallback(linear(collapsed), auditor=lambda x, i: None, start="auto")
+    method.fallback = SourceFallback(linear(collapsed), auditor=lambda x, i: None, start="auto")
     data = batches(6)
-    out = method(*data[0][:1])  # the first batch: no history yet, the given model is served
+    out = method(*data[0][:1])  # the first batch: no history yet, the source model is served
     assert torch.equal(out, method.fallback.given(data[0][0]))  # type: ignore[union-attr]
     ratio_before = method.fallback.collapse_ratio()  # type: ignore[union-attr]
     assert ratio_before == 0.0  # entropy 0 against the adapted model's spread
@@ -351,11 +351,11 @@ def test_without_answers_a_collapsed_given_model_gives_way_to_the_adapted_one():
     assert method.fallback.prior_switches == 1  # type: ignore[union-attr]
 
 
-def test_without_answers_a_working_given_model_is_kept():
+def test_without_answers_a_working_source_model_is_kept():
     """Spread predictions, and the two differ on one class of six (about 17 % of the samples,
     under the threshold, here 0.4)."""
     method = Fixed(linear([0, 1, 2, 3, 4, 0]))
-    method.fallback = GivenModelFallback(
+    method.fallback = SourceFallback(
         linear(RIGHT), auditor=lambda x, i: None, prior_disagreement=0.4, start="auto"
     )
     for x, _ in batches(6):
@@ -365,12 +365,10 @@ def test_without_answers_a_working_given_model_is_kept():
 
 
 def test_without_answers_models_far_apart_serve_the_adapted_one():
-    """Neither collapsed, but they disagree on half the samples: the given model's statistics
+    """Neither collapsed, but they disagree on half the samples: the source model's statistics
     no longer fit, the adapted model is served."""
     method = Fixed(linear(RIGHT))
-    method.fallback = GivenModelFallback(
-        linear(HALF_WRONG), auditor=lambda x, i: None, start="auto"
-    )
+    method.fallback = SourceFallback(linear(HALF_WRONG), auditor=lambda x, i: None, start="auto")
     data = batches(6)
     method(data[0][0])
     assert method.fallback.disagreement_rate() > 0.3  # type: ignore[union-attr]
@@ -380,14 +378,14 @@ def test_without_answers_models_far_apart_serve_the_adapted_one():
 
 def test_start_given_waits_for_evidence_whatever_the_collapse():
     method = Fixed(linear(RIGHT))
-    method.fallback = GivenModelFallback(linear([0] * C), auditor=lambda x, i: None, start="given")
+    method.fallback = SourceFallback(linear([0] * C), auditor=lambda x, i: None, start="source")
     for x, _ in batches(5):
         assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
 
 
 def test_collapse_ratio_by_hand():
-    fb = GivenModelFallback(linear(RIGHT), auditor=GroundTruthOracle())
-    fb._given_pred = torch.tensor([0, 0, 1, 1])  # type: ignore[attr-defined]
+    fb = SourceFallback(linear(RIGHT), auditor=GroundTruthOracle())
+    fb._source_pred = torch.tensor([0, 0, 1, 1])  # type: ignore[attr-defined]
     fb._record_marginals(torch.tensor([0, 1, 2, 3]))  # type: ignore[attr-defined]
     want = (2 * -(0.5 * torch.log(torch.tensor(0.5)))) / (
         4 * -(0.25 * torch.log(torch.tensor(0.25)))
@@ -395,11 +393,11 @@ def test_collapse_ratio_by_hand():
     assert fb.collapse_ratio() == pytest.approx(float(want), rel=1e-12)  # ln 2 / ln 4 = 0.5
 
 
-def test_without_answers_the_given_model_serves_by_default():
-    """No answer, no evidence: the default start serves the given model, even where the
+def test_without_answers_the_source_model_serves_by_default():
+    """No answer, no evidence: the default start serves the source model, even where the
     unvalidated label-free signs would serve the adapted one."""
     method = Fixed(linear(RIGHT))
-    method.fallback = GivenModelFallback(linear([0] * C), auditor=lambda x, i: None)
+    method.fallback = SourceFallback(linear([0] * C), auditor=lambda x, i: None)
     for x, _ in batches(5):
         assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
     assert method.fallback.prior_choice() == "adapted"  # type: ignore[union-attr]
@@ -414,12 +412,12 @@ def test_undecided_evidence_keeps_what_is_served_whatever_the_label_free_signs_s
     for x, y in data[:30]:
         method(x, labels=y)
     fb = method.fallback
-    assert isinstance(fb, GivenModelFallback)
-    assert fb.serving == "given" and fb.events  # the adapted one was shown worse
+    assert isinstance(fb, SourceFallback)
+    assert fb.serving == "source" and fb.events  # the adapted one was shown worse
     fb.given.load_state_dict(linear([0, 1, 2, 5, 3, 4]).state_dict())
     answers, total = fb.test.answers, fb.test.total
     for x, y in data[30:]:  # now both err on classes 3-5, differently: every estimate is 0
         method(x, labels=y)
     assert fb.prior_choice() == "adapted"
     assert fb.test.answers == answers + 30 and fb.test.total == total
-    assert fb.serving == "given"
+    assert fb.serving == "source"

@@ -40,7 +40,7 @@ def test_the_radius_is_the_tighter_bound_by_hand():
 
 
 def test_a_block_worse_than_the_source_resets_with_its_evidence():
-    g = Guard("source", level=0.1, window=50)
+    g = Guard("source", level=0.1, block=50)
     # block 1: the adapted model always wrong, the source always right: gain -1
     events = feed(g, [(0, 1)] * 50)
     assert len(events) == 1
@@ -54,7 +54,7 @@ def test_a_block_worse_than_the_source_resets_with_its_evidence():
 
 
 def test_a_gain_whose_interval_reaches_zero_does_not_reset():
-    g = Guard("source", level=0.05, window=100)
+    g = Guard("source", level=0.05, block=100)
     # gain -0.2 over 100 audits: radius > 0.2 at alpha/2 -> the upper bound is above 0
     pairs = [(0, 1)] * 20 + [(1, 1)] * 80
     assert feed(g, pairs) == []
@@ -62,7 +62,7 @@ def test_a_gain_whose_interval_reaches_zero_does_not_reset():
 
 
 def test_drift_compares_with_the_best_earlier_block_since_the_reset():
-    g = Guard("drift", level=0.05, window=200)
+    g = Guard("drift", level=0.05, block=200)
     good = [(1, 0)] * 180 + [(1, 1)] * 20  # gain 0.9
     fair = [(1, 0)] * 100 + [(1, 1)] * 100  # gain 0.5
     bad = [(1, 1)] * 200  # gain 0
@@ -88,7 +88,7 @@ def test_no_false_resets_beyond_the_level_when_nothing_degrades():
     level, streams = 0.1, 200
     reset_streams = 0
     for _ in range(streams):
-        g = Guard("paired", level=level, window=40)
+        g = Guard("paired", level=level, block=40)
         pairs = []
         for _ in range(30 * 40):
             a = int(rng.random() < 0.7)
@@ -114,8 +114,8 @@ def test_the_state_round_trips_and_continues_identically():
         ({"policy": "sometimes"}, ValueError, "unknown guard policy"),
         ({"level": 0.0}, ValueError, r"\(0, 1\)"),
         ({"level": 1.0}, ValueError, r"\(0, 1\)"),
-        ({"window": 1}, ValueError, "window"),
-        ({"window": 2.5}, ValueError, "window"),
+        ({"block": 1}, ValueError, "block"),
+        ({"block": 2.5}, ValueError, "block"),
     ],
 )
 def test_bad_guard_input_is_refused(kwargs, error, match):

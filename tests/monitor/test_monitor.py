@@ -119,7 +119,7 @@ def test_yes_no_answers_score_the_adapted_model_and_bound_the_source():
 def test_refused_answers_change_neither_the_monitor_nor_the_method():
     method = tent()
     ann = SimulatedAnnotator(delay=2, seed=0)
-    monitor = attach(method, ann, source=source_model(), share=0.5, max_age=1)
+    monitor = attach(method, ann, source=source_model(), share=0.5, label_expiry=1)
     data = stream(4)
     for x, y in data[:2]:
         method(x, labels=y)
@@ -133,7 +133,7 @@ def test_refused_answers_change_neither_the_monitor_nor_the_method():
     after_m["counts"]["refused"] -= 2
     assert differences(before_m, after_m) == []
     assert differences(before, exact_state(method)) == []
-    # max_age 1 < delay 2: every audit expires, none is scored
+    # label_expiry 1 < delay 2: every audit expires, none is scored
     for x, y in data[2:]:
         method(x, labels=y)
     assert monitor.estimate().audits == 0 and monitor.stats()["expired"] > 0
@@ -156,7 +156,7 @@ def test_the_guard_resets_the_method_and_logs_the_evidence_keeping_the_monitor()
     method = tent()
     src = source_model(seed=7)
     auditor = AgreesWithSource(method, src)
-    guard = Guard("source", level=0.1, window=16)
+    guard = Guard("source", level=0.1, block=16)
     monitor = attach(method, auditor, source=src, share=1.0, guard=guard)
     initial = exact_state(method)
     seen = []

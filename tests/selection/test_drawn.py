@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eatta.history import NoClassBalance, ReferenceClassHistory
+from eatta.balance import NoClassBalance, ReferenceBalance
 from eatta.selection.base import ScoreSelector, SelectionContext
 from eatta.selection.drawn import DisagreementDraw, check_explore, inclusion_probabilities
 
@@ -114,8 +114,8 @@ def test_bad_explore_is_refused(bad):
 def test_a_class_history_is_refused_before_anything_is_drawn():
     draw = DisagreementDraw(FixedScores(torch.ones(3)), seed=0)
     state = draw.state_dict()
-    with pytest.raises(TypeError, match="history=None"):
-        draw.select(context([0, 1, 2]), 1, ReferenceClassHistory())
+    with pytest.raises(TypeError, match="balance=None"):
+        draw.select(context([0, 1, 2]), 1, ReferenceBalance())
     assert torch.equal(draw.state_dict()["generator"], state["generator"])
 
 

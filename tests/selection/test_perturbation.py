@@ -28,12 +28,12 @@ def test_eatta_labels_the_max_diff_sample_the_class_rule_allows(seed, rule, k):
         torch.optim.SGD(eatta.configure(model), lr=0.01),
         oracle=oracle,
         budget=k,
-        history=rule,
+        balance=rule,
         selector=PerturbationSelector(seed=seed),
     )
     g = torch.Generator().manual_seed(seed)
     for _ in range(3):
-        recent = set(m.history.classes)
+        recent = set(m.balance.classes)
         oracle.set_labels(torch.randint(0, 5, (10,), generator=g))
         m(torch.randn(10, 3, 8, 8, generator=g))
         rec = m.last_step

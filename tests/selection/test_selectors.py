@@ -13,7 +13,7 @@ from torch import nn
 
 import eatta
 from conftest import confident_cnn, nested_equal
-from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
+from eatta.balance import LastKClasses, NoClassBalance, ReferenceBalance
 from eatta.methods.registry import create
 from eatta.selection import (
     SELECTORS,
@@ -60,8 +60,8 @@ def ctx_from_logits(logits, features=None, inputs=None, head=None, backbone=None
     return SelectionContext(inputs, features, logits, head, backbone)
 
 
-def pick(selector, ctx, k, history=None):
-    return selector.select(ctx, k, history or NoClassBalance()).indices.tolist()
+def pick(selector, ctx, k, balance=None):
+    return selector.select(ctx, k, balance or NoClassBalance()).indices.tolist()
 
 
 def test_hand_computed_entropies_match():
@@ -161,10 +161,10 @@ def test_property_indices_unique_in_range_and_count(batch, classes, k, seed, nam
     assert idx.dtype == torch.long and len(idx) == min(k, batch)
     assert len(set(idx.tolist())) == len(idx)
     assert all(0 <= i < batch for i in idx.tolist())
-    for history in (ReferenceClassHistory(), LastKClasses()):
-        history.plan(torch.rand(batch, generator=g), logits.argmax(1), 1)  # nothing committed
-        history.commit(history.plan(torch.rand(batch, generator=g), logits.argmax(1), 1), [True])
-        idx = make_selector(name, seed=seed).select(ctx, k, history).indices
+    for balance in (ReferenceBalance(), LastKClasses()):
+        balance.plan(torch.rand(batch, generator=g), logits.argmax(1), 1)  # nothing committed
+        balance.commit(balance.plan(torch.rand(batch, generator=g), logits.argmax(1), 1), [True])
+        idx = make_selector(name, seed=seed).select(ctx, k, balance).indices
         assert len(idx) <= k and len(set(idx.tolist())) == len(idx)
         assert all(0 <= i < batch for i in idx.tolist())
 
@@ -383,7 +383,7 @@ def test_make_selector_by_name():
 def test_eatta_runs_with_each_selector_by_name(name, batch):
     x, y = batch
     oracle = eatta.GroundTruthOracle()
-    m = create("eatta", confident_cnn(), oracle=oracle, budget=2, selector=name, history=None)
+    m = create("eatta", confident_cnn(), oracle=oracle, budget=2, selector=name, balance=None)
     assert isinstance(m.selector, SELECTORS[name])
     m(x, labels=y)
     m(x, labels=y)

@@ -3,15 +3,15 @@
 :class:`PendingLabels` is a method's state part (``reset()``, ``state_dict()``, cheap
 ``snapshot()``/``restore()`` for the step transaction). Per pending request it keeps the
 :class:`~eatta.annotate.requests.LabelRequest` (the selected sample and its logits, on the model's
-device) and the step's :class:`~eatta.history.Selection` (a few integers, for the class history),
-so its memory is ``max_age x labels per step x (sample + logits)`` at most: with one label per
-batch and the default ``max_age=256``, 256 samples (about 150 MB of 224 x 224 float32 images,
+device) and the step's :class:`~eatta.balance.Selection` (a few integers, for the class balance),
+so its memory is ``label_expiry x labels per step x (sample + logits)`` at most: with one label per
+batch and the default ``label_expiry=256``, 256 samples (about 150 MB of 224 x 224 float32 images,
 negligible for digits).
 
-A request of step ``s`` may be answered up to step ``s + max_age``; at the start of the next step it
-expires (counted, never applied later, and cancelled at the annotator). ``reset()`` drops every
-pending request and starts a new epoch of ids, so no answer to a request from before the reset is
-ever applied.
+A request of step ``s`` may be answered up to step ``s + label_expiry``; at the start of the next
+step it expires (counted, never applied later, and cancelled at the annotator). ``reset()`` drops
+every pending request and starts a new epoch of ids, so no answer to a request from before the reset
+is ever applied.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from eatta.annotate.requests import Answer, Feedback, LabelRequest, check_feedback
-from eatta.history import Selection
+from eatta.balance import Selection
 
 __all__ = ["Arrived", "PendingLabels"]
 
@@ -43,7 +43,7 @@ class Arrived:
 
     ``label``: the class learned (the answer's label, or the prediction on "yes"); ``not_label``:
     the class ruled out (the prediction on "no"). ``selection`` and ``position`` locate the sample
-    in the selection of the step that asked (for the class history).
+    in the selection of the step that asked (for the class balance).
     """
 
     request: LabelRequest
@@ -64,10 +64,10 @@ class PendingLabels:
     ``reset()`` does not zero them.
     """
 
-    def __init__(self, max_age: int = 256) -> None:
-        if isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0:
-            raise ValueError(f"max_age must be an integer >= 0 (steps), got {max_age!r}")
-        self.max_age = max_age
+    def __init__(self, label_expiry: int = 256) -> None:
+        if isinstance(label_expiry, bool) or not isinstance(label_expiry, int) or label_expiry < 0:
+            raise ValueError(f"label_expiry must be an integer >= 0 (steps), got {label_expiry!r}")
+        self.label_expiry = label_expiry
         self.nonce = uuid.uuid4().hex[:8]  # distinguishes runs that share one annotator or queue
         self.epoch = 0
         self.step = 0  # steps begun in this epoch
@@ -91,9 +91,11 @@ class PendingLabels:
 
     # -- a step ------------------------------------------------------------------------------
     def begin_step(self) -> list[str]:
-        """Start a step; expire requests older than ``max_age`` steps and return their ids."""
+        """Start a step; expire requests older than ``label_expiry`` steps and return their ids."""
         self.step += 1
-        old = [i for i, e in self._entries.items() if self.step - e.request.step > self.max_age]
+        old = [
+            i for i, e in self._entries.items() if self.step - e.request.step > self.label_expiry
+        ]
         for i in old:
             self._forget(i)
         self.counts["expired"] += len(old)
@@ -210,7 +212,7 @@ class PendingLabels:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "max_age": self.max_age,
+            "label_expiry": self.label_expiry,
             "nonce": self.nonce,
             "epoch": self.epoch,
             "step": self.step,
@@ -251,7 +253,7 @@ class PendingLabels:
             int(s): Selection(v["indices"], list(v["classes"]), dict(v["update"]))
             for s, v in state["selections"].items()
         }
-        self.max_age = int(state["max_age"])
+        self.label_expiry = int(state["label_expiry" if "label_expiry" in state else "max_age"])
         self.nonce, self.epoch, self.step = (
             str(state["nonce"]),
             int(state["epoch"]),

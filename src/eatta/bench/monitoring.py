@@ -8,9 +8,9 @@ per round, the monitor's estimate of the error with its interval beside the true
 resets and the audits' annotator time (:func:`monitor_summary`).
 
 With ``fallback`` (``--fallback``), every adapting method without a fallback of its own gets a
-:class:`~eatta.monitor.GivenModelFallback`: one audit a batch, drawn mostly where the adapted and
-the given model disagree and answered by an auditor like the cell's annotator, decides whether
-the given model's predictions are served and whether the method is reset; ``eatta-safe`` carries
+:class:`~eatta.monitor.SourceFallback`: one audit a batch, drawn mostly where the adapted and
+the source model disagree and answered by an auditor like the cell's annotator, decides whether
+the source model's predictions are served and whether the method is reset; ``eatta-safe`` carries
 its own, measured by its own requests. :func:`fallback_summary` reports either.
 """
 
@@ -28,8 +28,8 @@ from eatta.bench.flags import flag
 from eatta.monitor import (
     GUARD_POLICIES,
     AccuracyMonitor,
-    GivenModelFallback,
     Guard,
+    SourceFallback,
     attach,
     check_policy,
     check_share,
@@ -62,8 +62,8 @@ FALLBACK_AUDITS = 1
 class MonitorOptions:
     """``audit``: share of the stream's samples audited (0: no monitor); ``guard``: a guard
     policy (None: measure only); ``level``: the intervals' error level; ``guard_level``: the
-    guard's stated false-reset level; ``window``: audits per guard block; ``fallback``: the
-    given-model fallback at one audit a batch (module docstring)."""
+    guard's stated false-reset level; ``block``: audits per guard block; ``fallback``: the
+    source-model fallback at one audit a batch (module docstring)."""
 
     audit: float = flag(
         "share of the stream's samples sent as audits (uniform random) to an auditor like the "
@@ -89,11 +89,11 @@ class MonitorOptions:
         type=float,
         metavar="ALPHA",
     )
-    window: int = flag(
-        "audits per block of the guard's test", 1000, name="guard-window", type=int, metavar="N"
+    block: int = flag(
+        "audits per block of the guard's test", 1000, name="guard-block", type=int, metavar="N"
     )
     fallback: bool = flag(
-        "the given model beside every adapting method: one audit a batch (drawn where the "
+        "the source model beside every adapting method: one audit a batch (drawn where the "
         "two disagree) decides which predictions are served and resets a method found worse "
         "(eatta-safe has its own, measured by its own requests; docs/guard.md)",
         False,
@@ -107,8 +107,8 @@ class MonitorOptions:
             check_policy(self.guard)
             if self.audit == 0.0:
                 raise ValueError("--guard needs audits: give an audit share > 0 (--audit FRACTION)")
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 2:
-            raise ValueError(f"guard window must be an int >= 2 audits, got {self.window!r}")
+        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 2:
+            raise ValueError(f"guard block must be an int >= 2 audits, got {self.block!r}")
 
     @property
     def active(self) -> bool:
@@ -121,7 +121,7 @@ class MonitorOptions:
             "guard": self.guard,
             "level": self.level,
             "guard_level": self.guard_level,
-            "window": self.window,
+            "block": self.block,
         }
         if self.fallback:  # only when set: earlier fingerprints stay as they were
             out["fallback"] = True
@@ -133,21 +133,19 @@ class MonitorOptions:
         if self.audit > 0.0:
             out = f"audit {self.audit:g}"
             if self.guard is not None:
-                out += f", guard {self.guard} (level {self.guard_level:g}, window {self.window})"
+                out += f", guard {self.guard} (level {self.guard_level:g}, block {self.block})"
             parts.append(out)
         if self.fallback:
-            parts.append("fallback to the given model (1 audit/batch)")
+            parts.append("fallback to the source model (1 audit/batch)")
         return ", ".join(parts)
 
     def attach_fallback(
         self, method: Any, given: torch.nn.Module, annotator: AnnotatorOptions, seed: int
     ) -> GroundTruthOracle | SimulatedAnnotator:
-        """Give ``method`` a :class:`GivenModelFallback` audited once a batch; returns its
+        """Give ``method`` a :class:`SourceFallback` audited once a batch; returns its
         auditor (which needs the batch's labels: ``set_labels``)."""
         auditor = annotator.build(seed + FALLBACK_SEED)
-        method.fallback = GivenModelFallback(
-            given, auditor=auditor, audits=FALLBACK_AUDITS, seed=seed
-        )
+        method.fallback = SourceFallback(given, auditor=auditor, audits=FALLBACK_AUDITS, seed=seed)
         return auditor
 
     def attach(
@@ -160,7 +158,7 @@ class MonitorOptions:
         """Attach a monitor to ``method``; returns it and its auditor (which needs the batch's
         labels: ``set_labels``)."""
         auditor = annotator.build(seed + AUDITOR_SEED)
-        guard = None if self.guard is None else Guard(self.guard, self.guard_level, self.window)
+        guard = None if self.guard is None else Guard(self.guard, self.guard_level, self.block)
         monitor = attach(
             method,
             auditor,
@@ -224,7 +222,7 @@ def check_fallback_budget(method: str, labels: int, every: int) -> int:
     return FALLBACK_AUDITS
 
 
-def fallback_summary(fallback: GivenModelFallback, rounds: int) -> dict[str, Any]:
+def fallback_summary(fallback: SourceFallback, rounds: int) -> dict[str, Any]:
     """Per round: answers and the estimated gain of the adapted model over the given one (points,
     from the answers' unbiased estimates); the switches and resets with their evidence; counts."""
     per_round = []

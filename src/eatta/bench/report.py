@@ -649,11 +649,11 @@ def csv_text(results: Sequence[CellResult]) -> str:
     return buf.getvalue()
 
 
-def _windowed(online: Sequence[Sequence[int]], window: int) -> tuple[np.ndarray, np.ndarray]:
+def _moving_average(online: Sequence[Sequence[int]], span: int) -> tuple[np.ndarray, np.ndarray]:
     arr = np.asarray(online, dtype=np.float64).reshape(-1, 3)
     n, wrong = arr[:, 0], arr[:, 1]
     cn, cw = np.cumsum(n), np.cumsum(wrong)
-    lo = np.maximum(np.arange(len(n)) - window, -1)
+    lo = np.maximum(np.arange(len(n)) - span, -1)
     prev_n = np.where(lo >= 0, cn[np.maximum(lo, 0)], 0.0)
     prev_w = np.where(lo >= 0, cw[np.maximum(lo, 0)], 0.0)
     return cn, 100.0 * (cw - prev_w) / np.maximum(cn - prev_n, 1.0)
@@ -675,11 +675,11 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
     for ax, (dataset, rows) in zip(axes[:, 0], groups.items(), strict=True):
         ref = rows[0]
         per_round = len(ref.online) // max(1, ref.rounds)
-        window = max(1, round(len(ref.online) / 40 if ref.rounds == 1 else per_round / 10))
+        span = max(1, round(len(ref.online) / 40 if ref.rounds == 1 else per_round / 10))
         for cell in _cells(rows):
             r = cell[0]
             same = [c for c in cell if len(c.online) == len(r.online)]
-            curves = [_windowed(c.online, window) for c in same]
+            curves = [_moving_average(c.online, span) for c in same]
             x = curves[0][0]
             y = np.mean([c[1] for c in curves], axis=0)
             setting = "" if r.spec.setting == "-" else f" [{r.spec.setting.upper()}]"
@@ -720,7 +720,7 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
         ax.set_xlim(0, max(1, int(cum[-1])))
         ax.set_ylim(0, 100)
         ax.set_xlabel("images seen")
-        ax.set_ylabel(f"error % (last ~{window} batches)")
+        ax.set_ylabel(f"error % (last ~{span} batches)")
         ax.set_title(dataset, loc="left", fontsize=10, pad=22)
         ax.legend(
             fontsize=7,

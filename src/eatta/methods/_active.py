@@ -13,11 +13,11 @@ from eatta.annotate.base import Annotator, is_asynchronous
 from eatta.annotate.oracle import ABSTAIN, Oracle, OracleError, validate_labels
 from eatta.annotate.pending import Arrived, PendingLabels
 from eatta.annotate.requests import Answer, Feedback, check_feedback
-from eatta.history import ClassHistory, Selection
+from eatta.balance import ClassBalance, Selection
 from eatta.selection.base import SelectionContext, Selector
 
 __all__ = [
-    "DEFAULT_MAX_AGE",
+    "DEFAULT_LABEL_EXPIRY",
     "AsyncAsking",
     "ask_oracle",
     "check_annotator",
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 #: Default steps a request may wait for its answer before it expires (see PendingLabels).
-DEFAULT_MAX_AGE = 256
+DEFAULT_LABEL_EXPIRY = 256
 
 
 def ask_oracle(oracle: Oracle, x: Tensor, indices: Tensor, num_classes: int) -> Tensor | None:
@@ -57,14 +57,14 @@ def split_answer(indices: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor
 
 def checked_selection(
     selector: Selector,
-    history: ClassHistory,
+    balance: ClassBalance,
     ctx: SelectionContext,
     k: int,
     check: Callable[[Selection], None] | None = None,
 ) -> Selection:
     """The selector's pick of up to ``k`` samples, checked (unique, in range, at most ``k``),
     then ``check`` (a method's own sanity check)."""
-    selection = selector.select(ctx, k, history)
+    selection = selector.select(ctx, k, balance)
     idx = selection.indices
     batch = ctx.inputs.shape[0]
     if idx.dim() != 1 or len(idx) > k or len(set(idx.tolist())) != len(idx):
@@ -78,7 +78,7 @@ def checked_selection(
 
 def select_and_ask(
     selector: Selector,
-    history: ClassHistory,
+    balance: ClassBalance,
     ctx: SelectionContext,
     k: int,
     oracle: Oracle,
@@ -91,7 +91,7 @@ def select_and_ask(
     """
     saved = selector.state_dict()
     try:
-        selection = checked_selection(selector, history, ctx, k, check)
+        selection = checked_selection(selector, balance, ctx, k, check)
         labels = ask_oracle(oracle, ctx.inputs, selection.indices, ctx.logits.shape[1])
     except BaseException:
         selector.load_state_dict(saved)
@@ -100,7 +100,7 @@ def select_and_ask(
 
 
 def check_annotator(
-    oracle: object, method: str, *, binary: bool, label_expiry: int = DEFAULT_MAX_AGE
+    oracle: object, method: str, *, binary: bool, label_expiry: int = DEFAULT_LABEL_EXPIRY
 ) -> Feedback | None:
     """The feedback kind of an asynchronous annotator (None for a synchronous callable).
 
@@ -120,7 +120,7 @@ def check_annotator(
             f"oracle must be a callable oracle(inputs, indices) or an asynchronous annotator "
             f"(submit/collect/cancel), got {type(oracle).__name__}"
         )
-    if label_expiry != DEFAULT_MAX_AGE:
+    if label_expiry != DEFAULT_LABEL_EXPIRY:
         raise ValueError(
             f"label_expiry={label_expiry!r} applies to asynchronous annotators; {method}'s oracle "
             "answers at once"
@@ -139,10 +139,10 @@ class AsyncAsking:
     refused), so no answer an annotator delivered is lost.
     """
 
-    def __init__(self, annotator: Annotator, feedback: Feedback, max_age: int) -> None:
+    def __init__(self, annotator: Annotator, feedback: Feedback, label_expiry: int) -> None:
         self.annotator = annotator
         self.feedback = feedback
-        self.pending = PendingLabels(max_age)
+        self.pending = PendingLabels(label_expiry)
         self._expired: list[str] = []
         self._sent: list[str] = []
         self._collected: list[Answer] = []
@@ -155,7 +155,7 @@ class AsyncAsking:
     def request(
         self,
         selector: Selector,
-        history: ClassHistory,
+        balance: ClassBalance,
         ctx: SelectionContext,
         k: int,
         check: Callable[[Selection], None] | None = None,
@@ -163,7 +163,7 @@ class AsyncAsking:
         """Select up to ``k`` samples and submit them (selector restored if anything fails)."""
         saved = selector.state_dict()
         try:
-            selection = checked_selection(selector, history, ctx, k, check)
+            selection = checked_selection(selector, balance, ctx, k, check)
             requests = self.pending.ask(selection, ctx.inputs, ctx.logits, self.feedback)
             if requests:
                 try:
@@ -240,13 +240,13 @@ def current_answers(asked: Tensor, current: list[Arrived]) -> tuple[Tensor, Tens
 
 
 def commit_late(
-    history: ClassHistory,
+    balance: ClassBalance,
     selector: Selector,
     late: list[Arrived],
     ctx: SelectionContext | None,
 ) -> None:
-    """Tell the class history and the selector about late labels, as if they had come in their
-    own step: the history gets each label with the selection of the step that asked; the selector
+    """Tell the class balance and the selector about late labels, as if they had come in their
+    own step: the balance gets each label with the selection of the step that asked; the selector
     gets them with ``ctx``, the late samples' context (inputs, features, logits by the current
     model, rows in the order of ``late``'s labelled arrivals)."""
     labelled = [a for a in late if a.label is not None]
@@ -256,7 +256,7 @@ def commit_late(
         n = len(a.selection.indices)
         answered = [j == a.position for j in range(n)]
         labels = [a.label if j == a.position else ABSTAIN for j in range(n)]
-        history.commit(a.selection, answered, labels)  # type: ignore[arg-type]  # ints
+        balance.commit(a.selection, answered, labels)  # type: ignore[arg-type]  # ints
     if labelled and ctx is not None:
         rows = torch.arange(len(labelled))
         selection = Selection(rows, [int(a.label) for a in labelled])  # type: ignore[arg-type]

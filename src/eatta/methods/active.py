@@ -22,11 +22,11 @@ from typing_extensions import TypedDict
 
 from eatta.annotate.oracle import Oracle
 from eatta.annotate.pending import Arrived
+from eatta.balance import ClassBalance, Selection
 from eatta.budget import Budget
-from eatta.history import ClassHistory, Selection
 from eatta.losses import complementary_cross_entropy
 from eatta.methods._active import (
-    DEFAULT_MAX_AGE,
+    DEFAULT_LABEL_EXPIRY,
     AsyncAsking,
     check_annotator,
     current_answers,
@@ -110,7 +110,7 @@ class ActiveMethod(AdaptiveMethod):
         *,
         oracle: Oracle,
         budget: int | Budget = 1,
-        label_expiry: int = DEFAULT_MAX_AGE,
+        label_expiry: int = DEFAULT_LABEL_EXPIRY,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
         prepare: Callable[[nn.Module], None] | None = None,
@@ -164,7 +164,7 @@ class ActiveMethod(AdaptiveMethod):
         o: Tensor,
         k: int,
         selector: Selector,
-        history: ClassHistory,
+        balance: ClassBalance,
         check: Callable[[Selection], None] | None = None,
     ) -> Answers:
         """Select up to ``k`` samples of the batch (features ``z``, logits ``o``) and ask.
@@ -182,13 +182,13 @@ class ActiveMethod(AdaptiveMethod):
             selection = labels = None
             if ctx is not None:
                 selection, labels = select_and_ask(
-                    selector, history, ctx, k, self.oracle, check=check
+                    selector, balance, ctx, k, self.oracle, check=check
                 )
             asked = _empty() if selection is None else selection.indices
             indices, targets, answered = split_answer(asked, labels)
             return Answers(ctx, selection, labels, indices, targets, answered)
         asking.begin()
-        selection = None if ctx is None else asking.request(selector, history, ctx, k, check)
+        selection = None if ctx is None else asking.request(selector, balance, ctx, k, check)
         current, late = asking.collect()
         asked = _empty() if selection is None else selection.indices
         labels, negatives, not_labels = current_answers(asked, current)

@@ -37,8 +37,8 @@ class StepObserver(Protocol):
 
 
 class StepFallback(Protocol):
-    """What chooses the served predictions around each step: the given-model fallback
-    (:class:`eatta.monitor.GivenModelFallback`).
+    """What chooses the served predictions around each step: the source-model fallback
+    (:class:`eatta.monitor.SourceFallback`).
 
     ``bind`` checks, when it is attached, that it can act for the method; ``check`` validates a
     request before anything changes; ``before``/``after`` surround each step (``after`` decides
@@ -110,7 +110,7 @@ class AdaptiveMethod(nn.Module):
     takes them, see :meth:`__init_subclass__`) or to :meth:`attach`:
 
     - ``window``: a window of recent samples (:mod:`eatta.window`) for requests of 1 to a few;
-    - ``fallback``: the given model one step away (:class:`eatta.monitor.GivenModelFallback`),
+    - ``fallback``: the source model one step away (:class:`eatta.monitor.SourceFallback`),
       deciding at each step (a window's steps included) and serving requests between steps from
       whichever model it serves;
     - ``monitor``: audited accuracy and a guard (:class:`eatta.monitor.AccuracyMonitor`).
@@ -208,8 +208,8 @@ class AdaptiveMethod(nn.Module):
 
     @property
     def fallback(self) -> StepFallback | None:
-        """The given model beside the adapted one, served on evidence
-        (:class:`eatta.monitor.GivenModelFallback`); None: the adapted model is always served."""
+        """The source model beside the adapted one, served on evidence
+        (:class:`eatta.monitor.SourceFallback`); None: the adapted model is always served."""
         return self._fallback
 
     @fallback.setter
@@ -332,13 +332,13 @@ class AdaptiveMethod(nn.Module):
 
     def adapt_on(self, x: Tensor) -> Tensor:
         """One step on ``x`` (a batch, or a window's samples): the adapted model's logits before
-        its update. With a fallback, the given model predicts first; with a window, the step
+        its update. With a fallback, the source model predicts first; with a window, the step
         normalizes with ``x``'s statistics, which are then folded into the served ones."""
         if self._split is None:
             self._split_example = x
         norm = batch_statistics() if self.window is not None else nullcontext()
         try:
-            if self.fallback is not None:  # the given model's predictions, before the step
+            if self.fallback is not None:  # the source model's predictions, before the step
                 self.fallback.before(x)
             with self.transaction(), torch.enable_grad(), norm:
                 out = self.forward_and_adapt(x)
@@ -499,7 +499,7 @@ class AdaptiveMethod(nn.Module):
         warn_at_caller(
             f"{type(self).__name__} adapts a BatchNorm model on batches of {x.shape[0]} "
             "samples: their statistics are too noisy to normalize and adapt on, and the error can "
-            "rise far above the given model's (docs/small-batches.md). Create the method with a "
+            "rise far above the source model's (docs/small-batches.md). Create the method with a "
             "window of recent samples, eatta.create(name, model, window=64), or turn this off "
             "with set_window(False)",
             SmallBatchWarning,

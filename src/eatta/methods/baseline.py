@@ -20,7 +20,7 @@ from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
-from eatta.methods._active import DEFAULT_MAX_AGE
+from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods.active import ActiveOptions
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
@@ -66,7 +66,7 @@ class Baseline(EATTA):
             oracle=oracle,
             budget=budget,
             selector=RandomSelector(seed),
-            history=None,
+            balance=None,
             debiaser=GradNormDebiaser(normalize=False),
             buffer=buffer,
             entropy_margin=entropy_margin,
@@ -84,7 +84,9 @@ class BaselineConfig(OptimizerConfig):
     buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
     label_expiry: int = hparam(
-        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_LABEL_EXPIRY,
+        "steps an asynchronous annotator's request waits before it expires",
+        min=0,
     )
 
 

@@ -35,12 +35,12 @@ from torch import Tensor, nn
 from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
+from eatta.balance import NoClassBalance, Selection
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
-from eatta.history import NoClassBalance, Selection
 from eatta.losses import entropy
-from eatta.methods._active import DEFAULT_MAX_AGE
+from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods.active import ActiveMethod, ActiveOptions, late_samples
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
@@ -111,7 +111,7 @@ class CEMA(ActiveMethod):
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin}")
         super().__init__(model, optimizer, oracle=oracle, budget=budget, **active)
         self.selector = selector if selector is not None else DynamicMarginSelector(strict=True)
-        self.history = NoClassBalance()
+        self.balance = NoClassBalance()
         self.buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
         self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
         self.entropy_margin = entropy_margin
@@ -139,7 +139,7 @@ class CEMA(ActiveMethod):
                 raise RuntimeError("CEMA labels only samples inside the entropy band")
 
         k = self.budget.allowance()
-        ans = self.ask(x, z, o, k, self.selector, self.history, check=inside_band)
+        ans = self.ask(x, z, o, k, self.selector, self.balance, check=inside_band)
         assert ans.selection is not None  # selects on every batch
         band = ans.selection.update["band"]
         lab_idx, lab_y = ans.indices, ans.targets
@@ -248,7 +248,9 @@ class CEMAConfig(OptimizerConfig):
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
     seed: int = hparam(0, "seed of the buffer's draws")
     label_expiry: int = hparam(
-        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_LABEL_EXPIRY,
+        "steps an asynchronous annotator's request waits before it expires",
+        min=0,
     )
 
 

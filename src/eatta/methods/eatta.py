@@ -20,12 +20,12 @@ from torch import Tensor, nn
 from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
+from eatta.balance import ClassBalance, make_balance
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params, configure
 from eatta.debias import GradNormDebiaser
-from eatta.history import ClassHistory, make_history
-from eatta.methods._active import DEFAULT_MAX_AGE
+from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods._approx import NormCalibration, ProxyName, check_proxy
 from eatta.methods.active import ActiveOptions, Answers, answer_terms, late_samples
 from eatta.methods.base import AdaptiveMethod, unique_params
@@ -57,7 +57,7 @@ class EATTA(EATTAStep):
 
     Each step (:mod:`eatta.methods.eatta_step`, ``docs/method.md`` "One step"): features and
     logits; the selector scores the batch (perturbation difference by default), the class
-    history picks up to ``k`` samples, the oracle labels them; ``L_sup`` = cross-entropy on the
+    balance picks up to ``k`` samples, the oracle labels them; ``L_sup`` = cross-entropy on the
     labelled samples (plus a replayed mini-batch when a buffer is used), ``L_unsup`` = mean
     entropy of the confident (``H < margin``) unlabelled samples; the debiaser weights the two by
     their gradient norms (EMA-smoothed) and the optimizer takes one step. The returned logits are
@@ -72,8 +72,8 @@ class EATTA(EATTAStep):
             later steps: a class, or yes/no on the prediction (``feedback="binary"``).
         budget: labels per batch (int) or a :class:`~eatta.budget.Budget`.
         selector: sample selector; default :class:`PerturbationSelector` (σ = 0.01).
-        history: class balancing: ``"reference"`` (the authors' code, default), ``"last-k"``
-            (the paper's text), ``None`` (none), or a :class:`~eatta.history.ClassHistory`.
+        balance: class balancing: ``"reference"`` (the authors' code, default), ``"last-k"``
+            (the paper's text), ``None`` (none), or a :class:`~eatta.balance.ClassBalance`.
         debiaser: loss weighting; default :class:`GradNormDebiaser` (α = 0.8).
         buffer: a :class:`LabelBuffer`, or an int capacity (the paper's BFS = 300), or None.
         entropy_margin: confidence threshold; default ``0.4 ln C``.
@@ -93,7 +93,7 @@ class EATTA(EATTAStep):
         approx_refresh: with ``grad_mode="approx"``: every this many steps the exact norms are
             computed (two backward passes, as the exact step) and each estimate is scaled by
             ``exact / estimate`` until the next refresh; None: never.
-        late_labels: how late answers count, the label-free fallback and the nearest replay
+        late_labels: how late answers count, the entropy filter and the nearest replay
             (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback, no
             replay. Used only with an asynchronous annotator, in steps without a fresh answer.
         active: ``split``, ``check_finite``, ``label_expiry``
@@ -101,7 +101,7 @@ class EATTA(EATTAStep):
 
     A late answer (docs/real-annotators.md) enters the step in which it arrives: the kept sample
     is re-run through the current model into ``L_sup`` (cross-entropy for a class,
-    ``-log(1 - p_c)`` for a "no" on class ``c``) and, with a buffer, added to it; the class history
+    ``-log(1 - p_c)`` for a "no" on class ``c``) and, with a buffer, added to it; the class balance
     and the selector learn of it then. With an asynchronous annotator the budget counts requests
     (the annotator's time is spent when asked), a synchronous oracle's answered labels.
 
@@ -119,7 +119,7 @@ class EATTA(EATTAStep):
         oracle: Oracle,
         budget: int | Budget = 1,
         selector: Selector | None = None,
-        history: str | ClassHistory | None = "reference",
+        balance: str | ClassBalance | None = "reference",
         debiaser: GradNormDebiaser | None = None,
         buffer: LabelBuffer | int | None = None,
         entropy_margin: float | None = None,
@@ -144,7 +144,7 @@ class EATTA(EATTAStep):
         )
         self.options = options
         self.selector = selector if selector is not None else PerturbationSelector()
-        self.history = make_history(history)
+        self.balance = make_balance(balance)
         self.debiaser = debiaser if debiaser is not None else GradNormDebiaser()
         self.buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
         self.entropy_margin = entropy_margin
@@ -319,17 +319,17 @@ class EATTA(EATTAStep):
         lab.late_weight += float(w.mean())
         return (ce * w).mean()
 
-    def _falls_back(self, lab: Answers) -> bool:
-        """Whether this step takes the label-free fallback: no fresh answer, and late labels
+    def _filters_entropy(self, lab: Answers) -> bool:
+        """Whether this step takes the entropy filter: no fresh answer, and late labels
         that weigh too little (``LateLabels.anchor``)."""
         if self.late_labels is None or len(lab.indices) or len(lab.negatives):
             return False
-        return self.late_labels.falls_back(lab.late_weight)
+        return self.late_labels.filters(lab.late_weight)
 
     def _entropy_term(self, o: Tensor, answered: Tensor, lab: Answers) -> tuple[Tensor, Tensor]:
         """Eq. 1 on the confident samples, or, in a step that falls back, the fallback's entropy
         term (ETA's reliable, non-redundant samples, weighted)."""
-        if not self._falls_back(lab):
+        if not self._filters_entropy(lab):
             return self._confident_entropy(o, answered)
         assert self.late_labels is not None
         h, mask, margin = self._entropy_below_margin(o, answered)
@@ -341,7 +341,7 @@ class EATTA(EATTAStep):
         return {
             "budget": parts["budget"],
             "selector": self.selector,
-            "history": self.history,
+            "balance": self.balance,
             "debiaser": self.debiaser,
             "buffer": self.buffer,
             "pending": parts["pending"],
@@ -378,8 +378,8 @@ SelectorName = Literal[
 ]
 if set(get_args(SelectorName)) != set(SELECTORS):  # the Literal spells out the registry's names
     raise ImportError("SelectorName is out of date with eatta.selection.SELECTORS")
-#: Class-history names ``history=`` takes (see :func:`eatta.history.make_history`).
-HistoryName = Literal["reference", "last-k", "paper", "none"]
+#: Class-balance names ``balance=`` takes (see :func:`eatta.balance.make_balance`).
+BalanceName = Literal["reference", "last-k", "paper", "none"]
 
 
 @dataclass(frozen=True)
@@ -403,7 +403,7 @@ class EATTAConfig(OptimizerConfig):
     )
     noise_std: float = hparam(0.01, "std of the perturbation selector's feature noise", min=0.0)
     seed: int = hparam(0, "seed of the selector's and the buffer's random draws")
-    history: HistoryName | ClassHistory | None = hparam("reference", "class-balancing history")
+    balance: BalanceName | ClassBalance | None = hparam("reference", "class balance")
     ema_alpha: float = hparam(0.8, "EMA factor of the gradient-norm debiaser", min=0.0, max=1.0)
     gnd: bool = hparam(True, "weight the losses by gradient norm (GND)")
     ema: bool = hparam(True, "smooth the gradient norms with an EMA")
@@ -422,7 +422,9 @@ class EATTAConfig(OptimizerConfig):
     autocast: bool = hparam(False, "bf16 autocast of the feature extractor")
     channels_last: bool = hparam(False, "channels-last memory format")
     label_expiry: int = hparam(
-        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_LABEL_EXPIRY,
+        "steps an asynchronous annotator's request waits before it expires",
+        min=0,
     )
 
 
@@ -462,7 +464,7 @@ def _build_eatta(
         oracle=oracle,
         budget=budget,
         selector=selector if selector is not None else config_selector(cfg),
-        history=cfg.history,
+        balance=cfg.balance,
         debiaser=debiaser
         if debiaser is not None
         else GradNormDebiaser(alpha=cfg.ema_alpha, normalize=cfg.gnd, ema=cfg.ema),

@@ -3,7 +3,7 @@
 With ``z = f(x)`` the features, ``o = h(z)`` the logits, ``p = softmax(o)``, ``H = -Σ p log p``:
 
 * Eq. 3: ``diff_i = |p_i[ŷ_i] - softmax(h(z_i + ε))[ŷ_i]|``, ``ε ~ N(0, σ²)``: the selector
-  scores the batch, the class history picks up to ``k`` samples ``B_o``, the annotator labels them.
+  scores the batch, the class balance picks up to ``k`` samples ``B_o``, the annotator labels them.
 * Eq. 2: ``L = γ_sup·CE(B_o) + γ_unsup·E(B \\ B_o)``, the entropy ``E`` (Eq. 1) of the confident
   unlabelled samples (``H < 0.4 ln C``).
 * Eq. 4-5: ``γ_sup = 2 g_u/(g_s + g_u)``, ``γ_unsup = 2 g_s/(g_s + g_u)`` with
@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from eatta._warn import warn_at_caller
+from eatta.balance import ClassBalance
 from eatta.buffer import LabelBuffer
 from eatta.debias import GradNormDebiaser, LossWeights
-from eatta.history import ClassHistory
 from eatta.losses import default_entropy_margin, entropy, masked_mean
 from eatta.methods._active import commit_late
 from eatta.methods._grads import SegmentPlan
@@ -82,7 +82,7 @@ class EATTAStep(ActiveMethod):
     options: StepOptions
     _update: ExactUpdate
     selector: Selector
-    history: ClassHistory
+    balance: ClassBalance
     debiaser: GradNormDebiaser
     buffer: LabelBuffer | None
     entropy_margin: float | None
@@ -100,9 +100,9 @@ class EATTAStep(ActiveMethod):
         # cut points for the two backward passes, planned while an accelerator runs the forward
         plan = self._plan(o) if k > 0 or self.asynchronous else None
 
-        # Eq. 3 and the class history: up to k samples B_o, and the annotator's answers (no
+        # Eq. 3 and the class balance: up to k samples B_o, and the annotator's answers (no
         # state changes before they are validated; reading a deferred finite flag there is free)
-        lab = self.ask(x, z, o, k, self.selector, self.history, check=self._raise_if_not_finite)
+        lab = self.ask(x, z, o, k, self.selector, self.balance, check=self._raise_if_not_finite)
         record.scores = None if lab.selection is None else lab.selection.update.get("scores")
 
         # Eq. 2, first term: L_sup = CE on B_o, plus answers that are not a fresh label and replay
@@ -226,14 +226,14 @@ class EATTAStep(ActiveMethod):
         return record.logits
 
     def _commit(self, lab: Answers) -> None:
-        """Record the answered labels: budget, class history (annotated classes), selector."""
+        """Record the answered labels: budget, class balance (annotated classes), selector."""
         self.charge(lab)
         if lab.selection is not None and len(lab.indices):
             assert lab.ctx is not None and lab.labels is not None
-            self.history.commit(lab.selection, lab.answered.tolist(), lab.labels.tolist())
+            self.balance.commit(lab.selection, lab.answered.tolist(), lab.labels.tolist())
             self.selector.commit(lab.ctx, lab.selection, lab.labels)
         if lab.late:
-            commit_late(self.history, self.selector, lab.late, lab.late_ctx)
+            commit_late(self.balance, self.selector, lab.late, lab.late_ctx)
         self.asking_committed()
 
     def _record(
@@ -251,7 +251,7 @@ class EATTAStep(ActiveMethod):
         measured = self._update.measured or self._update.estimated
         record.selected, record.labels = lab.indices, lab.targets
         record.negatives, record.late = lab.negatives, len(lab.late)
-        record.class_history = list(getattr(self.history, "classes", []))
+        record.class_history = list(getattr(self.balance, "classes", []))
         record.loss_unsup, record.num_unsup = loss_unsup.detach(), n_unsup
         record.loss_sup = None if loss_sup is None else loss_sup.detach()
         record.grad_norm_sup = g_sup if measured else None

@@ -10,8 +10,8 @@ same per-dataset defaults, plus ``sup_floor`` and ``unsup_cap`` (both 1.0). The 
 frozen copy of the model as given (taken before it is configured: its running statistics too)
 predicts beside the adapted one; each label request is drawn with a known probability, mostly
 among the samples the two disagree on (:class:`~eatta.selection.drawn.DisagreementDraw`, no class
-history), so the same answers that teach also estimate without bias which model is better, and
-:class:`~eatta.monitor.fallback.GivenModelFallback` serves the given model's predictions (and
+balance), so the same answers that teach also estimate without bias which model is better, and
+:class:`~eatta.monitor.fallback.SourceFallback` serves the source model's predictions (and
 resets the adapted model) when they say adapting is worse. It uses no label beyond the budget.
 """
 
@@ -24,17 +24,17 @@ from typing import Literal
 from torch import nn
 
 from eatta.annotate.oracle import Oracle
+from eatta.balance import ClassBalance
 from eatta.budget import Budget
 from eatta.debias.bounded import BoundedGradNormDebiaser
-from eatta.history import ClassHistory
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import hparam
-from eatta.methods.eatta import EATTAConfig, HistoryName, _build_eatta, config_selector
+from eatta.methods.eatta import BalanceName, EATTAConfig, _build_eatta, config_selector
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, register
-from eatta.monitor.fallback import START, GivenModelFallback
+from eatta.monitor.fallback import START, SourceFallback
 from eatta.selection.base import ScoreSelector, Selector
 from eatta.selection.drawn import DisagreementDraw
 
@@ -64,7 +64,7 @@ class EATTAStableConfig(EATTAConfig):
         "labelled samples nearest the batch replayed per step without a fresh label (0: off)",
         min=0,
     )
-    late_fallback: Literal["none", "eta"] = hparam(
+    late_entropy_filter: Literal["none", "eta"] = hparam(
         "eta", "entropy term of a step without a usable label: as always, or ETA's filter"
     )
 
@@ -85,9 +85,9 @@ def _build_eatta_stable(
         cfg.late_weight,
         half_life=cfg.late_half_life,
         drift_scale=cfg.late_drift_scale,
-        fallback=cfg.late_fallback,
+        entropy_filter=cfg.late_entropy_filter,
         anchor=cfg.late_anchor,
-        max_age=cfg.label_expiry,
+        label_expiry=cfg.label_expiry,
         replay=NearestReplay(64, cfg.late_replay) if cfg.late_replay else None,
     )
     return _build_eatta(
@@ -115,10 +115,10 @@ register(
 
 @dataclass(frozen=True)
 class EATTASafeConfig(EATTAStableConfig):
-    """``eatta-stable``'s keys, no class history (requests are drawn), and the fallback's."""
+    """``eatta-stable``'s keys, no class balance (requests are drawn), and the fallback's."""
 
-    history: HistoryName | ClassHistory | None = hparam(
-        "none", "class-balancing history (requests are drawn: only 'none')"
+    balance: BalanceName | ClassBalance | None = hparam(
+        "none", "class balance (requests are drawn: only 'none')"
     )
     explore: float = hparam(
         0.25,
@@ -129,12 +129,12 @@ class EATTASafeConfig(EATTAStableConfig):
     fallback: bool = hparam(
         True, "act on evidence (False: measure only, always serve the adapted model)"
     )
-    fallback_window: int = hparam(16, "answers the fallback's bets are sized from", min=1)
+    fallback_recent: int = hparam(16, "answers the fallback's bets are sized from", min=1)
     fallback_level: float = hparam(
         0.05, "error level of each of the fallback's decisions", min=0.0, max=1.0
     )
-    fallback_start: Literal["auto", "given", "adapted"] = hparam(
-        "given", "served before the first decision: given, adapted, auto (label-free signs)"
+    fallback_start: Literal["auto", "source", "adapted"] = hparam(
+        "source", "served before the first decision: given, adapted, auto (label-free signs)"
     )
     fallback_reset: bool = hparam(False, "reset the adapted model when it is found worse")
 
@@ -142,19 +142,19 @@ class EATTASafeConfig(EATTAStableConfig):
 def _build_eatta_safe(
     model: nn.Module, cfg: EATTASafeConfig, oracle: Oracle | None, budget: Budget
 ) -> AdaptiveMethod:
-    if cfg.history not in (None, "none"):
+    if cfg.balance not in (None, "none"):
         raise ValueError(
             f"eatta-safe draws its requests with known probabilities and takes no class "
-            f"history; got history={cfg.history!r} (use 'none')"
+            f"balance; got balance={cfg.balance!r} (use 'none')"
         )
     base = config_selector(cfg)
     if not isinstance(base, ScoreSelector):
         raise TypeError(f"eatta-safe draws by a per-sample score; {base!r} has none")
     draw = DisagreementDraw(base, explore=cfg.explore, seed=cfg.seed)
     assert cfg.fallback_start in START
-    fallback = GivenModelFallback(
+    fallback = SourceFallback(
         copy.deepcopy(model),  # the model as given, before configure() drops its statistics
-        window=cfg.fallback_window,
+        recent=cfg.fallback_recent,
         level=cfg.fallback_level,
         start=cfg.fallback_start,
         reset=cfg.fallback_reset,
@@ -173,6 +173,6 @@ register(
         active=True,
         config=EATTASafeConfig,
         datasets=DATASET_PRESETS["eatta-safe"],
-        summary="eatta-stable serving the given model when its own answers say adapting is worse",
+        summary="eatta-stable serving the source model when its own answers say adapting is worse",
     )
 )

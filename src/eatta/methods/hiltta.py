@@ -15,7 +15,7 @@ Learned from the authors' code (github.com/Yushu-Li/HILTTA: ``hiltta.py``, ``mai
    step from the same start.
 3. **Model selection** (only when labels came): each candidate copy predicts on the unlabelled
    part followed by the labelled pool (one forward pass, the model's adaptation mode). Its
-   *anchor loss* is the mean squared difference between its softmax and the given model's (the
+   *anchor loss* is the mean squared difference between its softmax and the source model's (the
    *anchor*: the model as given, before :func:`eatta.configure`) on the unlabelled part; its
    *CE* is the cross-entropy on the labelled pool. Each list is min-max normalised over the
    candidates (``(v - min) / max``; a list of equal values becomes all 1), the two are added,
@@ -51,7 +51,7 @@ Deviations, each deliberate:
   RobustBench models in eval mode but leaves torchvision/timm models (their ImageNet runs) in
   train mode: BatchNorm then normalises with the statistics of the anchor's input. The default,
   ``anchor_stats="batch"``, does the same without touching running buffers;
-  ``anchor_stats="running"`` uses the given model's running statistics (their CIFAR path).
+  ``anchor_stats="running"`` uses the source model's running statistics (their CIFAR path).
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import Oracle
+from eatta.balance import NoClassBalance
 from eatta.budget import Budget
 from eatta.configure import configure
-from eatta.history import NoClassBalance
-from eatta.methods._active import DEFAULT_MAX_AGE
+from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods.active import ActiveMethod
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
@@ -152,7 +152,7 @@ class HILTTA(ActiveMethod):
         budget: labels per batch (>= 1), or a :class:`~eatta.budget.Budget`.
         candidates: the values tried per batch, in order (default: the base's grid of run.sh).
         tune: ``"lr"`` or ``"d_margin"`` (ETA only); default: the base's, as in run.sh.
-        anchor: the given model, before configuring (default: a frozen copy of ``model`` as it
+        anchor: the source model, before configuring (default: a frozen copy of ``model`` as it
             is now; pass the unconfigured model so the anchor keeps its running statistics).
         anchor_stats: ``"batch"`` (the anchor's BatchNorm layers normalise with the statistics
             of its input, as the authors' ImageNet anchor in train mode) or ``"running"``.
@@ -184,7 +184,7 @@ class HILTTA(ActiveMethod):
         score_momentum: float = 0.5,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
-        label_expiry: int = DEFAULT_MAX_AGE,
+        label_expiry: int = DEFAULT_LABEL_EXPIRY,
     ) -> None:
         name = _BASES.get(type(base))
         if name is None:
@@ -220,7 +220,7 @@ class HILTTA(ActiveMethod):
         object.__setattr__(self, "_base", base)  # not a submodule: its model is ours
         self.base_name, self.tune, self.candidates = name, tune, grid
         self.selector = KMarginSelector()
-        self.history = NoClassBalance()
+        self.balance = NoClassBalance()
         frozen = anchor if anchor is not None else copy.deepcopy(model)
         if anchor_stats == "batch":
             configure(frozen, "norm")  # eval mode, BatchNorm on the statistics of its input
@@ -267,7 +267,7 @@ class HILTTA(ActiveMethod):
             z, o = self.features_and_logits(x)
         batch = x.shape[0]
         k = max(0, min(self.budget.allowance(), batch - 2))
-        answers = self.ask(x, z, o, k, self.selector, self.history)
+        answers = self.ask(x, z, o, k, self.selector, self.balance)
         lab_idx, lab_y = answers.indices, answers.targets
         selected = lab_idx if answers.selection is None else answers.selection.indices
         late = [a for a in answers.late if a.label is not None]  # class answers only
@@ -453,7 +453,9 @@ class HILTTAConfig(OptimizerConfig):
     rho: float = hparam(0.05, "SAM radius (sar)", min=0.0)
     reset_constant: float = hparam(0.0, "SAR's recovery threshold (0: never)", min=0.0)
     label_expiry: int = hparam(
-        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_LABEL_EXPIRY,
+        "steps an asynchronous annotator's request waits before it expires",
+        min=0,
     )
     buffer: int | None = hparam(None, "replay buffer: HILTTA keeps none (None or 0 only)", min=0)
 
@@ -495,7 +497,7 @@ def _build_hiltta(
         _check_candidates(cfg.candidates, cfg.tune or DEFAULT_GRIDS[cfg.base][0])
     if cfg.tune == "d_margin" and cfg.base != "eta":
         raise ValueError(f"tune='d_margin' needs base='eta', got base={cfg.base!r}")
-    anchor = copy.deepcopy(model).eval()  # the given model, before configuring
+    anchor = copy.deepcopy(model).eval()  # the source model, before configuring
     base = _build_base(model, cfg)
     return HILTTA(
         model,

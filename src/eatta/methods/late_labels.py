@@ -1,4 +1,4 @@
-"""Late labels weighed by how stale they are, and a label-free fallback that does not collapse.
+"""Late labels weighed by how stale they are, and an entropy filter that does not collapse.
 
 :class:`LateLabels` is the part of an active method (EATTA's ``late_labels=``) that decides how
 much a label answered ``a`` steps after it was asked still counts, and what the entropy term
@@ -17,14 +17,15 @@ Weightings of a late label (``weighting=``):
   A stream that stays put (mixed domains) keeps its late labels at full weight whatever their
   age; after a domain change they count for little (CPATTA's boundary measure, made graded).
 
-Fallback (``fallback="eta"``): in a step whose labels (fresh, or late with their weights) add up
-to less than ``anchor`` (0.1), the entropy term is ETA's: reliable (below the margin) and
-non-redundant samples only (cosine similarity of their softmax to a moving average of earlier
-kept samples' softmax below ``d_margin``), weighted ``exp(margin - H)``. Without labels, plain
-confident-entropy minimisation collapses on long streams; ETA's filter keeps it near the source.
+Entropy filter (``entropy_filter="eta"``): in a step whose labels (fresh, or late with their
+weights) add up to less than ``anchor`` (0.1), the entropy term is ETA's: reliable (below the
+margin) and non-redundant samples only (cosine similarity of their softmax to a moving average of
+earlier kept samples' softmax below ``d_margin``), weighted ``exp(margin - H)``. Without labels,
+plain confident-entropy minimisation collapses on long streams; ETA's filter keeps it near the
+source.
 
-Memory: one mean feature per step for the last ``max_age`` steps (``drift`` only: ``max_age × D``
-floats), and one ``C``-vector of softmax averages (``eta`` fallback).
+Memory: one mean feature per step for the last ``label_expiry`` steps (``drift`` only:
+``label_expiry × D`` floats), and one ``C``-vector of softmax averages (``eta`` entropy filter).
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ from torch import Tensor
 
 from eatta.methods.nearest_replay import NearestReplay
 
-__all__ = ["FALLBACKS", "WEIGHTINGS", "Fallback", "LateLabels", "Weighting"]
+__all__ = ["ENTROPY_FILTERS", "WEIGHTINGS", "EntropyFilter", "LateLabels", "Weighting"]
 
 Weighting = Literal["full", "age", "drift"]
-Fallback = Literal["none", "eta"]
+EntropyFilter = Literal["none", "eta"]
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
-FALLBACKS: tuple[str, ...] = get_args(Fallback)
+ENTROPY_FILTERS: tuple[str, ...] = get_args(EntropyFilter)
 
 
 def _number(value: object, name: str, *, low: float, high: float = math.inf) -> float:
@@ -55,16 +56,16 @@ def _number(value: object, name: str, *, low: float, high: float = math.inf) -> 
 
 
 class LateLabels:
-    """How late labels count, and the label-free fallback (see the module docstring).
+    """How late labels count, and the entropy filter (see the module docstring).
 
     Args:
         weighting: ``"full"``, ``"age"`` or ``"drift"``.
         half_life: steps after which an ``"age"``-weighted label counts half.
         drift_scale: ``"drift"``: the weight is ``exp(-max(r - 1, 0) / drift_scale)``.
-        fallback: ``"none"`` or ``"eta"``.
+        entropy_filter: ``"none"`` or ``"eta"``.
         anchor: label weight a step needs not to fall back.
         d_margin: ETA's redundancy threshold; ``prob_momentum``: its moving average's factor.
-        max_age: steps of mean features kept (the method's ``label_expiry``).
+        label_expiry: steps of mean features kept (the method's ``label_expiry``).
         replay: in steps without a fresh answer, also replay the kept labelled samples nearest
             the batch (:class:`~eatta.methods.nearest_replay.NearestReplay`); None: no replay.
     """
@@ -75,27 +76,27 @@ class LateLabels:
         *,
         half_life: float = 2.0,
         drift_scale: float = 0.25,
-        fallback: Fallback = "eta",
+        entropy_filter: EntropyFilter = "eta",
         anchor: float = 0.1,
         d_margin: float = 0.05,
         prob_momentum: float = 0.9,
-        max_age: int = 256,
+        label_expiry: int = 256,
         replay: NearestReplay | None = None,
     ) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"unknown late-label weighting {weighting!r}; use {WEIGHTINGS}")
-        if fallback not in FALLBACKS:
-            raise ValueError(f"unknown fallback {fallback!r}; use {FALLBACKS}")
+        if entropy_filter not in ENTROPY_FILTERS:
+            raise ValueError(f"unknown entropy filter {entropy_filter!r}; use {ENTROPY_FILTERS}")
         self.weighting: Weighting = weighting
-        self.fallback: Fallback = fallback
+        self.entropy_filter: EntropyFilter = entropy_filter
         self.half_life = _number(half_life, "half_life", low=0.0)
         self.drift_scale = _number(drift_scale, "drift_scale", low=0.0)
         self.anchor = _number(anchor, "anchor", low=-1e-12)
         self.d_margin = _number(d_margin, "d_margin", low=0.0, high=1.0 + 1e-12)
         self.prob_momentum = _number(prob_momentum, "prob_momentum", low=-1e-12, high=1.0)
-        if isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0:
-            raise ValueError(f"max_age must be an int >= 0, got {max_age!r}")
-        self.max_age = max_age
+        if isinstance(label_expiry, bool) or not isinstance(label_expiry, int) or label_expiry < 0:
+            raise ValueError(f"label_expiry must be an int >= 0, got {label_expiry!r}")
+        self.label_expiry = label_expiry
         if replay is not None and not isinstance(replay, NearestReplay):
             raise TypeError(f"replay must be a NearestReplay or None, got {type(replay).__name__}")
         self.replay = replay
@@ -105,7 +106,7 @@ class LateLabels:
 
     # -- what the stream looked like -----------------------------------------------------------
     def observe(self, step: int, features: Tensor) -> None:
-        """Record batch ``step``'s mean feature (``"drift"`` only; bounded by ``max_age``)."""
+        """Record batch ``step``'s mean feature (``"drift"`` only; bounded by ``label_expiry``)."""
         if self.weighting != "drift":
             return
         mu = features.detach().flatten(1).mean(0).float()
@@ -114,7 +115,7 @@ class LateLabels:
             d = 1.0 - float(torch.cosine_similarity(last, mu, dim=0))
             self._move = d if self._move is None else 0.9 * self._move + 0.1 * d
         self._means[step] = mu
-        while len(self._means) > self.max_age + 1:
+        while len(self._means) > self.label_expiry + 1:
             self._means.popitem(last=False)
 
     def weights(self, asked: list[int], now: int) -> Tensor:
@@ -137,10 +138,10 @@ class LateLabels:
             out[i] = math.exp(-max(r - 1.0, 0.0) / self.drift_scale)
         return out
 
-    # -- the fallback --------------------------------------------------------------------------
-    def falls_back(self, label_weight: float) -> bool:
-        """Whether a step whose labels weigh ``label_weight`` in all uses the fallback."""
-        return self.fallback == "eta" and label_weight < self.anchor
+    # -- the entropy filter --------------------------------------------------------------------
+    def filters(self, label_weight: float) -> bool:
+        """Whether a step whose labels weigh ``label_weight`` in all uses the entropy filter."""
+        return self.entropy_filter == "eta" and label_weight < self.anchor
 
     def entropy(
         self, h: Tensor, probs: Tensor, mask: Tensor, margin: float

@@ -35,12 +35,12 @@ from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.annotate.pending import Arrived
+from eatta.balance import NoClassBalance
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
-from eatta.history import NoClassBalance
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods._active import DEFAULT_MAX_AGE, commit_late
+from eatta.methods._active import DEFAULT_LABEL_EXPIRY, commit_late
 from eatta.methods.active import ActiveMethod, ActiveOptions, late_samples
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
@@ -129,7 +129,7 @@ class SimATTA(ActiveMethod):
         self.selector = IncrementalClusteringSelector(
             max_anchors, entropy_bound=high_entropy_bound, keep_inputs=refresh_anchors
         )
-        self.history = NoClassBalance()
+        self.balance = NoClassBalance()
         self.labelled = LabelBuffer(buffer_size, train_batch_size, seed=seed)
         self.source_buffer = LabelBuffer(buffer_size, train_batch_size, seed=seed + 1)
         self.low_entropy_bound = low_entropy_bound
@@ -161,7 +161,7 @@ class SimATTA(ActiveMethod):
 
         # 1. select and ask; nothing changes before the oracle's answer is validated
         k = self.budget.allowance()
-        ans = self.ask(x, z, o, k, self.selector, self.history)
+        ans = self.ask(x, z, o, k, self.selector, self.balance)
         lab_idx, lab_y = ans.indices, ans.targets
         src_idx, src_y = self._source_like(x, num_classes)
 
@@ -199,7 +199,7 @@ class SimATTA(ActiveMethod):
         with torch.no_grad():
             zl = backbone(torch.cat([x, xs]))[x.shape[0] :]
             ctx = SelectionContext(inputs=xs, features=zl, logits=head(zl), head=head)
-        commit_late(self.history, self.selector, late, ctx)
+        commit_late(self.balance, self.selector, late, ctx)
         self.labelled.add(xs, ys)
 
     def _source_like(self, x: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
@@ -291,7 +291,9 @@ class SimATTAConfig(OptimizerConfig):
     refresh_anchors: bool = hparam(True, "recompute the anchors' features each batch")
     seed: int = hparam(0, "seed of the clustering and the buffers")
     label_expiry: int = hparam(
-        DEFAULT_MAX_AGE, "steps an asynchronous annotator's request waits before it expires", min=0
+        DEFAULT_LABEL_EXPIRY,
+        "steps an asynchronous annotator's request waits before it expires",
+        min=0,
     )
 
 

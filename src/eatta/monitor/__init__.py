@@ -4,14 +4,14 @@
 - :mod:`eatta.monitor.confseq`: anytime-valid confidence sequences and fixed-sample bounds;
 - :mod:`eatta.monitor.guard`: the paired block test and the reset policy;
 - :mod:`eatta.monitor.monitor`: the monitor a method carries as ``method.monitor``;
-- :mod:`eatta.monitor.fallback`: the given model beside the adapted one, served when the answers
+- :mod:`eatta.monitor.fallback`: the source model beside the adapted one, served when the answers
   (the method's own, drawn with known probabilities, or audits) say adapting is worse.
 
 See ``docs/guard.md``.
 """
 
 from eatta.monitor.audit import AuditSampler, check_share
-from eatta.monitor.fallback import FallbackEvent, GivenModelFallback
+from eatta.monitor.fallback import FallbackEvent, SourceFallback
 from eatta.monitor.guard import GUARD_POLICIES, Guard, ResetEvent, check_policy
 from eatta.monitor.monitor import AccuracyMonitor, Estimate, Interval, attach
 
@@ -21,10 +21,10 @@ __all__ = [
     "AuditSampler",
     "Estimate",
     "FallbackEvent",
-    "GivenModelFallback",
     "Guard",
     "Interval",
     "ResetEvent",
+    "SourceFallback",
     "attach",
     "check_policy",
     "check_share",

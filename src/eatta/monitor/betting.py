@@ -24,7 +24,7 @@ it fell below (``K_down <- max(K_down, 1) * (1 - beta_down * v / b)``, the CUSUM
 Shin, Ramdas & Rinaldo, "E-detectors", 2023: the largest wealth of a bettor started at any answer
 since the last decision). Its guarantee is an average run length: while the adapted model is
 never worse, it reaches ``1 / level`` after ``1 / level`` answers or more on average (a false
-alarm serves the given model, the safe side, until ``K_up`` shows the adapted one better again).
+alarm serves the source model, the safe side, until ``K_up`` shows the adapted one better again).
 In exchange, a long trusted stretch cannot use up the evidence a drift needs.
 
 The bets are plug-ins (any predictable choice keeps the guarantee; this one only decides how fast
@@ -36,7 +36,7 @@ answers with a weak signal, 30 % +1 and 15 % -1, the up bet over all answers rea
 threshold within 400 answers in 94 % of 300 runs, over the last 16 in 76 %).
 While the recent answers favour the adapted model, ``beta_down`` is 0 and ``K_down`` does not
 move. When the adapted model drifts after it was trusted, with answers ``r = -1`` from then on (it
-errs wherever the two differ and the given model does not), ``K_down`` reaches ``1 / level``
+errs wherever the two differ and the source model does not), ``K_down`` reaches ``1 / level``
 within :func:`drift_answers` answers, however long it was trusted before
 (``tests/monitor/test_betting.py`` checks it answer by answer).
 
@@ -57,7 +57,7 @@ __all__ = ["BET_CAP", "SignTest", "check_answers_window", "drift_answers"]
 BET_CAP = 0.75
 
 
-def check_answers_window(window: object, name: str = "fallback window") -> int:
+def check_answers_window(window: object, name: str = "fallback recent") -> int:
     """``window`` as an int number of answers >= 1, or an error naming it."""
     if isinstance(window, bool) or not isinstance(window, int):
         raise TypeError(f"{name} must be an int number of answers, got {window!r}")

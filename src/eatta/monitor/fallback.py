@@ -1,6 +1,6 @@
-"""The given model, one step away: serve it whenever the answers say adapting is worse.
+"""The source model, one step away: serve it whenever the answers say adapting is worse.
 
-:class:`GivenModelFallback` keeps the model exactly as the user gave it (a frozen copy: its
+:class:`SourceFallback` keeps the model exactly as the user gave it (a frozen copy: its
 parameters, its running statistics, eval mode) and, at every step, predicts with it beside the
 adapted model. Each answered label request is scored for both models and, through the request's
 known inclusion probability (:mod:`eatta.selection.drawn`), gives an unbiased estimate of the
@@ -8,7 +8,7 @@ batch's mean paired difference ``acc(adapted) - acc(given)``. So the labels that
 adapted model also measure it, and measuring costs no extra label:
 
 - an active method draws its own requests with :class:`~eatta.selection.drawn.DisagreementDraw`
-  and asks through :meth:`GivenModelFallback.listen` (the registered ``eatta-safe`` does both);
+  and asks through :meth:`SourceFallback.listen` (the registered ``eatta-safe`` does both);
 - a label-free method gets ``audits`` requests a batch drawn the same way, answered by
   ``auditor`` (these audits are its labels: count them in its budget).
 
@@ -19,15 +19,15 @@ late), each answer's range known before its draw (:func:`~eatta.selection.drawn.
 - **serve the adapted model** once its bettor's wealth reaches ``1 / level``: an anytime-valid
   level-``level`` test of "the adapted model was never better on the answered batches since the
   last decision" (Ville's inequality; no repeated-look inflation);
-- **serve the given model** once the drift detector's wealth reaches ``1 / level`` (average run
+- **serve the source model** once the drift detector's wealth reaches ``1 / level`` (average run
   length ``>= 1 / level`` answers while the adapted model is never worse): a model that drifts
   after it was trusted, so that every answer shows it wrong where the two differ and the given
   model right, is caught within :func:`~eatta.monitor.betting.drift_answers` answers (22 at the
-  defaults ``window=16``, ``level=0.05``), however long it was trusted before;
+  defaults ``recent=16``, ``level=0.05``), however long it was trusted before;
   with ``reset=True`` the adapted method is then also reset to its state at creation
   (``method.reset(keep_monitor=True)``).
 
-Without answers there is no evidence, and the given model serves (``start="given"``, the
+Without answers there is no evidence, and the source model serves (``start="source"``, the
 default). ``start="adapted"`` serves the adapted model until the answers say otherwise;
 ``start="auto"`` reads two label-free signs until the first decision: the *collapse* of the given
 model's predicted classes (the entropy of their histogram below ``prior_ratio`` times the adapted
@@ -63,10 +63,10 @@ from eatta.selection.drawn import (
     inclusion_probabilities,
 )
 
-__all__ = ["START", "FallbackEvent", "GivenModelFallback"]
+__all__ = ["START", "FallbackEvent", "SourceFallback"]
 
 #: What is served before there is evidence.
-START = ("auto", "given", "adapted")
+START = ("auto", "source", "adapted")
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def _int_at_least(name: str, value: object, least: int) -> int:
 class _SyncTee:
     """A synchronous oracle whose answers the fallback also reads (everything else delegated)."""
 
-    def __init__(self, oracle: Any, fallback: GivenModelFallback) -> None:
+    def __init__(self, oracle: Any, fallback: SourceFallback) -> None:
         self._oracle = oracle
         self._fallback = fallback
 
@@ -123,7 +123,7 @@ class _SyncTee:
 class _AsyncTee:
     """An asynchronous annotator whose requests and answers the fallback also reads."""
 
-    def __init__(self, annotator: Any, fallback: GivenModelFallback) -> None:
+    def __init__(self, annotator: Any, fallback: SourceFallback) -> None:
         self._annotator = annotator
         self._fallback = fallback
 
@@ -144,17 +144,17 @@ class _AsyncTee:
         return getattr(self._annotator, name)
 
 
-class GivenModelFallback:
+class SourceFallback:
     """See the module docstring.
 
     Args:
         given: the model as the user gave it (trained, BatchNorm with its running statistics);
             a frozen copy is kept, in eval mode.
-        window: answers the bets are sized from (the evidence is every answer since the last
+        recent: answers the bets are sized from (the evidence is every answer since the last
             decision), >= 1.
         level: error level of each decision (the test's level, the detector's 1 / run length),
             in (0, 1).
-        start: what is served before the first decision: ``"given"`` (the default),
+        start: what is served before the first decision: ``"source"`` (the default),
             ``"adapted"``, or ``"auto"`` (the label-free signs, not validated beyond digits-C).
         prior_ratio: ``"auto"``'s threshold on the ratio of the two prediction entropies.
         prior_disagreement: ``"auto"``'s threshold on the share of samples the two disagree on.
@@ -167,11 +167,11 @@ class GivenModelFallback:
         audits: audit requests per batch (label-free methods; default 1), >= 1.
         explore: the audits' share drawn by entropy rather than disagreement, in (0, 1]
             (default 0.25). Both are refused with ``draw=``.
-        sample: samples of each batch the given model predicts on while the adapted model is
+        sample: samples of each batch the source model predicts on while the adapted model is
             served (a uniform subset: the draw is made within it, see
-            :mod:`eatta.selection.drawn`); None: all. While the given model is served it predicts
+            :mod:`eatta.selection.drawn`); None: all. While the source model is served it predicts
             on the whole batch.
-        max_age: steps an audit may wait for its answer before it is dropped.
+        label_expiry: steps an audit may wait for its answer before it is dropped.
         seed: the audits' generator seed.
         act: whether the decisions are taken (False: measure only; the adapted model is always
             served and never reset, e.g. to see what drawing the requests costs).
@@ -181,9 +181,9 @@ class GivenModelFallback:
         self,
         given: nn.Module,
         *,
-        window: int = 16,
+        recent: int = 16,
         level: float = 0.05,
-        start: str = "given",
+        start: str = "source",
         prior_ratio: float = 0.9,
         prior_disagreement: float = 0.3,
         prior_batches: int = 3,
@@ -193,14 +193,14 @@ class GivenModelFallback:
         audits: int | None = None,
         explore: float | None = None,
         sample: int | None = 16,
-        max_age: int = 256,
+        label_expiry: int = 256,
         seed: int = 0,
         act: bool = True,
     ) -> None:
         if not isinstance(given, nn.Module):
             raise TypeError(f"given must be the model as given (an nn.Module), got {given!r}")
-        test = SignTest(level, window)  # checks both
-        self.window, self.level = test.window, test.level
+        test = SignTest(level, recent)  # checks both
+        self.recent, self.level = test.window, test.level
         if start not in START:
             raise ValueError(f"start must be one of {', '.join(START)}, got {start!r}")
         self.start = start
@@ -236,7 +236,7 @@ class GivenModelFallback:
         self.audits = _int_at_least("audits", 1 if audits is None else audits, 1)
         self.explore = check_explore(0.25 if explore is None else explore)
         self.sample = None if sample is None else _int_at_least("sample", sample, 2)
-        self.max_age = _int_at_least("max_age", max_age, 0)
+        self.label_expiry = _int_at_least("label_expiry", label_expiry, 0)
         if auditor is not None and not (is_asynchronous(auditor) or callable(auditor)):
             raise TypeError(
                 "auditor must be a callable oracle(inputs, indices) or an asynchronous "
@@ -254,7 +254,7 @@ class GivenModelFallback:
     def _clear(self) -> None:
         self.step = 0
         self.epoch = 0  # resets of the adapted method so far
-        self.serving = "adapted" if self.start == "adapted" or not self.act else "given"
+        self.serving = "adapted" if self.start == "adapted" or not self.act else "source"
         self.prior_switches = 0  # switches made by the label-free collapse test
         # per recent batch: class histograms of the given and the adapted model's predictions
         self._marginals: deque[tuple[Tensor, Tensor]] = deque(maxlen=self.prior_batches)
@@ -262,14 +262,14 @@ class GivenModelFallback:
         self.events: list[FallbackEvent] = []
         self.answers = 0  # answers scored (lifetime)
         self.requested = 0  # audits this fallback asked for itself (label-free methods)
-        self.served_given = 0  # batches whose served predictions were the given model's
-        self.test = SignTest(self.level, self.window)
+        self.served_source = 0  # batches whose served predictions were the source model's
+        self.test = SignTest(self.level, self.recent)
         self._periods: dict[int, list[float]] = {}  # period -> [answers, sum of estimates]
         self._pending: dict[str, _Asked] = {}
         self._heard: list[tuple[Tensor, Tensor | None]] = []  # sync answers in this step
         self._answered: list[Answer] = []  # async answers in this step
-        self._given_pred: Tensor | None = None  # -1 where the given model did not predict
-        self._given_logits: Tensor | None = None  # when it predicted on the whole batch
+        self._source_pred: Tensor | None = None  # -1 where the source model did not predict
+        self._source_logits: Tensor | None = None  # when it predicted on the whole batch
         self._subset: Tensor | None = None  # where it predicted (None: everywhere)
 
     # -- wiring ------------------------------------------------------------------------------
@@ -288,8 +288,8 @@ class GivenModelFallback:
         return _SyncTee(oracle, self)
 
     @torch.no_grad()
-    def given_logits(self, x: Tensor) -> Tensor:
-        """The given model's logits for ``x`` (its own statistics: per sample, batch-free)."""
+    def source_logits(self, x: Tensor) -> Tensor:
+        """The source model's logits for ``x`` (its own statistics: per sample, batch-free)."""
         ref = next(self.given.parameters(), None)
         if ref is not None and (ref.device != x.device or ref.dtype != x.dtype):
             self.given.to(device=x.device, dtype=x.dtype)
@@ -306,7 +306,7 @@ class GivenModelFallback:
                 raise ValueError(
                     "a fallback with draw= measures by the method's own requests: build the "
                     "method with selector=fallback.draw, oracle=fallback.listen(oracle) and "
-                    "history=None (or give the fallback auditor= instead of draw=)"
+                    "balance=None (or give the fallback auditor= instead of draw=)"
                 )
         elif self.auditor is None:
             raise ValueError(
@@ -316,60 +316,60 @@ class GivenModelFallback:
         theirs = _last_linear_outputs(method.model)
         if self._head is not None and theirs is not None and theirs != self._head:
             raise ValueError(
-                f"the given model predicts {self._head} classes and the adapted model "
+                f"the source model predicts {self._head} classes and the adapted model "
                 f"{theirs}: the fallback can only serve one in place of the other when they agree"
             )
 
     def check(self, x: Tensor, labels: Tensor | None) -> None:
-        """Before anything changes: the given model's number of classes (found on the first
+        """Before anything changes: the source model's number of classes (found on the first
         request, on one sample) must cover ``labels``."""
         if self._classes is None:
-            self._classes = int(self.given_logits(x[:1]).shape[1])
+            self._classes = int(self.source_logits(x[:1]).shape[1])
         if labels is not None and len(labels):
             bad = ((labels < 0) & (labels != ABSTAIN)) | (labels >= self._classes)
             if bool(bad.any()):
                 raise ValueError(
-                    f"labels {sorted(set(labels[bad].tolist()))} are outside the given model's "
+                    f"labels {sorted(set(labels[bad].tolist()))} are outside the source model's "
                     f"{self._classes} classes; nothing was changed"
                 )
 
     def serve(self, x: Tensor, logits: Tensor) -> Tensor:
         """A request served between steps (a window): ``logits`` (the adapted model's) or the
-        given model's, whichever is served now."""
+        source model's, whichever is served now."""
         self._check_classes(logits)
-        if self.serving != "given":
+        if self.serving != "source":
             return logits
-        self.served_given += 1
-        return self.given_logits(x).to(logits.dtype)
+        self.served_source += 1
+        return self.source_logits(x).to(logits.dtype)
 
     def _check_classes(self, logits: Tensor) -> None:
         if self._classes is not None and logits.shape[1] != self._classes:
             raise ValueError(
-                f"the adapted model predicts {logits.shape[1]} classes, the given model "
+                f"the adapted model predicts {logits.shape[1]} classes, the source model "
                 f"{self._classes}: the fallback cannot serve one in place of the other"
             )
 
     # -- the step ----------------------------------------------------------------------------
     def before(self, x: Tensor) -> None:
-        """Before the method's step on ``x``: the given model's predictions, on the whole batch
+        """Before the method's step on ``x``: the source model's predictions, on the whole batch
         while it is served, else on a uniform subset of ``sample`` (and, for an active method,
         the draw's reference and candidates)."""
         n = x.shape[0]
         self._heard = []
         self._answered = []
-        if self.serving == "given" or self.sample is None or self.sample >= n:
-            self._given_logits = self.given_logits(x)
-            self._given_pred = self._given_logits.argmax(1)
+        if self.serving == "source" or self.sample is None or self.sample >= n:
+            self._source_logits = self.source_logits(x)
+            self._source_pred = self._source_logits.argmax(1)
             self._subset = None
         else:
             subset = torch.randperm(n, generator=self._gen)[: self.sample].sort().values
-            logits = self.given_logits(x[subset.to(x.device)])
-            self._given_logits = None
-            self._given_pred = torch.full((n,), -1, dtype=torch.long, device=logits.device)
-            self._given_pred[subset.to(logits.device)] = logits.argmax(1)
+            logits = self.source_logits(x[subset.to(x.device)])
+            self._source_logits = None
+            self._source_pred = torch.full((n,), -1, dtype=torch.long, device=logits.device)
+            self._source_pred[subset.to(logits.device)] = logits.argmax(1)
             self._subset = subset
         if self.draw is not None:
-            self.draw.reference = self._given_pred
+            self.draw.reference = self._source_pred
             self.draw.candidates = self._subset
 
     def after(
@@ -384,7 +384,7 @@ class GivenModelFallback:
         """After the step (``logits``: the adapted model's, before its update): score the answers
         that arrived, audit (label-free), decide; return the logits to serve (``served``: False
         for a window's step, whose predictions are not served)."""
-        assert self._given_pred is not None
+        assert self._source_pred is not None
         self._check_classes(logits)
         self.step += 1
         adapted = logits.detach().argmax(1)
@@ -398,12 +398,12 @@ class GivenModelFallback:
         self._expire()
         self._record_marginals(adapted)
         out = logits
-        if self.serving == "given":
-            assert self._given_logits is not None  # predicted on the whole batch while served
-            out = self._given_logits.to(logits.dtype)
-            self.served_given += int(served)
+        if self.serving == "source":
+            assert self._source_logits is not None  # predicted on the whole batch while served
+            out = self._source_logits.to(logits.dtype)
+            self.served_source += int(served)
         self._decide(method)
-        self._given_logits = self._given_pred = self._subset = None
+        self._source_logits = self._source_pred = self._subset = None
         return out
 
     # -- what the tees hear ------------------------------------------------------------------
@@ -423,9 +423,9 @@ class GivenModelFallback:
         draw = self.draw.last_draw if self.draw is not None else None
         for r in requests:
             hit = _weight(draw, r.index)
-            if hit is None or self._given_pred is None or draw is None:
+            if hit is None or self._source_pred is None or draw is None:
                 continue
-            given = int(self._given_pred[r.index])
+            given = int(self._source_pred[r.index])
             self._pending[r.id] = _Asked(
                 hit[0],
                 draw.bound,
@@ -455,14 +455,14 @@ class GivenModelFallback:
         self, indices: Tensor, got: Tensor | None, adapted: Tensor, draw: Draw | None
     ) -> None:
         """Score labels answered at once for the drawn ``indices`` of this step's batch."""
-        assert self._given_pred is not None
+        assert self._source_pred is not None
         if got is None:
             return
         for j, i in enumerate(indices.tolist()):
             y, hit = int(got[j]), _weight(draw, i)
             if y == ABSTAIN or hit is None or draw is None:
                 continue
-            a, g = int(y == int(adapted[i])), int(y == int(self._given_pred[i]))
+            a, g = int(y == int(adapted[i])), int(y == int(self._source_pred[i]))
             self._add(hit[0] * (a - g), draw.bound, hit[1], self.period)
 
     def _check_audit_answers(self, answers: list[Answer]) -> None:
@@ -509,13 +509,13 @@ class GivenModelFallback:
 
     def _audit(self, x: Tensor, logits: Tensor, adapted: Tensor, labels: Tensor | None) -> None:
         """A label-free method's audits: ``audits`` draws by disagreement (and entropy)."""
-        assert self._given_pred is not None
+        assert self._source_pred is not None
         if labels is not None and hasattr(self.auditor, "set_labels"):
             self.auditor.set_labels(labels)
         p = logits.detach().float().softmax(1)
         ent = (-(p * p.clamp_min(1e-12).log()).sum(1)).cpu()
         pool = torch.arange(x.shape[0]) if self._subset is None else self._subset.cpu()
-        disagree = (adapted.cpu() != self._given_pred.cpu())[pool]
+        disagree = (adapted.cpu() != self._source_pred.cpu())[pool]
         q = inclusion_probabilities(ent[pool], disagree, self.explore).cpu()
         drawn = torch.multinomial(q.float(), self.audits, replacement=True, generator=self._gen)
         pos, counts = torch.unique(drawn, sorted=True, return_counts=True)
@@ -560,7 +560,7 @@ class GivenModelFallback:
                     draw.bound,
                     hit[1],
                     int(adapted[i]),
-                    int(self._given_pred[i]),
+                    int(self._source_pred[i]),
                     self.period,
                     self.epoch,
                     self.step,
@@ -580,7 +580,7 @@ class GivenModelFallback:
     def _expire(self) -> None:
         if self.draw is not None:  # the method's own requests expire with the method
             return
-        old = [i for i, a in self._pending.items() if self.step - a.step > self.max_age]
+        old = [i for i, a in self._pending.items() if self.step - a.step > self.label_expiry]
         for i in old:
             del self._pending[i]
         if old and is_asynchronous(self.auditor):
@@ -595,9 +595,9 @@ class GivenModelFallback:
         return t.answers, t.mean, t.up, t.down
 
     def _record_marginals(self, adapted: Tensor) -> None:
-        assert self._given_pred is not None
-        given = self._given_pred.cpu()
-        where = given >= 0  # the samples the given model predicted on
+        assert self._source_pred is not None
+        given = self._source_pred.cpu()
+        where = given >= 0  # the samples the source model predicted on
         classes = max(int(given.max()), int(adapted.max())) + 1
         self._marginals.append(
             (
@@ -609,21 +609,21 @@ class GivenModelFallback:
         self._disagreement.append((differ, int(where.sum())))
 
     def disagreement_rate(self) -> float:
-        """Share of the last ``prior_batches`` batches' samples (where the given model predicted)
+        """Share of the last ``prior_batches`` batches' samples (where the source model predicted)
         on which the two models predict different classes (nan before any batch)."""
         seen = sum(n for _, n in self._disagreement)
         return sum(d for d, _ in self._disagreement) / seen if seen else math.nan
 
     def prior_choice(self) -> str:
-        """What the label-free signs say to serve: the adapted model when the given model's
+        """What the label-free signs say to serve: the adapted model when the source model's
         predictions have collapsed or the two disagree on more than ``prior_disagreement`` of
-        the samples, else the given model."""
+        the samples, else the source model."""
         collapsed = self.collapse_ratio() < self.prior_ratio
         apart = self.disagreement_rate() > self.prior_disagreement
-        return "adapted" if collapsed or apart else "given"
+        return "adapted" if collapsed or apart else "source"
 
     def collapse_ratio(self) -> float:
-        """Entropy of the given model's predicted classes over that of the adapted model's, on
+        """Entropy of the source model's predicted classes over that of the adapted model's, on
         the same samples of the last ``prior_batches`` batches (nan before any batch)."""
         if not self._marginals:
             return math.nan
@@ -650,10 +650,10 @@ class GivenModelFallback:
             self._event("serve adapted")
             self.serving = "adapted"
             self.test.clear()
-        elif verdict == "worse" and (self.serving != "given" or self.reset_on_evidence):
-            if self.serving != "given":
+        elif verdict == "worse" and (self.serving != "source" or self.reset_on_evidence):
+            if self.serving != "source":
                 self._event("serve given")
-                self.serving = "given"
+                self.serving = "source"
             if self.reset_on_evidence:
                 self._event("reset: worse than given")
                 method.reset(keep_monitor=True)
@@ -676,12 +676,12 @@ class GivenModelFallback:
         return int(n), (total / n if n else math.nan)
 
     def stats(self) -> dict[str, Any]:
-        """Answers scored, batches served by the given model, switches and resets, what is
+        """Answers scored, batches served by the source model, switches and resets, what is
         served now, answers pending."""
         return {
             "answers": self.answers,
             "requested": self.requested,
-            "served_given": self.served_given,
+            "served_source": self.served_source,
             "steps": self.step,
             "switches": sum(e.kind.startswith("serve") for e in self.events),
             "prior_switches": self.prior_switches,
@@ -707,7 +707,7 @@ class GivenModelFallback:
             "events": [e.to_dict() for e in self.events],
             "answers": self.answers,
             "requested": self.requested,
-            "served_given": self.served_given,
+            "served_source": self.served_source,
             "prior_switches": self.prior_switches,
             "marginals": [(g.clone(), a.clone()) for g, a in self._marginals],
             "disagreement": [list(p) for p in self._disagreement],
@@ -724,7 +724,10 @@ class GivenModelFallback:
             raise ValueError(f"unknown serving state {state['serving']!r}")
         self.serving = str(state["serving"])
         self.events = [FallbackEvent(**e) for e in state["events"]]
-        self.answers, self.served_given = int(state["answers"]), int(state["served_given"])
+        self.answers, self.served_source = (
+            int(state["answers"]),
+            int(state["served_source" if "served_source" in state else "served_given"]),
+        )
         self.requested = int(state["requested"])
         self.prior_switches = int(state["prior_switches"])
         self._marginals = deque(

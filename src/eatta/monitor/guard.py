@@ -1,7 +1,7 @@
 """The guard's test and policy: :class:`Guard` decides, from paired audits, when to reset.
 
 Audits (each: was the adapted model right, was the source model right, on the same sample) are
-grouped, in arrival order, into consecutive blocks of ``window`` audits. Each completed block ``j``
+grouped, in arrival order, into consecutive blocks of ``block`` audits. Each completed block ``j``
 (counted over the guard's whole life) gets an interval for its mean paired gain
 ``g = acc(adapted) - acc(source)`` (observations in [-1, 1]) at level
 ``alpha_j = alpha / (j (j + 1))``: the tighter of Hoeffding's and the empirical Bernstein bound
@@ -79,15 +79,15 @@ class Guard:
         policy: ``"paired"``, ``"source"`` or ``"drift"``.
         level: the stated error level ``alpha`` in (0, 1): the chance of any reset over the whole
             stream when the adapted model is never worse than the source nor than it was.
-        window: audits per block (>= 2).
+        block: audits per block (>= 2).
     """
 
-    def __init__(self, policy: str = "paired", level: float = 0.05, window: int = 1000) -> None:
+    def __init__(self, policy: str = "paired", level: float = 0.05, block: int = 1000) -> None:
         self.policy = check_policy(policy)
         self.level = check_level(level, "guard level")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-            raise ValueError(f"guard window must be an int >= 2 (audits), got {window!r}")
-        self.window = window
+        if isinstance(block, bool) or not isinstance(block, int) or block < 2:
+            raise ValueError(f"guard block must be an int >= 2 (audits), got {block!r}")
+        self.block = block
         self.blocks = 0  # completed blocks, lifetime (the union bound's index)
         self._n = 0
         self._sum = 0  # sum of paired differences in the open block
@@ -116,7 +116,7 @@ class Guard:
         self._n += 1
         self._sum += d
         self._abs += abs(d)
-        if self._n < self.window:
+        if self._n < self.block:
             return None
         self.blocks += 1
         j = self.blocks
@@ -161,7 +161,7 @@ class Guard:
         return {
             "policy": self.policy,
             "level": self.level,
-            "window": self.window,
+            "block": self.block,
             "blocks": self.blocks,
             "n": self._n,
             "sum": self._sum,
@@ -172,7 +172,7 @@ class Guard:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.policy = check_policy(state["policy"])
         self.level = check_level(state["level"], "guard level")
-        self.window = int(state["window"])
+        self.block = int(state["block" if "block" in state else "window"])
         self.blocks, self._n, self._sum = int(state["blocks"]), int(state["n"]), int(state["sum"])
         self._abs = int(state["abs"])
         self._segment = [_Block(**b) for b in state["segment"]]

@@ -134,7 +134,7 @@ class AccuracyMonitor:
         level: error level of the intervals, in (0, 1) (0.05: 95 % intervals).
         guard: a :class:`Guard` (resets the method on evidence), or None (only measure).
         recent: audits in the recent window.
-        max_age: steps an asynchronous audit may wait for its answer before it expires.
+        label_expiry: steps an asynchronous audit may wait for its answer before it expires.
         seed: the audit sampler's seed.
     """
 
@@ -147,7 +147,7 @@ class AccuracyMonitor:
         level: float = 0.05,
         guard: Guard | None = None,
         recent: int = 500,
-        max_age: int = 256,
+        label_expiry: int = 256,
         seed: int = 0,
     ) -> None:
         share = check_share(share)
@@ -170,7 +170,7 @@ class AccuracyMonitor:
             raise TypeError(f"guard must be a Guard or None, got {type(guard).__name__}")
         if guard is not None and share == 0.0:
             raise ValueError("a guard needs audits: give an audit share > 0")
-        for name, v, least in (("recent", recent, 1), ("max_age", max_age, 0)):
+        for name, v, least in (("recent", recent, 1), ("label_expiry", label_expiry, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {v!r}")
         self.auditor = auditor
@@ -184,7 +184,7 @@ class AccuracyMonitor:
         self.sampler = AuditSampler(share, seed)
         self.guard = guard
         self.recent = recent
-        self.max_age = max_age
+        self.label_expiry = label_expiry
         self.period = 0  # set by the caller (e.g. the round); audits count for their request's
         self.on_reset: Callable[[ResetEvent], None] | None = None  # called after a guard reset
         self._nonce = uuid.uuid4().hex[:8]
@@ -198,7 +198,7 @@ class AccuracyMonitor:
         self._overall = _Tally()
         self._segment = _Tally()
         self._periods: dict[int, _Tally] = {}
-        self._window: deque[int] = deque(maxlen=self.recent)  # 2 * adapted + source
+        self._recent: deque[int] = deque(maxlen=self.recent)  # 2 * adapted + source
         self.resets: list[ResetEvent] = []
 
     # -- the step -------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ class AccuracyMonitor:
             )
 
     def _expire(self) -> None:
-        old = [i for i, a in self._pending.items() if self.step - a.step > self.max_age]
+        old = [i for i, a in self._pending.items() if self.step - a.step > self.label_expiry]
         for i in old:
             del self._pending[i]
         if old:
@@ -320,7 +320,7 @@ class AccuracyMonitor:
     def _score(self, a: int, s: int, period: int, epoch: int) -> None:
         self._overall.add(a, s)
         self._periods.setdefault(period, _Tally()).add(a, s)
-        self._window.append(2 * a + s)
+        self._recent.append(2 * a + s)
         if epoch == self.epoch:
             self._segment.add(a, s)
             if self.guard is not None:
@@ -363,7 +363,7 @@ class AccuracyMonitor:
         if which == "segment":
             return self._estimate(self._segment)
         if which == "recent":
-            w = list(self._window)
+            w = list(self._recent)
             return self._estimate(_Tally(len(w), sum(v >> 1 for v in w), sum(v & 1 for v in w)))
         raise ValueError(f"estimate of {which!r}: use 'overall', 'segment', 'recent' or a period")
 
@@ -415,7 +415,7 @@ class AccuracyMonitor:
             "overall": self._overall.as_list(),
             "segment": self._segment.as_list(),
             "periods": {p: t.as_list() for p, t in self._periods.items()},
-            "window": list(self._window),
+            "recent": list(self._recent),
             "resets": [e.to_dict() for e in self.resets],
             "sampler": self.sampler.state_dict(),
             "guard": None if self.guard is None else self.guard.state_dict(),
@@ -433,7 +433,9 @@ class AccuracyMonitor:
         self._overall = _Tally(*state["overall"])
         self._segment = _Tally(*state["segment"])
         self._periods = {int(p): _Tally(*t) for p, t in state["periods"].items()}
-        self._window = deque((int(v) for v in state["window"]), maxlen=self.recent)
+        self._recent = deque(
+            (int(v) for v in state["recent" if "recent" in state else "window"]), maxlen=self.recent
+        )
         self.resets = [ResetEvent(**e) for e in state["resets"]]
         self.sampler.load_state_dict(state["sampler"])
         if self.guard is not None and state.get("guard") is not None:
@@ -449,9 +451,9 @@ def attach(
     level: float = 0.05,
     guard: str | Guard | None = None,
     guard_level: float = 0.05,
-    window: int = 1000,
+    block: int = 1000,
     recent: int = 500,
-    max_age: int = 256,
+    label_expiry: int = 256,
     seed: int = 0,
 ) -> AccuracyMonitor:
     """Attach an :class:`AccuracyMonitor` to ``method`` (as ``method.monitor``) and return it.
@@ -459,11 +461,11 @@ def attach(
     ``source``: the source model (default: a copy of the method's model as it was created, which
     for a configured model normalizes with batch statistics: give the model as trained when you
     can). ``guard``: a policy name (``"paired"``, ``"source"``, ``"drift"``), a :class:`Guard`,
-    or None; ``guard_level`` and ``window`` configure a guard given by name. Everything is checked
+    or None; ``guard_level`` and ``block`` configure a guard given by name. Everything is checked
     before the method is touched.
     """
     if isinstance(guard, str):
-        guard = Guard(guard, guard_level, window)
+        guard = Guard(guard, guard_level, block)
     if source is None:
         source = copy.deepcopy(method.model)
         source.load_state_dict(method._initial_model)
@@ -474,7 +476,7 @@ def attach(
         level=level,
         guard=guard,
         recent=recent,
-        max_age=max_age,
+        label_expiry=label_expiry,
         seed=seed,
     )
     method.attach(monitor=monitor)

@@ -9,7 +9,7 @@ from typing import Any
 from torch import Tensor, nn
 from typing_extensions import Protocol, runtime_checkable
 
-from eatta.history import ClassHistory, Selection
+from eatta.balance import ClassBalance, Selection
 from eatta.losses import entropy
 
 __all__ = ["ScoreSelector", "SelectionContext", "Selector"]
@@ -45,14 +45,14 @@ class SelectionContext:
 
 @runtime_checkable
 class Selector(Protocol):
-    """Chooses up to ``k`` samples to label, through a class history.
+    """Chooses up to ``k`` samples to label, through a class balance.
 
     ``select`` may advance a random generator but must not change other state: the method saves
     ``state_dict()`` before and restores it if the step fails. State that depends on the labels
     (anchors, clusters) is updated in ``commit`` once the oracle has answered.
     """
 
-    def select(self, ctx: SelectionContext, k: int, history: ClassHistory) -> Selection: ...
+    def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection: ...
 
     def commit(self, ctx: SelectionContext, selection: Selection, labels: Tensor) -> None: ...
 
@@ -66,15 +66,15 @@ class Selector(Protocol):
 class ScoreSelector:
     """A selector defined by a per-sample score: larger means more worth labelling.
 
-    Subclasses implement :meth:`score`; selection ranks by score under the class history.
+    Subclasses implement :meth:`score`; selection ranks by score under the class balance.
     """
 
     def score(self, ctx: SelectionContext) -> Tensor:
         raise NotImplementedError
 
-    def select(self, ctx: SelectionContext, k: int, history: ClassHistory) -> Selection:
+    def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection:
         scores = self.score(ctx)
-        selection = history.plan(scores, ctx.pseudo_labels, k)
+        selection = balance.plan(scores, ctx.pseudo_labels, k)
         selection.update.setdefault("scores", scores)
         return selection
 

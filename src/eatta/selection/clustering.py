@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import ABSTAIN
-from eatta.history import ClassHistory, Selection
+from eatta.balance import ClassBalance, Selection
 from eatta.selection.base import ScoreSelector, SelectionContext
 
 __all__ = ["Clustering", "IncrementalClusteringSelector", "cluster_with_anchors"]
@@ -199,10 +199,10 @@ class IncrementalClusteringSelector(ScoreSelector):
         tier[result.representatives.to(z.device)] = 2.0
         return tier + 1.0 / (1.0 + distance)
 
-    def select(self, ctx: SelectionContext, k: int, history: ClassHistory) -> Selection:
+    def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection:
         result = self.cluster(ctx, k)
         scores = self._score(ctx, result)
-        selection = history.plan(scores, ctx.pseudo_labels, k)
+        selection = balance.plan(scores, ctx.pseudo_labels, k)
         selection.update.setdefault("scores", scores)
         selection.update["centroids"] = result.centroids
         selection.update["representatives"] = result.representatives

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from eatta.history import ClassHistory, NoClassBalance, Selection
+from eatta.balance import ClassBalance, NoClassBalance, Selection
 from eatta.selection.base import ScoreSelector, SelectionContext
 from eatta.selection.perturbation import PerturbationSelector
 
@@ -113,8 +113,8 @@ class DisagreementDraw:
         explore: share of each draw that follows the scores, in (0, 1].
         seed: the draw's generator seed (its state is part of :meth:`state_dict`).
 
-    It takes no class history (the history would change which sample is asked after the draw,
-    and the inclusion probabilities with it): give the method ``history=None``.
+    It takes no class balance (the balance would change which sample is asked after the draw,
+    and the inclusion probabilities with it): give the method ``balance=None``.
     """
 
     def __init__(
@@ -138,11 +138,11 @@ class DisagreementDraw:
         #: the last draw (read by the estimator after the step)
         self.last_draw: Draw | None = None
 
-    def select(self, ctx: SelectionContext, k: int, history: ClassHistory) -> Selection:
-        if not isinstance(history, NoClassBalance):
+    def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection:
+        if not isinstance(balance, NoClassBalance):
             raise TypeError(
-                "DisagreementDraw draws with known probabilities and takes no class history "
-                f"(got {type(history).__name__}): give the method history=None"
+                "DisagreementDraw draws with known probabilities and takes no class balance "
+                f"(got {type(balance).__name__}): give the method balance=None"
             )
         n = ctx.inputs.shape[0]
         scores = self.base.score(ctx)

@@ -21,18 +21,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from eatta.history import ClassHistory, Selection
+from eatta.balance import ClassBalance, Selection
 from eatta.selection.base import ScoreSelector, SelectionContext
 
 __all__ = ["DynamicMarginSelector", "plan_within"]
 
 
 def plan_within(
-    history: ClassHistory, scores: Tensor, pseudo_labels: Tensor, mask: Tensor, k: int
+    balance: ClassBalance, scores: Tensor, pseudo_labels: Tensor, mask: Tensor, k: int
 ) -> Selection:
     """Plan a selection among the samples where ``mask`` is true only (indices into the batch)."""
     keep = mask.nonzero().flatten()
-    sub = history.plan(scores[keep], pseudo_labels[keep], k)
+    sub = balance.plan(scores[keep], pseudo_labels[keep], k)
     sub.indices = keep.cpu()[sub.indices].to(torch.long)
     return sub
 
@@ -124,12 +124,12 @@ class DynamicMarginSelector(ScoreSelector):
     def score(self, ctx: SelectionContext) -> Tensor:
         return self._band_scores(ctx)[0]
 
-    def select(self, ctx: SelectionContext, k: int, history: ClassHistory) -> Selection:
+    def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection:
         scores, band, limits = self._band_scores(ctx)
         if self.strict:
-            selection = plan_within(history, scores, ctx.pseudo_labels, band, k)
+            selection = plan_within(balance, scores, ctx.pseudo_labels, band, k)
         else:
-            selection = history.plan(scores, ctx.pseudo_labels, k)
+            selection = balance.plan(scores, ctx.pseudo_labels, k)
         selection.update.setdefault("scores", scores)
         selection.update["band"] = band
         selection.update["thresholds"] = limits

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from eatta.history import ClassHistory, Selection
+from eatta.balance import ClassBalance, Selection
 from eatta.selection.base import SelectionContext
 
 __all__ = ["KMarginSelector", "k_center_greedy", "k_margin", "margin_uncertainty"]
@@ -64,9 +64,9 @@ def k_margin(logits: Tensor, features: Tensor, k: int) -> Tensor:
 
 class KMarginSelector:
     """:func:`k_margin` as a :class:`~eatta.selection.base.Selector` (stateless; the class
-    history is not consulted, as in HILTTA)."""
+    balance is not consulted, as in HILTTA)."""
 
-    def select(self, ctx: SelectionContext, k: int, history: ClassHistory) -> Selection:
+    def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection:
         k = min(k, ctx.logits.shape[0])
         idx = k_margin(ctx.logits, ctx.features, k)
         classes = ctx.pseudo_labels[idx.to(ctx.logits.device)].tolist()

@@ -1,8 +1,8 @@
 """Classic selection scores compared with EATTA's in the paper's Table 7, and random selection.
 
 Each selector is a :class:`~eatta.selection.base.ScoreSelector`: it scores every sample of the
-batch (larger = more worth labelling) and the class history picks the top ``k`` (under
-:class:`~eatta.history.NoClassBalance` exactly ``argsort(score, descending)[:k]``).
+batch (larger = more worth labelling) and the class balance picks the top ``k`` (under
+:class:`~eatta.balance.NoClassBalance` exactly ``argsort(score, descending)[:k]``).
 
 - :class:`MaxEntropySelector`: prediction entropy (active learning's "max entropy").
 - :class:`LeastConfidenceSelector`: ``1 - max_c p_c``.

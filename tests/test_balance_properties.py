@@ -1,4 +1,4 @@
-"""Property tests of selection under the class histories (hypothesis)."""
+"""Property tests of selection under the class balances (hypothesis)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eatta.history import LastKClasses, NoClassBalance, ReferenceClassHistory
+from eatta.balance import LastKClasses, NoClassBalance, ReferenceBalance
 
 batches = st.integers(1, 24).flatmap(
     lambda n: st.tuples(
@@ -26,51 +26,51 @@ def as_tensors(scores, labels):
 @settings(max_examples=150, deadline=None)
 @given(streams)
 def test_indices_unique_in_range_and_within_k(stream):
-    for history in (NoClassBalance(), LastKClasses(2), ReferenceClassHistory()):
+    for balance in (NoClassBalance(), LastKClasses(2), ReferenceBalance()):
         for scores, labels, k in stream:
             s, y = as_tensors(scores, labels)
-            sel = history.plan(s, y, k)
+            sel = balance.plan(s, y, k)
             idx = sel.indices.tolist()
             assert len(idx) == len(set(idx)) <= min(k, len(scores))
             assert all(0 <= i < len(scores) for i in idx)
             assert len(idx) >= 1  # every rule labels something when a label is allowed
-            history.commit(sel, [True] * len(idx))
+            balance.commit(sel, [True] * len(idx))
 
 
 @settings(max_examples=150, deadline=None)
 @given(streams)
 def test_last_k_chooses_the_best_allowed_sample(stream):
-    history = LastKClasses(2)
+    balance = LastKClasses(2)
     for scores, labels, _ in stream:
         s, y = as_tensors(scores, labels)
-        recent = set(history.classes)
-        (i,) = history.plan(s, y, 1).indices.tolist()
+        recent = set(balance.classes)
+        (i,) = balance.plan(s, y, 1).indices.tolist()
         allowed = [j for j in range(len(scores)) if labels[j] not in recent]
         pool = allowed or list(range(len(scores)))
         assert scores[i] == max(scores[j] for j in pool)
-        history.commit(history.plan(s, y, 1), [True])
-        assert history.classes[-1] == labels[i] and len(history.classes) <= 2
+        balance.commit(balance.plan(s, y, 1), [True])
+        assert balance.classes[-1] == labels[i] and len(balance.classes) <= 2
 
 
 @settings(max_examples=150, deadline=None)
 @given(streams)
 def test_reference_history_invariants(stream):
-    history = ReferenceClassHistory()
+    balance = ReferenceBalance()
     for scores, labels, k in stream:
         s, y = as_tensors(scores, labels)
-        before = list(history.classes)
-        sel = history.plan(s, y, k)
-        assert history.classes == before  # planning changes nothing
+        before = list(balance.classes)
+        sel = balance.plan(s, y, k)
+        assert balance.classes == before  # planning changes nothing
         order = sorted(range(len(scores)), key=lambda j: -scores[j])
         positions = [order.index(i) for i in sel.indices.tolist()]
         assert positions == sorted(positions)  # sorted-position order
-        if not before:  # empty history: the top-m
+        if not before:  # empty balance: the top-m
             assert positions == list(range(min(k, len(scores))))
-        history.commit(sel, [True] * len(positions))
+        balance.commit(sel, [True] * len(positions))
         if before:  # a balancing step trims to the last class; a fallback leaves it as it was
-            assert len(history.classes) <= 2 or history.classes == before
+            assert len(balance.classes) <= 2 or balance.classes == before
         picked = sel.indices.tolist()
-        for c, d in history.stored_diff.items():  # a class labelled now stores a diff of this batch
+        for c, d in balance.stored_diff.items():  # a class labelled now stores a diff of this batch
             if c in [labels[j] for j in picked]:
                 assert any(labels[j] == c and abs(scores[j] - d) < 1e-6 for j in picked)
 
@@ -85,7 +85,7 @@ def test_no_class_balance_is_top_k(batch):
 
 
 def test_reference_rule_replacement_branch():
-    h = ReferenceClassHistory()
+    h = ReferenceBalance()
     y = torch.tensor([0, 1, 2, 0])
     first = h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1)
     h.commit(first, [True])  # labels class 0 with diff 0.9
@@ -106,7 +106,7 @@ def test_abstained_samples_do_not_enter_history():
 
 
 def test_history_state_round_trip():
-    for cls in (LastKClasses, ReferenceClassHistory):
+    for cls in (LastKClasses, ReferenceBalance):
         h = cls()
         sel = h.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 2)
         h.commit(sel, [True, True])
@@ -121,11 +121,11 @@ def test_history_state_round_trip():
 
 
 def test_reference_trim_keeps_only_the_last_class():
-    h = ReferenceClassHistory()
+    h = ReferenceBalance()
     y = torch.tensor([0, 1, 2, 3])
     h.commit(h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1), [True])
     assert h.classes == [0]
-    # balancing step with two labels: history [0, 3, 2] is longer than 2 -> only [2] is kept
+    # balancing step with two labels: balance [0, 3, 2] is longer than 2 -> only [2] is kept
     sel = h.plan(torch.tensor([0.1, 0.2, 0.8, 0.9]), y, 2)
     assert sel.indices.tolist() == [3, 2]
     h.commit(sel, [True, True])
@@ -134,7 +134,7 @@ def test_reference_trim_keeps_only_the_last_class():
 
 
 def test_reference_first_selection_is_not_trimmed():
-    h = ReferenceClassHistory()
+    h = ReferenceBalance()
     sel = h.plan(torch.tensor([0.9, 0.8, 0.7]), torch.tensor([0, 1, 2]), 3)
     h.commit(sel, [True, True, True])
     assert h.classes == [0, 1, 2]  # the reference trims only in its balancing branch
@@ -155,9 +155,9 @@ def test_last_k_records_the_oracle_labels_and_restores():
     assert h.plan(torch.tensor([0.9, 0.5]), torch.tensor([1, 0]), 1).indices.tolist() == [1]
 
 
-@pytest.mark.parametrize("history", [LastKClasses(), NoClassBalance()], ids=["last-k", "none"])
-def test_the_highest_scores_are_picked_first(history):
-    sel = history.plan(torch.tensor([0.1, 0.9, 0.5, 0.7]), torch.tensor([0, 1, 2, 3]), 2)
+@pytest.mark.parametrize("balance", [LastKClasses(), NoClassBalance()], ids=["last-k", "none"])
+def test_the_highest_scores_are_picked_first(balance):
+    sel = balance.plan(torch.tensor([0.1, 0.9, 0.5, 0.7]), torch.tensor([0, 1, 2, 3]), 2)
     assert sel.indices.tolist() == [1, 3]
 
 
@@ -175,7 +175,7 @@ def test_last_k_defaults_to_the_last_two_classes_and_accepts_zero():
 
 
 def test_reference_snapshot_restores_history_and_diffs():
-    h = ReferenceClassHistory()
+    h = ReferenceBalance()
     h.commit(h.plan(torch.tensor([0.9, 0.1]), torch.tensor([0, 1]), 1), [True])
     token, state = h.snapshot(), h.state_dict()
     h.commit(h.plan(torch.tensor([0.1, 0.95]), torch.tensor([0, 1]), 1), [True])
@@ -184,9 +184,9 @@ def test_reference_snapshot_restores_history_and_diffs():
     assert h.state_dict() == state
 
 
-def trimmed_reference() -> ReferenceClassHistory:
+def trimmed_reference() -> ReferenceBalance:
     """History [2] after a trim, with diffs stored for classes 0, 3 and 2."""
-    h = ReferenceClassHistory()
+    h = ReferenceBalance()
     y = torch.tensor([0, 1, 2, 3])
     h.commit(h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1), [True])
     h.commit(h.plan(torch.tensor([0.1, 0.2, 0.8, 0.9]), y, 2), [True, True])
@@ -196,15 +196,15 @@ def trimmed_reference() -> ReferenceClassHistory:
 
 def test_reference_takes_a_class_outside_the_history_whatever_its_stored_diff():
     h = trimmed_reference()
-    # class 0 (stored 0.9) tops the batch with 0.5: it is no longer in the history, so it is taken
+    # class 0 (stored 0.9) tops the batch with 0.5: it is no longer in the balance, so it is taken
     sel = h.plan(torch.tensor([0.5, 0.1, 0.2, 0.3]), torch.tensor([0, 1, 2, 3]), 1)
     assert sel.indices.tolist() == [0]
 
 
 def test_reference_fallback_takes_the_top_m_without_extending_the_history():
     h = trimmed_reference()
-    # the top candidate is class 2 (in the history) below its stored 0.8, and every other
-    # sample is class 2 too: nothing qualifies, so the top one is taken and the history kept
+    # the top candidate is class 2 (in the balance) below its stored 0.8, and every other
+    # sample is class 2 too: nothing qualifies, so the top one is taken and the balance kept
     y = torch.tensor([2, 2, 2])
     sel = h.plan(torch.tensor([0.5, 0.1, 0.2]), y, 1)
     assert sel.indices.tolist() == [0] and sel.update["extend"] is False
@@ -220,37 +220,35 @@ def test_reference_restore_brings_back_a_history_unlike_its_diff_keys():
     assert h.state_dict() == state and h.classes == [2]
 
 
-@pytest.mark.parametrize(
-    "history", [LastKClasses(), ReferenceClassHistory()], ids=["last-k", "ref"]
-)
-def test_commit_rejects_answers_of_the_wrong_length(history):
-    sel = history.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 2)
+@pytest.mark.parametrize("balance", [LastKClasses(), ReferenceBalance()], ids=["last-k", "ref"])
+def test_commit_rejects_answers_of_the_wrong_length(balance):
+    sel = balance.plan(torch.tensor([0.9, 0.5, 0.1]), torch.tensor([2, 1, 0]), 2)
     with pytest.raises(ValueError):
-        history.commit(sel, [True], labels=[2, 1])
+        balance.commit(sel, [True], labels=[2, 1])
 
 
 def test_reference_state_with_unpaired_diffs_is_rejected():
     state = trimmed_reference().state_dict()
     state["stored_diff"] = state["stored_diff"][:-1]
     with pytest.raises(ValueError):
-        ReferenceClassHistory().load_state_dict(state)
+        ReferenceBalance().load_state_dict(state)
 
 
 def test_reference_keeps_a_recent_class_that_equals_its_stored_diff():
     # only a score strictly below the stored one sends the pick down the batch
-    h = ReferenceClassHistory()
+    h = ReferenceBalance()
     y = torch.tensor([0, 1, 2, 0])
     h.commit(h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1), [True])
     assert h.plan(torch.tensor([0.9, 0.1, 0.2, 0.3]), y, 1).indices.tolist() == [0]
 
 
 @pytest.mark.parametrize(
-    "history",
-    [LastKClasses(), NoClassBalance(), ReferenceClassHistory()],
+    "balance",
+    [LastKClasses(), NoClassBalance(), ReferenceBalance()],
     ids=["last-k", "none", "ref"],
 )
-def test_tied_scores_are_taken_in_batch_order(history):
+def test_tied_scores_are_taken_in_batch_order(balance):
     # a stable sort: the same picks on every machine (an unstable CPU sort reorders 20+ ties)
     n = 64
-    sel = history.plan(torch.full((n,), 0.5), torch.arange(n) % 10, 3)
+    sel = balance.plan(torch.full((n,), 0.5), torch.arange(n) % 10, 3)
     assert sel.indices.tolist() == [0, 1, 2]

@@ -1,12 +1,12 @@
 """Class balancing of the labelled samples: which classes were labelled recently.
 
-A history turns per-sample scores (larger = more worth labelling) and pseudo-labels into the
+A class balance turns per-sample scores (larger = more worth labelling) and pseudo-labels into the
 indices to label, without changing itself (:meth:`plan`); the method calls :meth:`commit` only
-once the oracle has answered, so a failed step leaves the history untouched.
+once the oracle has answered, so a failed step leaves the balance untouched.
 
 - :class:`NoClassBalance`: plain top-k by score.
 - :class:`LastKClasses`: the paper's rule (Sec. 3.2): skip classes among the last K labels.
-- :class:`ReferenceClassHistory`: the rule of the authors' code that produced the published
+- :class:`ReferenceBalance`: the rule of the authors' code that produced the published
   numbers and the golden traces (docs/method.md §3).
 """
 
@@ -21,18 +21,18 @@ from torch import Tensor
 from typing_extensions import Protocol, runtime_checkable
 
 __all__ = [
-    "ClassHistory",
+    "ClassBalance",
     "LastKClasses",
     "NoClassBalance",
-    "ReferenceClassHistory",
+    "ReferenceBalance",
     "Selection",
-    "make_history",
+    "make_balance",
 ]
 
 
 @dataclass
 class Selection:
-    """Indices chosen for labelling (CPU, int64, in the rule's order) and the history update."""
+    """Indices chosen for labelling (CPU, int64, in the rule's order) and the balance update."""
 
     indices: Tensor
     classes: list[int] = field(default_factory=list)
@@ -50,7 +50,7 @@ def _ranked(scores: Tensor, pseudo_labels: Tensor) -> tuple[list[int], list[int]
 
 
 @runtime_checkable
-class ClassHistory(Protocol):
+class ClassBalance(Protocol):
     """Chooses ``k`` samples from scores and pseudo-labels; remembers what was labelled."""
 
     def plan(self, scores: Tensor, pseudo_labels: Tensor, k: int) -> Selection: ...
@@ -163,7 +163,7 @@ class LastKClasses:
         self._recent = deque((int(c) for c in state["recent"]), maxlen=self.k_recent)
 
 
-class ReferenceClassHistory:
+class ReferenceBalance:
     """The class balancing of the authors' code (docs/method.md §3), behind the paper's numbers.
 
     State: ``history`` (class ids) and ``stored_diff[c]``, the score of the sample last labelled
@@ -264,14 +264,14 @@ class ReferenceClassHistory:
         }
 
 
-def make_history(spec: str | ClassHistory | None) -> ClassHistory:
-    """A class history from a name (``"reference"``, ``"last-k"``, ``"none"``) or an instance."""
+def make_balance(spec: str | ClassBalance | None) -> ClassBalance:
+    """A class balance from a name (``"reference"``, ``"last-k"``, ``"none"``) or an instance."""
     if spec is None or spec == "none":
         return NoClassBalance()
     if spec == "reference":
-        return ReferenceClassHistory()
+        return ReferenceBalance()
     if spec in ("last-k", "paper"):
         return LastKClasses()
     if isinstance(spec, str):
-        raise ValueError(f"unknown class history {spec!r}; use 'reference', 'last-k' or 'none'")
+        raise ValueError(f"unknown class balance {spec!r}; use 'reference', 'last-k' or 'none'")
     return spec
