@@ -14,7 +14,7 @@ from eatta.monitor.betting import BET_CAP, SignTest, drift_answers
 def test_wealth_follows_the_bets_by_hand():
     """Answers r = 1, 1, -1 (bound 2, values 2, 2, -2): the bets from the answers before each,
     with one prior answer (0, 1): up bets 0, 1/2, 2/3 capped at 0.75 -> 2/3; down bets 0."""
-    t = SignTest(level=0.05, window=16)
+    t = SignTest(level=0.05, recent=16)
     for v in (2.0, 2.0, -2.0):
         t.add(v, bound=2.0)
     up = (1 + 0 * 1) * (1 + 0.5 * 1) * (1 - (2 / 3) * 1)
@@ -43,7 +43,7 @@ def test_the_drift_bound_by_hand():
 @pytest.mark.parametrize("noisy", [False, True])
 def test_a_drift_after_any_trust_is_caught_within_the_stated_answers(trusted, noisy):
     g = torch.Generator().manual_seed(trusted)
-    t = SignTest(level=0.05, window=16)
+    t = SignTest(level=0.05, recent=16)
     mix = torch.tensor([0.2, 0.2, 0.6])  # -1, 0, +1: mean 0.4
     for _ in range(trusted):  # trusted: +1, or mostly +1 with some 0 and -1 when noisy
         r = float(torch.multinomial(mix, 1, generator=g)) - 1 if noisy else 1.0
@@ -63,7 +63,7 @@ def test_under_the_null_the_adapted_model_is_rarely_shown_better():
     g = torch.Generator().manual_seed(0)
     hits = 0
     for _ in range(200):
-        t = SignTest(level=0.05, window=16)
+        t = SignTest(level=0.05, recent=16)
         signs = torch.randint(0, 2, (400,), generator=g) * 2 - 1
         for r in signs.tolist():
             t.add(float(r), bound=1.0)
@@ -75,7 +75,7 @@ def test_under_the_null_the_adapted_model_is_rarely_shown_better():
 
 @pytest.mark.parametrize(
     ("kw", "match"),
-    [({"window": 0}, "at least 1 answer"), ({"level": 1.0}, "level"), ({"level": 0}, "level")],
+    [({"recent": 0}, "at least 1 answer"), ({"level": 1.0}, "level"), ({"level": 0}, "level")],
 )
 def test_bad_settings(kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -96,7 +96,7 @@ def test_bad_answers_change_nothing():
 def test_the_up_bet_reads_every_answer_since_the_decision_the_down_bet_the_window():
     """window 2: after +1, +1, -1, -1 the up bet reads all four (mean 0: no bet), the down bet
     the last two (-1, -1 and the prior: mean -2/3, square 1: 2/3)."""
-    t = SignTest(level=0.05, window=2)
+    t = SignTest(level=0.05, recent=2)
     for r in (1.0, 1.0, -1.0, -1.0):
         t.add(r, bound=1.0)
     up, down = t.up, t.down

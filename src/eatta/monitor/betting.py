@@ -31,7 +31,7 @@ The bets are plug-ins (any predictable choice keeps the guarantee; this one only
 evidence grows): the mean ``m`` and mean square ``s`` of ``r = v / b`` (with one prior answer of
 ``r = 0`` and ``r^2 = 1``) give ``beta_up = clip(m / s, 0, BET_CAP)`` (Kelly's fraction, to second
 order), over every answer since the last decision, and ``beta_down = clip(-m / s, 0, BET_CAP)``
-over the last ``window`` answers (a detector must follow the recent answers; on simulated
+over the last ``recent`` answers (a detector must follow the recent answers; on simulated
 answers with a weak signal, 30 % +1 and 15 % -1, the up bet over all answers reached the
 threshold within 400 answers in 94 % of 300 runs, over the last 16 in 76 %).
 While the recent answers favour the adapted model, ``beta_down`` is 0 and ``K_down`` does not
@@ -51,19 +51,19 @@ from typing import Any
 
 from eatta.monitor.confseq import check_level
 
-__all__ = ["BET_CAP", "SignTest", "check_answers_window", "drift_answers"]
+__all__ = ["BET_CAP", "SignTest", "check_recent_answers", "drift_answers"]
 
 #: Largest fraction of the wealth bet on one answer (each answer then keeps at least 1 - BET_CAP).
 BET_CAP = 0.75
 
 
-def check_answers_window(window: object, name: str = "fallback recent") -> int:
-    """``window`` as an int number of answers >= 1, or an error naming it."""
-    if isinstance(window, bool) or not isinstance(window, int):
-        raise TypeError(f"{name} must be an int number of answers, got {window!r}")
-    if window < 1:
-        raise ValueError(f"{name} must be at least 1 answer, got {window}")
-    return window
+def check_recent_answers(recent: object, name: str = "fallback recent") -> int:
+    """``recent`` as an int number of answers >= 1, or an error naming it."""
+    if isinstance(recent, bool) or not isinstance(recent, int):
+        raise TypeError(f"{name} must be an int number of answers, got {recent!r}")
+    if recent < 1:
+        raise ValueError(f"{name} must be at least 1 answer, got {recent}")
+    return recent
 
 
 def _bet(total: float, squares: float, m: int) -> float:
@@ -72,14 +72,14 @@ def _bet(total: float, squares: float, m: int) -> float:
     return min(max(mean / square, 0.0), BET_CAP)
 
 
-def drift_answers(window: int, level: float) -> int:
-    """Answers within which :class:`SignTest` (``window``, ``level``) reaches ``K_down >= 1 /
-    level`` once every answer is ``r = -1``, whatever came before: after ``window`` such answers
-    the window holds only them (no answer lowered ``K_down``, floored at 1), and each further one
-    multiplies it by ``1 + beta`` with ``beta`` the bet on a window of ``-1``."""
-    window, level = check_answers_window(window), check_level(level)
-    beta = _bet(float(window), float(window), window)
-    return window + math.ceil(math.log(1.0 / level) / math.log1p(beta) - 1e-12)
+def drift_answers(recent: int, level: float) -> int:
+    """Answers within which :class:`SignTest` (``recent``, ``level``) reaches ``K_down >= 1 /
+    level`` once every answer is ``r = -1``, whatever came before: after ``recent`` such answers
+    the recent answers are only them (no answer lowered ``K_down``, floored at 1), and each
+    further one multiplies it by ``1 + beta``, ``beta`` the bet on ``recent`` answers of -1."""
+    recent, level = check_recent_answers(recent), check_level(level)
+    beta = _bet(float(recent), float(recent), recent)
+    return recent + math.ceil(math.log(1.0 / level) / math.log1p(beta) - 1e-12)
 
 
 class SignTest:
@@ -88,17 +88,17 @@ class SignTest:
     Args:
         level: each test's error level, in (0, 1): the chance of ever deciding for a side whose
             null (every answered batch's mean on the other side, or 0) holds.
-        window: answers the bets are sized from, >= 1.
+        recent: answers the bets are sized from, >= 1.
     """
 
-    def __init__(self, level: float = 0.05, window: int = 16) -> None:
+    def __init__(self, level: float = 0.05, recent: int = 16) -> None:
         self.level = check_level(level, "fallback level")
-        self.window = check_answers_window(window)
-        self._recent: deque[float] = deque(maxlen=self.window)
+        self.recent = check_recent_answers(recent)
+        self._recent: deque[float] = deque(maxlen=self.recent)
         self.clear()
 
     def clear(self) -> None:
-        """A new decision: both wealths back to 1, the answer count to 0 (the bets' window is
+        """A new decision: both wealths back to 1, the answer count to 0 (the recent answers are
         kept: it only sizes bets)."""
         self.up = self.down = 1.0
         self.answers = 0
@@ -154,4 +154,4 @@ class SignTest:
         self.up, self.down = float(state["up"]), float(state["down"])
         self.answers, self.total = int(state["answers"]), float(state["total"])
         self._r_sum, self._r_squares = float(state["r_sum"]), float(state["r_squares"])
-        self._recent = deque((float(r) for r in state["recent"]), maxlen=self.window)
+        self._recent = deque((float(r) for r in state["recent"]), maxlen=self.recent)

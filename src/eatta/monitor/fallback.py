@@ -200,7 +200,7 @@ class SourceFallback:
         if not isinstance(given, nn.Module):
             raise TypeError(f"given must be the model as given (an nn.Module), got {given!r}")
         test = SignTest(level, recent)  # checks both
-        self.recent, self.level = test.window, test.level
+        self.recent, self.level = test.recent, test.level
         if start not in START:
             raise ValueError(f"start must be one of {', '.join(START)}, got {start!r}")
         self.start = start
