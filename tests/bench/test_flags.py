@@ -62,7 +62,7 @@ def test_flags_parse_into_the_fields():
         "mixed": True,
         "ccc": None,
     }
-    assert flags.values(MonitorOptions, args)["window"] == 50
+    assert flags.values(MonitorOptions, args)["block"] == 50
 
 
 def test_seed_list_reads_ranges_and_lists():
