@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import io
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -146,3 +149,19 @@ def check_rejects_without_change(method: nn.Module, warmup: torch.Tensor, bad: s
     with pytest.raises(InvalidInputError):
         method(BAD_BATCHES[bad]())
     assert nested_equal(method.state_dict(), before)
+
+
+@pytest.fixture(scope="session")
+def site_hooks() -> ModuleType:
+    """``docs/_hooks.py`` as a module (it needs mkdocs: skipped without the docs extra).
+
+    Here and not in ``tests/docs/conftest.py``: a second ``conftest`` module would shadow this
+    one for the tests that import its helpers."""
+    pytest.importorskip("mkdocs")
+    path = Path(__file__).resolve().parents[1] / "docs" / "_hooks.py"
+    spec = importlib.util.spec_from_file_location("_docs_hooks", path)
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = hooks  # its dataclass looks its module up
+    spec.loader.exec_module(hooks)
+    return hooks
