@@ -21,6 +21,9 @@ from eatta.monitor.fallback import SourceFallback
 from eatta.normalization import use_mixed_norm
 from eatta.selection.drawn import DisagreementDraw
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 
 class FeaturesClassifier(nn.Module):
     """A custom classifier as published SVHN CNNs are written: no Sequential to split."""

@@ -35,6 +35,9 @@ from eatta.methods.source import Source
 from eatta.methods.tent import Tent
 from eatta.selection.kmargin import k_center_greedy, k_margin, margin_uncertainty
 
+# small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
+pytestmark = pytest.mark.small_batches
+
 C = 5
 
 
