@@ -366,6 +366,10 @@ def build_variants(
     reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)
     variants["reference-style"] = lambda: reference(x)
 
+    model, _ = fresh(case, state, device, channels_last)  # one step per candidate, then its own
+    hiltta = eatta.create("hiltta", model, oracle=eatta.GroundTruthOracle(), budget=budget)
+    variants["hiltta"] = _Call(hiltta, x, y)
+
     model, params = fresh(case, state, device, channels_last)
     variants["two-backward floor"] = _floor_step(model, sgd(params), params, x, y.to(device))
     return variants
@@ -374,7 +378,7 @@ def build_variants(
 class _Call:
     """``method(x, labels=y)``, keeping ``method`` at hand (for the peak's refresh period)."""
 
-    def __init__(self, method: eatta.EATTA, x: Tensor, y: Tensor) -> None:
+    def __init__(self, method: eatta.AdaptiveMethod, x: Tensor, y: Tensor) -> None:
         self.method, self.x, self.y = method, x, y
 
     def __call__(self) -> object:

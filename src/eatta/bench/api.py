@@ -57,8 +57,17 @@ __all__ = [
 
 #: The methods of the default run: the source model, the label-free anchors (TENT, ETA and
 #: RDumb, ETA reset to the source every 1,000 steps) and one label per batch (the Baseline, the
-#: faithful EATTA and the library's recommendation for long streams, eatta-stable).
-DEFAULT_METHODS = ("source", "tent", "eta", "rdumb", "baseline", "eatta", "eatta-stable")
+#: faithful EATTA, eatta-stable for long streams, eatta-safe, the one recommended for deployment).
+DEFAULT_METHODS = (
+    "source",
+    "tent",
+    "eta",
+    "rdumb",
+    "baseline",
+    "eatta",
+    "eatta-stable",
+    "eatta-safe",
+)
 #: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
 DIGITS_ROUNDS = 10
 #: The datasets built into the package (the digits CNN's): one thread a cell by default.
