@@ -95,7 +95,7 @@ def test_no_arguments_or_options_alone_mean_run(tmp_path, capsys, toy_digits, mo
     assert len(a) == 2
 
 
-def test_default_run_is_long_term_digits_c_with_seven_methods(
+def test_default_run_is_long_term_digits_c_with_eight_methods(
     tmp_path, capsys, toy_digits, monkeypatch
 ):
     out = tmp_path / "run"
@@ -110,16 +110,21 @@ def test_default_run_is_long_term_digits_c_with_seven_methods(
     text = capsys.readouterr().out
     rows = table_rows(text)
     names = ["source", "tent", "eta", "rdumb"]
-    names += ["baseline (1/batch)", "eatta (1/batch)", "eatta-stable (1/batch)"]
+    names += [
+        "baseline (1/batch)",
+        "eatta (1/batch)",
+        "eatta-stable (1/batch)",
+        "eatta-safe (1/batch)",
+    ]
     assert [r[0] for r in rows] == names
-    assert [r[1] for r in rows] == ["-", "C", "C", "C", "C", "C", "C"]
+    assert [r[1] for r in rows] == ["-", "C", "C", "C", "C", "C", "C", "C"]
     assert "**digits-c**" in text and "10 rounds (recurring" in text
     header = next(line for line in text.splitlines() if line.startswith("| Method"))
     assert "| R1 | R2 |" in header and "| R10 | Avg. Err. |" in header
     doc = json.loads((out / "results.json").read_text())
-    assert doc["meta"]["batch_size"] == 8 and doc["meta"]["grid_size"] == 7
-    assert doc["meta"]["rounds"] == 10 and doc["meta"]["jobs"] == min(7, os.cpu_count() or 1)
-    assert [r["labels_used"] for r in doc["results"]] == [0, 0, 0, 0, 90, 90, 90]  # 9 x 10
+    assert doc["meta"]["batch_size"] == 8 and doc["meta"]["grid_size"] == 8
+    assert doc["meta"]["rounds"] == 10 and doc["meta"]["jobs"] == min(8, os.cpu_count() or 1)
+    assert [r["labels_used"] for r in doc["results"]] == [0, 0, 0, 0, 90, 90, 90, 90]  # 9 x 10
     for r, row in zip(doc["results"], rows, strict=True):
         assert len(r["round_errors"]) == 10 and len(r["online"]) == 90
         assert [f"{e:.1f}" for e in r["round_errors"]] == row[2:12]
@@ -467,7 +472,12 @@ def test_real_digits_c_default_smoke(tmp_path, capsys, monkeypatch):
     captured = capsys.readouterr()
     rows = table_rows(captured.out)
     names = ["source", "tent", "eta", "rdumb"]
-    names += ["baseline (1/batch)", "eatta (1/batch)", "eatta-stable (1/batch)"]
+    names += [
+        "baseline (1/batch)",
+        "eatta (1/batch)",
+        "eatta-stable (1/batch)",
+        "eatta-safe (1/batch)",
+    ]
     assert [r[0] for r in rows] == names
     doc = json.loads((out / "results.json").read_text())
     source, tent = doc["results"][0], doc["results"][1]

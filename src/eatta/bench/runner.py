@@ -113,10 +113,83 @@ def _fallback_audits(spec: CellSpec, options: RunOptions) -> int:
     return check_fallback_budget(spec.method, spec.labels, spec.every)
 
 
-# Longer than 100 lines on purpose: the per-batch loop and the checkpoint share a dozen locals
-# (position, online record, tally, the wall and CPU clocks less checkpoint time, sessions, peak
-# memory) whose order of restoring matters (the loader's iterator draws from the global RNG
-# before the saved generator states are set); one function keeps that order readable.
+def _serve(
+    method: AdaptiveMethod,
+    x: Tensor,
+    y: Tensor,
+    period: int,
+    device: torch.device,
+    annotators: tuple[Any, Any, Any, Any],
+) -> tuple[Tensor, int]:
+    """One batch served: the simulated annotators get its labels, the method predicts (and
+    adapts); which samples it got wrong, and the answers it spent (its own and its fallback's)."""
+    gt, monitor, auditor, fallback_auditor = annotators
+    if gt is not None:
+        gt.set_labels(y)
+    if monitor is not None:  # audits count for the round they were asked in
+        monitor.period = period
+        auditor.set_labels(y)  # set with the monitor
+    fb = method.fallback
+    if fb is not None:
+        fb.period = period  # type: ignore[attr-defined]
+    if fallback_auditor is not None:
+        fallback_auditor.set_labels(y)
+    before = _answers_so_far(method) + _audited(fb)
+    logits = method(x.to(device, non_blocking=True))
+    used = _answers_so_far(method) + _audited(fb) - before
+    return logits.argmax(1).cpu() != y, used
+
+
+def _save_checkpoint(
+    path: Path,
+    state: dict[str, Any],
+    method: AdaptiveMethod,
+    annotators: tuple[Any, Any],
+    device: torch.device,
+    clocks: tuple[float, float],
+    peak_mb: float | None,
+) -> None:
+    """A resumable checkpoint: ``state`` (position, online record, tally, sessions) with the
+    method's, the annotator's and the auditor's state, the RNGs, the clocks and the peak."""
+    oracle, auditor = annotators
+    state.update(method=method.state_dict(), annotator=_annotator_state(oracle))
+    state.update(auditor=_annotator_state(auditor), rng=rng_state(device))
+    state.update(wall_time_s=clocks[0], cpu_time_s=clocks[1], peak_mem_mb=peak_mb)
+    atomic_save(state, path)
+
+
+def _position(
+    saved: dict[str, Any] | None, tally: list[Any]
+) -> tuple[int, list[list[int]], float, float, list[Any], int, float | None]:
+    """Where a cell starts: ``(batch, online record, wall s, CPU s, tally, session, peak MB)``
+    from its checkpoint, or from the beginning."""
+    if saved is None:
+        return 0, [], 0.0, 0.0, tally, 1, None
+    return (
+        saved["position"], saved["online"], saved["wall_time_s"], saved.get("cpu_time_s", 0.0),
+        saved.get("tally", tally), saved["sessions"] + 1, saved["peak_mem_mb"],
+    )  # fmt: skip
+
+
+def _checkpoint_due(every: int, t: int, total: int) -> bool:
+    """Whether batch ``t`` ends with a checkpoint (never after the last batch)."""
+    return bool(every) and (t + 1) % every == 0 and t + 1 < total
+
+
+def _reused(path: Path, grid_index: int) -> CellResult:
+    """A finished cell's result, read back (``--rerun`` not given)."""
+    done = CellResult.load(path)
+    done.grid_index, done.reused = grid_index, True
+    return done
+
+
+def _show(bar: Any, error: float, domain: str) -> None:
+    """The progress bar (if drawn) one batch further, with the running error and the domain."""
+    if bar is not None:
+        bar.update(1)
+        bar.set_postfix(err=f"{error:.1f}%", domain=domain[:12])
+
+
 def run_cell(
     spec: CellSpec,
     data: BenchmarkData,
@@ -140,10 +213,7 @@ def run_cell(
     result_path = out / "cells" / f"{spec.slug()}-{fp}.json"
     ckpt_path = out / "checkpoints" / f"{spec.slug()}-{fp}.pt"
     if result_path.is_file() and options.reuse:
-        done = CellResult.load(result_path)
-        done.grid_index = grid_index
-        done.reused = True
-        return done
+        return _reused(result_path, grid_index)
 
     device = torch.device(options.device)
     stream = _stream(domains, data, options, device)
@@ -154,29 +224,21 @@ def run_cell(
     method, oracle, hparams = _build_method(spec, data, options, device)
     monitor, auditor, fallback_auditor = _attach_monitor(spec, data, options, method, device)
 
-    start, online, wall, sessions, peak_prev = 0, [], 0.0, 1, None
-    cpu = 0.0  # this thread's CPU seconds: unlike wall time, not inflated by a busy machine
     # mixed streams: images and errors per (round, domain), counted per sample
     tally = [[[0, 0] for _ in stream.domains] for _ in range(stream.rounds)] if stream.mixed else []
     saved = _resume(ckpt_path, fp, device, method, oracle, auditor) if options.reuse else None
-    if saved is not None:
-        start, online, wall = saved["position"], saved["online"], saved["wall_time_s"]
-        cpu = saved.get("cpu_time_s", 0.0)
-        tally = saved.get("tally", tally)
-        sessions, peak_prev = saved["sessions"] + 1, saved["peak_mem_mb"]
+    # cpu: this thread's CPU seconds, which unlike wall time a busy machine does not inflate
+    start, online, wall, cpu, tally, sessions, peak_prev = _position(saved, tally)
     if spec.method in STATIC_METHODS and start == 0:  # predictions independent of the stream
         t_static, c_static = time.perf_counter(), time.thread_time()
-        online = _static_online(method, stream, device, tally)
-        wall, start = time.perf_counter() - t_static, len(stream)
-        cpu = time.thread_time() - c_static
+        online, start = _static_online(method, stream, device, tally), len(stream)
+        wall, cpu = time.perf_counter() - t_static, time.thread_time() - c_static
     batches = iter(stream.loader(start))  # creating the iterator draws from torch's global RNG,
     if saved is not None:  # so the saved generator states are restored only afterwards
         set_rng_state(saved["rng"], device)
-
-    gt = oracle if hasattr(oracle, "set_labels") else None
-    total = len(stream)
-    n_seen = sum(b[0] for b in online)
-    n_wrong = sum(b[1] for b in online)
+    gt, total = oracle if hasattr(oracle, "set_labels") else None, len(stream)
+    annotators = (gt, monitor, auditor, fallback_auditor)
+    n_seen, n_wrong = sum(b[0] for b in online), sum(b[1] for b in online)
     terminal = options.progress and _is_terminal()
     milestone_log = log if options.progress and not terminal else None
     bar = _progress_bar(spec, total, start) if terminal else None
@@ -190,49 +252,24 @@ def run_cell(
             if spec.setting == "ftta" and prev_domain is not None and k != prev_domain:
                 method.reset(keep_monitor=True)  # the audits go on measuring the stream
             prev_domain = k
-            x = x.to(device, non_blocking=True)
             y = torch.as_tensor(y, dtype=torch.long)
-            if gt is not None:
-                gt.set_labels(y)
-            if monitor is not None:  # audits count for the round they were asked in
-                monitor.period = stream.round_of_batch(t)
-                auditor.set_labels(y)  # set with the monitor
-            fb = method.fallback
-            if fb is not None:
-                fb.period = stream.round_of_batch(t)  # type: ignore[attr-defined]
-            if fallback_auditor is not None:
-                fallback_auditor.set_labels(y)
-            before = _answers_so_far(method) + _audited(fb)
-            logits = method(x)
-            used = _answers_so_far(method) + _audited(fb) - before
-            wrong_each = logits.argmax(1).cpu() != y
+            wrong_each, used = _serve(method, x, y, stream.round_of_batch(t), device, annotators)
             wrong = int(wrong_each.sum())
             if tally:
                 _count_domains(stream, t, wrong_each, tally)
             online.append([len(y), wrong, used])
             n_seen += len(y)
             n_wrong += wrong
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    err=f"{100 * n_wrong / n_seen:.1f}%",
-                    domain=stream.visit_names[k][:12],
-                )
+            _show(bar, 100 * n_wrong / n_seen, stream.visit_names[k])
             if milestone_log is not None and _milestone(stream, t):
                 milestone_log(_milestone_text(spec, stream, online, t))
-            if (
-                options.checkpoint_every
-                and (t + 1) % options.checkpoint_every == 0
-                and t + 1 < total
-            ):
+            if _checkpoint_due(options.checkpoint_every, t, total):
                 c0, cc0 = time.perf_counter(), time.thread_time()
                 state = {"fingerprint": fp, "spec": dataclasses.asdict(spec), "position": t + 1}
-                state.update(online=online, tally=tally, method=method.state_dict())
-                state.update(annotator=_annotator_state(oracle), auditor=_annotator_state(auditor))
-                state.update(rng=rng_state(device), wall_time_s=wall + (c0 - t0 - ckpt_time))
-                state.update(cpu_time_s=cpu + (cc0 - cpu0 - ckpt_cpu), sessions=sessions)
-                state.update(peak_mem_mb=_peak(device, rss_before, peak_prev))
-                atomic_save(state, ckpt_path)
+                state.update(online=online, tally=tally, sessions=sessions)
+                clocks = (wall + (c0 - t0 - ckpt_time), cpu + (cc0 - cpu0 - ckpt_cpu))
+                peak = _peak(device, rss_before, peak_prev)
+                _save_checkpoint(ckpt_path, state, method, (oracle, auditor), device, clocks, peak)
                 ckpt_time += time.perf_counter() - c0
                 ckpt_cpu += time.thread_time() - cc0
             if callback is not None:
@@ -244,14 +281,12 @@ def run_cell(
     cpu += time.thread_time() - cpu0 - ckpt_cpu
 
     result = _summarize(spec, stream, online, grid_index, fp, wall, device, notes, hparams, tally)
-    result.seed = options.seed
-    result.cpu_time_s = cpu
+    result.seed, result.cpu_time_s, result.sessions = options.seed, cpu, sessions
     result.protocol = _protocol(data, options)
     _summaries(result, data, options, stream.rounds, method, oracle, monitor)
     result.peak_mem_mb = _peak(device, rss_before, peak_prev)
     result.max_rss_mb = _max_rss_mb()
     result.model_digest = model_digest(method.model)
-    result.sessions = sessions
     result.save(result_path)
     ckpt_path.unlink(missing_ok=True)
     return result
