@@ -8,8 +8,9 @@ study resumes). Parts, per stream (``STREAMS``), over ``--seeds``:
 
 * ``references``: the source model (``source``) and the label-free methods TENT and ETA;
 * ``annotators``: ``eatta-safe`` with labels at once, 16 and 64 batches late, at a person's
-  pace (11.7 s an answer, a batch a second) and never; ``eatta-stable`` beside it at once and at
-  a person's pace;
+  pace (11.7 s an answer, a batch a second) and never, in requests of 64, 8 and 1 samples at one
+  label per 64 samples (``--sizes``; under 64 through a window of 64 samples); ``eatta-stable``
+  beside it at once and at a person's pace, in requests of 64;
 * ``measure``: ``eatta-safe`` measuring only (``fallback=False``: requests drawn, the adapted
   model always served), with labels at once: what drawing the requests costs the adaptation;
 * ``guard``: TENT and ETA with ``--fallback`` (one audit a batch, counted as labels).
@@ -23,7 +24,7 @@ look at the CCC stream, seed 0 (the disagreement share 0.3, added after the coll
 served the source model on a quarter of CCC's batches without answers). So the recurring stream
 and CCC are tuning streams for the signs; mixed was not looked at before the study.
 
-    python benchmarks/safety_study.py --seeds 0-2 --out runs/safety
+    python benchmarks/safety_study.py --seeds 0-2 --jobs 2 --out runs/safety
     python benchmarks/safety_study.py --report-only --out runs/safety
     python benchmarks/safety_study.py --plan annotators:recurring --seeds 1-2 --out runs/safety-b
     python benchmarks/safety_study.py --report-only --out runs/safety,runs/safety-b
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ from _common import (
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
-from eatta.bench import AnnotatorOptions
+from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.results import CellResult
 
@@ -72,16 +74,35 @@ WITH_STABLE = ("instant", "person")
 EASY = 10.0
 
 
-#: The streams, in the order the study runs them (``mnist``: the MNIST test set).
-STREAM_NAMES = ("recurring", "mixed", "ccc", "mnist")
-
-
+#: The streams, in the order the study runs them (``mnist``: the MNIST test set; ``deployed``:
+#: mostly clean held-out digits with corrupted stretches, in order and mixed within batches).
+STREAM_NAMES = ("recurring", "mixed", "ccc", "mnist", "deployed", "deployed-mixed")
 #: The dataset of each stream (the rest are digits-C).
-DATASETS = {"mnist": "mnist"}
+DATASETS = {"mnist": "mnist", "deployed": "digits-deployed", "deployed-mixed": "digits-deployed"}
+#: Request sizes of the annotators part: 64 as given, smaller ones served through a window of
+#: 64 samples with one label per window step, so labels per sample are equal at every size.
+SIZES = (64, 8, 1)
+#: Rounds of the recurring stream at request sizes under 64 (ten rounds of single requests
+#: would take most of the study's time).
+SMALL_ROUNDS = 2
+
+
+def all_streams() -> dict[str, StreamProtocol]:
+    """The study's streams by name (the shared ones and the deployed pair)."""
+    deployed = {
+        "deployed": StreamProtocol(rounds=1),
+        "deployed-mixed": StreamProtocol(rounds=1, mixed=True),
+    }
+    return {**streams(*STREAM_NAMES[:4]), **deployed}
 
 
 #: The order the study runs in (most informative first: an interrupted study still reports).
-PLAN = tuple(f"{p}:{s}" for s in streams(*STREAM_NAMES) for p in PARTS)
+PLAN = tuple(f"{p}:{s}" for s in STREAM_NAMES for p in PARTS)
+
+
+def _key(size: int) -> str:
+    """Where the annotators part keeps its runs at request size ``size``."""
+    return "annotators" if size == 64 else f"annotators@{size}"
 
 
 def cells(results: Sequence[CellResult], method: str) -> list[dict[str, Any]]:
@@ -121,13 +142,15 @@ def study(
     seeds: list[int],
     plan: Sequence[tuple[str, str]],
     annotators: Sequence[str] = tuple(ANNOTATORS),
+    sizes: Sequence[int] = SIZES,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     path = out / "study.json"
     data: dict[str, Any] = (
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
     )
     data["seeds"] = seeds
-    every = streams(*STREAM_NAMES)
+    every = all_streams()
     for part, name in plan:
         proto = every[name]
         dataset = DATASETS.get(name, "digits-c")
@@ -135,24 +158,32 @@ def study(
         print(f"{part} / {name}: {proto}", flush=True)
         if part == "references":
             res = run_part(
-                out / name, "references", proto, ["source", *LABEL_FREE], seeds, dataset=dataset
+                out / name,
+                "references",
+                proto,
+                ["source", *LABEL_FREE],
+                seeds,
+                dataset=dataset,
+                jobs=jobs,
             )
             s["references"] = {m: cells(res, m) for m in ("source", *LABEL_FREE)}
         elif part == "annotators":
-            a = s.setdefault("annotators", {})
-            for label in annotators:
-                opts = ANNOTATORS[label]
-                methods = [SAFE, STABLE] if label in WITH_STABLE else [SAFE]
+            for size, label in ((z, a) for z in sizes for a in annotators):
+                opts, small = ANNOTATORS[label], size < 64
+                methods = [SAFE, STABLE] if label in WITH_STABLE and not small else [SAFE]
+                shape = {"batch_size": size, "window": 64, "every": 64 // size} if small else {}
                 res = run_part(
                     out / name,
-                    f"ann-{label.replace(' ', '-')}",
-                    proto,
+                    f"ann-{label.replace(' ', '-')}" + (f"-{size}" if small else ""),
+                    replace(proto, rounds=SMALL_ROUNDS) if small and name == "recurring" else proto,
                     methods,
                     seeds,
                     dataset=dataset,
                     annotator=opts,
+                    jobs=jobs,
+                    **shape,
                 )
-                a[label] = {m: cells(res, m) for m in methods}
+                s.setdefault(_key(size), {})[label] = {m: cells(res, m) for m in methods}
                 save_study(out, data)
         elif part == "measure":
             res = run_part(
@@ -162,6 +193,7 @@ def study(
                 [SAFE],
                 seeds,
                 dataset=dataset,
+                jobs=jobs,
                 hparams={SAFE: {"fallback": False}},
             )
             s["measure"] = cells(res, SAFE)
@@ -173,6 +205,7 @@ def study(
                 list(LABEL_FREE),
                 seeds,
                 dataset=dataset,
+                jobs=jobs,
                 monitor=MonitorOptions(fallback=True),
             )
             s["guard"] = {m: cells(res, m) for m in LABEL_FREE}
@@ -189,7 +222,7 @@ def merged(folders: Sequence[Path]) -> dict[str, Any]:
         data["seeds"] = sorted(set(data["seeds"]) | set(one["seeds"]))
         for name, s in one["streams"].items():
             _merge(data["streams"].setdefault(name, {}), s)
-    order = list(streams(*STREAM_NAMES))
+    order = list(STREAM_NAMES)
     data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
     return data
 
@@ -230,6 +263,16 @@ def _easy(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
     return float(np.mean([np.mean([c["domain_errors"][d] for d in easy]) for c in runs]))
 
 
+def _served(runs: Sequence[dict[str, Any]]) -> float:
+    """Share of requests answered with the source model's predictions, mean over seeds."""
+    shares = [
+        c["fallback"].get("served_source", c["fallback"].get("served_given", 0)) / c["batches"]
+        for c in runs
+        if c["fallback"] and c["batches"]
+    ]
+    return float(np.mean(shares)) if shares else 0.0
+
+
 def _worse_domains(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
     """Domains (over the whole run) whose error is above the source model's, mean over seeds."""
     src = s["references"]["source"][0]["domain_errors"]
@@ -267,13 +310,7 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
         rounds = np.mean([c["rounds"] for c in runs], axis=0)
         rise = float(np.max(rounds - rounds[0])) if len(rounds) else float("nan")
         fb = [c["fallback"] for c in runs if c["fallback"]]
-        served = (
-            np.mean(
-                [f.get("served_source", f.get("served_given", 0)) / max(f["steps"], 1) for f in fb]
-            )
-            if fb
-            else 0
-        )
+        served = _served(runs)
         resets = np.mean([f["resets"] for f in fb]) if fb else 0
         rows.append(
             [
@@ -300,21 +337,26 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
     head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
     out += [PAGE("source", given=f"{given:.1f}", best=f"{best:.1f}"), table(head, rows)]
     out += _by_annotator(s, refs, given, best)
+    for size in SIZES[1:]:
+        out += _by_annotator(s, refs, given, best, size)
     return "\n\n".join(out)
 
 
-def _by_annotator(s: dict[str, Any], refs: dict[str, Any], given: float, best: float) -> list[str]:
-    """The stream's table by annotator and the gain line ([] where that part did not run)."""
-    ann = s.get("annotators", {})
+def _by_annotator(
+    s: dict[str, Any], refs: dict[str, Any], given: float, best: float, size: int = 64
+) -> list[str]:
+    """The stream's table by annotator at request size ``size``, and (at 64) the gain lines ([]
+    where that part did not run)."""
+    ann = s.get(_key(size), {})
     if not ann:
         return []
     rows = []
-    for m in (SAFE, STABLE):
+    for m in (SAFE, STABLE) if size == 64 else (SAFE,):
         rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
-    bar_row = [f"bar: {SAFE} ≤ min(given, best label-free) + 0.5 (margin)"]
+    bar_row = [f"bar: {SAFE} ≤ given + 0.5"]
     for a in ann:
         v = _mean(ann[a][SAFE])
-        limit = min(given, best) + 0.5
+        limit = given + 0.5
         bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
     rows.append(bar_row)
     easy_row = [f"easy domains: {SAFE} (given {_num(_easy(s, refs['source']))})"]
@@ -325,18 +367,13 @@ def _by_annotator(s: dict[str, Any], refs: dict[str, Any], given: float, best: f
     rows.append(worse_row)
     served_row = [f"served given: {SAFE}"]
     for a in ann:
-        fb = [c["fallback"] for c in ann[a][SAFE] if c["fallback"]]
-        share = (
-            np.mean(
-                [f.get("served_source", f.get("served_given", 0)) / max(f["steps"], 1) for f in fb]
-            )
-            if fb
-            else 0
-        )
-        served_row.append(f"{100 * share:.0f} %")
+        served_row.append(f"{100 * _served(ann[a][SAFE]):.0f} %")
     rows.append(served_row)
-    out = [PAGE("annotators"), table(["method", *ann], rows)]
-    if "instant" in ann:
+    out = [PAGE("annotators", size=size), table(["method", *ann], rows)]
+    if "none" in ann and size == 64 and given > 50 and given > best:
+        kept = (given - _mean(ann["none"][SAFE])) / (given - best)
+        out.append(PAGE("none", safe=SAFE, kept=f"{100 * kept:.0f}"))
+    if "instant" in ann and size == 64:
         stable_gain = best - _mean(ann["instant"][STABLE])
         safe_gain = best - _mean(ann["instant"][SAFE])
         kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
@@ -388,6 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(ANNOTATORS),
         help=f"annotators of the annotators part, a subset of {', '.join(ANNOTATORS)}",
     )
+    p.add_argument("--sizes", default="64,8,1", help="request sizes of the annotators part")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (one thread each)")
     p.add_argument("--tables", default="benchmarks/results/safety_study.md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
@@ -399,7 +438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen = [a for a in args.annotators.split(",") if a]
         if any(a not in ANNOTATORS for a in chosen):
             raise SystemExit(f"--annotators must be among {', '.join(ANNOTATORS)}")
-        data = study(Path(args.out), seeds, plan, chosen)
+        sizes = [int(z) for z in args.sizes.split(",") if z]
+        if any(z not in SIZES for z in sizes):
+            raise SystemExit(f"--sizes must be among {', '.join(map(str, SIZES))}")
+        data = study(Path(args.out), seeds, plan, chosen, sizes, args.jobs)
     text = report(data)
     write_tables(text, data, args.tables)
     if Path(args.doc).is_file():
