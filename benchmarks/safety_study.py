@@ -144,12 +144,16 @@ def study(
     annotators: Sequence[str] = tuple(ANNOTATORS),
     sizes: Sequence[int] = SIZES,
     jobs: int = 1,
+    safe: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     path = out / "study.json"
     data: dict[str, Any] = (
         json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
     )
     data["seeds"] = seeds
+    safe = dict(safe or {})
+    if safe:
+        data["safe"] = safe
     every = all_streams()
     for part, name in plan:
         proto = every[name]
@@ -181,6 +185,7 @@ def study(
                     dataset=dataset,
                     annotator=opts,
                     jobs=jobs,
+                    hparams={SAFE: safe},
                     **shape,
                 )
                 s.setdefault(_key(size), {})[label] = {m: cells(res, m) for m in methods}
@@ -194,7 +199,7 @@ def study(
                 seeds,
                 dataset=dataset,
                 jobs=jobs,
-                hparams={SAFE: {"fallback": False}},
+                hparams={SAFE: {**safe, "fallback": False}},
             )
             s["measure"] = cells(res, SAFE)
         elif part == "guard":
@@ -284,6 +289,9 @@ def report(data: dict[str, Any]) -> str:
     blocks = [_stream_report(name, s) for name, s in data["streams"].items()]
     blocks = [b for b in blocks if b]
     text = PAGE(seeds=data.get("seeds", []), streams="\n" + "\n\n".join(blocks) if blocks else "")
+    if data.get("safe"):
+        settings = ", ".join(f"`{k}={v}`" for k, v in data["safe"].items())
+        text = f"Variant: `{SAFE}` with {settings}.\n\n{text}"
     return text if blocks else text[:-1]
 
 
@@ -412,6 +420,14 @@ def _by_annotator(
     return out
 
 
+def _value(text: str) -> Any:
+    """A ``--safe`` value: JSON (numbers, true/false) or else the text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 PAGE = Template("safety")
 
 
@@ -427,6 +443,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--sizes", default="64,8,1", help="request sizes of the annotators part")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (one thread each)")
+    p.add_argument(
+        "--safe",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"a setting of {SAFE} in every part (a variant's study: give it its own --out)",
+    )
     p.add_argument("--tables", default="benchmarks/results/safety_study.md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
@@ -441,7 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = [int(z) for z in args.sizes.split(",") if z]
         if any(z not in SIZES for z in sizes):
             raise SystemExit(f"--sizes must be among {', '.join(map(str, SIZES))}")
-        data = study(Path(args.out), seeds, plan, chosen, sizes, args.jobs)
+        safe = {k: _value(v) for k, _, v in (x.partition("=") for x in args.safe)}
+        data = study(Path(args.out), seeds, plan, chosen, sizes, args.jobs, safe)
     text = report(data)
     write_tables(text, data, args.tables)
     if Path(args.doc).is_file():
