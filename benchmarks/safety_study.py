@@ -28,6 +28,8 @@ and CCC are tuning streams for the signs; mixed was not looked at before the stu
     python benchmarks/safety_study.py --report-only --out runs/safety
     python benchmarks/safety_study.py --plan annotators:recurring --seeds 1-2 --out runs/safety-b
     python benchmarks/safety_study.py --report-only --out runs/safety,runs/safety-b
+    python benchmarks/safety_study.py --safe fallback_start=auto --plan annotators:mixed \
+        --sizes 64 --out runs/safety-auto        # a variant (eatta-stable is not rerun)
 """
 
 from __future__ import annotations
@@ -174,7 +176,8 @@ def study(
         elif part == "annotators":
             for size, label in ((z, a) for z in sizes for a in annotators):
                 opts, small = ANNOTATORS[label], size < 64
-                methods = [SAFE, STABLE] if label in WITH_STABLE and not small else [SAFE]
+                alone = small or safe  # eatta-stable runs once, in the study of the default
+                methods = [SAFE, STABLE] if label in WITH_STABLE and not alone else [SAFE]
                 shape = {"batch_size": size, "window": 64, "every": 64 // size} if small else {}
                 res = run_part(
                     out / name,
@@ -381,7 +384,7 @@ def _by_annotator(
     if "none" in ann and size == 64 and given > 50 and given > best:
         kept = (given - _mean(ann["none"][SAFE])) / (given - best)
         out.append(PAGE("none", safe=SAFE, kept=f"{100 * kept:.0f}"))
-    if "instant" in ann and size == 64:
+    if STABLE in ann.get("instant", {}) and size == 64:
         stable_gain = best - _mean(ann["instant"][STABLE])
         safe_gain = best - _mean(ann["instant"][SAFE])
         kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
