@@ -23,7 +23,7 @@ def test_registered_with_eattas_defaults():
     for dataset in ("digits-c", "imagenet-c", "pacs"):
         hp = get_spec("eatta-stable").hparams(dataset, {})
         base = get_spec("eatta").hparams(dataset, {})
-        late = {"late_weight": "drift", "late_half_life": 2.0, "late_drift_scale": 0.25}
+        late = {"late_weight": "similarity", "late_half_life": 2.0, "late_drift_scale": 0.25}
         late |= {"late_entropy_filter": "eta", "late_anchor": 0.1, "late_replay": 0}
         assert hp == {**base, "sup_floor": 1.0, "unsup_cap": 1.0, **late}
 

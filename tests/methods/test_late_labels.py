@@ -1,4 +1,5 @@
-"""Late labels weighed by staleness, and the ETA-style fallback (eatta.methods.late_labels)."""
+"""Late labels weighed by staleness or typicality, and the ETA-style fallback
+(eatta.methods.late_labels)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from eatta.methods.late_labels import LateLabels
+from eatta.methods.late_labels import LateLabels, typicality
 
 
 def test_age_weight_halves_every_half_life() -> None:
@@ -47,6 +48,72 @@ def test_drift_keeps_at_most_label_expiry_steps() -> None:
     for step in range(10):
         late.observe(step, torch.randn(2, 5))
     assert list(late._means) == [6, 7, 8, 9]
+
+
+def _clusters(n_per: int = 8, seed: int = 0) -> torch.Tensor:
+    """A batch of three tight clusters (three classes) in 6 dimensions."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.eye(6)[:3] * 4.0
+    return torch.cat([c + 0.3 * torch.randn(n_per, 6, generator=g) for c in centres])
+
+
+def test_similarity_weight_is_the_rank_among_the_batchs_own_samples() -> None:
+    batch = _clusters()
+    n = batch.shape[0]
+    copy = batch[[0, 9, 20]]  # identical to batch samples: as typical as can be
+    outlier = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 5.0]])  # in no cluster
+    w = typicality(torch.cat([copy, outlier]), batch)
+    assert torch.equal(w[:3], torch.ones(3))
+    assert float(w[3]) == pytest.approx(2 / (n + 1))  # farther than every batch sample
+    # by hand: d_j, the batch's nearest-neighbour distances, and d* of a new sample
+    g = torch.Generator().manual_seed(5)
+    new = torch.eye(6)[:1] * 4.0 + 0.3 * torch.randn(1, 6, generator=g)  # a new one of a cluster
+    d = torch.tensor(
+        [min(float((batch[j] - batch[k]).norm()) for k in range(n) if k != j) for j in range(n)]
+    )
+    d_new = float((batch - new).norm(dim=1).min())
+    p = (1 + int((d >= d_new).sum())) / (n + 1)
+    assert 2 / (n + 1) < min(1.0, 2 * p) < 1.0
+    assert float(typicality(new, batch)[0]) == pytest.approx(min(1.0, 2 * p))
+
+
+def test_similarity_weight_is_scale_free() -> None:
+    batch, late = _clusters(), _clusters(3, seed=1)[[0, 4, 8]] + torch.tensor([0, 0, 0, 1.0, 0, 0])
+    w = typicality(late, batch)
+    assert len(set(w.tolist())) > 1  # not all the same: the check below could fail
+    for c in (1e-3, 8.0, 1e4):  # rescaled
+        assert torch.equal(typicality(c * late, c * batch), w)
+    for c in (-3.0, 8.0):  # shifted
+        assert torch.equal(typicality(late + c, batch + c), w)
+
+
+def test_similarity_weight_of_labels_like_the_batch_is_mostly_full() -> None:
+    g = torch.Generator().manual_seed(0)
+    centres = 3.0 * torch.randn(4, 16, generator=g)
+    draw = lambda k: centres[torch.arange(k) % 4] + torch.randn(k, 16, generator=g)  # noqa: E731
+    w = torch.cat([typicality(draw(64), draw(64)) for _ in range(20)])
+    # exchangeable: p about uniform, min(1, 2p) about 3/4 on average, half of them at 1
+    assert 0.65 < float(w.mean()) < 0.9
+    assert float((w == 1).float().mean()) > 0.4
+
+
+def test_similarity_weight_on_a_batch_of_two() -> None:
+    batch = torch.tensor([[0.0, 0.0], [2.0, 0.0]])
+    late = torch.tensor([[0.5, 0.0], [1.0, 0.0], [5.0, 0.0]])
+    # d_1 = d_2 = 2: a sample nearer one of them than 2 counts fully, one farther 2/3
+    assert torch.allclose(typicality(late, batch), torch.tensor([1.0, 1.0, 2 / 3]))
+    assert torch.equal(typicality(torch.randn(2, 5), torch.randn(1, 5)), torch.ones(2))
+
+
+def test_similarity_weighting_keeps_no_state_and_needs_the_features() -> None:
+    late = LateLabels("similarity")
+    late.observe(3, torch.randn(4, 6))
+    assert late.state_dict() == {"means": {}, "move": None, "probs": None}
+    batch = _clusters()
+    w = late.weights([0, 2], 3, features=batch[[1, 2]], batch=batch)
+    assert torch.equal(w, torch.ones(2))  # however old: its age does not count
+    with pytest.raises(ValueError, match="needs the features"):
+        late.weights([2], 3)
 
 
 def test_fallback_is_etas_filtered_weighted_entropy() -> None:
@@ -93,6 +160,7 @@ def test_state_round_trip_and_reset() -> None:
     ("kwargs", "match"),
     [
         ({"weighting": "recent"}, "unknown late-label weighting 'recent'"),
+        ({"weighting": "similar"}, "unknown late-label weighting 'similar'"),
         ({"entropy_filter": "reset"}, "unknown entropy filter 'reset'"),
         ({"half_life": 0}, "half_life"),
         ({"drift_scale": -1.0}, "drift_scale"),

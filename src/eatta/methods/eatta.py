@@ -248,7 +248,7 @@ class EATTA(EATTAStep):
                 self.buffer.add(x[idx], y)
             if self.nearest_replay is not None and lab.ctx is not None:
                 self.nearest_replay.add(x[idx], y, lab.ctx.features[idx])
-        terms = self._late_terms(x, o, lab) if lab.late else answer_terms(o, lab)
+        terms = self._late_terms(x, z, o, lab) if lab.late else answer_terms(o, lab)
         replayed = bool(lab.late) or (self.buffer is not None and len(self.buffer) > 0)
         near = self._nearest_term(x, lab)
         if near is not None:
@@ -260,7 +260,7 @@ class EATTA(EATTAStep):
             terms.append(F.cross_entropy(head(self.options.features(self.split.backbone, bx)), by))
         return terms, replayed
 
-    def _late_terms(self, x: Tensor, o: Tensor, lab: Answers) -> list[Tensor]:
+    def _late_terms(self, x: Tensor, z: Tensor, o: Tensor, lab: Answers) -> list[Tensor]:
         """Terms of the batch's "no" answers and the late answers (their kept samples through
         the current model, :func:`~eatta.methods.active.answer_terms`); the late labelled
         samples join the buffer and the nearest replay, and give the selector's context."""
@@ -270,14 +270,16 @@ class EATTA(EATTAStep):
         if self._has_batchnorm:  # normalized with the batch's statistics, as if asked now: a
             # few late samples alone would be normalized by their own statistics (measured on
             # digits-C: labels one batch late then help no more than labels that never come)
-            zl = self.options.features(backbone, torch.cat([x, xs]))[x.shape[0] :]
+            both = self.options.features(backbone, torch.cat([x, xs]))
+            zb, zl = both[: x.shape[0]], both[x.shape[0] :]  # the batch's: the same forward's
         else:
-            zl = self.options.features(backbone, xs)
+            zb, zl = z, self.options.features(backbone, xs)
         ol = head(zl)
         w = None
         if self.late_labels is not None:
             now = self.request_step
-            w = self.late_labels.weights([a.request.step for a in late], now)
+            asked = [a.request.step for a in late]
+            w = self.late_labels.weights(asked, now, features=zl.detach(), batch=zb.detach())
             w = w.to(ol.device, ol.dtype)
             lab.late_weight = float(w.sum())
         terms = answer_terms(o, lab, ol, w)

@@ -47,14 +47,16 @@ class EATTAStableConfig(EATTAConfig):
 
     sup_floor: float = hparam(1.0, "lower bound of the labelled loss's weight", min=0.0, max=2.0)
     unsup_cap: float = hparam(1.0, "upper bound of the entropy loss's weight", min=0.0, max=2.0)
-    late_weight: Literal["full", "age", "drift"] = hparam(
-        "drift", "how a late label counts: full, by age, by how far the stream moved"
+    late_weight: Literal["full", "age", "drift", "similarity"] = hparam(
+        "similarity",
+        "how a late label counts: full, by age, by how far the stream moved, by how close its "
+        "sample is to the current batch",
     )
     late_half_life: float = hparam(
         2.0, "steps after which an age-weighted label counts half", min=0.0
     )
     late_drift_scale: float = hparam(
-        0.25, "drift weighting's scale (batch-to-batch moves)", min=0.0
+        0.25, "drift weighting's scale (batch-to-batch moves; tuned on CCC)", min=0.0
     )
     late_anchor: float = hparam(
         0.1, "label weight below which a step without a fresh label falls back", min=0.0
