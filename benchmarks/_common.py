@@ -16,7 +16,7 @@ import statistics
 import string
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +47,13 @@ def _minor_faults() -> int:
 
 
 def time_interleaved(
-    fns: dict[str, Callable[[], object]],
+    fns: Mapping[str, Callable[[], object]],
     *,
     repeats: int,
     warmup: int,
     device: torch.device,
     faults: dict[str, list[int]] | None = None,
+    deadline: float | None = None,
 ) -> dict[str, list[float]]:
     """Wall seconds of each call, the variants interleaved round by round.
 
@@ -60,7 +61,8 @@ def time_interleaved(
     (other processes on a shared machine) hits all variants alike and per-round ratios stay
     meaningful. The device is synchronised before and after each timed call; the garbage
     collector runs between calls, not inside them. If ``faults`` is given, it receives each
-    call's minor page faults (memory the process had to map afresh), per variant.
+    call's minor page faults (memory the process had to map afresh), per variant. Past
+    ``deadline`` (``time.perf_counter``) no further round starts (the first always runs).
     """
     sync = synchronizer(device)
     for _ in range(warmup):
@@ -70,6 +72,8 @@ def time_interleaved(
     names = list(fns)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
+        if r and deadline is not None and time.perf_counter() >= deadline:
+            break
         k = r % len(names)
         for name in names[k:] + names[:k]:
             gc.collect()
@@ -139,6 +143,12 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+    return profiler_peak(prof)
+
+
+def profiler_peak(prof: Any) -> int | None:
+    """Peak of the running sum of a ``profile_memory`` profile's allocation events (None: the
+    event list is not available)."""
     try:
         events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     except AttributeError:
@@ -157,7 +167,7 @@ def machine(device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
@@ -176,7 +186,7 @@ def machine(device: torch.device) -> dict[str, Any]:
     return info
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
