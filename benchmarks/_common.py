@@ -220,22 +220,26 @@ def load_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def fmt_mean_std(values: Sequence[float], digits: int = 1) -> str:
-    """``"36.0 ± 0.2"`` over seeds (sample std), the value alone for one seed, ``"-"`` for none."""
+def fmt_mean_std(values: Sequence[float], digits: int = 1, empty: str = "-") -> str:
+    """``"36.0 ± 0.2"`` over seeds (sample std), the value alone for one seed, ``empty`` for
+    none."""
     if not values:
-        return "-"
+        return empty
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
     return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A markdown table: the first column left-aligned, the others right-aligned."""
+def markdown_table(
+    header: Sequence[str], rows: Sequence[Sequence[object]], left: bool = False
+) -> str:
+    """A markdown table: the first column left-aligned, the others right-aligned (``left``: all
+    left-aligned)."""
     lines = [
         "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
+        "|" + "|".join(["---"] + ["---" if left else "---:"] * (len(header) - 1)) + "|",
     ]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
 
 
 def replace_section(doc: Path, begin: str, end: str, text: str) -> None:

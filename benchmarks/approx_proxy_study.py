@@ -192,6 +192,8 @@ def agreement(rows: np.ndarray) -> dict[str, dict[str, float]]:
 def markdown(results: dict[str, Any]) -> str:
     """One table per model: each candidate's agreement with the exact ratio."""
     parts = []
+    keys = ("corr", "bias", "mae", "gamma_corr", "gamma_bias", "gamma_mae")
+    head = ["estimate", "corr r", "bias r", "MAE r", "corr EMA γ_sup", "bias γ", "MAE γ"]
     for model, res in results["models"].items():
         steps = res["agreement"]["_steps"]
         ex = res["agreement"]["_exact_ratio"]
@@ -200,27 +202,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"ratio {ex['mean']:.3f} ± {ex['std']:.3f})\n"
         )
         rows = [
-            [
-                name,
-                f"{v['corr']:.3f}",
-                f"{v['bias']:+.3f}",
-                f"{v['mae']:.3f}",
-                f"{v['gamma_corr']:.3f}",
-                f"{v['gamma_bias']:+.3f}",
-                f"{v['gamma_mae']:.3f}",
-            ]
+            [name, *(f"{v[k]:+.3f}" if "bias" in k else f"{v[k]:.3f}" for k in keys)]
             for name, v in res["agreement"].items()
             if not name.startswith("_") and name != "exact"
         ]
-        head = ["estimate", "corr r", "bias r", "MAE r", "corr EMA γ_sup", "bias γ", "MAE γ"]
-        parts.append(_common_table(head, rows))
+        parts.append(_common.markdown_table(head, rows, left=True) + "\n")
     return "\n".join(parts)
-
-
-def _common_table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

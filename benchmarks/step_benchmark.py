@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -295,94 +296,62 @@ def build_variants(
     budget: int = 1,
 ) -> dict[str, Callable[[], object]]:
     """One callable per variant, each with its own copy of the model and optimizer."""
-    variants: dict[str, Callable[[], object]] = {}
 
-    model, _ = fresh(case, state, device, channels_last)
+    def new() -> tuple[nn.Module, list[nn.Parameter]]:
+        return fresh(case, state, device, channels_last)
+
+    def active(oracle: Any = None, **kw: Any) -> _Call:
+        model, params = new()
+        oracle = oracle or eatta.GroundTruthOracle()
+        return _Call(eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, **kw), x, y)
+
+    def audited(call: _Call) -> _Call:
+        source = _source(case, state, device)
+        attach(
+            call.method, eatta.GroundTruthOracle(), source=source, share=AUDIT_SHARE, guard="paired"
+        )
+        return call
+
+    model, _ = new()
 
     def inference(m: nn.Module = model) -> object:
         with torch.no_grad():
             return m(x)
 
-    variants["inference"] = inference
-
-    model, params = fresh(case, state, device, channels_last)
-    tent = Tent(model, sgd(params))
-    variants["tent"] = lambda: tent(x)
-
-    modes = ["auto", "two-pass", "approx"] + (["batched"] if batched else [])
-    for mode in modes:
-        model, params = fresh(case, state, device, channels_last)
-        oracle = eatta.GroundTruthOracle()
-        method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, grad_mode=mode)
-        name = "eatta" if mode == "auto" else f"eatta-{mode}"
-        variants[name] = _Call(method, x, y)
-
-    model, params = fresh(case, state, device, channels_last)
-    no_gnd = eatta.EATTA(
-        model,
-        sgd(params),
-        oracle=eatta.GroundTruthOracle(),
-        budget=budget,
-        debiaser=GradNormDebiaser(normalize=False),
-    )
-    variants["eatta-no-gnd"] = _Call(no_gnd, x, y)
-
-    model, params = fresh(case, state, device, channels_last)
-    annotator = SimulatedAnnotator(delay=0)
-    zero_delay = eatta.EATTA(model, sgd(params), oracle=annotator, budget=budget)
-    variants["eatta-async-0"] = lambda: zero_delay(x, labels=y)
-
-    share = AUDIT_SHARE
-    model, params = fresh(case, state, device, channels_last)
-    audited_tent = Tent(model, sgd(params))
-    attach(
-        audited_tent,
-        eatta.GroundTruthOracle(),
-        source=_source(case, state, device),
-        share=share,
-        guard="paired",
-    )
-    variants["tent+audit"] = lambda: audited_tent(x, labels=y)
-    model, params = fresh(case, state, device, channels_last)
-    oracle = eatta.GroundTruthOracle()
-    audited = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget)
-    attach(
-        audited,
-        eatta.GroundTruthOracle(),
-        source=_source(case, state, device),
-        share=share,
-        guard="paired",
-    )
-    variants["eatta+audit"] = lambda: audited(x, labels=y)
-
-    model, params = fresh(case, state, device, channels_last)
-    late = LateLabels()  # eatta-stable's late-label handling; a step without late labels
-    handled = eatta.EATTA(
-        model, sgd(params), oracle=SimulatedAnnotator(delay=0), budget=budget, late_labels=late
-    )
-    variants["eatta-async-0-late"] = lambda: handled(x, labels=y)
-
-    model, params = fresh(case, state, device, channels_last)
+    variants: dict[str, Callable[[], object]] = {"inference": inference}
+    variants["tent"] = _Call(Tent(*_with_sgd(new())), x)
+    for mode in ["auto", "two-pass", "approx"] + (["batched"] if batched else []):
+        variants["eatta" if mode == "auto" else f"eatta-{mode}"] = active(grad_mode=mode)
+    variants["eatta-no-gnd"] = active(debiaser=GradNormDebiaser(normalize=False))
+    variants["eatta-async-0"] = active(SimulatedAnnotator(delay=0))
+    variants["tent+audit"] = audited(_Call(Tent(*_with_sgd(new())), x, y))
+    variants["eatta+audit"] = audited(active())
+    # eatta-stable's late-label handling; a step without late labels
+    variants["eatta-async-0-late"] = active(SimulatedAnnotator(delay=0), late_labels=LateLabels())
+    model, params = new()
     reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)
-    variants["reference-style"] = lambda: reference(x)
-
-    model, _ = fresh(case, state, device, channels_last)  # one step per candidate, then its own
+    variants["reference-style"] = _Call(reference, x)
+    model, _ = new()  # one step per candidate, then its own
     hiltta = eatta.create("hiltta", model, oracle=eatta.GroundTruthOracle(), budget=budget)
     variants["hiltta"] = _Call(hiltta, x, y)
-
-    model, params = fresh(case, state, device, channels_last)
+    model, params = new()
     variants["two-backward floor"] = _floor_step(model, sgd(params), params, x, y.to(device))
     return variants
 
 
-class _Call:
-    """``method(x, labels=y)``, keeping ``method`` at hand (for the peak's refresh period)."""
+def _with_sgd(built: tuple[nn.Module, list[nn.Parameter]]) -> tuple[Any, ...]:
+    return built[0], sgd(built[1])
 
-    def __init__(self, method: eatta.AdaptiveMethod, x: Tensor, y: Tensor) -> None:
+
+class _Call:
+    """``method(x, labels=y)`` (``method(x)`` without ``y``), keeping ``method`` at hand (for the
+    peak's refresh period)."""
+
+    def __init__(self, method: Any, x: Tensor, y: Tensor | None = None) -> None:
         self.method, self.x, self.y = method, x, y
 
     def __call__(self) -> object:
-        return self.method(self.x, labels=self.y)
+        return self.method(self.x) if self.y is None else self.method(self.x, labels=self.y)
 
 
 def _floor_step(
@@ -573,16 +542,9 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
 
 
 def _latency(seconds: list[float]) -> dict[str, float]:
-    """p50 and p99 of one variant's per-step times (ms)."""
-    ms = sorted(1e3 * s for s in seconds)
-
-    def q(p: float) -> float:
-        pos = p * (len(ms) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(ms) - 1)
-        return ms[lo] + (ms[hi] - ms[lo]) * (pos - lo)
-
-    return {"p50_ms": q(0.50), "p99_ms": q(0.99), "n": len(ms)}
+    """p50 and p99 of one variant's per-step times (ms; linear interpolation)."""
+    p50, p99 = np.percentile(np.multiply(seconds, 1e3), [50, 99])
+    return {"p50_ms": float(p50), "p99_ms": float(p99), "n": len(seconds)}
 
 
 def _peak(fn: Callable[[], object], device: torch.device) -> int | None:
@@ -601,60 +563,48 @@ def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> d
     out: dict[str, Any] = {"model": case.name, "batch_size": [], "labels": []}
     x, y = batch_for(case, max(batches), device, args.channels_last)
     state = make_source(case, x[:64])
-    for b in batches:
+    grid = [("batch_size", b, 1) for b in batches] + [("labels", 64, k) for k in labels]
+    for kind, b, k in grid:
         xb, yb = x[:b], y[:b]
-        fns = _pair(case, state, xb, yb, device, args, budget=1)
+        fns = {"tent": _Call(Tent(*_with_sgd(fresh(case, state, device, args.channels_last))), xb)}
+        model, params = fresh(case, state, device, args.channels_last)
+        method = eatta.EATTA(model, sgd(params), oracle=eatta.GroundTruthOracle(), budget=k)
+        fns["eatta"] = _Call(method, xb, yb)
         s = _common.time_interleaved(fns, repeats=args.growth_repeats, warmup=1, device=device)
-        out["batch_size"].append(_growth_row({"batch": b, "labels": 1}, s))
-        print(f"  growth batch {b}: eatta/tent {out['batch_size'][-1]['ratio']:.3f}", flush=True)
-    xb, yb = x[:64], y[:64]
-    for k in labels:
-        fns = _pair(case, state, xb, yb, device, args, budget=k)
-        s = _common.time_interleaved(fns, repeats=args.growth_repeats, warmup=1, device=device)
-        out["labels"].append(_growth_row({"batch": len(xb), "labels": k}, s))
-        print(f"  growth labels {k}: eatta/tent {out['labels'][-1]['ratio']:.3f}", flush=True)
+        e, t, r = (
+            _common.stats_ms(s["eatta"]),
+            _common.stats_ms(s["tent"]),
+            _common.ratio(s, "eatta", "tent"),
+        )
+        out[kind].append(
+            {
+                "batch": len(xb),
+                "labels": k,
+                "eatta_median_ms": e["median_ms"],
+                "tent_median_ms": t["median_ms"],
+                "eatta_ms_per_image": e["median_ms"] / len(xb),
+                "ratio": r["median"],
+                "ratio_paired": r["paired"],
+                "ratio_min": r["min"],
+            }
+        )
+        what = f"batch {b}" if kind == "batch_size" else f"labels {k}"
+        print(f"  growth {what}: eatta/tent {r['median']:.3f}", flush=True)
     return out
-
-
-def _pair(case, state, x, y, device, args, budget):
-    model, params = fresh(case, state, device, args.channels_last)
-    tent = Tent(model, sgd(params))
-    model, params = fresh(case, state, device, args.channels_last)
-    oracle = eatta.GroundTruthOracle()
-    method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget)
-    return {"tent": lambda: tent(x), "eatta": lambda: method(x, labels=y)}
-
-
-def _growth_row(row: dict[str, Any], s: dict[str, list[float]]) -> dict[str, Any]:
-    e, t = _common.stats_ms(s["eatta"]), _common.stats_ms(s["tent"])
-    r = _common.ratio(s, "eatta", "tent")
-    row.update(
-        eatta_median_ms=e["median_ms"],
-        tent_median_ms=t["median_ms"],
-        eatta_ms_per_image=e["median_ms"] / row["batch"],
-        ratio=r["median"],
-        ratio_paired=r["paired"],
-        ratio_min=r["min"],
-    )
-    return row
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
     p.add_argument("--quick", action="store_true", help="smoke run: few repeats, small growth")
-    p.add_argument(
-        "--out", type=Path, default=None, help="results folder (default benchmarks/results)"
-    )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: cores)")
-    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None)
+    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: cores)")
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS))
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument(
-        "--audit-share", type=float, default=AUDIT_SHARE, help="audit share of the +audit variants"
-    )
-    p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 25, quick 3)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 3, quick 1)")
-    p.add_argument("--growth-repeats", type=int, default=None)
+    p.add_argument("--audit-share", type=float, default=AUDIT_SHARE, help="of the +audit variants")
+    p.add_argument("--repeats", type=int, help="timed rounds (default 25, quick 3)")
+    p.add_argument("--warmup", type=int, help="untimed rounds (default 3, quick 1)")
+    p.add_argument("--growth-repeats", type=int)
     p.add_argument("--no-growth", action="store_true")
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--channels-last", action="store_true", help="channels-last model and input")
@@ -663,10 +613,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.repeats = args.repeats or (3 if args.quick else 25)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     args.growth_repeats = args.growth_repeats or (2 if args.quick else 11)
-    if args.quick:
-        args.profile = False
-    if args.out is None:
-        args.out = _common.RESULTS / "quick" if args.quick else _common.RESULTS
+    args.profile = args.profile and not args.quick
+    args.out = args.out or (_common.RESULTS / "quick" if args.quick else _common.RESULTS)
     return args
 
 
