@@ -40,6 +40,7 @@ from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
 from eatta.bench import AnnotatorOptions
+from eatta.bench.flags import seed_list
 from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.report import covered_rounds, load_results
 from eatta.bench.results import CellResult
@@ -62,20 +63,8 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
     """Per method: first/last round, average, resets, audits, annotator hours, coverage."""
     out: dict[str, Any] = {}
     for r in rs:
-        m = out.setdefault(
-            r.spec.method,
-            {
-                "first": [],
-                "last": [],
-                "avg": [],
-                "resets": [],
-                "audits": [],
-                "hours": [],
-                "covered": [0, 0],
-                "rounds": [],
-                "labels": [],
-            },
-        )
+        empty = {k: [] for k in ("first", "last", "avg", "resets", "audits", "hours")}
+        m = out.setdefault(r.spec.method, {**empty, "covered": [0, 0], "rounds": [], "labels": []})
         m["first"].append(r.round_errors[0])
         m["last"].append(r.round_errors[-1])
         m["avg"].append(r.average_error)
@@ -442,8 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: short streams, no docs")
     p.add_argument("--render-only", action="store_true", help="rewrite docs from guard_study.json")
     args = p.parse_args(argv)
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi or lo) + 1))
+    seeds = seed_list(args.seeds)
     json_path = REPO / "benchmarks" / "results" / "guard_study.json"
     if args.render_only:
         data = json.loads(json_path.read_text())

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import os
@@ -49,6 +50,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import GroundTruthOracle
@@ -347,84 +350,77 @@ def _load(out: Path, stream: str, config: str, seeds: Sequence[int], rounds: int
     return runs
 
 
-def _ms(values: Sequence[float]) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
-
-
 def error_table(
     out: Path, stream: str, configs: Sequence[str], seeds: Sequence[int], rounds: int
 ) -> str:
     """Markdown: per-round error (mean ± std over seeds) and the mean over rounds."""
-    head = "| configuration | " + " | ".join(f"r{r + 1}" for r in range(rounds)) + " | mean |"
-    lines = [head, "|---" * (rounds + 2) + "|"]
+    rows = []
     for c in configs:
         runs = _load(out, stream, c, seeds, rounds)
-        if not runs:
-            continue
-        cells = [_ms([run["per_round"][r]["error"] for run in runs]) for r in range(rounds)]
-        avg = _ms([statistics.fmean(p["error"] for p in run["per_round"]) for run in runs])
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {avg} |")
+        if runs:
+            cells = [fmt([run["per_round"][r]["error"] for run in runs]) for r in range(rounds)]
+            avg = fmt([statistics.fmean(p["error"] for p in run["per_round"]) for run in runs])
+            rows.append([c, *cells, avg])
+    head = ["configuration", *(f"r{r + 1}" for r in range(rounds)), "mean"]
     n = len(_load(out, stream, configs[0], seeds, rounds))
     listed = ", ".join(map(str, seeds))
-    return "\n".join(lines) + f"\n\n(runs found for {n} of the seeds {listed})\n"
+    return table(head, rows, left=True) + f"\n\n(runs found for {n} of the seeds {listed})\n"
+
+
+#: The diagnostics of ``diagnosis_table``: key, column, digits.
+DIAGNOSTICS = (
+    ("error", "error %", 1),
+    ("gamma_sup", "γ_sup", 2),
+    ("gamma_unsup", "γ_unsup", 2),
+    ("norm_ratio", "g_s / g_u", 1),
+    ("mispredicted_selected", "labelled mispredicted", 2),
+    ("confident", "confident set", 1),
+    ("drift", "‖θ−θ0‖", 1),
+)
 
 
 def diagnosis_table(out: Path, stream: str, configs: Sequence[str], seed: int, rounds: int) -> str:
     """Markdown: per configuration, first / last round of each diagnostic."""
-    keys = [
-        ("error", "error %"),
-        ("gamma_sup", "γ_sup"),
-        ("gamma_unsup", "γ_unsup"),
-        ("norm_ratio", "g_s / g_u"),
-        ("mispredicted_selected", "labelled mispredicted"),
-        ("confident", "confident set"),
-        ("drift", "‖θ−θ0‖"),
-    ]
-    lines = [
-        "| configuration | " + " | ".join(k[1] for k in keys) + " | labels/class (last round) |",
-        "|---" * (len(keys) + 2) + "|",
-    ]
+    rows = []
     for c in configs:
         runs = _load(out, stream, c, [seed], rounds)
         if not runs:
             continue
         pr = runs[0]["per_round"]
-        cells = []
-        for k, _ in keys:
-            a, b = pr[0][k], pr[-1][k]
-            fmt = (
-                "{:.2f}" if k in ("gamma_sup", "gamma_unsup", "mispredicted_selected") else "{:.1f}"
-            )
-            cells.append("–" if a is None else f"{fmt.format(a)} → {fmt.format(b)}")
+        cells = [
+            "–" if pr[0][k] is None else f"{pr[0][k]:.{d}f} → {pr[-1][k]:.{d}f}"
+            for k, _, d in DIAGNOSTICS
+        ]
         counts = pr[-1]["labels_per_class"]
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {min(counts)}–{max(counts)} |")
-    return "\n".join(lines) + "\n"
+        rows.append([c, *cells, f"{min(counts)}–{max(counts)}"])
+    head = ["configuration", *(k[1] for k in DIAGNOSTICS), "labels/class (last round)"]
+    return table(head, rows, left=True) + "\n"
 
 
 def clamp_table(out: Path, seeds: Sequence[int], rounds: int) -> str:
     """Markdown: per stream, the median ``g_s / g_u`` of faithful EATTA and the share of steps in
     which eatta-stable applied GND (``γ_sup > 1``) rather than the 1 : 1 weights."""
-    lines = [
-        "| stream | median g_s/g_u (eatta) | median g_s/g_u (stable) | steps with γ_sup > 1 |",
-        "|---|---|---|---|",
-    ]
+    rows = []
     for stream in STREAMS:
         faithful = _load(out, stream, "eatta", seeds, rounds)
         stable = _load(out, stream, "eatta-stable", seeds, rounds)
         if not faithful or not stable:
             continue
-        rf = np.concatenate([np.asarray(r["ratio_trace"], dtype=float) for r in faithful])
-        rs = np.concatenate([np.asarray(r["ratio_trace"], dtype=float) for r in stable])
-        gs = np.concatenate([np.asarray(r["gamma_trace"], dtype=float) for r in stable])
-        lines.append(
-            f"| {stream} | {np.nanmedian(rf):.1f} | {np.nanmedian(rs):.1f} | "
-            f"{100 * float((gs > 1).mean()):.1f}% |"
+
+        def trace(runs: list[dict[str, Any]], key: str) -> np.ndarray:
+            return np.concatenate([np.asarray(r[key], dtype=float) for r in runs])
+
+        gs = trace(stable, "gamma_trace")
+        rows.append(
+            [
+                stream,
+                f"{np.nanmedian(trace(faithful, 'ratio_trace')):.1f}",
+                f"{np.nanmedian(trace(stable, 'ratio_trace')):.1f}",
+                f"{100 * float((gs > 1).mean()):.1f}%",
+            ]
         )
-    return "\n".join(lines) + "\n"
+    head = ["stream", "median g_s/g_u (eatta)", "median g_s/g_u (stable)", "steps with γ_sup > 1"]
+    return table(head, rows, left=True) + "\n"
 
 
 # ----------------------------------------------------------------------------- plots
@@ -574,27 +570,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    out: Path = args.out
-
-    def go(streams: Sequence[str], configs: Sequence[str], seeds: Sequence[int], rounds: int):
-        for stream in streams:
-            for c in configs:
-                for s in seeds:
-                    run(stream, c, s, rounds, out)
-
     if args.part == "check":
         return 0 if check_aliases() else 1
+    grids = [g[1:] for g in PLAN if args.part in (g[0], "all")]
     if args.part == "one":
-        go(args.streams, args.configs, args.seeds, args.rounds)
+        grids = [(args.streams, args.configs, args.seeds, args.rounds)]
+    for streams, configs, seeds, rounds in grids:
+        for stream, c, s in itertools.product(streams, configs, seeds):
+            run(stream, c, s, rounds, args.out)
+    if args.part == "one":
         for stream in args.streams:
             print(f"\n### {stream}\n")
-            print(error_table(out, stream, args.configs, args.seeds, args.rounds))
-        return 0
-    for part, streams, configs, seeds, rounds in PLAN:
-        if args.part in (part, "all"):
-            go(streams, configs, seeds, rounds)
+            print(error_table(args.out, stream, args.configs, args.seeds, args.rounds))
     if args.part in ("report", "all"):
-        text = report(out)
+        text = report(args.out)
         (ROOT / "benchmarks" / "results" / "long_stream_study.md").write_text(text)
         sys.stdout.write(text)
     return 0
