@@ -262,6 +262,12 @@ def save_study(out: Path, data: dict[str, Any]) -> None:
     tmp.replace(out / "study.json")
 
 
+def load_study(out: Path) -> dict[str, Any]:
+    """The study saved in ``out`` (``out/study.json``), to resume; a new one if there is none."""
+    path = out / "study.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
+
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 _FRAGMENT = re.compile(r"^<!-- fragment: ([\w-]+) -->\n", re.MULTILINE)
 
