@@ -1,32 +1,17 @@
 #!/usr/bin/env python
 """How well each cheap gradient-norm estimate's ratio tracks the exact one (issue 32).
 
-The exact EATTA step (``grad_mode="auto"``) adapts along a digits-C stream (severity 5, the 15
-corruptions in order, one label per batch, the registry's digits-c defaults); at every step, next
-to the exact global norms ``g_sup``, ``g_unsup`` over the adapted parameters, the script records
-the estimates of :mod:`eatta.methods._approx` on the same graph:
-
-* ``last-norm``: the norms over the backbone's last normalization layer's affine parameters;
-* ``head``: the norms of the gradients at the head's input features (``δ W``);
-
-and derives the refresh candidates from the same trajectory:
-
-* ``stale-N``: the exact norms of the last step ``t`` with ``t mod N == 0`` (what "exact every N
-  steps, the EMA between" gives the debiaser);
-* ``last-norm+refresh-N``, ``head+refresh-N``: the estimate scaled by ``exact / estimate`` of the
-  last refresh step (each loss on its own), as ``EATTA(grad_mode="approx", approx_refresh=N)``.
-
-For each: the Pearson correlation of its ratio ``r = g_sup / (g_sup + g_unsup)`` with the exact
-ratio over the steps with a confident set (both norms > 0), the mean bias ``r_est - r_exact``, the
-mean absolute error, and the same for the debiaser's raw weight ``γ_sup = 2 (1 - r)``'s EMA
-(α = 0.8), which is what the update sees.
-
-Models: ``digits-32`` (the benchmark's trained digits CNN, every batch of one round) and
-``resnet18-64`` (torchvision ResNet-18, random init, 10 classes, the digits upsampled to 64 px,
-the head scaled until half of a batch is confident, as in ``step_benchmark.py``; one round).
-The digits CNN runs ``--rounds`` rounds (4: 900 steps).
-
-Usage::
+The exact EATTA step adapts along digits-C (severity 5, one label per batch, digits-c defaults);
+at every step, beside the exact norms ``g_sup``, ``g_unsup``, it records the estimates of
+:mod:`eatta.methods._approx` on the same graph (``last-norm``: the last normalization layer's
+affine parameters; ``head``: the gradients at the head's input) and derives refresh candidates
+from the trajectory (``stale-N``: the exact norms of the last step ``t mod N == 0``;
+``last-norm+refresh-N``, ``head+refresh-N``: the estimate scaled at each refresh, as
+``grad_mode="approx", approx_refresh=N``). Per candidate, over the steps with a confident set:
+correlation, bias and mean absolute error of ``r = g_sup / (g_sup + g_unsup)`` against the exact
+one, and of the debiaser's EMA weight ``γ_sup = 2 (1 - r)`` (α = 0.8). Models: ``digits-32``
+(``--rounds`` rounds) and ``resnet18-64`` (random init, 10 classes, digits at 64 px, the head
+scaled as in ``step_benchmark.py``; one round).
 
     python benchmarks/approx_proxy_study.py          # benchmarks/results/approx_proxy_study.json
     python benchmarks/approx_proxy_study.py --quick     # 60 batches per model, not written

@@ -1,25 +1,14 @@
 #!/usr/bin/env python
 """The approximate EATTA step against the exact one (issue 32): accuracy study, docs page.
 
-``eatta`` and ``eatta-stable`` run with ``grad_mode="auto"`` (exact: two backward passes) and
-with ``grad_mode="approx"`` (one backward pass, the norms estimated as :data:`APPROX` says) on four
-long digits-C streams, seeds 0-2, one label per batch, the registry's digits-c defaults:
-
-* ``recurring``: the main job's stream, 15 corruptions, cut to 3 rounds (675 batches; the main
-  job runs 10, see :data:`RECURRING_ROUNDS`); the TUNING stream: the estimate and its refresh
-  period were chosen on it (``approx_proxy_study.py`` runs the digits CNN along its rounds),
-  nothing was tuned on the others;
-* ``mixed``: every batch drawn across the 15 corruptions, 2 rounds (422 batches);
-* ``ccc``: the CCC-style stream at its slow speed, 5 rounds (280 batches);
-* ``dirichlet``: class-correlated batches (Dirichlet δ = 0.1 within each corruption), 2 rounds
-  (450 batches).
-
-The verdict per (stream, method): the approximate step's average error is "within" when it differs
-from the exact step's by no more than the larger of the two modes' seed standard deviations and
-0.5 points. Every run is a cell of :func:`eatta.bench.run` under ``--out`` (finished cells are
-read back, so an interrupted study resumes). The page ``docs/approx-step.md`` is rendered from
-the runs, ``benchmarks/results/approx_proxy_study.json`` (the estimates' fidelity) and
-``benchmarks/results/step_benchmark_cpu.json`` (the step's cost).
+``eatta`` and ``eatta-stable`` run with ``grad_mode="auto"`` (exact) and ``"approx"`` (one
+backward pass, :data:`APPROX`) on four digits-C streams, one label per batch: ``recurring`` (3
+of the main job's 10 rounds; the tuning stream, where ``approx_proxy_study.py`` chose the
+estimate), ``mixed`` (2 rounds), ``ccc`` (slow, 5 rounds) and ``dirichlet`` (δ = 0.1, 2 rounds).
+Per stream and method the approximate step is "within" when its average error differs from the
+exact one's by at most the larger of the seed standard deviations and 0.5 points. Every run is
+a cell under ``--out`` (read back when finished). ``docs/approx-step.md`` is rendered from the
+runs, ``approx_proxy_study.json`` (fidelity) and ``step_benchmark_cpu.json`` (cost).
 
     python benchmarks/approx_step_study.py --out runs/approx-step        # runs, then the page
     python benchmarks/approx_step_study.py --out runs/approx-step --report-only

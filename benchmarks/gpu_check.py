@@ -1,44 +1,27 @@
 #!/usr/bin/env python
 """The GPU path in one prepared call: step cost, peak memory and host syncs against TENT.
 
-Per model (torchvision ResNet-50 and ViT-B/16, random init, 224 px, batch 64) and per precision
-(fp32, bf16 autocast), five variants, each on its own copy of one initial model:
+Per model (torchvision ResNet-50 and ViT-B/16, random init, 224 px, batch 64; ``--tiny``: small
+ones at 32 px, batch 8, the same path) and precision (fp32, bf16 autocast), five variants, each
+on its own copy of one initial model: ``inference`` (eval, ``no_grad``), ``tent``, ``eatta``
+(exact gradient norms), ``eatta-approx`` (``grad_mode="approx"``) and ``eatta-safe``; the active
+methods get random labels through ``method(x, labels=y)``. Phases:
 
-* ``inference``: the model in eval mode under ``torch.no_grad`` (serving without adaptation);
-* ``tent``: ``eatta.create("tent", model)``;
-* ``eatta``: ``eatta.create("eatta", model, oracle=GroundTruthOracle())`` (exact gradient norms);
-* ``eatta-approx``: the same with ``grad_mode="approx"`` (one backward pass);
-* ``eatta-safe``: ``eatta.create("eatta-safe", model, oracle=GroundTruthOracle())``, defaults.
+1. timing: interleaved rounds (``_common.time_interleaved``) after ``--warmup`` steps, until
+   ``--rounds`` or this job's share of ``--budget-s`` is spent (at least one round);
+2. memory and syncs, one variant at a time, after all the timing (the profiler stays out of it):
+   the peak while the method is built and stepped ``--memory-steps`` times
+   (``torch.cuda.max_memory_allocated``; on the CPU the profiler's allocation events), then the
+   host syncs of one step under ``torch.cuda.set_sync_debug_mode("warn")`` and of another under
+   ``torch.profiler`` (the runtime's blocking calls, less the profiler's own);
+3. the ``gpu``-marked tests (``pytest -m gpu``), unless ``--skip-tests``.
 
-The active methods get random labels through ``method(x, labels=y)``. Three phases:
-
-1. timing, per (model, precision): all five built afresh, ``--warmup`` steps each, then
-   interleaved rounds (every round runs each variant once, the starting one rotating); the device
-   is synchronised before and after each timed step (wall time of the step, host overhead
-   included). Rounds stop at ``--rounds`` or when this (model, precision)'s share of
-   ``--budget-s`` is spent (at least one round);
-2. memory and syncs, per (model, precision), one variant at a time (only the batch and that
-   variant on the device), after all the timing so the profiler stays out of it: the peak is
-   reset, the method built and stepped ``--memory-steps`` times, and the peak read
-   (``torch.cuda.max_memory_allocated``; on the CPU the running sum of the profiler's allocation
-   events). Then one step under ``torch.cuda.set_sync_debug_mode("warn")`` (the warnings
-   counted, with the source line of each) and one under ``torch.profiler`` (the CUDA runtime's
-   synchronising calls counted, less those the profiler makes by itself);
-3. the ``gpu``-marked tests (``pytest -m gpu`` over the files that hold them), unless
-   ``--skip-tests``.
-
-The JSON is rewritten after every phase of every job (``"complete": false`` until the end), and
-a job that fails is recorded with its traceback while the others go on (exit status 1).
-
-bf16: a method with an ``autocast`` option is built with ``autocast=True`` (feature extractor
-in bf16, head and losses in fp32); the others (inference, TENT) run inside
-``torch.autocast(device, torch.bfloat16)``. Each variant's entry says which.
-
-The JSON holds the machine's facts, every measurement, the ratios to TENT and, beside each ratio,
-the issue's target (EATTA exact <= 1.3x TENT's time, the approximate step and eatta-safe <= 1.1x,
-peak memory <= 1.05x, at most one host sync per step) marked ``met`` or ``missed``.
-
-Usage::
+bf16: a method with an ``autocast`` option is built with ``autocast=True``, the others run inside
+``torch.autocast``; each variant's entry says which. The JSON (rewritten after every phase of
+every job, ``"complete": false`` until the end; a failed job is recorded with its traceback and
+the exit status is 1) holds the machine's facts, every measurement, the ratios to TENT and the
+issue's targets (EATTA <= 1.3x TENT's time, approx and eatta-safe <= 1.1x, peak memory <= 1.05x,
+at most one host sync a step), each marked ``met`` or ``missed``.
 
     timeout 480 python benchmarks/gpu_check.py --device cuda   # benchmarks/results/gpu_check.json
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/dry.json   # CPU dry run

@@ -1,19 +1,12 @@
 #!/usr/bin/env python
 """Can the ImageNet-C loader feed the adaptation step? Loader images/s against step images/s.
 
-Writes a miniature ImageNet-C tree of generated 224 px JPEGs into a temporary folder
-(``<root>/gaussian_noise/5/<wnid>/*.JPEG``, smooth random images plus Gaussian noise, saved at
-JPEG quality 85 as ImageNet-C is), reads it through the benchmark pipeline
-(:class:`eatta.data.imagenet.ImageNetC` and :class:`eatta.data.stream.TestStream`, as
-``eatta.bench.runner`` does) with 0, 1 and 2 worker processes (persistent workers, pinned memory
-when the device is a GPU), and times a first epoch (worker start-up included) and a second,
-steady-state epoch of the same loader. A variant whose workers return uint8 tensors (converted to
-float after the transfer) shows what moving 4-byte floats between processes costs.
-
-The step side: images/s of inference, a TENT step and an EATTA step (budget 1) on the model the
-ImageNet-C benchmark uses (ResNet-50 at 224 px; ``--quick``: ResNet-18, batch 16).
-
-Usage::
+Writes a miniature ImageNet-C tree of generated 224 px JPEGs (quality 85) into a temporary
+folder and reads it through the benchmark's pipeline (:class:`eatta.data.imagenet.ImageNetC`,
+:class:`eatta.data.stream.TestStream`) with 0, 1 and 2 persistent workers (pinned memory on a
+GPU), timing a first epoch (start-up included) and a steady second one; a variant whose workers
+return uint8 tensors shows what moving floats between processes costs. The step side: images/s
+of inference, TENT and EATTA (budget 1) on ResNet-50 at 224 px (``--quick``: ResNet-18, batch 16).
 
     python benchmarks/loader_benchmark.py [--device cpu|cuda] [--quick] [--out DIR]
 """

@@ -1,25 +1,16 @@
 """EATTA over long streams (issue 9): diagnosis, the Table-3 ablation, and the stable variant.
 
-Every run adapts one fresh copy of a digits source model through the public API
-(``eatta.create``) over ``R`` rounds of a digits-C stream (each round the whole 15-corruption
-stream again, reshuffled with its own seed, one label per batch, the registry's digits-c
-defaults), and records per round: online error, the mean applied weights ``γ_sup / γ_unsup``,
-the two gradient norms (where the method computes them), the share of labelled samples the model
-mispredicted, the size of the confident (entropy) set, labels per class, and the drift
-``||θ - θ0||`` of the adapted parameters; per step: ``γ_sup`` and the norm ratio (for plots).
+Every run adapts a fresh copy of a digits source model (``eatta.create``, one label per batch,
+digits-c defaults) over ``R`` rounds of a digits-C stream (the 15 corruptions, reshuffled with
+seed ``100 s + r``) and records per round the online error, the applied weights, both gradient
+norms, the share of mispredicted labelled samples, the confident set, labels per class and the
+drift ``||θ - θ0||``; per step ``γ_sup`` and the norm ratio (for plots). Streams: ``embedded``
+(severity 5), ``sev3``, ``reversed`` (the corruption order), ``resnet`` (a small residual
+network trained here, cached) and ``label-shift`` (Dirichlet δ = 0.1 class order per domain).
+Runs are stored as JSON under ``--out`` (default ``runs/long-stream`` or ``$EATTA_STUDY_OUT``)
+and reused, so the commands resume; ``report`` writes ``benchmarks/results/long_stream_study.md``.
 
-Streams (``--streams``): ``embedded`` (severity 5, standard order, digits CNN), ``sev3``
-(severity 3), ``reversed`` (severity 5, corruption order reversed), ``resnet`` (a small
-residual network trained here on the clean digits source split, cached), ``label-shift``
-(Dirichlet class-sorted order inside each domain, δ = 0.1, seeded per round).
-
-Each run is stored as JSON under ``--out`` (default ``runs/long-stream``, or ``$EATTA_STUDY_OUT``)
-and skipped when present, so the commands resume; ``report`` also writes the tables to
-``benchmarks/results/long_stream_study.md``.
-Seed ``s`` fixes torch's RNG, the method's seed (its selector) and the rounds' shuffles
-(``100 s + r``).
-
-Commands (CPU, single-threaded; the grid of each part is :data:`PLAN`)::
+Commands (CPU, single-threaded; each part's grid is :data:`PLAN`)::
 
     python benchmarks/long_stream_study.py all        # every part below, then the report
     python benchmarks/long_stream_study.py diagnose   # embedded, seed 0, 10 rounds

@@ -1,53 +1,28 @@
 #!/usr/bin/env python
 """What one adaptation step costs over plain inference: TENT, EATTA, reference-style EATTA.
 
-For each model, on one batch and in one run, the variants below are timed interleaved (median
-of ``--repeats`` after ``--warmup``; see ``_common.time_interleaved``) and their peak memory is
-measured in a separate, untimed call (``_common.peak_bytes``):
+Per model, on one batch, the variants are timed interleaved (median of ``--repeats`` after
+``--warmup``; ``_common.time_interleaved``) and their peak memory read in a separate, untimed
+call (``_common.peak_bytes``; ``eatta-approx``: the largest over its refresh period):
 
-* ``inference``: ``torch.no_grad`` forward of the configured model (BatchNorm on batch statistics).
-* ``tent``: :class:`eatta.methods.tent.Tent` (entropy, one backward pass, SGD step on the norm
-  parameters).
-* ``eatta``: :class:`eatta.EATTA`, budget 1, a :class:`~eatta.GroundTruthOracle`, defaults
-  (``grad_mode="auto"``, i.e. segmented two-pass gradients).
-* ``eatta-async-0``: the same with an asynchronous zero-delay annotator
-  (:class:`~eatta.annotate.SimulatedAnnotator`): requests submitted, answers collected in the
-  same step; it should cost what the synchronous oracle does.
-* ``eatta-async-0-late``: the same with ``eatta-stable``'s late-label handling
-  (:class:`~eatta.methods.late_labels.LateLabels`: the batch's mean feature recorded each step);
-  no late label arrives, so it should cost what ``eatta-async-0`` does.
-* ``eatta-two-pass``: the same with ``grad_mode="two-pass"`` (first pass retains the whole graph).
-* ``eatta-batched``: the same with ``grad_mode="batched"`` (one vmapped pass; full runs only).
-* ``eatta-approx``: the same with ``grad_mode="approx"`` (issue 32): ONE backward pass on the
-  weighted losses, the weights from estimated gradient norms (EATTA's default ``approx_proxy`` and
-  ``approx_refresh``; ``docs/approx-step.md``). Not exact, so not in the parity check. Its peak
-  memory is the largest of ``approx_refresh`` consecutive steps (a refresh step among them).
-* ``eatta-no-gnd``: EATTA without gradient-norm debiasing (``GradNormDebiaser(normalize=False)``,
-  the paper's ablation): one backward pass on ``L_sup + L_unsup``, no norms at all. The floor of
-  any one-backward EATTA step: what selection, class balance, oracle and bookkeeping add to TENT.
-* ``reference-style``: :class:`ReferenceStyleStep`, the step structure of the authors' code: a
-  backward pass for the supervised norm, one for the unsupervised norm, one for the weighted loss.
-* ``two-backward floor``: forward, both losses, two plain ``autograd.grad`` passes and the
-  optimizer step, nothing else: the least any exact EATTA step can cost.
-* ``tent+audit``, ``eatta+audit``: TENT and EATTA with an :class:`eatta.monitor.AccuracyMonitor`
-  (audit share ``--audit-share``, default 0.1: about 6 of 64 samples; a synchronous auditor, the
-  paired guard): the audits' extra forward pass of the audited samples through the source model,
-  their scoring and the guard's bookkeeping (``eatta+audit/eatta`` and ``tent+audit/tent``).
+* ``inference`` (``no_grad``, batch statistics); ``tent`` (one backward pass);
+* ``eatta``: :class:`eatta.EATTA`, budget 1, a ground-truth oracle, defaults (segmented two-pass
+  gradients); ``eatta-two-pass``, ``eatta-batched`` (full runs only) and ``eatta-approx`` (issue
+  32: one backward pass, estimated norms; not exact, so not in the parity check) by
+  ``grad_mode``; ``eatta-no-gnd``: no gradient-norm debiasing (the floor of a one-backward step);
+* ``eatta-async-0``: a zero-delay :class:`~eatta.annotate.SimulatedAnnotator` (should cost what
+  the oracle does); ``eatta-async-0-late``: with ``eatta-stable``'s late-label handling;
+* ``reference-style``: :class:`ReferenceStyleStep`, the authors' three backward passes;
+  ``two-backward floor``: forward, both losses, two ``autograd.grad`` passes, the update;
+* ``tent+audit``, ``eatta+audit``: with an :class:`eatta.monitor.AccuracyMonitor` (share
+  ``--audit-share``, the paired guard); ``hiltta``: one step per candidate, then its own.
 
-Per-step latency (``latency``): p50 and p99 of the timed rounds' samples of ``tent``, ``eatta``
-and ``eatta-approx`` (linear interpolation between order statistics; with 25 rounds p99 is close
-to the largest sample).
-
-Then the growth of the EATTA step (and TENT's, for the ratio) with the batch size (16, 32, 64,
-128, budget 1) and with the labels per batch (1, 3, 5, batch 64), and a ``torch.profiler``
-breakdown of where an EATTA and a TENT step spend their time.
-
-Models: ``resnet18-64`` (torchvision ResNet-18, random init, 1000 classes, 64 px) and ``digits-32``
-(the digits-C CNN, 32 px) everywhere; ``resnet50-224`` and ``vit_b_16-224`` too with
-``--device cuda``. The heads are scaled so that part of the batch passes EATTA's entropy margin
-(a random network is uniformly unsure, which would make every step degenerate).
-
-Usage::
+Also: p50/p99 latency of ``tent``, ``eatta`` and ``eatta-approx``; the first update's parity of
+the exact variants; the growth of the EATTA and TENT steps with the batch size (16-128) and the
+labels per batch (1, 3, 5); a ``torch.profiler`` breakdown by op category. Models:
+``resnet18-64`` (torchvision, random init, 64 px) and ``digits-32`` (the digits-C CNN);
+``resnet50-224`` and ``vit_b_16-224`` too on CUDA. The heads are scaled until half the batch
+passes EATTA's entropy margin (a random network is uniformly unsure).
 
     python benchmarks/step_benchmark.py                 # CPU, writes benchmarks/results/
     python benchmarks/step_benchmark.py --quick         # smoke run, benchmarks/results/quick/
@@ -192,22 +167,16 @@ class ReferenceStyleStep:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Any,
         params: list[nn.Parameter],
         labels: Tensor,
         budget: int = 1,
-        alpha: float = 0.8,
-        std: float = 0.01,
-        seed: int = 0,
     ) -> None:
         self.backbone, self.head = eatta.split_model(model)
-        self.optimizer = optimizer
-        self.params = params
+        self.optimizer, self.params, self.budget = optimizer, params, budget
         self.labels = labels  # the oracle's ground truth (CPU)
-        self.budget = budget
-        self.alpha = alpha
-        self.std = std
-        self.generator = torch.Generator().manual_seed(seed)
+        self.alpha, self.std = 0.8, 0.01  # EATTA's EMA rate and perturbation
+        self.generator = torch.Generator().manual_seed(0)
         self.history: list[int] = []
         self.stored_diff: dict[int, float] = {}
         self.ema: tuple[float, float] | None = None
@@ -268,13 +237,9 @@ class ReferenceStyleStep:
             self.optimizer.zero_grad()
             total = float(g_sup + g_unsup)
             raw = (2 * float(g_unsup) / total, 2 * float(g_sup) / total)
-            a = self.alpha
+            a, e = self.alpha, self.ema
             self.ema = (
-                raw
-                if self.ema is None
-                else tuple(  # type: ignore[assignment]
-                    a * e + (1 - a) * r for e, r in zip(self.ema, raw, strict=True)
-                )
+                raw if e is None else (a * e[0] + (1 - a) * raw[0], a * e[1] + (1 - a) * raw[1])
             )
             w_sup, w_unsup = self.ema
             (w_sup * loss_sup + w_unsup * loss_unsup).backward()
