@@ -16,6 +16,7 @@ import statistics
 import string
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 import eatta.bench
+from eatta._compat import TorchvisionOpsWarning
 from eatta.bench import StreamProtocol
 from eatta.bench.flags import seed_list
 from eatta.bench.results import CellResult
@@ -206,6 +208,41 @@ def _loadavg() -> list[float] | None:
 def finish_meta(meta: dict[str, Any], started: float) -> None:
     meta["loadavg_end"] = _loadavg()
     meta["wall_s"] = round(time.perf_counter() - started, 1)
+
+
+def timing_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options the timing benchmarks share: ``--device``, ``--quick``, ``--out``,
+    ``--threads``."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--quick", action="store_true", help="smoke run, into results/quick")
+    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: cores)")
+    return p
+
+
+def timing_device(args: argparse.Namespace) -> torch.device | None:
+    """``--device`` with torch's threads set (None, said on stderr: no CUDA device here); fills
+    in ``--out``'s default."""
+    warnings.simplefilter("ignore", TorchvisionOpsWarning)
+    args.out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device available", file=sys.stderr)
+        return None
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    return device
+
+
+def write_results(path: Path, data: dict[str, Any], started: float, **meta: Any) -> None:
+    """A timing benchmark's JSON (its ``meta`` finished, then ``meta`` added) and the folder's
+    ``summary.md``."""
+    import _summary  # it imports this module
+
+    finish_meta(data["meta"], started)
+    data["meta"].update(meta)
+    write_json(path, data)
+    print(f"wrote {path} and {_summary.render(path.parent)}")
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

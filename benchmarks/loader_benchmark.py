@@ -18,7 +18,6 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +27,9 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-import _summary
 
 import eatta
-from eatta._compat import TorchvisionOpsWarning, import_torchvision
+from eatta._compat import import_torchvision
 from eatta.data.imagenet import ImageNetC, imagenet_wnids
 from eatta.data.stream import TestStream
 from eatta.methods.tent import Tent
@@ -152,35 +150,20 @@ def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str,
     return rows
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--images", type=int, default=None, help="JPEGs to generate (default 320)")
+def main(argv: list[str] | None = None) -> int:
+    p = _common.timing_parser(__doc__)
+    p.add_argument("--images", type=int, help="JPEGs to generate (default 320, quick 96)")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--step-batch", type=int, default=None)
-    p.add_argument("--step-repeats", type=int, default=None)
-    p.add_argument("--workers", type=int, nargs="+", default=None)
+    p.add_argument("--step-batch", type=int)
+    p.add_argument("--step-repeats", type=int)
+    p.add_argument("--workers", type=int, nargs="+")
     args = p.parse_args(argv)
     args.images = args.images or (96 if args.quick else 320)
     args.step_repeats = args.step_repeats or (2 if args.quick else 3)
-    if args.workers is None:
-        args.workers = [0, 2] if args.quick else [0, 1, 2]
-    if args.out is None:
-        args.out = _common.RESULTS / "quick" if args.quick else _common.RESULTS
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    warnings.simplefilter("ignore", TorchvisionOpsWarning)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA device available", file=sys.stderr)
+    args.workers = args.workers or ([0, 2] if args.quick else [0, 1, 2])
+    device = _common.timing_device(args)
+    if device is None:
         return 2
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     started = time.perf_counter()
     meta = _common.machine(device)
     result: dict[str, Any] = {"meta": meta, "batch": args.batch, "image_size": 224}
@@ -207,11 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads for the same CPUs, so on a CPU-only machine the loader's share adds to the "
         "step time rather than overlapping it.",
     ]
-    _common.finish_meta(meta, started)
-    path = args.out / "loader_benchmark.json"
-    _common.write_json(path, result)
-    summary = _summary.render(args.out)
-    print(f"wrote {path} and {summary}")
+    _common.write_results(args.out / "loader_benchmark.json", result, started)
     return 0
 
 

@@ -252,45 +252,42 @@ def run(stream: str, config: str, seed: int, rounds: int, out: Path) -> dict[str
     t0 = time.perf_counter()
     for r in range(rounds):
         wrong = total = 0
-        gs, gu, ns, nu, mis, conf = [], [], [], [], [], []
+        keys = ("gamma_sup", "gamma_unsup", "grad_norm_sup", "grad_norm_unsup", "norm_ratio")
+        acc: dict[str, list[float]] = {k: [] for k in (*keys, "mispredicted_selected", "confident")}
         counts = np.zeros(10, dtype=np.int64)
         for x, y in round_batches(domains, spec["label_shift"], 100 * seed + r):
             with oracle.labels(y):
                 logits = method(x)
             miss = int((logits.argmax(1) != y).sum())
-            wrong += miss
-            total += len(y)
+            wrong, total = wrong + miss, total + len(y)
             err_trace.append(miss / len(y))
             rec = getattr(method, "last_step", None)
             if rec is None:
                 continue
             if rec.num_unsup is not None:
-                conf.append(float(rec.num_unsup))
+                acc["confident"].append(float(rec.num_unsup))
             if len(rec.selected):
-                sel = rec.selected
-                mis.append(float((rec.pseudo_labels[sel] != rec.labels).float().mean()))
+                hit = rec.pseudo_labels[rec.selected] != rec.labels
+                acc["mispredicted_selected"].append(float(hit.float().mean()))
                 counts += np.bincount(rec.labels.numpy(), minlength=10)
             if rec.weights is not None:
-                gs.append(float(rec.weights.sup))
-                gu.append(float(rec.weights.unsup))
-                gamma_trace.append(gs[-1])
+                acc["gamma_sup"].append(float(rec.weights.sup))
+                acc["gamma_unsup"].append(float(rec.weights.unsup))
+                gamma_trace.append(acc["gamma_sup"][-1])
             if rec.grad_norm_sup is not None and rec.grad_norm_unsup is not None:
                 a, b = float(rec.grad_norm_sup), float(rec.grad_norm_unsup)
-                ns.append(a)
-                nu.append(b)
+                acc["grad_norm_sup"].append(a)
+                acc["grad_norm_unsup"].append(b)
                 ratio_trace.append(a / b if b > 0 else float("nan"))
+                if b > 0:
+                    acc["norm_ratio"].append(a / b)
         pairs = zip(params, start_params, strict=True)
         drift = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in pairs))
+        means = {k: _mean(v) for k, v in acc.items()}
         per_round.append(
             {
                 "error": 100 * wrong / total,
-                "gamma_sup": _mean(gs),
-                "gamma_unsup": _mean(gu),
-                "grad_norm_sup": _mean(ns),
-                "grad_norm_unsup": _mean(nu),
-                "norm_ratio": _mean([a / b for a, b in zip(ns, nu, strict=False) if b > 0]),
-                "mispredicted_selected": _mean(mis),
-                "confident": _mean(conf),
+                **means,
                 "labels_per_class": counts.tolist(),
                 "drift": drift,
             }

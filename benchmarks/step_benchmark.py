@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +48,9 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-import _summary
 
 import eatta
-from eatta._compat import TorchvisionOpsWarning, import_torchvision
+from eatta._compat import import_torchvision
 from eatta.annotate import SimulatedAnnotator
 from eatta.configure import configure_model
 from eatta.debias import GradNormDebiaser
@@ -559,11 +556,7 @@ def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> d
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--quick", action="store_true", help="smoke run: few repeats, small growth")
-    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: cores)")
+    p = _common.timing_parser(__doc__)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS))
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--audit-share", type=float, default=AUDIT_SHARE, help="of the +audit variants")
@@ -579,7 +572,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     args.growth_repeats = args.growth_repeats or (2 if args.quick else 11)
     args.profile = args.profile and not args.quick
-    args.out = args.out or (_common.RESULTS / "quick" if args.quick else _common.RESULTS)
     return args
 
 
@@ -587,14 +579,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     global AUDIT_SHARE
     AUDIT_SHARE = args.audit_share
-    warnings.simplefilter("ignore", TorchvisionOpsWarning)
-    device = torch.device(args.device)
+    device = _common.timing_device(args)
+    if device is None:
+        return 2
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            print("--device cuda: no CUDA device available", file=sys.stderr)
-            return 2
         torch.backends.cudnn.benchmark = True
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     models = args.models or (DEFAULT_MODELS["cuda" if device.type == "cuda" else "cpu"])
     if args.quick and args.models is None:
         models = models[:2]
@@ -618,13 +607,8 @@ def main(argv: list[str] | None = None) -> int:
         results["models"][name] = bench_model(MODELS[name], args, device)
     if not args.no_growth:
         results["growth"] = growth(MODELS[models[0]], args, device)
-    _common.finish_meta(meta, started)
-    suffix = device.type + (f"_{args.tag}" if args.tag else "")
-    meta["tag"] = args.tag
-    path = args.out / f"step_benchmark_{suffix}.json"
-    _common.write_json(path, results)
-    summary = _summary.render(args.out)
-    print(f"wrote {path} and {summary}")
+    path = args.out / f"step_benchmark_{device.type}{f'_{args.tag}' if args.tag else ''}.json"
+    _common.write_results(path, results, started, tag=args.tag)
     return 0
 
 
