@@ -24,6 +24,7 @@ import copy
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,29 +45,29 @@ from eatta.losses import default_entropy_margin, entropy
 from eatta.methods._approx import last_norm_params, proxy_norms
 from eatta.methods.eatta import EATTA
 from eatta.methods.registry import create
+from eatta.methods.update import ExactUpdate
 
 OUT = _common.RESULTS / "approx_proxy_study.json"
 REFRESH = (4, 16, 64)
 ALPHA = 0.8
 
 
-class Recorder(EATTA):
-    """The exact step, recording the estimates next to the exact norms at every step."""
+class Recorder(ExactUpdate):
+    """The exact update, recording the estimates next to the exact norms at every step."""
 
     rows: list[tuple[float, ...]]
+    backbone: Callable[[], nn.Module]
 
-    def _gradients(self, loss_sup, loss_unsup, n_unsup, plan=None, features=None):  # type: ignore[no-untyped-def]
+    def norms(self, loss_sup, loss_unsup, needs_norms, plan=None, features=None):  # type: ignore[no-untyped-def]
         est: tuple[float, ...] = ()
-        if loss_sup is not None and features is not None:
-            last = last_norm_params(self.split.backbone, self._train)
-            a, b = proxy_norms(loss_sup, loss_unsup, last)
+        if features is not None:
+            a, b = proxy_norms(loss_sup, loss_unsup, last_norm_params(self.backbone(), self.train))
             c, d = proxy_norms(loss_sup, loss_unsup, [features])
             est = (float(a), float(b), float(c), float(d))
-        out = super()._gradients(loss_sup, loss_unsup, n_unsup, plan, features)
-        g_sup, g_unsup = out[2], out[3]
-        if est and g_sup is not None and g_unsup is not None:
+        g_sup, g_unsup = super().norms(loss_sup, loss_unsup, needs_norms, plan, features)
+        if est and self.measured:
             self.rows.append((float(g_sup), float(g_unsup), *est))
-        return out
+        return g_sup, g_unsup
 
 
 def _resnet18(num_classes: int) -> nn.Module:
@@ -111,15 +112,16 @@ def trajectory(kind: str, rounds: int, limit: int | None) -> np.ndarray:
 
     model = _model(kind, prep(batches[0][0]))
     oracle = GroundTruthOracle()
-    made = create("eatta", model, dataset="digits-c", oracle=oracle, budget=1, seed=0)
-    assert isinstance(made, EATTA)
-    made.__class__ = Recorder  # same state, the recording _gradients
-    method: Recorder = made  # type: ignore[assignment]
-    method.rows = []
+    method = create("eatta", model, dataset="digits-c", oracle=oracle, budget=1, seed=0)
+    assert isinstance(method, EATTA) and type(method._update) is ExactUpdate
+    update = method._update
+    update.__class__ = Recorder  # same state, the recording norms
+    assert isinstance(update, Recorder)
+    update.rows, update.backbone = [], lambda: method.split.backbone
     for x, y in batches:
         with oracle.labels(y):
             method(prep(x))
-    return np.asarray(method.rows, dtype=np.float64)
+    return np.asarray(update.rows, dtype=np.float64)
 
 
 def _ratio(s: np.ndarray, u: np.ndarray) -> np.ndarray:
