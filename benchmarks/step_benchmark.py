@@ -461,42 +461,33 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
         "num_classes": case.num_classes,
         "variants": {n: _common.stats_ms(s) for n, s in samples.items()},
     }
-    for name, f in faults.items():
-        result["variants"][name]["minor_faults_median"] = sorted(f)[len(f) // 2]
     for name, fn in variants.items():
-        peak = _peak(fn, device)
+        f, peak = faults[name], _peak(fn, device)
+        result["variants"][name]["minor_faults_median"] = sorted(f)[len(f) // 2]
         result["variants"][name]["peak_mb"] = None if peak is None else peak / 2**20
-    ratios: dict[str, Any] = {}
-    for name in samples:
-        if name != "tent":
-            ratios[f"{name}/tent"] = _common.ratio(samples, name, "tent")
-    ratios["tent/inference"] = _common.ratio(samples, "tent", "inference")
-    if "eatta+audit" in samples:
-        ratios["eatta+audit/eatta"] = _common.ratio(samples, "eatta+audit", "eatta")
+    pairs = [(n, "tent") for n in samples if n != "tent"] + [("tent", "inference")]
+    pairs += [("eatta+audit", "eatta")] if "eatta+audit" in samples else []
+    ratios = {f"{a}/{b}": _common.ratio(samples, a, b) for a, b in pairs}
     result["time_ratios"] = ratios
-    tent_peak = result["variants"]["tent"]["peak_mb"]
-    if tent_peak:
+    peaks = {n: v["peak_mb"] for n, v in result["variants"].items()}
+    if peaks["tent"]:
+        mem = {f"{n}/tent": p / peaks["tent"] for n, p in peaks.items() if p is not None}
         result["memory_ratios"] = {
-            f"{n}/tent": v["peak_mb"] / tent_peak
-            for n, v in result["variants"].items()
-            if n not in ("tent", "inference") and v["peak_mb"] is not None
+            k: v for k, v in mem.items() if k not in ("tent/tent", "inference/tent")
         }
-        eatta_peak = result["variants"].get("eatta", {}).get("peak_mb")
-        audit_peak = result["variants"].get("eatta+audit", {}).get("peak_mb")
-        if eatta_peak and audit_peak:
-            result["memory_ratios"]["eatta+audit/eatta"] = audit_peak / eatta_peak
+        if peaks.get("eatta") and peaks.get("eatta+audit"):
+            result["memory_ratios"]["eatta+audit/eatta"] = peaks["eatta+audit"] / peaks["eatta"]
     result["latency"] = {
         n: _latency(samples[n]) for n in ("tent", "eatta", "eatta-approx") if n in samples
     }
     result["parity_max_abs_diff"] = parity(case, state, x, y, device)
     keys = ("eatta/tent", "eatta-approx/tent", "eatta-no-gnd/tent", "two-backward floor/tent")
-    for key in (*keys, "eatta+audit/eatta"):
-        r = ratios.get(key)
-        if r:
-            med, pair, low = r["median"], r["paired"], r["min"]
-            mem = result.get("memory_ratios", {}).get(key)
-            extra = "" if mem is None else f"; peak memory {mem:.3f}"
-            print(f"  {key}: median {med:.3f} paired {pair:.3f} min {low:.3f}{extra}")
+    for key in (k for k in (*keys, "eatta+audit/eatta") if k in ratios):
+        r, mem = ratios[key], result.get("memory_ratios", {}).get(key)
+        extra = "" if mem is None else f"; peak memory {mem:.3f}"
+        print(
+            f"  {key}: median {r['median']:.3f} paired {r['paired']:.3f} min {r['min']:.3f}{extra}"
+        )
     if args.profile:
         keep = {n: variants[n] for n in ("tent", "eatta", "eatta-approx", "reference-style")}
         result["profile"] = profile_steps(keep, device)
