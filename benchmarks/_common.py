@@ -16,13 +16,15 @@ import statistics
 import string
 import sys
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import eatta.bench
+from eatta._compat import TorchvisionOpsWarning
 from eatta.bench import StreamProtocol
 from eatta.bench.flags import seed_list
 from eatta.bench.results import CellResult
@@ -47,12 +49,13 @@ def _minor_faults() -> int:
 
 
 def time_interleaved(
-    fns: dict[str, Callable[[], object]],
+    fns: Mapping[str, Callable[[], object]],
     *,
     repeats: int,
     warmup: int,
     device: torch.device,
     faults: dict[str, list[int]] | None = None,
+    deadline: float | None = None,
 ) -> dict[str, list[float]]:
     """Wall seconds of each call, the variants interleaved round by round.
 
@@ -60,7 +63,8 @@ def time_interleaved(
     (other processes on a shared machine) hits all variants alike and per-round ratios stay
     meaningful. The device is synchronised before and after each timed call; the garbage
     collector runs between calls, not inside them. If ``faults`` is given, it receives each
-    call's minor page faults (memory the process had to map afresh), per variant.
+    call's minor page faults (memory the process had to map afresh), per variant. Past
+    ``deadline`` (``time.perf_counter``) no further round starts (the first always runs).
     """
     sync = synchronizer(device)
     for _ in range(warmup):
@@ -70,6 +74,8 @@ def time_interleaved(
     names = list(fns)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
+        if r and deadline is not None and time.perf_counter() >= deadline:
+            break
         k = r % len(names)
         for name in names[k:] + names[:k]:
             gc.collect()
@@ -139,6 +145,12 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+    return profiler_peak(prof)
+
+
+def profiler_peak(prof: Any) -> int | None:
+    """Peak of the running sum of a ``profile_memory`` profile's allocation events (None: the
+    event list is not available)."""
     try:
         events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     except AttributeError:
@@ -157,7 +169,7 @@ def machine(device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
@@ -176,7 +188,7 @@ def machine(device: torch.device) -> dict[str, Any]:
     return info
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -198,6 +210,41 @@ def finish_meta(meta: dict[str, Any], started: float) -> None:
     meta["wall_s"] = round(time.perf_counter() - started, 1)
 
 
+def timing_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options the timing benchmarks share: ``--device``, ``--quick``, ``--out``,
+    ``--threads``."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--quick", action="store_true", help="smoke run, into results/quick")
+    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: cores)")
+    return p
+
+
+def timing_device(args: argparse.Namespace) -> torch.device | None:
+    """``--device`` with torch's threads set (None, said on stderr: no CUDA device here); fills
+    in ``--out``'s default."""
+    warnings.simplefilter("ignore", TorchvisionOpsWarning)
+    args.out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device available", file=sys.stderr)
+        return None
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    return device
+
+
+def write_results(path: Path, data: dict[str, Any], started: float, **meta: Any) -> None:
+    """A timing benchmark's JSON (its ``meta`` finished, then ``meta`` added) and the folder's
+    ``summary.md``."""
+    import _summary  # it imports this module
+
+    finish_meta(data["meta"], started)
+    data["meta"].update(meta)
+    write_json(path, data)
+    print(f"wrote {path} and {_summary.render(path.parent)}")
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
@@ -210,22 +257,26 @@ def load_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def fmt_mean_std(values: Sequence[float], digits: int = 1) -> str:
-    """``"36.0 ± 0.2"`` over seeds (sample std), the value alone for one seed, ``"-"`` for none."""
+def fmt_mean_std(values: Sequence[float], digits: int = 1, empty: str = "-") -> str:
+    """``"36.0 ± 0.2"`` over seeds (sample std), the value alone for one seed, ``empty`` for
+    none."""
     if not values:
-        return "-"
+        return empty
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
     return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A markdown table: the first column left-aligned, the others right-aligned."""
+def markdown_table(
+    header: Sequence[str], rows: Sequence[Sequence[object]], left: bool = False
+) -> str:
+    """A markdown table: the first column left-aligned, the others right-aligned (``left``: all
+    left-aligned)."""
     lines = [
         "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|",
+        "|" + "|".join(["---"] + ["---" if left else "---:"] * (len(header) - 1)) + "|",
     ]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+    return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
 
 
 def replace_section(doc: Path, begin: str, end: str, text: str) -> None:
@@ -246,6 +297,12 @@ def save_study(out: Path, data: dict[str, Any]) -> None:
     tmp = out / "study.json.tmp"
     tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
     tmp.replace(out / "study.json")
+
+
+def load_study(out: Path) -> dict[str, Any]:
+    """The study saved in ``out`` (``out/study.json``), to resume; a new one if there is none."""
+    path = out / "study.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
 
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"

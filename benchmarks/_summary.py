@@ -37,64 +37,65 @@ def _meta_line(meta: dict[str, Any]) -> str:
     )
 
 
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    return _common.markdown_table(header, rows, left=True).split("\n")
+
+
 def _step_section(data: dict[str, Any]) -> list[str]:
     meta = data["meta"]
-    tag = f", {meta['tag']}" if meta.get("tag") else ""
     env = meta.get("malloc_env") or {}
     head = PAGE(
         "step",
         device=meta["device"],
-        tag=tag,
+        tag=f", {meta['tag']}" if meta.get("tag") else "",
         machine=_meta_line(meta) + (PAGE("environment", env=env) if env else ""),
         repeats=meta["repeats"],
         warmup=meta["warmup"],
         memory=meta["memory_method"],
     )
-    lines = [
-        *head.split("\n"),
-        "",
-        "| model | EATTA / TENT time | approx / TENT time | reference-style / TENT time "
-        "| two-backward floor / TENT | EATTA / TENT peak memory | approx / TENT peak memory "
-        "| EATTA two-pass / TENT peak memory | reference-style / TENT peak memory |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    times = ("eatta", "eatta-approx", "reference-style", "two-backward floor")
+    memories = ("eatta", "eatta-approx", "eatta-two-pass", "reference-style")
+    header = ["model", "EATTA / TENT time", "approx / TENT time", "reference-style / TENT time"]
+    header += ["two-backward floor / TENT", "EATTA / TENT peak memory"]
+    header += ["approx / TENT peak memory", "EATTA two-pass / TENT peak memory"]
+    header += ["reference-style / TENT peak memory"]
+    rows = []
     for name, res in data["models"].items():
         tr, mr = res["time_ratios"], res.get("memory_ratios", {})
-
-        def t3(key: str, tr: dict[str, Any] = tr) -> str:
-            r = tr.get(key)
-            return "–" if r is None else f"{r['median']:.2f} ({r['paired']:.2f} / {r['min']:.2f})"
-
-        lines.append(
-            f"| {name} b{res['batch']} | {t3('eatta/tent')} | {t3('eatta-approx/tent')} "
-            f"| {t3('reference-style/tent')} "
-            f"| {t3('two-backward floor/tent')} | {_f(mr.get('eatta/tent'))} "
-            f"| {_f(mr.get('eatta-approx/tent'))} "
-            f"| {_f(mr.get('eatta-two-pass/tent'))} | {_f(mr.get('reference-style/tent'))} |"
+        t3 = [tr.get(f"{k}/tent") for k in times]
+        rows.append(
+            [f"{name} b{res['batch']}"]
+            + [
+                "–" if r is None else f"{r['median']:.2f} ({r['paired']:.2f} / {r['min']:.2f})"
+                for r in t3
+            ]
+            + [_f(mr.get(f"{k}/tent")) for k in memories]
         )
+    lines = [*head.split("\n"), "", *_table(header, rows)]
     for name, res in data["models"].items():
-        lines += [
-            "",
-            f"### {name}, batch {res['batch']}, {res['resolution']} px, "
-            f"{res['num_classes']} classes",
-            "",
-            "| variant | median ms | min ms | IQR ms | × inference | × TENT | peak MB "
-            "| × TENT memory | page faults |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
         v = res["variants"]
         inf, tent = v["inference"]["median_ms"], v["tent"]["median_ms"]
         tent_mb = v["tent"].get("peak_mb")
+        rows = []
         for key in [k for k in ORDER if k in v] + [k for k in v if k not in ORDER]:
-            s = v[key]
-            mb = s.get("peak_mb")
-            lines.append(
-                f"| {key} | {s['median_ms']:.1f} | {s['min_ms']:.1f} "
-                f"| {s['q1_ms']:.1f}–{s['q3_ms']:.1f} | {s['median_ms'] / inf:.2f} "
-                f"| {s['median_ms'] / tent:.2f} | {_f(mb, 1)} "
-                f"| {_f(None if mb is None or not tent_mb else mb / tent_mb)} "
-                f"| {s.get('minor_faults_median', '–')} |"
+            s, mb = v[key], v[key].get("peak_mb")
+            rows.append(
+                [
+                    key,
+                    f"{s['median_ms']:.1f}",
+                    f"{s['min_ms']:.1f}",
+                    f"{s['q1_ms']:.1f}–{s['q3_ms']:.1f}",
+                    f"{s['median_ms'] / inf:.2f}",
+                    f"{s['median_ms'] / tent:.2f}",
+                    _f(mb, 1),
+                    _f(None if mb is None or not tent_mb else mb / tent_mb),
+                    s.get("minor_faults_median", "–"),
+                ]
             )
+        header = ["variant", "median ms", "min ms", "IQR ms", "× inference", "× TENT", "peak MB"]
+        lines += ["", f"### {name}, batch {res['batch']}, {res['resolution']} px, "
+                  f"{res['num_classes']} classes", ""]  # fmt: skip
+        lines += _table([*header, "× TENT memory", "page faults"], rows)
         lat = res.get("latency", {})
         if lat:
             shown = ", ".join(f"{k} {v['p50_ms']:.1f} / {v['p99_ms']:.1f}" for k, v in lat.items())
@@ -105,70 +106,46 @@ def _step_section(data: dict[str, Any]) -> list[str]:
             lines += ["", PAGE("parity", shown=shown)]
         prof = res.get("profile")
         if prof:
-            lines += _profile_table(prof)
+            names = list(prof)
+            cats = list(dict.fromkeys(c for n in names for c in prof[n]["categories_ms"]))
+            rows = [[c, *(_f(prof[n]["categories_ms"].get(c), 1) for n in names)] for c in cats]
+            rows.append(["total", *(_f(prof[n]["total_ms"], 1) for n in names)])
+            lines += ["", PAGE("profile"), "", *_table(["category", *names], rows)]
     growth = data.get("growth")
     if growth:
-        lines += [
-            "",
-            f"### Growth ({growth['model']})",
-            "",
-            "| batch | labels | EATTA ms | TENT ms | EATTA ms / image | EATTA / TENT |",
-            "|---|---|---|---|---|---|",
+        header = ["batch", "labels", "EATTA ms", "TENT ms", "EATTA ms / image", "EATTA / TENT"]
+        rows = [
+            [
+                row["batch"],
+                row["labels"],
+                f"{row['eatta_median_ms']:.1f}",
+                f"{row['tent_median_ms']:.1f}",
+                f"{row['eatta_ms_per_image']:.2f}",
+                f"{row['ratio']:.2f} ({row['ratio_paired']:.2f} / {row['ratio_min']:.2f})",
+            ]
+            for row in growth["batch_size"] + growth["labels"]
         ]
-        for row in growth["batch_size"] + growth["labels"]:
-            lines.append(
-                f"| {row['batch']} | {row['labels']} | {row['eatta_median_ms']:.1f} "
-                f"| {row['tent_median_ms']:.1f} | {row['eatta_ms_per_image']:.2f} "
-                f"| {row['ratio']:.2f} ({row['ratio_paired']:.2f} / {row['ratio_min']:.2f}) |"
-            )
-    return lines
-
-
-def _profile_table(prof: dict[str, Any]) -> list[str]:
-    names = list(prof)
-    cats: list[str] = []
-    for n in names:
-        cats += [c for c in prof[n]["categories_ms"] if c not in cats]
-    lines = [
-        "",
-        PAGE("profile"),
-        "",
-        "| category | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
-    ]
-    for c in cats:
-        row = " | ".join(_f(prof[n]["categories_ms"].get(c), 1) for n in names)
-        lines.append(f"| {c} | {row} |")
-    lines.append("| total | " + " | ".join(_f(prof[n]["total_ms"], 1) for n in names) + " |")
+        lines += ["", f"### Growth ({growth['model']})", "", *_table(header, rows)]
     return lines
 
 
 def _loader_section(data: dict[str, Any]) -> list[str]:
-    meta = data["meta"]
     head = PAGE(
         "loader",
-        machine=_meta_line(meta),
+        machine=_meta_line(data["meta"]),
         images=data["images"],
         size=data["image_size"],
         kb=f"{data['mean_file_kb']:.0f}",
         batch=data["batch"],
     )
-    lines = [
-        *head.split("\n"),
-        "",
-        "| loader | images/s | first epoch images/s |",
-        "|---|---|---|",
+    rows = [
+        [r["name"], f"{r['images_per_s']:.0f}", f"{r['first_epoch_images_per_s']:.0f}"]
+        for r in data["loaders"]
     ]
-    for row in data["loaders"]:
-        lines.append(
-            f"| {row['name']} | {row['images_per_s']:.0f} | {row['first_epoch_images_per_s']:.0f} |"
-        )
-    lines += ["", "| step | images/s |", "|---|---|"]
-    for row in data["steps"]:
-        lines.append(f"| {row['name']} | {row['images_per_s']:.1f} |")
-    if data.get("notes"):
-        lines += ["", *data["notes"]]
-    return lines
+    lines = [*head.split("\n"), "", *_table(["loader", "images/s", "first epoch images/s"], rows)]
+    steps = [[r["name"], f"{r['images_per_s']:.1f}"] for r in data["steps"]]
+    lines += ["", *_table(["step", "images/s"], steps)]
+    return lines + (["", *data["notes"]] if data.get("notes") else [])
 
 
 def render(folder: Path) -> Path:

@@ -1,32 +1,17 @@
 #!/usr/bin/env python
 """How well each cheap gradient-norm estimate's ratio tracks the exact one (issue 32).
 
-The exact EATTA step (``grad_mode="auto"``) adapts along a digits-C stream (severity 5, the 15
-corruptions in order, one label per batch, the registry's digits-c defaults); at every step, next
-to the exact global norms ``g_sup``, ``g_unsup`` over the adapted parameters, the script records
-the estimates of :mod:`eatta.methods._approx` on the same graph:
-
-* ``last-norm``: the norms over the backbone's last normalization layer's affine parameters;
-* ``head``: the norms of the gradients at the head's input features (``δ W``);
-
-and derives the refresh candidates from the same trajectory:
-
-* ``stale-N``: the exact norms of the last step ``t`` with ``t mod N == 0`` (what "exact every N
-  steps, the EMA between" gives the debiaser);
-* ``last-norm+refresh-N``, ``head+refresh-N``: the estimate scaled by ``exact / estimate`` of the
-  last refresh step (each loss on its own), as ``EATTA(grad_mode="approx", approx_refresh=N)``.
-
-For each: the Pearson correlation of its ratio ``r = g_sup / (g_sup + g_unsup)`` with the exact
-ratio over the steps with a confident set (both norms > 0), the mean bias ``r_est - r_exact``, the
-mean absolute error, and the same for the debiaser's raw weight ``γ_sup = 2 (1 - r)``'s EMA
-(α = 0.8), which is what the update sees.
-
-Models: ``digits-32`` (the benchmark's trained digits CNN, every batch of one round) and
-``resnet18-64`` (torchvision ResNet-18, random init, 10 classes, the digits upsampled to 64 px,
-the head scaled until half of a batch is confident, as in ``step_benchmark.py``; one round).
-The digits CNN runs ``--rounds`` rounds (4: 900 steps).
-
-Usage::
+The exact EATTA step adapts along digits-C (severity 5, one label per batch, digits-c defaults);
+at every step, beside the exact norms ``g_sup``, ``g_unsup``, it records the estimates of
+:mod:`eatta.methods._approx` on the same graph (``last-norm``: the last normalization layer's
+affine parameters; ``head``: the gradients at the head's input) and derives refresh candidates
+from the trajectory (``stale-N``: the exact norms of the last step ``t mod N == 0``;
+``last-norm+refresh-N``, ``head+refresh-N``: the estimate scaled at each refresh, as
+``grad_mode="approx", approx_refresh=N``). Per candidate, over the steps with a confident set:
+correlation, bias and mean absolute error of ``r = g_sup / (g_sup + g_unsup)`` against the exact
+one, and of the debiaser's EMA weight ``γ_sup = 2 (1 - r)`` (α = 0.8). Models: ``digits-32``
+(``--rounds`` rounds) and ``resnet18-64`` (random init, 10 classes, digits at 64 px, the head
+scaled as in ``step_benchmark.py``; one round).
 
     python benchmarks/approx_proxy_study.py          # benchmarks/results/approx_proxy_study.json
     python benchmarks/approx_proxy_study.py --quick     # 60 batches per model, not written
@@ -39,6 +24,7 @@ import copy
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,29 +45,29 @@ from eatta.losses import default_entropy_margin, entropy
 from eatta.methods._approx import last_norm_params, proxy_norms
 from eatta.methods.eatta import EATTA
 from eatta.methods.registry import create
+from eatta.methods.update import ExactUpdate
 
 OUT = _common.RESULTS / "approx_proxy_study.json"
 REFRESH = (4, 16, 64)
 ALPHA = 0.8
 
 
-class Recorder(EATTA):
-    """The exact step, recording the estimates next to the exact norms at every step."""
+class Recorder(ExactUpdate):
+    """The exact update, recording the estimates next to the exact norms at every step."""
 
     rows: list[tuple[float, ...]]
+    backbone: Callable[[], nn.Module]
 
-    def _gradients(self, loss_sup, loss_unsup, n_unsup, plan=None, features=None):  # type: ignore[no-untyped-def]
+    def norms(self, loss_sup, loss_unsup, needs_norms, plan=None, features=None):  # type: ignore[no-untyped-def]
         est: tuple[float, ...] = ()
-        if loss_sup is not None and features is not None:
-            last = last_norm_params(self.split.backbone, self._train)
-            a, b = proxy_norms(loss_sup, loss_unsup, last)
+        if features is not None:
+            a, b = proxy_norms(loss_sup, loss_unsup, last_norm_params(self.backbone(), self.train))
             c, d = proxy_norms(loss_sup, loss_unsup, [features])
             est = (float(a), float(b), float(c), float(d))
-        out = super()._gradients(loss_sup, loss_unsup, n_unsup, plan, features)
-        g_sup, g_unsup = out[2], out[3]
-        if est and g_sup is not None and g_unsup is not None:
+        g_sup, g_unsup = super().norms(loss_sup, loss_unsup, needs_norms, plan, features)
+        if est and self.measured:
             self.rows.append((float(g_sup), float(g_unsup), *est))
-        return out
+        return g_sup, g_unsup
 
 
 def _resnet18(num_classes: int) -> nn.Module:
@@ -126,15 +112,16 @@ def trajectory(kind: str, rounds: int, limit: int | None) -> np.ndarray:
 
     model = _model(kind, prep(batches[0][0]))
     oracle = GroundTruthOracle()
-    made = create("eatta", model, dataset="digits-c", oracle=oracle, budget=1, seed=0)
-    assert isinstance(made, EATTA)
-    made.__class__ = Recorder  # same state, the recording _gradients
-    method: Recorder = made  # type: ignore[assignment]
-    method.rows = []
+    method = create("eatta", model, dataset="digits-c", oracle=oracle, budget=1, seed=0)
+    assert isinstance(method, EATTA) and type(method._update) is ExactUpdate
+    update = method._update
+    update.__class__ = Recorder  # same state, the recording norms
+    assert isinstance(update, Recorder)
+    update.rows, update.backbone = [], lambda: method.split.backbone
     for x, y in batches:
         with oracle.labels(y):
             method(prep(x))
-    return np.asarray(method.rows, dtype=np.float64)
+    return np.asarray(update.rows, dtype=np.float64)
 
 
 def _ratio(s: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -192,6 +179,8 @@ def agreement(rows: np.ndarray) -> dict[str, dict[str, float]]:
 def markdown(results: dict[str, Any]) -> str:
     """One table per model: each candidate's agreement with the exact ratio."""
     parts = []
+    keys = ("corr", "bias", "mae", "gamma_corr", "gamma_bias", "gamma_mae")
+    head = ["estimate", "corr r", "bias r", "MAE r", "corr EMA γ_sup", "bias γ", "MAE γ"]
     for model, res in results["models"].items():
         steps = res["agreement"]["_steps"]
         ex = res["agreement"]["_exact_ratio"]
@@ -200,27 +189,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"ratio {ex['mean']:.3f} ± {ex['std']:.3f})\n"
         )
         rows = [
-            [
-                name,
-                f"{v['corr']:.3f}",
-                f"{v['bias']:+.3f}",
-                f"{v['mae']:.3f}",
-                f"{v['gamma_corr']:.3f}",
-                f"{v['gamma_bias']:+.3f}",
-                f"{v['gamma_mae']:.3f}",
-            ]
+            [name, *(f"{v[k]:+.3f}" if "bias" in k else f"{v[k]:.3f}" for k in keys)]
             for name, v in res["agreement"].items()
             if not name.startswith("_") and name != "exact"
         ]
-        head = ["estimate", "corr r", "bias r", "MAE r", "corr EMA γ_sup", "bias γ", "MAE γ"]
-        parts.append(_common_table(head, rows))
+        parts.append(_common.markdown_table(head, rows, left=True) + "\n")
     return "\n".join(parts)
-
-
-def _common_table(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,25 +1,14 @@
 #!/usr/bin/env python
 """The approximate EATTA step against the exact one (issue 32): accuracy study, docs page.
 
-``eatta`` and ``eatta-stable`` run with ``grad_mode="auto"`` (exact: two backward passes) and
-with ``grad_mode="approx"`` (one backward pass, the norms estimated as :data:`APPROX` says) on four
-long digits-C streams, seeds 0-2, one label per batch, the registry's digits-c defaults:
-
-* ``recurring``: the main job's stream, 15 corruptions, cut to 3 rounds (675 batches; the main
-  job runs 10, see :data:`RECURRING_ROUNDS`); the TUNING stream: the estimate and its refresh
-  period were chosen on it (``approx_proxy_study.py`` runs the digits CNN along its rounds),
-  nothing was tuned on the others;
-* ``mixed``: every batch drawn across the 15 corruptions, 2 rounds (422 batches);
-* ``ccc``: the CCC-style stream at its slow speed, 5 rounds (280 batches);
-* ``dirichlet``: class-correlated batches (Dirichlet δ = 0.1 within each corruption), 2 rounds
-  (450 batches).
-
-The verdict per (stream, method): the approximate step's average error is "within" when it differs
-from the exact step's by no more than the larger of the two modes' seed standard deviations and
-0.5 points. Every run is a cell of :func:`eatta.bench.run` under ``--out`` (finished cells are
-read back, so an interrupted study resumes). The page ``docs/approx-step.md`` is rendered from
-the runs, ``benchmarks/results/approx_proxy_study.json`` (the estimates' fidelity) and
-``benchmarks/results/step_benchmark_cpu.json`` (the step's cost).
+``eatta`` and ``eatta-stable`` run with ``grad_mode="auto"`` (exact) and ``"approx"`` (one
+backward pass, :data:`APPROX`) on four digits-C streams, one label per batch: ``recurring`` (3
+of the main job's 10 rounds; the tuning stream, where ``approx_proxy_study.py`` chose the
+estimate), ``mixed`` (2 rounds), ``ccc`` (slow, 5 rounds) and ``dirichlet`` (δ = 0.1, 2 rounds).
+Per stream and method the approximate step is "within" when its average error differs from the
+exact one's by at most the larger of the seed standard deviations and 0.5 points. Every run is
+a cell under ``--out`` (read back when finished). ``docs/approx-step.md`` is rendered from the
+runs, ``approx_proxy_study.json`` (fidelity) and ``step_benchmark_cpu.json`` (cost).
 
     python benchmarks/approx_step_study.py --out runs/approx-step        # runs, then the page
     python benchmarks/approx_step_study.py --out runs/approx-step --report-only
@@ -38,11 +27,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, Template, run_part, streams
+from _common import RESULTS, Template, run_part, save_study, streams
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
 from eatta.bench import StreamProtocol
+from eatta.bench.flags import seed_list
 from eatta.bench.results import CellResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,13 +109,8 @@ def study(out: Path, seeds: list[int], quick: bool, only: Sequence[str] = ()) ->
                     s[mode][m]["last"] += _values(res, m, "last")
                     s[mode][m]["cpu_s"] += _values(res, m, "cpu_time_s")
             s["seeds"].append(seed)
-            save(out, data)
+            save_study(out, data)
     return data
-
-
-def save(out: Path, data: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "study.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
 def _sd(v: Sequence[float]) -> float:
@@ -159,45 +144,28 @@ def _ratio(ratios: dict[str, Any], key: str) -> str:
 
 
 def cost_table(bench: dict[str, Any]) -> str:
-    rows = []
+    rows, verdicts = [], []
+    nan = float("nan")
     for model, res in bench["models"].items():
         t, mem = res["time_ratios"], res.get("memory_ratios", {})
         lat = res.get("latency", {}).get("eatta-approx", {})
         rows.append(
-            [
-                model,
-                _ratio(t, "eatta/tent"),
-                _ratio(t, "eatta-approx/tent"),
-                _ratio(t, "eatta-no-gnd/tent"),
-                f"{mem.get('eatta/tent', float('nan')):.3f}",
-                f"{mem.get('eatta-approx/tent', float('nan')):.3f}",
-                f"{lat.get('p50_ms', float('nan')):.1f} / {lat.get('p99_ms', float('nan')):.1f}",
-            ]
+            [model, *(_ratio(t, f"{k}/tent") for k in ("eatta", "eatta-approx", "eatta-no-gnd"))]
+            + [f"{mem.get(f'{k}/tent', nan):.3f}" for k in ("eatta", "eatta-approx")]
+            + [f"{lat.get('p50_ms', nan):.1f} / {lat.get('p99_ms', nan):.1f}"]
         )
-    head = [
-        "model",
-        "exact / TENT (time)",
-        "approx / TENT (time)",
-        "no GND / TENT (time)",
-        "exact / TENT (peak mem)",
-        "approx / TENT (peak mem)",
-        "approx p50 / p99 ms",
-    ]
-    out = table(head, rows)
-    verdicts = []
-    for model, res in bench["models"].items():
-        t = res["time_ratios"].get("eatta-approx/tent")
-        mem = res.get("memory_ratios", {}).get("eatta-approx/tent")
-        if t is None or mem is None:
-            continue
-        ok_t, ok_m = t["median"] <= TIME_BAR, mem <= MEMORY_BAR
-        verdicts.append(
-            f"{model}: time {'met' if ok_t else 'missed'} ({t['median']:.2f}x), peak memory "
-            f"{'met' if ok_m else 'missed'} ({mem:.3f}x)"
-        )
+        ta, ma = t.get("eatta-approx/tent"), mem.get("eatta-approx/tent")
+        if ta is not None and ma is not None:
+            ok_t, ok_m = ta["median"] <= TIME_BAR, ma <= MEMORY_BAR
+            verdicts.append(
+                f"{model}: time {'met' if ok_t else 'missed'} ({ta['median']:.2f}x), peak memory "
+                f"{'met' if ok_m else 'missed'} ({ma:.3f}x)"
+            )
+    head = ["model", *(f"{k} / TENT (time)" for k in ("exact", "approx", "no GND"))]
+    head += [f"{k} / TENT (peak mem)" for k in ("exact", "approx")] + ["approx p50 / p99 ms"]
     load = bench["meta"].get("loadavg_start")
     return (
-        out
+        table(head, rows)
         + f"\n\nAgainst issue 32's bar (at most {TIME_BAR:.2f}x TENT's time and {MEMORY_BAR:.2f}x "
         + "its peak memory): "
         + "; ".join(verdicts)
@@ -208,19 +176,11 @@ def cost_table(bench: dict[str, Any]) -> str:
 
 def fidelity_table(fid: dict[str, Any], model: str, keep: Sequence[str]) -> str:
     res = fid["models"][model]["agreement"]
-    rows = []
-    for name in keep:
-        v = res[name]
-        rows.append(
-            [
-                name,
-                f"{v['corr']:.3f}",
-                f"{v['bias']:+.3f}",
-                f"{v['mae']:.3f}",
-                f"{v['gamma_corr']:.3f}",
-                f"{v['gamma_bias']:+.3f}",
-            ]
-        )
+    keys = ("corr", "bias", "mae", "gamma_corr", "gamma_bias")
+    rows = [
+        [name, *(f"{res[name][k]:+.3f}" if "bias" in k else f"{res[name][k]:.3f}" for k in keys)]
+        for name in keep
+    ]
     head = ["estimate", "corr(r)", "bias(r)", "MAE(r)", "corr(EMA γ_sup)", "bias(EMA γ_sup)"]
     return table(head, rows)
 
@@ -245,16 +205,8 @@ def accuracy_table(data: dict[str, Any], ver: dict[str, Any]) -> str:
                     "within" if v["within"] else "**outside**",
                 ]
             )
-    head = [
-        "stream: method",
-        "exact",
-        "approx",
-        "approx - exact",
-        "per seed",
-        "tolerance",
-        "verdict",
-    ]
-    return table(head, rows)
+    head = ["stream: method", "exact", "approx", "approx - exact", "per seed", "tolerance"]
+    return table([*head, "verdict"], rows)
 
 
 def history_table(hist: dict[str, Any]) -> str:
@@ -264,16 +216,10 @@ def history_table(hist: dict[str, Any]) -> str:
     for key, v in hist["summary"].items():
         rev, threads, kernels = key.split()
         rows.append(
-            [
-                f"{rev} ({names.get(rev, rev)})",
-                threads.removeprefix("t"),
-                kernels,
-                f"{v['digits-32']['ratio_median']:.2f}x",
-                f"{v['resnet18-64']['ratio_median']:.2f}x",
-            ]
+            [f"{rev} ({names.get(rev, rev)})", threads.removeprefix("t"), kernels]
+            + [f"{v[m]['ratio_median']:.2f}x" for m in ("digits-32", "resnet18-64")]
         )
-    head = ["revision", "threads", "kernels", "digits-32", "resnet18-64"]
-    return table(head, rows)
+    return table(["revision", "threads", "kernels", "digits-32", "resnet18-64"], rows)
 
 
 def _best(fid: dict[str, Any], model: str) -> str:
@@ -372,14 +318,12 @@ TEMPLATE = Template("approx_step")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "approx-step")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", type=seed_list, default="0,1,2")
     p.add_argument("--quick", action="store_true", help="short streams, 2 seeds, no page")
     p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
     p.add_argument("--streams", nargs="+", default=(), help="run only these streams")
     args = p.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    if args.quick:
-        seeds = seeds[:2]
+    seeds = args.seeds[:2] if args.quick else args.seeds
     if args.report_only:
         data = json.loads((args.out / "study.json").read_text())
     else:

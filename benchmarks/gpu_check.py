@@ -1,44 +1,27 @@
 #!/usr/bin/env python
 """The GPU path in one prepared call: step cost, peak memory and host syncs against TENT.
 
-Per model (torchvision ResNet-50 and ViT-B/16, random init, 224 px, batch 64) and per precision
-(fp32, bf16 autocast), five variants, each on its own copy of one initial model:
+Per model (torchvision ResNet-50 and ViT-B/16, random init, 224 px, batch 64; ``--tiny``: small
+ones at 32 px, batch 8, the same path) and precision (fp32, bf16 autocast), five variants, each
+on its own copy of one initial model: ``inference`` (eval, ``no_grad``), ``tent``, ``eatta``
+(exact gradient norms), ``eatta-approx`` (``grad_mode="approx"``) and ``eatta-safe``; the active
+methods get random labels through ``method(x, labels=y)``. Phases:
 
-* ``inference``: the model in eval mode under ``torch.no_grad`` (serving without adaptation);
-* ``tent``: ``eatta.create("tent", model)``;
-* ``eatta``: ``eatta.create("eatta", model, oracle=GroundTruthOracle())`` (exact gradient norms);
-* ``eatta-approx``: the same with ``grad_mode="approx"`` (one backward pass);
-* ``eatta-safe``: ``eatta.create("eatta-safe", model, oracle=GroundTruthOracle())``, defaults.
+1. timing: interleaved rounds (``_common.time_interleaved``) after ``--warmup`` steps, until
+   ``--rounds`` or this job's share of ``--budget-s`` is spent (at least one round);
+2. memory and syncs, one variant at a time, after all the timing (the profiler stays out of it):
+   the peak while the method is built and stepped ``--memory-steps`` times
+   (``torch.cuda.max_memory_allocated``; on the CPU the profiler's allocation events), then the
+   host syncs of one step under ``torch.cuda.set_sync_debug_mode("warn")`` and of another under
+   ``torch.profiler`` (the runtime's blocking calls, less the profiler's own);
+3. the ``gpu``-marked tests (``pytest -m gpu``), unless ``--skip-tests``.
 
-The active methods get random labels through ``method(x, labels=y)``. Three phases:
-
-1. timing, per (model, precision): all five built afresh, ``--warmup`` steps each, then
-   interleaved rounds (every round runs each variant once, the starting one rotating); the device
-   is synchronised before and after each timed step (wall time of the step, host overhead
-   included). Rounds stop at ``--rounds`` or when this (model, precision)'s share of
-   ``--budget-s`` is spent (at least one round);
-2. memory and syncs, per (model, precision), one variant at a time (only the batch and that
-   variant on the device), after all the timing so the profiler stays out of it: the peak is
-   reset, the method built and stepped ``--memory-steps`` times, and the peak read
-   (``torch.cuda.max_memory_allocated``; on the CPU the running sum of the profiler's allocation
-   events). Then one step under ``torch.cuda.set_sync_debug_mode("warn")`` (the warnings
-   counted, with the source line of each) and one under ``torch.profiler`` (the CUDA runtime's
-   synchronising calls counted, less those the profiler makes by itself);
-3. the ``gpu``-marked tests (``pytest -m gpu`` over the files that hold them), unless
-   ``--skip-tests``.
-
-The JSON is rewritten after every phase of every job (``"complete": false`` until the end), and
-a job that fails is recorded with its traceback while the others go on (exit status 1).
-
-bf16: a method with an ``autocast`` option is built with ``autocast=True`` (feature extractor
-in bf16, head and losses in fp32); the others (inference, TENT) run inside
-``torch.autocast(device, torch.bfloat16)``. Each variant's entry says which.
-
-The JSON holds the machine's facts, every measurement, the ratios to TENT and, beside each ratio,
-the issue's target (EATTA exact <= 1.3x TENT's time, the approximate step and eatta-safe <= 1.1x,
-peak memory <= 1.05x, at most one host sync per step) marked ``met`` or ``missed``.
-
-Usage::
+bf16: a method with an ``autocast`` option is built with ``autocast=True``, the others run inside
+``torch.autocast``; each variant's entry says which. The JSON (rewritten after every phase of
+every job, ``"complete": false`` until the end; a failed job is recorded with its traceback and
+the exit status is 1) holds the machine's facts, every measurement, the ratios to TENT and the
+issue's targets (EATTA <= 1.3x TENT's time, approx and eatta-safe <= 1.1x, peak memory <= 1.05x,
+at most one host sync a step), each marked ``met`` or ``missed``.
 
     timeout 480 python benchmarks/gpu_check.py --device cuda   # benchmarks/results/gpu_check.json
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/dry.json   # CPU dry run
@@ -62,11 +45,10 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -74,8 +56,11 @@ from torch import Tensor, nn
 ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("eatta") is None:  # not installed: the checkout's source
     sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import eatta  # noqa: E402  (after the path fallback above)
+import _common  # noqa: E402  (after the path fallback above)
+
+import eatta  # noqa: E402
 from eatta._compat import TorchvisionOpsWarning, import_torchvision  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
@@ -89,12 +74,12 @@ SYNC_RUNTIME_CALLS = (
     "cudaEventSynchronize",
     "cudaMemcpy",  # the blocking copy; cudaMemcpyAsync is not a sync by itself
 )
+AUTOCAST_OUTSIDE = "torch.autocast around the call"
 
 Step = Callable[[], object]
 
 
-@dataclass(frozen=True)
-class ModelCase:
+class ModelCase(NamedTuple):
     """A model to measure: how to build it, its input size, classes and batch."""
 
     name: str
@@ -111,49 +96,33 @@ def _tv() -> Any:
         return import_torchvision()
 
 
-def _resnet50() -> nn.Module:
-    return _tv().models.resnet50(num_classes=1000)
-
-
-def _vit_b_16() -> nn.Module:
-    return _tv().models.vit_b_16(num_classes=1000)
-
-
 def _resnet_tiny() -> nn.Module:
-    tv = _tv()
-    return tv.models.resnet.ResNet(tv.models.resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
+    resnet = _tv().models.resnet
+    return resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
 
 
 def _vit_tiny() -> nn.Module:
-    vt = _tv().models.vision_transformer
-    return vt.VisionTransformer(
-        image_size=32,
-        patch_size=8,
-        num_layers=2,
-        num_heads=2,
-        hidden_dim=32,
-        mlp_dim=64,
+    return _tv().models.vision_transformer.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
         num_classes=10,
-    )
+    )  # fmt: skip
 
 
+TINY_VIT = "torchvision VisionTransformer(32 px, patch 8, 2 layers, dim 32)"
 CASES: dict[str, tuple[ModelCase, ModelCase]] = {  # family: (full, tiny)
     "resnet50": (
-        ModelCase("resnet50", "torchvision resnet50", _resnet50, 224, 1000, 64),
+        ModelCase(
+            "resnet50", "torchvision resnet50", lambda: _tv().models.resnet50(), 224, 1000, 64
+        ),
         ModelCase(
             "resnet-tiny", "torchvision ResNet(BasicBlock, [1,1,1,1])", _resnet_tiny, 32, 10, 8
         ),
     ),
     "vit_b_16": (
-        ModelCase("vit_b_16", "torchvision vit_b_16", _vit_b_16, 224, 1000, 64),
         ModelCase(
-            "vit-tiny",
-            "torchvision VisionTransformer(32 px, patch 8, 2 layers, dim 32)",
-            _vit_tiny,
-            32,
-            10,
-            8,
+            "vit_b_16", "torchvision vit_b_16", lambda: _tv().models.vit_b_16(), 224, 1000, 64
         ),
+        ModelCase("vit-tiny", TINY_VIT, _vit_tiny, 32, 10, 8),
     ),
 }
 
@@ -169,16 +138,6 @@ def _run_text(cmd: list[str], timeout: float = 10.0) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
     """Versions, CPU, GPU and the checkout: what makes the numbers comparable."""
     try:
@@ -186,44 +145,39 @@ def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
     except Exception:  # a fact, not a requirement: recorded as missing
         tv_version = None
     from_git = _run_text(["git", "rev-parse", "HEAD"])
+    dirty = from_git and _run_text(["git", "status", "--porcelain", "--untracked-files=no"])
+    cudnn = torch.backends.cudnn
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torchvision": tv_version,
         "eatta": eatta.__version__,
         "cuda_runtime": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cudnn": cudnn.version() if cudnn.is_available() else None,
         "platform": platform.platform(),
-        "cpu": _cpu_name(),
+        "cpu": _common.cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "git_commit": from_git or commit,
         "git_commit_from": "git" if from_git else ("--commit" if commit else None),
-        "git_dirty": (
-            bool(_run_text(["git", "status", "--porcelain", "--untracked-files=no"]))
-            if from_git
-            else None
-        ),
+        "git_dirty": bool(dirty) if from_git else None,
         "device": str(device),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
+        smi = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
         info.update(
-            {
-                "gpu": props.name,
-                "gpu_capability": f"{props.major}.{props.minor}",
-                "gpu_memory_bytes": props.total_memory,
-                "driver": _run_text(
-                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-                ),
-                "cudnn_benchmark": torch.backends.cudnn.benchmark,
-                "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-                "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-                "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            }
+            gpu=props.name,
+            gpu_capability=f"{props.major}.{props.minor}",
+            gpu_memory_bytes=props.total_memory,
+            driver=_run_text(smi),
+            cudnn_benchmark=cudnn.benchmark,
+            cudnn_allow_tf32=cudnn.allow_tf32,
+            matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
+            float32_matmul_precision=torch.get_float32_matmul_precision(),
         )
     return info
 
@@ -246,13 +200,6 @@ def bf16_support(device: torch.device) -> tuple[bool, str]:
 # ---------------------------------------------------------------- models and variants
 
 
-def _last_linear(model: nn.Module) -> nn.Linear:
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        raise ValueError("the model has no nn.Linear head")
-    return linears[-1]
-
-
 def initial_model(case: ModelCase, x: Tensor, seed: int = 0) -> tuple[nn.Module, float]:
     """The shared initial model (on the CPU) and the factor its head was scaled by.
 
@@ -263,12 +210,10 @@ def initial_model(case: ModelCase, x: Tensor, seed: int = 0) -> tuple[nn.Module,
     """
     torch.manual_seed(seed)
     model = case.build().to(x.device)
-    head = _last_linear(model)
     with torch.no_grad():
-        if not head.weight.any():
-            nn.init.normal_(head.weight, std=0.02)
+        if not _head(model).weight.any():
+            nn.init.normal_(_head(model).weight, std=0.02)
     probe = copy.deepcopy(model).train()  # its BatchNorm statistics move; the model's do not
-    probe_head = _last_linear(probe)
     margin = 0.4 * math.log(case.num_classes)
     scale = 1.0
     with torch.no_grad():
@@ -278,7 +223,7 @@ def initial_model(case: ModelCase, x: Tensor, seed: int = 0) -> tuple[nn.Module,
             if float((ent < margin).float().mean()) >= 0.5:
                 break
             scale *= 2.0
-            for h in (head, probe_head):
+            for h in (_head(model), _head(probe)):
                 h.weight.mul_(2.0)
                 if h.bias is not None:
                     h.bias.mul_(2.0)
@@ -286,76 +231,51 @@ def initial_model(case: ModelCase, x: Tensor, seed: int = 0) -> tuple[nn.Module,
     return model.cpu(), scale
 
 
-def _build(name: str, initial: nn.Module, device: torch.device, bf16: bool) -> tuple[Any, str]:
-    """A variant's model/method on a fresh copy, and how bf16 is applied to it."""
-    model = copy.deepcopy(initial).to(device)
-    if name == "inference":
-        return model.eval(), "torch.autocast around the call" if bf16 else "none"
-    method = {"eatta-approx": "eatta"}.get(name, name)
-    kw: dict[str, Any] = {}
-    if name != "tent":
-        kw["oracle"] = eatta.GroundTruthOracle()
-    if name == "eatta-approx":
-        kw["grad_mode"] = "approx"
-    if bf16:
-        try:
-            return eatta.create(method, model, autocast=True, **kw), "autocast=True"
-        except TypeError:  # no autocast option (TENT): autocast around the call
-            pass
-    return eatta.create(method, model, **kw), "torch.autocast around the call" if bf16 else "none"
+def _head(model: nn.Module) -> nn.Linear:
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError("the model has no nn.Linear head")
+    return linears[-1]
 
 
-def make_step(name: str, built: Any, via: str, x: Tensor, y: Tensor, device: torch.device) -> Step:
-    """One step of a variant on the batch (the labels for the active methods' oracle)."""
-    outer = via.startswith("torch.autocast")
+class Variant:
+    """One step of a variant on a fresh copy of ``initial`` (labels for the active methods'
+    oracle); ``via``: how bf16 is applied to it; ``built``: the model or method."""
 
-    def ctx() -> Any:
-        if outer:
-            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-        return nullcontext()
+    def __init__(self, name: str, initial: nn.Module, x: Tensor, y: Tensor, bf16: bool) -> None:
+        self.name, self.x, self.y = name, x, y
+        model = copy.deepcopy(initial).to(x.device)
+        self.built: Any = model.eval()
+        self.via = AUTOCAST_OUTSIDE if bf16 else "none"
+        if name == "inference":
+            return
+        kw: dict[str, Any] = {} if name == "tent" else {"oracle": eatta.GroundTruthOracle()}
+        if name == "eatta-approx":
+            kw["grad_mode"] = "approx"
+        method = name.removesuffix("-approx")
+        if bf16:
+            try:
+                self.built, self.via = (
+                    eatta.create(method, model, autocast=True, **kw),
+                    "autocast=True",
+                )
+                return
+            except TypeError:  # no autocast option (TENT): autocast around the call
+                pass
+        self.built = eatta.create(method, model, **kw)
 
-    if name == "inference":
-
-        def infer() -> object:
-            with torch.no_grad(), ctx():
-                return built(x)
-
-        return infer
-    if name == "tent":
-
-        def tent() -> object:
-            with ctx():
-                return built(x)
-
-        return tent
-
-    def active() -> object:
-        with ctx():
-            return built(x, labels=y)
-
-    return active
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    def __call__(self) -> object:
+        dev = self.x.device.type
+        outer = (
+            torch.autocast(dev, torch.bfloat16) if self.via == AUTOCAST_OUTSIDE else nullcontext()
+        )
+        with outer, torch.no_grad() if self.name == "inference" else nullcontext():
+            if self.name in ("inference", "tent"):
+                return self.built(self.x)
+            return self.built(self.x, labels=self.y)
 
 
 # ---------------------------------------------------------------- memory and syncs
-
-
-def _cpu_peak(prof: Any) -> int | None:
-    """Peak of the running sum of the profiler's allocation events (None: not available)."""
-    try:
-        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    except AttributeError:
-        return None
-    events.sort(key=lambda e: e.start_ns())
-    current = peak = 0
-    for e in events:
-        current += e.nbytes()
-        peak = max(peak, current)
-    return int(peak)
 
 
 def _short(path: str) -> str:
@@ -368,7 +288,8 @@ def _short(path: str) -> str:
 
 def count_syncs_debug(step: Step, device: torch.device) -> dict[str, Any]:
     """Synchronising operations in one step, as ``set_sync_debug_mode("warn")`` reports them."""
-    _sync(device)
+    sync = _common.synchronizer(device)
+    sync()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -376,63 +297,57 @@ def count_syncs_debug(step: Step, device: torch.device) -> dict[str, Any]:
             step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    _sync(device)
+    sync()
     hits = [w for w in caught if "synchroniz" in str(w.message).lower()]
     sites = Counter(f"{_short(w.filename)}:{w.lineno}" for w in hits)
     return {"count": len(hits), "sites": dict(sites.most_common())}
 
 
-def _profiled_sync_calls(fn: Callable[[], object]) -> Counter[str]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-    return Counter(e.name for e in prof.events() if e.name.split("_v")[0] in SYNC_RUNTIME_CALLS)
-
-
 def count_syncs_profiler(step: Step, device: torch.device) -> dict[str, Any]:
     """CUDA runtime calls that block the host in one step, from ``torch.profiler``; the calls
     the profiler makes around an empty function are subtracted."""
-    _sync(device)
-    own = _profiled_sync_calls(lambda: None)
-    _sync(device)
-    calls = _profiled_sync_calls(step) - own  # Counter subtraction keeps positive counts only
-    return {"count": sum(calls.values()), "calls": dict(calls), "profiler_own": dict(own)}
+    from torch.profiler import ProfilerActivity, profile
+
+    def calls(fn: Callable[[], object]) -> Counter[str]:
+        _common.synchronizer(device)()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+        return Counter(e.name for e in prof.events() if e.name.split("_v")[0] in SYNC_RUNTIME_CALLS)
+
+    own = calls(lambda: None)
+    got = calls(step) - own  # Counter subtraction keeps positive counts only
+    return {"count": sum(got.values()), "calls": dict(got), "profiler_own": dict(own)}
 
 
 def memory_and_syncs(
-    name: str,
-    initial: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    device: torch.device,
-    bf16: bool,
-    steps: int,
+    name: str, initial: nn.Module, x: Tensor, y: Tensor, bf16: bool, steps: int
 ) -> dict[str, Any]:
     """Build one variant alone, step it, and read its peak memory and its host syncs."""
+    device = x.device
     gc.collect()
-    row: dict[str, Any] = {}
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        built, via = _build(name, initial, device, bf16)
-        step = make_step(name, built, via, x, y, device)
+
+    def build_and_step() -> Variant:
+        step = Variant(name, initial, x, y, bf16)
         for _ in range(steps):
             step()
-        _sync(device)
-        peak = torch.cuda.max_memory_allocated(device)
-        row["peak_bytes"] = int(peak)
-        row["peak_bytes_above_batch"] = int(peak - base)
-        row["memory_how"] = (
+        return step
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        step = build_and_step()
+        torch.cuda.synchronize(device)
+        peak: int | None = torch.cuda.max_memory_allocated(device)
+        above: int | None = torch.cuda.max_memory_allocated(device) - base
+        memory_how = (
             "torch.cuda.max_memory_allocated after reset_peak_memory_stats; the method built "
             f"and stepped {steps} times with only the batch on the device"
         )
-        debug = count_syncs_debug(step, device)
-        prof = count_syncs_profiler(step, device)
-        row["host_syncs_per_step"] = max(debug["count"], prof["count"])
-        row["host_syncs"] = {
+        debug, prof = count_syncs_debug(step, device), count_syncs_profiler(step, device)
+        syncs: int | None = max(debug["count"], prof["count"])
+        sync_how: dict[str, Any] = {
             "how": "larger of: torch.cuda.set_sync_debug_mode('warn') warnings in one step; "
             f"torch.profiler runtime calls {list(SYNC_RUNTIME_CALLS)} in another step",
             "sync_debug_mode": debug,
@@ -441,58 +356,30 @@ def memory_and_syncs(
     else:
         from torch.profiler import ProfilerActivity, profile
 
-        batch_bytes = x.numel() * x.element_size() + y.numel() * y.element_size()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
-            built, via = _build(name, initial, device, bf16)
-            step = make_step(name, built, via, x, y, device)
-            for _ in range(steps):
-                step()
-        above = _cpu_peak(p)
-        row["peak_bytes"] = None if above is None else above + batch_bytes
-        row["peak_bytes_above_batch"] = above
-        row["memory_how"] = (
+            step = build_and_step()
+        above = _common.profiler_peak(p)
+        batch_bytes = x.numel() * x.element_size() + y.numel() * y.element_size()
+        peak = None if above is None else above + batch_bytes
+        memory_how = (
             "CPU: peak of the running sum of torch.profiler's allocation events while the "
             f"method is built and stepped {steps} times, plus the batch's bytes"
         )
-        row["host_syncs_per_step"] = None
-        row["host_syncs"] = {"how": None, "reason": "host syncs are counted on CUDA only"}
-    row["bf16_via"] = via
-    del built, step
+        syncs, sync_how = None, {"how": None, "reason": "host syncs are counted on CUDA only"}
+    row = {
+        "peak_bytes": None if peak is None else int(peak),
+        "peak_bytes_above_batch": None if above is None else int(above),
+        "memory_how": memory_how,
+        "host_syncs_per_step": syncs,
+        "host_syncs": sync_how,
+        "bf16_via": step.via,
+    }
+    del step
     gc.collect()
     return row
 
 
 # ---------------------------------------------------------------- timing
-
-
-def time_rounds(
-    steps: dict[str, Step], device: torch.device, *, rounds: int, warmup: int, deadline: float
-) -> tuple[dict[str, list[float]], bool]:
-    """Seconds per step, interleaved rounds; whether the deadline stopped the rounds early."""
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    _sync(device)
-    names = list(steps)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    stopped = False
-    for r in range(rounds):
-        if r > 0 and time.perf_counter() >= deadline:
-            stopped = True
-            break
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            gc.collect()
-            gc.disable()
-            try:
-                _sync(device)
-                t0 = time.perf_counter()
-                steps[name]()
-                _sync(device)
-                samples[name].append(time.perf_counter() - t0)
-            finally:
-                gc.enable()
-    return samples, stopped
 
 
 def _stats_ms(seconds: list[float]) -> dict[str, Any]:
@@ -518,24 +405,20 @@ def ratios_and_targets(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Each variant against TENT (time: of the medians, and median of per-round ratios;
     memory: of the peaks), and the issue's targets beside them."""
-    tent_t = samples["tent"]
     tent_m = rows["tent"]["peak_bytes"]
     ratios: dict[str, Any] = {}
     targets: dict[str, Any] = {}
     for name in VARIANTS:
         if name == "tent":
             continue
-        t = samples[name]
-        paired = [a / b for a, b in zip(t, tent_t, strict=True)]
+        r = _common.ratio(samples, name, "tent")
         mem = rows[name]["peak_bytes"]
         ratios[name] = {
-            "time": statistics.median(t) / statistics.median(tent_t),
-            "time_paired": statistics.median(paired),
+            "time": r["median"],
+            "time_paired": r["paired"],
             "memory": None if mem is None or not tent_m else mem / tent_m,
         }
-    for name in VARIANTS:
-        if name == "inference":
-            continue
+    for name in VARIANTS[1:]:
         entry: dict[str, Any] = {}
         if name in TIME_TARGETS:
             entry["time"] = _verdict(ratios[name]["time"], TIME_TARGETS[name])
@@ -545,59 +428,34 @@ def ratios_and_targets(
     return ratios, targets
 
 
-def _safe_serving(built: Any) -> str | None:
-    """Which model eatta-safe served last (None where the method does not say)."""
-    return getattr(getattr(built, "fallback", None), "serving", None)
-
-
 def time_job(
     precision: str,
     initial: nn.Module,
     x: Tensor,
     y: Tensor,
-    device: torch.device,
     args: argparse.Namespace,
     deadline: float,
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:
     """Interleaved timing of all variants of one (model, precision), each on a fresh copy."""
-    bf16 = precision == "bf16"
     started = time.perf_counter()
-    built = {n: _build(n, initial, device, bf16) for n in VARIANTS}
-    steps = {n: make_step(n, b, via, x, y, device) for n, (b, via) in built.items()}
-    samples, stopped = time_rounds(
-        steps, device, rounds=args.rounds, warmup=args.warmup, deadline=deadline
+    steps = {n: Variant(n, initial, x, y, precision == "bf16") for n in VARIANTS}
+    samples = _common.time_interleaved(
+        steps, repeats=args.rounds, warmup=args.warmup, device=x.device, deadline=deadline
     )
-    rows = {n: {"bf16_via": built[n][1], **_stats_ms(samples[n])} for n in VARIANTS}
-    rows["eatta-safe"]["served_at_end"] = _safe_serving(built["eatta-safe"][0])
-    del steps, built
-    _release(device)
+    rows = {n: {"bf16_via": steps[n].via, **_stats_ms(samples[n])} for n in VARIANTS}
+    safe = steps["eatta-safe"].built
+    rows["eatta-safe"]["served_at_end"] = getattr(getattr(safe, "fallback", None), "serving", None)
+    del steps, safe
+    _release(x.device)
     res = {
         "rounds_done": len(samples["tent"]),
         "rounds_asked": args.rounds,
         "warmup": args.warmup,
-        "stopped_by_budget": stopped,
+        "stopped_by_budget": len(samples["tent"]) < args.rounds,
         "timing_wall_s": time.perf_counter() - started,
         "variants": rows,
     }
     return res, samples
-
-
-def memory_job(
-    precision: str,
-    initial: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    device: torch.device,
-    args: argparse.Namespace,
-) -> tuple[dict[str, dict[str, Any]], float]:
-    """Peak memory and host syncs of each variant of one (model, precision), one at a time."""
-    started = time.perf_counter()
-    bf16 = precision == "bf16"
-    rows = {
-        n: memory_and_syncs(n, initial, x, y, device, bf16, args.memory_steps) for n in VARIANTS
-    }
-    _release(device)
-    return rows, time.perf_counter() - started
 
 
 def _release(device: torch.device) -> None:
@@ -639,24 +497,17 @@ def run_gpu_tests(timeout: float) -> dict[str, Any]:
     files = gpu_test_files()
     if not files:
         return {"skipped": "no test file holds a gpu-marked test"}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p
-    )
-    env.setdefault("HF_HUB_OFFLINE", "1")
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"HF_HUB_OFFLINE": "1", **os.environ, "PYTHONPATH": path}
     # pyproject's addopts already holds -q; a second -q would drop the summary line
     args = ["-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs", *files]
     command = "python " + " ".join(args)
     t0 = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
+            [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
             timeout=timeout,
-        )
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"command": command, "timed_out": True, "timeout_s": timeout}
     out = done.stdout + done.stderr
@@ -680,56 +531,33 @@ def run_gpu_tests(timeout: float) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument(
-        "--tiny",
-        action="store_true",
-        help="tiny models, 32 px, batch 8, 2 rounds (a dry run of the same path)",
-    )
+    tiny_help = "tiny models, 32 px, batch 8, 2 rounds (a dry run of the same path)"
+    ap.add_argument("--tiny", action="store_true", help=tiny_help)
     ap.add_argument("--models", nargs="+", choices=tuple(CASES), default=list(CASES))
     ap.add_argument("--precisions", nargs="+", choices=("fp32", "bf16"), default=["fp32", "bf16"])
-    ap.add_argument("--rounds", type=int, default=None, help="timed rounds (default 30; tiny 2)")
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3; tiny 1)")
-    ap.add_argument(
-        "--memory-steps",
-        type=int,
-        default=None,
-        help="steps before the peak is read (default 3; tiny 2)",
-    )
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=240.0,
-        help="seconds for all measurements; rounds stop when a model's share is spent",
-    )
+    ap.add_argument("--rounds", type=int, help="timed rounds (default 30; tiny 2)")
+    ap.add_argument("--warmup", type=int, help="untimed steps (default 3; tiny 1)")
+    ap.add_argument("--memory-steps", type=int, help="steps before the peak is read (default 3)")
+    budget_help = "seconds for all measurements; rounds stop when a model's share is spent"
+    ap.add_argument("--budget-s", type=float, default=240.0, help=budget_help)
     ap.add_argument("--tests-timeout-s", type=float, default=120.0)
     ap.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--commit", default=None, help="the checkout's commit, recorded where git cannot tell"
-    )
+    ap.add_argument("--commit", help="the checkout's commit, recorded where git cannot tell")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    if args.rounds is None:
-        args.rounds = 2 if args.tiny else 30
-    if args.warmup is None:
-        args.warmup = 1 if args.tiny else 3
-    if args.memory_steps is None:
-        args.memory_steps = 2 if args.tiny else 3
+    for name, full, tiny in (("rounds", 30, 2), ("warmup", 3, 1), ("memory_steps", 3, 2)):
+        if getattr(args, name) is None:
+            setattr(args, name, tiny if args.tiny else full)
     if args.rounds < 1 or args.warmup < 0 or args.memory_steps < 1 or args.budget_s <= 0:
         ap.error("--rounds and --memory-steps must be >= 1, --warmup >= 0, --budget-s > 0")
     return args
 
 
-@contextmanager
-def _quiet_torchvision() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TorchvisionOpsWarning)
-        yield
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TorchvisionOpsWarning)
         if args.tiny:  # batches of 8 on BatchNorm models: the method's advice is known here
             warnings.simplefilter("ignore", eatta.SmallBatchWarning)
         return _main(args)
@@ -738,67 +566,86 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(
-            "--device cuda: no CUDA device here (use --device cpu for a dry run)", file=sys.stderr
-        )
+        msg = "--device cuda: no CUDA device here (use --device cpu for a dry run)"
+        print(msg, file=sys.stderr)
         return 2
     device = torch.device(args.device)
     bf16_ok, bf16_why = bf16_support(device)
-    precisions = [p for p in args.precisions if p == "fp32" or bf16_ok]
-    with _quiet_torchvision():
-        out: dict[str, Any] = {
-            "machine": machine(device, args.commit),
-            "settings": {
-                "tiny": args.tiny,
-                "rounds": args.rounds,
-                "warmup": args.warmup,
-                "memory_steps": args.memory_steps,
-                "budget_s": args.budget_s,
-                "seed": args.seed,
-                "precisions": args.precisions,
-                "bf16_supported": bf16_ok,
-                "bf16_check": bf16_why,
-                "timing_how": "wall time of one step with the device synchronised before and "
-                "after (time.perf_counter), median over interleaved rounds",
-                "ratio_how": "time: median(variant) / median(tent); time_paired: median of the "
-                "per-round ratios; memory: peak_bytes(variant) / peak_bytes(tent)",
+    out: dict[str, Any] = {
+        "machine": machine(device, args.commit),
+        "settings": {
+            **{k: getattr(args, k) for k in ("tiny", "rounds", "warmup", "memory_steps")},
+            **{k: getattr(args, k) for k in ("budget_s", "seed", "precisions")},
+            "bf16_supported": bf16_ok,
+            "bf16_check": bf16_why,
+            "timing_how": "wall time of one step with the device synchronised before and "
+            "after (time.perf_counter), median over interleaved rounds",
+            "ratio_how": "time: median(variant) / median(tent); time_paired: median of the "
+            "per-round ratios; memory: peak_bytes(variant) / peak_bytes(tent)",
+        },
+        "targets": {
+            "time_ratio_to_tent": TIME_TARGETS,
+            "memory_ratio_to_tent": MEMORY_TARGET,
+            "host_syncs_per_step": SYNC_TARGET,
+        },
+        "models": {},
+    }
+    jobs: list[tuple[ModelCase, str, dict[str, Any]]] = []
+    for family in args.models:
+        case = CASES[family][1 if args.tiny else 0]
+        entry = out["models"].setdefault(
+            case.name,
+            {
+                "arch": case.arch,
+                "image_size": case.image_size,
+                "batch": case.batch,
+                "num_classes": case.num_classes,
+                "init": "random (torch.manual_seed(seed)), head scaled",
+                "precisions": {},
             },
-            "targets": {
-                "time_ratio_to_tent": TIME_TARGETS,
-                "memory_ratio_to_tent": MEMORY_TARGET,
-                "host_syncs_per_step": SYNC_TARGET,
-            },
-            "models": {},
-        }
-        jobs: list[tuple[ModelCase, str, dict[str, Any]]] = []
-        for family in args.models:
-            case = CASES[family][1 if args.tiny else 0]
-            entry = out["models"].setdefault(
-                case.name,
-                {
-                    "arch": case.arch,
-                    "image_size": case.image_size,
-                    "batch": case.batch,
-                    "num_classes": case.num_classes,
-                    "init": "random (torch.manual_seed(seed)), head scaled",
-                    "precisions": {},
-                },
-            )
-            for precision in args.precisions:
-                if precision in precisions:
-                    jobs.append((case, precision, entry))
-                else:
-                    entry["precisions"][precision] = {"skipped": f"bf16 not supported: {bf16_why}"}
-        initials: dict[str, tuple[nn.Module, float]] = {}
-        samples: dict[tuple[str, str], dict[str, list[float]]] = {}
-        failed = 0
+        )
+        for precision in args.precisions:
+            if precision == "fp32" or bf16_ok:
+                jobs.append((case, precision, entry))
+            else:
+                entry["precisions"][precision] = {"skipped": f"bf16 not supported: {bf16_why}"}
+    initials: dict[str, tuple[nn.Module, float]] = {}
+    samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+    failed = 0
 
-        def attempt(
-            phase: str, entry: dict[str, Any], precision: str, fn: Callable[[], None]
-        ) -> None:
-            nonlocal failed
+    def timing(case: ModelCase, precision: str, entry: dict[str, Any], deadline: float) -> None:
+        x, y = _batch(case, args.seed, device)
+        if case.name not in initials:
+            initials[case.name] = initial_model(case, x, args.seed)
+        initial, entry["head_scale"] = initials[case.name]
+        res, samples[case.name, precision] = time_job(precision, initial, x, y, args, deadline)
+        entry["precisions"][precision] = res
+
+    def memory(case: ModelCase, precision: str, entry: dict[str, Any], _: float) -> None:
+        x, y = _batch(case, args.seed, device)
+        t0, res = time.perf_counter(), entry["precisions"][precision]
+        for n in VARIANTS:
+            row = memory_and_syncs(
+                n, initials[case.name][0], x, y, precision == "bf16", args.memory_steps
+            )
+            res["variants"][n] = {**row, **res["variants"][n]}
+        _release(device)
+        res["memory_wall_s"] = time.perf_counter() - t0
+        res["ratios_to_tent"], res["targets"] = ratios_and_targets(
+            samples[case.name, precision], res["variants"]
+        )
+        _print(res)
+
+    # timing first, for every job: the profiler of the memory phase stays out of the timings
+    deadline = started + args.budget_s
+    for phase, fn in (("timing", timing), ("memory", memory)):
+        for i, (case, precision, entry) in enumerate(jobs):
+            if phase == "memory" and (case.name, precision) not in samples:
+                continue
+            share = (deadline - time.perf_counter()) / (len(jobs) - i)
+            print(f"{case.name} {precision}: {phase}", flush=True)
             try:
-                fn()
+                fn(case, precision, entry, time.perf_counter() + max(share, 0.0))
             except Exception as err:  # recorded, and the other jobs still run: one GPU call
                 failed += 1
                 entry["precisions"][precision] = {
@@ -807,52 +654,7 @@ def _main(args: argparse.Namespace) -> int:
                 }
                 print(f"  {phase} failed: {err!r}", flush=True)
             _write(args.out, out, started)  # a timeout later still leaves what was measured
-
-        # timing first, for every job: the profiler of the memory phase stays out of the timings
-        deadline = started + args.budget_s
-        for i, (case, precision, entry) in enumerate(jobs):
-            share = (deadline - time.perf_counter()) / (len(jobs) - i)
-            job_deadline = time.perf_counter() + max(share, 0.0)
-            print(f"{case.name} {precision}: timing", flush=True)
-
-            def timing(
-                case: ModelCase = case,
-                precision: str = precision,
-                entry: Any = entry,
-                job_deadline: float = job_deadline,
-            ) -> None:
-                x, y = _batch(case, args, device)
-                if case.name not in initials:
-                    initials[case.name] = initial_model(case, x, args.seed)
-                initial, entry["head_scale"] = initials[case.name]
-                res, samples[case.name, precision] = time_job(
-                    precision, initial, x, y, device, args, job_deadline
-                )
-                entry["precisions"][precision] = res
-
-            attempt("timing", entry, precision, timing)
-        for case, precision, entry in jobs:
-            if (case.name, precision) not in samples:
-                continue
-            print(f"{case.name} {precision}: memory and host syncs", flush=True)
-
-            def memory(
-                case: ModelCase = case, precision: str = precision, entry: Any = entry
-            ) -> None:
-                x, y = _batch(case, args, device)
-                res = entry["precisions"][precision]
-                rows, res["memory_wall_s"] = memory_job(
-                    precision, initials[case.name][0], x, y, device, args
-                )
-                for n in VARIANTS:
-                    res["variants"][n] = {**rows[n], **res["variants"][n]}
-                res["ratios_to_tent"], res["targets"] = ratios_and_targets(
-                    samples[case.name, precision], res["variants"]
-                )
-                _print(res)
-
-            attempt("memory", entry, precision, memory)
-        initials.clear()
+    initials.clear()
     out["measure_wall_s"] = time.perf_counter() - started
     out["gpu_tests"] = (
         {"skipped": "--skip-tests"} if args.skip_tests else run_gpu_tests(args.tests_timeout_s)
@@ -864,11 +666,9 @@ def _main(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _batch(
-    case: ModelCase, args: argparse.Namespace, device: torch.device
-) -> tuple[Tensor, Tensor]:
+def _batch(case: ModelCase, seed: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """The job's batch and labels: the same for every phase (seeded)."""
-    g = torch.Generator().manual_seed(args.seed)
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(case.batch, 3, case.image_size, case.image_size, generator=g)
     y = torch.randint(0, case.num_classes, (case.batch,), generator=g)
     return x.to(device), y.to(device)

@@ -1,27 +1,14 @@
 """The guard study: audited accuracy, its intervals, and the guard that resets on evidence.
 
 Regenerates ``docs/guard.md`` (and ``benchmarks/results/guard_study.json``) from runs of
-:func:`eatta.bench.run` on three long digits-C streams (mean ± std over seeds):
-
-* ``recurring``: the embedded benchmark, 15 corruptions × 10 rounds (2,250 batches);
-* ``mixed``: every batch drawn across the 15 corruptions, 2 rounds;
-* ``ccc``: the CCC-style stream at its slow speed, 5 rounds.
-
-Parts:
-
-1. ``tune``: audit share, guard level and block size, chosen on the recurring stream with
-   seed ``TUNE_SEED`` only (a seed the report does not use): the configuration whose TENT and
-   faithful-EATTA last rounds end closest to their first, the cheaper one on a tie;
-2. ``audit`` and ``guard``: TENT, the faithful ``eatta`` and ``eatta-stable`` on the three
-   streams, audited at the chosen share without a guard (their numbers are those of the methods
-   alone: audits change nothing) and with the guard;
-3. ``delay``: the guard with every answer (the method's labels and the audits) 16 batches late,
-   on the mixed and CCC streams (the recurring stream's runs take 8x a CCC run and did not fit);
-4. coverage of the true error by each round's 95 % interval, over every audited run; resets
-   where the method does not degrade; the audits' annotator time.
-
-Every run is a cell in ``--out`` (finished cells are read back, so an interrupted study
-resumes); ``--render-only`` rewrites the document from them.
+:func:`eatta.bench.run` on the recurring (10 rounds), mixed (2) and CCC (slow, 5) digits-C
+streams, mean ± std over seeds. Parts: ``tune`` (audit share, guard level and block chosen on the
+recurring stream with ``TUNE_SEED`` only: the last rounds of TENT and the faithful EATTA closest
+to their first, the cheaper on a tie); ``audit`` and ``guard`` (TENT, ``eatta``, ``eatta-stable``
+audited without and with the guard); ``delay`` (the guard with every answer 16 batches late, on
+mixed and CCC); then coverage of the true error by each round's 95 % interval, resets where the
+method does not degrade, the audits' annotator time. Every run is a cell under ``--out`` (read
+back when finished, so the study resumes); ``--render-only`` rewrites the page from them.
 
     python benchmarks/guard_study.py --seeds 0-2 --out runs/guard-study
 """
@@ -40,6 +27,7 @@ from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
 from eatta.bench import AnnotatorOptions
+from eatta.bench.flags import seed_list
 from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.report import covered_rounds, load_results
 from eatta.bench.results import CellResult
@@ -62,20 +50,10 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
     """Per method: first/last round, average, resets, audits, annotator hours, coverage."""
     out: dict[str, Any] = {}
     for r in rs:
-        m = out.setdefault(
-            r.spec.method,
-            {
-                "first": [],
-                "last": [],
-                "avg": [],
-                "resets": [],
-                "audits": [],
-                "hours": [],
-                "covered": [0, 0],
-                "rounds": [],
-                "labels": [],
-            },
-        )
+        empty: dict[str, list[Any]] = {
+            k: [] for k in ("first", "last", "avg", "resets", "audits", "hours")
+        }
+        m = out.setdefault(r.spec.method, {**empty, "covered": [0, 0], "rounds": [], "labels": []})
         m["first"].append(r.round_errors[0])
         m["last"].append(r.round_errors[-1])
         m["avg"].append(r.average_error)
@@ -442,8 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: short streams, no docs")
     p.add_argument("--render-only", action="store_true", help="rewrite docs from guard_study.json")
     args = p.parse_args(argv)
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi or lo) + 1))
+    seeds = seed_list(args.seeds)
     json_path = REPO / "benchmarks" / "results" / "guard_study.json"
     if args.render_only:
         data = json.loads(json_path.read_text())

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _common import markdown_table
+
 RESULTS = Path(__file__).resolve().parent / "results" / "kernel_spread.json"
 METHODS = "tent,baseline,eatta"
 #: (label, ATEN_CPU_CAPABILITY or None for the CPU's own, seed)
@@ -90,12 +92,7 @@ def main() -> int:
                     "round_errors": r["round_errors"],
                 }
             )
-    lines = [
-        "| method | " + " | ".join(columns) + " |",
-        "|---|" + "---:|" * len(columns),
-        *(f"| {m} | " + " | ".join(cells) + " |" for m, cells in rows.items()),
-    ]
-    table = "\n".join(lines)
+    table = markdown_table(["method", *columns], [[m, *cells] for m, cells in rows.items()])
     print(table)
     RESULTS.write_text(json.dumps({"table": table, "runs": record}, indent=1) + "\n")
     return 0

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from _common import (
     Template,
+    load_study,
     parse_plan,
     replace_section,
     run_part,
@@ -98,81 +99,72 @@ def errors(results: Sequence[CellResult], method: str) -> list[float]:
     return [float(r.average_error) for r in results if r.spec.method == method]
 
 
-def delay_options(d: int | str) -> AnnotatorOptions:
-    return AnnotatorOptions(delay=d)
-
-
 def study(
     out: Path,
     seeds: list[int],
     plan: Sequence[tuple[str, str]],
     delays: Sequence[int | str] = DELAYS,
 ) -> dict[str, Any]:
-    path = out / "study.json"
-    data: dict[str, Any] = (
-        json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
-    )
+    data = load_study(out)
     data["seeds"] = seeds
     every = streams(*STREAM_NAMES)
     for part, name in plan:
-        if True:
-            proto = every[name]
-            s = data["streams"].setdefault(name, {"protocol": proto.describe()})
-            print(f"{part} / {name}: {proto}", flush=True)
-            if part == "mechanisms":
-                delays = MECH_DELAYS_TUNE if name == TUNE_STREAM else MECH_DELAYS_OTHER
-                m = s.setdefault("mechanisms", {})
-                for label, hp in MECHANISMS.items():
-                    for d in delays:
-                        if d == "never" and label not in NEVER_ROWS:
-                            continue  # no label arrives: the same run as today's
+        proto = every[name]
+        s = data["streams"].setdefault(name, {"protocol": proto.describe()})
+        print(f"{part} / {name}: {proto}", flush=True)
+        if part == "mechanisms":
+            m = s.setdefault("mechanisms", {})
+            for label, hp in MECHANISMS.items():
+                for d in MECH_DELAYS_TUNE if name == TUNE_STREAM else MECH_DELAYS_OTHER:
+                    if d == "never" and label not in NEVER_ROWS:
+                        continue  # no label arrives: the same run as today's
+                    res = run_part(
+                        out / name,
+                        f"mech-{_slug(label)}-{d}",
+                        proto,
+                        [METHOD],
+                        ONE_SEED,
+                        annotator=AnnotatorOptions(delay=d),
+                        hparams={METHOD: hp},
+                    )
+                    m.setdefault(label, {})[str(d)] = errors(res, METHOD)
+                    save_study(out, data)
+        elif part == "paced" and name in PACED_STREAMS:
+            p = s.setdefault("paced", {})
+            for feedback in ("label", "binary"):
+                for rate in RATES:
+                    for order in ORDERS:
+                        opts = AnnotatorOptions(
+                            feedback=feedback,  # type: ignore[arg-type]  # a literal
+                            stream_rate=rate,
+                            order=order,
+                        )
                         res = run_part(
                             out / name,
-                            f"mech-{_slug(label)}-{d}",
+                            f"paced-{feedback}-{rate}-{order}",
                             proto,
                             [METHOD],
                             ONE_SEED,
-                            annotator=delay_options(d),
-                            hparams={METHOD: hp},
+                            annotator=opts,
                         )
-                        m.setdefault(label, {})[str(d)] = errors(res, METHOD)
+                        ann = [r.annotation for r in res]
+                        p[f"{feedback}/{rate}/{order}"] = {
+                            "error": errors(res, METHOD),
+                            "received": float(np.mean([a["received"] for a in ann])),
+                            "requested": float(np.mean([a["requested"] for a in ann])),
+                        }
                         save_study(out, data)
-            elif part == "paced" and name in PACED_STREAMS:
-                p = s.setdefault("paced", {})
-                for feedback in ("label", "binary"):
-                    for rate in RATES:
-                        for order in ORDERS:
-                            opts = AnnotatorOptions(
-                                feedback=feedback,  # type: ignore[arg-type]  # a literal
-                                stream_rate=rate,
-                                order=order,
-                            )
-                            res = run_part(
-                                out / name,
-                                f"paced-{feedback}-{rate}-{order}",
-                                proto,
-                                [METHOD],
-                                ONE_SEED,
-                                annotator=opts,
-                            )
-                            ann = [r.annotation for r in res]
-                            p[f"{feedback}/{rate}/{order}"] = {
-                                "error": errors(res, METHOD),
-                                "received": float(np.mean([a["received"] for a in ann])),
-                                "requested": float(np.mean([a["requested"] for a in ann])),
-                            }
-                            save_study(out, data)
-            elif part == "delay":
-                if not all(s.get("references", {}).get(m) for m in REFERENCES):
-                    ref = run_part(out / name, "references", proto, list(REFERENCES), ONE_SEED)
-                    s["references"] = {m: errors(ref, m) for m in REFERENCES}
-                    save_study(out, data)
-                dd = s.setdefault("delay", {})
-                for d in delays:
-                    opts = None if d == 0 else delay_options(d)  # 0: the synchronous path
-                    res = run_part(out / name, f"delay-{d}", proto, [METHOD], seeds, annotator=opts)
-                    dd[str(d)] = errors(res, METHOD)
-                    save_study(out, data)
+        elif part == "delay":
+            if not all(s.get("references", {}).get(m) for m in REFERENCES):
+                ref = run_part(out / name, "references", proto, list(REFERENCES), ONE_SEED)
+                s["references"] = {m: errors(ref, m) for m in REFERENCES}
+                save_study(out, data)
+            dd = s.setdefault("delay", {})
+            for d in delays:
+                opts = None if d == 0 else AnnotatorOptions(delay=d)  # 0: the synchronous path
+                res = run_part(out / name, f"delay-{d}", proto, [METHOD], seeds, annotator=opts)
+                dd[str(d)] = errors(res, METHOD)
+                save_study(out, data)
     return data
 
 

@@ -1,19 +1,12 @@
 #!/usr/bin/env python
 """Can the ImageNet-C loader feed the adaptation step? Loader images/s against step images/s.
 
-Writes a miniature ImageNet-C tree of generated 224 px JPEGs into a temporary folder
-(``<root>/gaussian_noise/5/<wnid>/*.JPEG``, smooth random images plus Gaussian noise, saved at
-JPEG quality 85 as ImageNet-C is), reads it through the benchmark pipeline
-(:class:`eatta.data.imagenet.ImageNetC` and :class:`eatta.data.stream.TestStream`, as
-``eatta.bench.runner`` does) with 0, 1 and 2 worker processes (persistent workers, pinned memory
-when the device is a GPU), and times a first epoch (worker start-up included) and a second,
-steady-state epoch of the same loader. A variant whose workers return uint8 tensors (converted to
-float after the transfer) shows what moving 4-byte floats between processes costs.
-
-The step side: images/s of inference, a TENT step and an EATTA step (budget 1) on the model the
-ImageNet-C benchmark uses (ResNet-50 at 224 px; ``--quick``: ResNet-18, batch 16).
-
-Usage::
+Writes a miniature ImageNet-C tree of generated 224 px JPEGs (quality 85) into a temporary
+folder and reads it through the benchmark's pipeline (:class:`eatta.data.imagenet.ImageNetC`,
+:class:`eatta.data.stream.TestStream`) with 0, 1 and 2 persistent workers (pinned memory on a
+GPU), timing a first epoch (start-up included) and a steady second one; a variant whose workers
+return uint8 tensors shows what moving floats between processes costs. The step side: images/s
+of inference, TENT and EATTA (budget 1) on ResNet-50 at 224 px (``--quick``: ResNet-18, batch 16).
 
     python benchmarks/loader_benchmark.py [--device cpu|cuda] [--quick] [--out DIR]
 """
@@ -25,7 +18,6 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +27,9 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-import _summary
 
 import eatta
-from eatta._compat import TorchvisionOpsWarning, import_torchvision
+from eatta._compat import import_torchvision
 from eatta.data.imagenet import ImageNetC, imagenet_wnids
 from eatta.data.stream import TestStream
 from eatta.methods.tent import Tent
@@ -159,35 +150,20 @@ def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str,
     return rows
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--images", type=int, default=None, help="JPEGs to generate (default 320)")
+def main(argv: list[str] | None = None) -> int:
+    p = _common.timing_parser(__doc__)
+    p.add_argument("--images", type=int, help="JPEGs to generate (default 320, quick 96)")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--step-batch", type=int, default=None)
-    p.add_argument("--step-repeats", type=int, default=None)
-    p.add_argument("--workers", type=int, nargs="+", default=None)
+    p.add_argument("--step-batch", type=int)
+    p.add_argument("--step-repeats", type=int)
+    p.add_argument("--workers", type=int, nargs="+")
     args = p.parse_args(argv)
     args.images = args.images or (96 if args.quick else 320)
     args.step_repeats = args.step_repeats or (2 if args.quick else 3)
-    if args.workers is None:
-        args.workers = [0, 2] if args.quick else [0, 1, 2]
-    if args.out is None:
-        args.out = _common.RESULTS / "quick" if args.quick else _common.RESULTS
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    warnings.simplefilter("ignore", TorchvisionOpsWarning)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA device available", file=sys.stderr)
+    args.workers = args.workers or ([0, 2] if args.quick else [0, 1, 2])
+    device = _common.timing_device(args)
+    if device is None:
         return 2
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     started = time.perf_counter()
     meta = _common.machine(device)
     result: dict[str, Any] = {"meta": meta, "batch": args.batch, "image_size": 224}
@@ -214,11 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads for the same CPUs, so on a CPU-only machine the loader's share adds to the "
         "step time rather than overlapping it.",
     ]
-    _common.finish_meta(meta, started)
-    path = args.out / "loader_benchmark.json"
-    _common.write_json(path, result)
-    summary = _summary.render(args.out)
-    print(f"wrote {path} and {summary}")
+    _common.write_results(args.out / "loader_benchmark.json", result, started)
     return 0
 
 

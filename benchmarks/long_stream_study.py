@@ -1,25 +1,16 @@
 """EATTA over long streams (issue 9): diagnosis, the Table-3 ablation, and the stable variant.
 
-Every run adapts one fresh copy of a digits source model through the public API
-(``eatta.create``) over ``R`` rounds of a digits-C stream (each round the whole 15-corruption
-stream again, reshuffled with its own seed, one label per batch, the registry's digits-c
-defaults), and records per round: online error, the mean applied weights ``γ_sup / γ_unsup``,
-the two gradient norms (where the method computes them), the share of labelled samples the model
-mispredicted, the size of the confident (entropy) set, labels per class, and the drift
-``||θ - θ0||`` of the adapted parameters; per step: ``γ_sup`` and the norm ratio (for plots).
+Every run adapts a fresh copy of a digits source model (``eatta.create``, one label per batch,
+digits-c defaults) over ``R`` rounds of a digits-C stream (the 15 corruptions, reshuffled with
+seed ``100 s + r``) and records per round the online error, the applied weights, both gradient
+norms, the share of mispredicted labelled samples, the confident set, labels per class and the
+drift ``||θ - θ0||``; per step ``γ_sup`` and the norm ratio (for plots). Streams: ``embedded``
+(severity 5), ``sev3``, ``reversed`` (the corruption order), ``resnet`` (a small residual
+network trained here, cached) and ``label-shift`` (Dirichlet δ = 0.1 class order per domain).
+Runs are stored as JSON under ``--out`` (default ``runs/long-stream`` or ``$EATTA_STUDY_OUT``)
+and reused, so the commands resume; ``report`` writes ``benchmarks/results/long_stream_study.md``.
 
-Streams (``--streams``): ``embedded`` (severity 5, standard order, digits CNN), ``sev3``
-(severity 3), ``reversed`` (severity 5, corruption order reversed), ``resnet`` (a small
-residual network trained here on the clean digits source split, cached), ``label-shift``
-(Dirichlet class-sorted order inside each domain, δ = 0.1, seeded per round).
-
-Each run is stored as JSON under ``--out`` (default ``runs/long-stream``, or ``$EATTA_STUDY_OUT``)
-and skipped when present, so the commands resume; ``report`` also writes the tables to
-``benchmarks/results/long_stream_study.md``.
-Seed ``s`` fixes torch's RNG, the method's seed (its selector) and the rounds' shuffles
-(``100 s + r``).
-
-Commands (CPU, single-threaded; the grid of each part is :data:`PLAN`)::
+Commands (CPU, single-threaded; each part's grid is :data:`PLAN`)::
 
     python benchmarks/long_stream_study.py all        # every part below, then the report
     python benchmarks/long_stream_study.py diagnose   # embedded, seed 0, 10 rounds
@@ -36,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import os
@@ -49,6 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import fmt_mean_std as fmt
+from _common import markdown_table as table
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import GroundTruthOracle
@@ -258,45 +252,42 @@ def run(stream: str, config: str, seed: int, rounds: int, out: Path) -> dict[str
     t0 = time.perf_counter()
     for r in range(rounds):
         wrong = total = 0
-        gs, gu, ns, nu, mis, conf = [], [], [], [], [], []
+        keys = ("gamma_sup", "gamma_unsup", "grad_norm_sup", "grad_norm_unsup", "norm_ratio")
+        acc: dict[str, list[float]] = {k: [] for k in (*keys, "mispredicted_selected", "confident")}
         counts = np.zeros(10, dtype=np.int64)
         for x, y in round_batches(domains, spec["label_shift"], 100 * seed + r):
             with oracle.labels(y):
                 logits = method(x)
             miss = int((logits.argmax(1) != y).sum())
-            wrong += miss
-            total += len(y)
+            wrong, total = wrong + miss, total + len(y)
             err_trace.append(miss / len(y))
             rec = getattr(method, "last_step", None)
             if rec is None:
                 continue
             if rec.num_unsup is not None:
-                conf.append(float(rec.num_unsup))
+                acc["confident"].append(float(rec.num_unsup))
             if len(rec.selected):
-                sel = rec.selected
-                mis.append(float((rec.pseudo_labels[sel] != rec.labels).float().mean()))
+                hit = rec.pseudo_labels[rec.selected] != rec.labels
+                acc["mispredicted_selected"].append(float(hit.float().mean()))
                 counts += np.bincount(rec.labels.numpy(), minlength=10)
             if rec.weights is not None:
-                gs.append(float(rec.weights.sup))
-                gu.append(float(rec.weights.unsup))
-                gamma_trace.append(gs[-1])
+                acc["gamma_sup"].append(float(rec.weights.sup))
+                acc["gamma_unsup"].append(float(rec.weights.unsup))
+                gamma_trace.append(acc["gamma_sup"][-1])
             if rec.grad_norm_sup is not None and rec.grad_norm_unsup is not None:
                 a, b = float(rec.grad_norm_sup), float(rec.grad_norm_unsup)
-                ns.append(a)
-                nu.append(b)
+                acc["grad_norm_sup"].append(a)
+                acc["grad_norm_unsup"].append(b)
                 ratio_trace.append(a / b if b > 0 else float("nan"))
+                if b > 0:
+                    acc["norm_ratio"].append(a / b)
         pairs = zip(params, start_params, strict=True)
         drift = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in pairs))
+        means = {k: _mean(v) for k, v in acc.items()}
         per_round.append(
             {
                 "error": 100 * wrong / total,
-                "gamma_sup": _mean(gs),
-                "gamma_unsup": _mean(gu),
-                "grad_norm_sup": _mean(ns),
-                "grad_norm_unsup": _mean(nu),
-                "norm_ratio": _mean([a / b for a, b in zip(ns, nu, strict=False) if b > 0]),
-                "mispredicted_selected": _mean(mis),
-                "confident": _mean(conf),
+                **means,
                 "labels_per_class": counts.tolist(),
                 "drift": drift,
             }
@@ -347,84 +338,77 @@ def _load(out: Path, stream: str, config: str, seeds: Sequence[int], rounds: int
     return runs
 
 
-def _ms(values: Sequence[float]) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
-
-
 def error_table(
     out: Path, stream: str, configs: Sequence[str], seeds: Sequence[int], rounds: int
 ) -> str:
     """Markdown: per-round error (mean ± std over seeds) and the mean over rounds."""
-    head = "| configuration | " + " | ".join(f"r{r + 1}" for r in range(rounds)) + " | mean |"
-    lines = [head, "|---" * (rounds + 2) + "|"]
+    rows = []
     for c in configs:
         runs = _load(out, stream, c, seeds, rounds)
-        if not runs:
-            continue
-        cells = [_ms([run["per_round"][r]["error"] for run in runs]) for r in range(rounds)]
-        avg = _ms([statistics.fmean(p["error"] for p in run["per_round"]) for run in runs])
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {avg} |")
+        if runs:
+            cells = [fmt([run["per_round"][r]["error"] for run in runs]) for r in range(rounds)]
+            avg = fmt([statistics.fmean(p["error"] for p in run["per_round"]) for run in runs])
+            rows.append([c, *cells, avg])
+    head = ["configuration", *(f"r{r + 1}" for r in range(rounds)), "mean"]
     n = len(_load(out, stream, configs[0], seeds, rounds))
     listed = ", ".join(map(str, seeds))
-    return "\n".join(lines) + f"\n\n(runs found for {n} of the seeds {listed})\n"
+    return table(head, rows, left=True) + f"\n\n(runs found for {n} of the seeds {listed})\n"
+
+
+#: The diagnostics of ``diagnosis_table``: key, column, digits.
+DIAGNOSTICS = (
+    ("error", "error %", 1),
+    ("gamma_sup", "γ_sup", 2),
+    ("gamma_unsup", "γ_unsup", 2),
+    ("norm_ratio", "g_s / g_u", 1),
+    ("mispredicted_selected", "labelled mispredicted", 2),
+    ("confident", "confident set", 1),
+    ("drift", "‖θ−θ0‖", 1),
+)
 
 
 def diagnosis_table(out: Path, stream: str, configs: Sequence[str], seed: int, rounds: int) -> str:
     """Markdown: per configuration, first / last round of each diagnostic."""
-    keys = [
-        ("error", "error %"),
-        ("gamma_sup", "γ_sup"),
-        ("gamma_unsup", "γ_unsup"),
-        ("norm_ratio", "g_s / g_u"),
-        ("mispredicted_selected", "labelled mispredicted"),
-        ("confident", "confident set"),
-        ("drift", "‖θ−θ0‖"),
-    ]
-    lines = [
-        "| configuration | " + " | ".join(k[1] for k in keys) + " | labels/class (last round) |",
-        "|---" * (len(keys) + 2) + "|",
-    ]
+    rows = []
     for c in configs:
         runs = _load(out, stream, c, [seed], rounds)
         if not runs:
             continue
         pr = runs[0]["per_round"]
-        cells = []
-        for k, _ in keys:
-            a, b = pr[0][k], pr[-1][k]
-            fmt = (
-                "{:.2f}" if k in ("gamma_sup", "gamma_unsup", "mispredicted_selected") else "{:.1f}"
-            )
-            cells.append("–" if a is None else f"{fmt.format(a)} → {fmt.format(b)}")
+        cells = [
+            "–" if pr[0][k] is None else f"{pr[0][k]:.{d}f} → {pr[-1][k]:.{d}f}"
+            for k, _, d in DIAGNOSTICS
+        ]
         counts = pr[-1]["labels_per_class"]
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {min(counts)}–{max(counts)} |")
-    return "\n".join(lines) + "\n"
+        rows.append([c, *cells, f"{min(counts)}–{max(counts)}"])
+    head = ["configuration", *(k[1] for k in DIAGNOSTICS), "labels/class (last round)"]
+    return table(head, rows, left=True) + "\n"
 
 
 def clamp_table(out: Path, seeds: Sequence[int], rounds: int) -> str:
     """Markdown: per stream, the median ``g_s / g_u`` of faithful EATTA and the share of steps in
     which eatta-stable applied GND (``γ_sup > 1``) rather than the 1 : 1 weights."""
-    lines = [
-        "| stream | median g_s/g_u (eatta) | median g_s/g_u (stable) | steps with γ_sup > 1 |",
-        "|---|---|---|---|",
-    ]
+    rows = []
     for stream in STREAMS:
         faithful = _load(out, stream, "eatta", seeds, rounds)
         stable = _load(out, stream, "eatta-stable", seeds, rounds)
         if not faithful or not stable:
             continue
-        rf = np.concatenate([np.asarray(r["ratio_trace"], dtype=float) for r in faithful])
-        rs = np.concatenate([np.asarray(r["ratio_trace"], dtype=float) for r in stable])
-        gs = np.concatenate([np.asarray(r["gamma_trace"], dtype=float) for r in stable])
-        lines.append(
-            f"| {stream} | {np.nanmedian(rf):.1f} | {np.nanmedian(rs):.1f} | "
-            f"{100 * float((gs > 1).mean()):.1f}% |"
+
+        def trace(runs: list[dict[str, Any]], key: str) -> np.ndarray:
+            return np.concatenate([np.asarray(r[key], dtype=float) for r in runs])
+
+        gs = trace(stable, "gamma_trace")
+        rows.append(
+            [
+                stream,
+                f"{np.nanmedian(trace(faithful, 'ratio_trace')):.1f}",
+                f"{np.nanmedian(trace(stable, 'ratio_trace')):.1f}",
+                f"{100 * float((gs > 1).mean()):.1f}%",
+            ]
         )
-    return "\n".join(lines) + "\n"
+    head = ["stream", "median g_s/g_u (eatta)", "median g_s/g_u (stable)", "steps with γ_sup > 1"]
+    return table(head, rows, left=True) + "\n"
 
 
 # ----------------------------------------------------------------------------- plots
@@ -574,27 +558,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    out: Path = args.out
-
-    def go(streams: Sequence[str], configs: Sequence[str], seeds: Sequence[int], rounds: int):
-        for stream in streams:
-            for c in configs:
-                for s in seeds:
-                    run(stream, c, s, rounds, out)
-
     if args.part == "check":
         return 0 if check_aliases() else 1
+    grids = [g[1:] for g in PLAN if args.part in (g[0], "all")]
     if args.part == "one":
-        go(args.streams, args.configs, args.seeds, args.rounds)
+        grids = [(args.streams, args.configs, args.seeds, args.rounds)]
+    for streams, configs, seeds, rounds in grids:
+        for stream, c, s in itertools.product(streams, configs, seeds):
+            run(stream, c, s, rounds, args.out)
+    if args.part == "one":
         for stream in args.streams:
             print(f"\n### {stream}\n")
-            print(error_table(out, stream, args.configs, args.seeds, args.rounds))
-        return 0
-    for part, streams, configs, seeds, rounds in PLAN:
-        if args.part in (part, "all"):
-            go(streams, configs, seeds, rounds)
+            print(error_table(args.out, stream, args.configs, args.seeds, args.rounds))
     if args.part in ("report", "all"):
-        text = report(out)
+        text = report(args.out)
         (ROOT / "benchmarks" / "results" / "long_stream_study.md").write_text(text)
         sys.stdout.write(text)
     return 0

@@ -107,26 +107,28 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
         print(f"stream {name}: {proto}", flush=True)
         s: dict[str, Any] = {"protocol": proto.describe()}
         data["streams"][name] = s  # filled part by part, saved after each (save_study())
-        base = run(out / name, "default", proto, REFERENCES + ACTIVE, seeds, jobs)
-        s["default"] = {m: stats(base, m) for m in REFERENCES + ACTIVE}
-        s["default_last"] = {m: stats(base, m, "last") for m in REFERENCES + ACTIVE}
-        s["delay"] = {"0": {m: stats(base, m) for m in ACTIVE}}
-        s["delay_last"] = {"0": {m: stats(base, m, "last") for m in ACTIVE}}
-        s["delay_counts"] = {}
+
+        def part(label: str, methods: Sequence[str] = ACTIVE, **kw: Any) -> list[CellResult]:
+            return run(out / name, label, proto, methods, seeds, jobs, **kw)  # noqa: B023
+
+        def of(
+            res: list[CellResult], field: str = "average_error", methods: Sequence[str] = ACTIVE
+        ) -> dict[str, list[float]]:
+            return {m: stats(res, m, field) for m in methods}
+
+        base = part("default", REFERENCES + ACTIVE)
+        s["default"] = of(base, methods=REFERENCES + ACTIVE)
+        s["default_last"] = of(base, "last", REFERENCES + ACTIVE)
+        s["delay"], s["delay_last"], s["delay_counts"] = (
+            {"0": of(base)},
+            {"0": of(base, "last")},
+            {},
+        )
         for d in DELAYS:
             if d in SKIP_DELAYS.get(name, ()):
                 continue
-            res = run(
-                out / name,
-                f"delay-{d}",
-                proto,
-                ACTIVE,
-                seeds,
-                jobs,
-                annotator=AnnotatorOptions(delay=d),
-            )
-            s["delay"][str(d)] = {m: stats(res, m) for m in ACTIVE}
-            s["delay_last"][str(d)] = {m: stats(res, m, "last") for m in ACTIVE}
+            res = part(f"delay-{d}", annotator=AnnotatorOptions(delay=d))
+            s["delay"][str(d)], s["delay_last"][str(d)] = of(res), of(res, "last")
             save_study(out, data)
             s["delay_counts"][str(d)] = {
                 m: {
@@ -139,62 +141,37 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
             save_study(out, data)
             continue
         s["buffer"] = {}
+        late = AnnotatorOptions(delay=TUNE_DELAY)
         for b in BUFFERS if name == TUNE_STREAM else (chosen_buffer,):
-            res = run(
-                out / name,
-                f"delay-{TUNE_DELAY}-buffer-{b}",
-                proto,
-                ACTIVE,
-                seeds,
-                jobs,
-                annotator=AnnotatorOptions(delay=TUNE_DELAY),
-                buffers=b,
+            s["buffer"][str(b)] = of(
+                part(f"delay-{TUNE_DELAY}-buffer-{b}", annotator=late, buffers=b)
             )
-            s["buffer"][str(b)] = {m: stats(res, m) for m in ACTIVE}
             save_study(out, data)
         if name == TUNE_STREAM:  # the size with the lowest error, averaged over the methods
             errors = {
                 b: np.mean([np.mean(v) for v in s["buffer"][str(b)].values()]) for b in BUFFERS
             }
-            chosen_buffer = min(BUFFERS, key=lambda b: float(errors[b]))
-            data["chosen_buffer"] = chosen_buffer
+            chosen_buffer = data["chosen_buffer"] = min(BUFFERS, key=lambda b: float(errors[b]))
             print(f"  buffer size chosen on {name}: {chosen_buffer}", flush=True)
         s["binary"] = {}
         for k in (1, BINARY_PER_LABEL) if name in BINARY_STREAMS else ():
-            res = run(
-                out / name,
-                f"binary-{k}",
-                proto,
-                ACTIVE,
-                seeds,
-                jobs,
-                annotator=AnnotatorOptions(feedback="binary"),
-                labels=k,
-            )
-            s["binary"][str(k)] = {m: stats(res, m) for m in ACTIVE}
-            s["binary"][f"{k}_minutes"] = float(
-                np.mean([r.annotation["seconds"] for r in res]) / 60
-            )
+            res = part(f"binary-{k}", annotator=AnnotatorOptions(feedback="binary"), labels=k)
+            s["binary"][str(k)] = of(res)
+            s["binary"][f"{k}_minutes"] = _minutes(res)
             save_study(out, data)
         if name in BINARY_STREAMS:
-            s["label_minutes"] = float(
-                np.mean([r.annotation["seconds"] for r in base if r.annotation]) / 60
-            )
-        s["noise"] = {"0": {m: stats(base, m) for m in ACTIVE}}
+            s["label_minutes"] = _minutes([r for r in base if r.annotation])
+        s["noise"] = {"0": of(base)}
         for p in NOISE if name in NOISE_STREAMS else ():
-            res = run(
-                out / name,
-                f"noise-{p:g}",
-                proto,
-                ACTIVE,
-                seeds,
-                jobs,
-                annotator=AnnotatorOptions(noise=p),
-            )
-            s["noise"][f"{p:g}"] = {m: stats(res, m) for m in ACTIVE}
+            s["noise"][f"{p:g}"] = of(part(f"noise-{p:g}", annotator=AnnotatorOptions(noise=p)))
             save_study(out, data)
         save_study(out, data)
     return data
+
+
+def _minutes(results: Sequence[CellResult]) -> float:
+    """The annotator's time of the runs, in minutes (mean over seeds)."""
+    return float(np.mean([r.annotation["seconds"] for r in results]) / 60)
 
 
 def plot(data: dict[str, Any], path: Path) -> None:

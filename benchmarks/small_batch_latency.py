@@ -1,21 +1,13 @@
 """What serving one request at a time costs: per-request latency at batch size 1, against the
 bare model's forward.
 
-Each request is one digits-C image. Variants, interleaved request by request (the starting
-variant rotating, so a change in the machine's load hits all alike):
-
-* ``bare``: the source model's forward (eval mode, running statistics, no gradients);
-* ``eatta-stable+w``: the recommended configuration at small batches,
-  ``eatta.create("eatta-stable", model, window=64)``, one label per 64 samples (its step, on the
-  window, runs inside every 64th request);
-* ``tent+w``: TENT with the same window.
-
-The overhead of a request is its time minus the bare forward's median; reported: its median (the
-bar: at most 3x the bare forward's median) and 99th percentile (which includes the requests that
-step: 1 in 64, 1.6 %, or refresh the served statistics: 1 in 16; so p99 is one of those).
-Regenerates the section of ``docs/small-batches.md``
-between ``<!-- small-batch-latency:begin -->`` and ``<!-- small-batch-latency:end -->`` and
-``benchmarks/results/small_batch_latency.json``.
+Each request is one digits-C image; variants, interleaved request by request: ``bare`` (the
+source model, eval, no gradients), ``eatta-stable+w`` (the recommended small-batch
+configuration, ``window=64``, one label per 64 samples: a step inside every 64th request) and
+``tent+w``. A request's overhead is its time minus the bare forward's median; reported: the
+median (the bar: at most 3x the bare forward's) and p99 (the requests that step or refresh the
+window's statistics). Regenerates the ``small-batch-latency`` section of ``docs/small-batches.md``
+and ``benchmarks/results/small_batch_latency.json``.
 
     python benchmarks/small_batch_latency.py                  # 1,920 requests a variant
     python benchmarks/small_batch_latency.py --requests 640   # quicker

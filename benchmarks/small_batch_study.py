@@ -42,6 +42,7 @@ from torch import Tensor
 import eatta
 import eatta.window
 from eatta.bench.digits_model import packaged_digits_source
+from eatta.bench.flags import seed_list
 from eatta.data import TestStream, digits_c_domains
 from eatta.data.ccc import digits_ccc
 
@@ -83,11 +84,7 @@ def load_stream(
         stream = TestStream(domains, batch_size, seed=seed, rounds=1, shuffle=False)
     else:
         raise ValueError(f"unknown stream {kind!r}")
-    xs, ys = [], []
-    for d in domains:
-        x, y = d.dataset.tensors  # type: ignore[attr-defined]
-        xs.append(x)
-        ys.append(y)
+    xs, ys = zip(*(d.dataset.tensors for d in domains), strict=True)  # type: ignore[attr-defined]
     return stream, torch.cat(xs), torch.cat(ys).long()
 
 
@@ -158,13 +155,6 @@ def run(
     }
 
 
-def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        a, b = text.split("-")
-        return list(range(int(a), int(b) + 1))
-    return [int(s) for s in text.split(",")]
-
-
 def key(
     method: str,
     kind: str,
@@ -195,32 +185,25 @@ def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: fl
     """The docs section: per stream, error (mean over rounds, mean ± std over seeds) per method
     and batch size; the bar's checks for the recommended configuration."""
     out = []
+    sizes = [f"B={b}" for b in BATCH_SIZES]
     for kind in ("recurring", "ccc"):
         r = rounds if kind == "recurring" else 1
-        rows = []
+        rows, cpu_rows = [], []
         for label, method, refresh in ROWS:
-            cells = [label]
-            for b in BATCH_SIZES:
-                got = [
-                    data.get(key(method, kind, b, s, r, momentum, refresh=refresh)) for s in seeds
-                ]
-                done = [g for g in got if g is not None]
-                if not done:
-                    cells.append("not run")
-                    continue
-                text = fmt([float(np.mean(g["errors"])) for g in done])
-                partial = f"{text} ({len(done)} seed{'s' if len(done) > 1 else ''})"
-                cells.append(text if len(done) == len(got) else partial)
-            rows.append(cells)
-        out += [PAGE(kind, rounds=r), table(["method", *(f"B={b}" for b in BATCH_SIZES)], rows)]
-        cpu_rows = []
-        for label, method, refresh in ROWS:
-            got = [
+            per_size = [
                 [data.get(key(method, kind, b, s, r, momentum, refresh=refresh)) for s in seeds]
                 for b in BATCH_SIZES
             ]
-            cpu_rows.append([label] + [_cpu([g for g in gs if g is not None]) for gs in got])
-        out += [PAGE("cpu"), table(["method", *(f"B={b}" for b in BATCH_SIZES)], cpu_rows)]
+            cells = [label]
+            for gs in per_size:
+                done = [g for g in gs if g is not None]
+                text = fmt([float(np.mean(g["errors"])) for g in done])
+                partial = f"{text} ({len(done)} seed{'s' if len(done) > 1 else ''})"
+                cells.append("not run" if not done else text if len(done) == len(gs) else partial)
+            rows.append(cells)
+            cpu_rows.append([label] + [_cpu([g for g in gs if g is not None]) for gs in per_size])
+        out += [PAGE(kind, rounds=r), table(["method", *sizes], rows)]
+        out += [PAGE("cpu"), table(["method", *sizes], cpu_rows)]
     checks = []
     src = [data.get(key("source", "recurring", 64, s, rounds, momentum)) for s in seeds]
     ref = [data.get(key(RECOMMENDED, "recurring", 64, s, rounds, momentum)) for s in seeds]
@@ -271,7 +254,7 @@ def _cpu(done: list[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2])
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=10, help="rounds of the recurring stream")
     p.add_argument("--streams", default="recurring,ccc")
     p.add_argument("--methods", default=",".join(METHODS))

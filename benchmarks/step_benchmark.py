@@ -1,53 +1,28 @@
 #!/usr/bin/env python
 """What one adaptation step costs over plain inference: TENT, EATTA, reference-style EATTA.
 
-For each model, on one batch and in one run, the variants below are timed interleaved (median
-of ``--repeats`` after ``--warmup``; see ``_common.time_interleaved``) and their peak memory is
-measured in a separate, untimed call (``_common.peak_bytes``):
+Per model, on one batch, the variants are timed interleaved (median of ``--repeats`` after
+``--warmup``; ``_common.time_interleaved``) and their peak memory read in a separate, untimed
+call (``_common.peak_bytes``; ``eatta-approx``: the largest over its refresh period):
 
-* ``inference``: ``torch.no_grad`` forward of the configured model (BatchNorm on batch statistics).
-* ``tent``: :class:`eatta.methods.tent.Tent` (entropy, one backward pass, SGD step on the norm
-  parameters).
-* ``eatta``: :class:`eatta.EATTA`, budget 1, a :class:`~eatta.GroundTruthOracle`, defaults
-  (``grad_mode="auto"``, i.e. segmented two-pass gradients).
-* ``eatta-async-0``: the same with an asynchronous zero-delay annotator
-  (:class:`~eatta.annotate.SimulatedAnnotator`): requests submitted, answers collected in the
-  same step; it should cost what the synchronous oracle does.
-* ``eatta-async-0-late``: the same with ``eatta-stable``'s late-label handling
-  (:class:`~eatta.methods.late_labels.LateLabels`: the batch's mean feature recorded each step);
-  no late label arrives, so it should cost what ``eatta-async-0`` does.
-* ``eatta-two-pass``: the same with ``grad_mode="two-pass"`` (first pass retains the whole graph).
-* ``eatta-batched``: the same with ``grad_mode="batched"`` (one vmapped pass; full runs only).
-* ``eatta-approx``: the same with ``grad_mode="approx"`` (issue 32): ONE backward pass on the
-  weighted losses, the weights from estimated gradient norms (EATTA's default ``approx_proxy`` and
-  ``approx_refresh``; ``docs/approx-step.md``). Not exact, so not in the parity check. Its peak
-  memory is the largest of ``approx_refresh`` consecutive steps (a refresh step among them).
-* ``eatta-no-gnd``: EATTA without gradient-norm debiasing (``GradNormDebiaser(normalize=False)``,
-  the paper's ablation): one backward pass on ``L_sup + L_unsup``, no norms at all. The floor of
-  any one-backward EATTA step: what selection, class balance, oracle and bookkeeping add to TENT.
-* ``reference-style``: :class:`ReferenceStyleStep`, the step structure of the authors' code: a
-  backward pass for the supervised norm, one for the unsupervised norm, one for the weighted loss.
-* ``two-backward floor``: forward, both losses, two plain ``autograd.grad`` passes and the
-  optimizer step, nothing else: the least any exact EATTA step can cost.
-* ``tent+audit``, ``eatta+audit``: TENT and EATTA with an :class:`eatta.monitor.AccuracyMonitor`
-  (audit share ``--audit-share``, default 0.1: about 6 of 64 samples; a synchronous auditor, the
-  paired guard): the audits' extra forward pass of the audited samples through the source model,
-  their scoring and the guard's bookkeeping (``eatta+audit/eatta`` and ``tent+audit/tent``).
+* ``inference`` (``no_grad``, batch statistics); ``tent`` (one backward pass);
+* ``eatta``: :class:`eatta.EATTA`, budget 1, a ground-truth oracle, defaults (segmented two-pass
+  gradients); ``eatta-two-pass``, ``eatta-batched`` (full runs only) and ``eatta-approx`` (issue
+  32: one backward pass, estimated norms; not exact, so not in the parity check) by
+  ``grad_mode``; ``eatta-no-gnd``: no gradient-norm debiasing (the floor of a one-backward step);
+* ``eatta-async-0``: a zero-delay :class:`~eatta.annotate.SimulatedAnnotator` (should cost what
+  the oracle does); ``eatta-async-0-late``: with ``eatta-stable``'s late-label handling;
+* ``reference-style``: :class:`ReferenceStyleStep`, the authors' three backward passes;
+  ``two-backward floor``: forward, both losses, two ``autograd.grad`` passes, the update;
+* ``tent+audit``, ``eatta+audit``: with an :class:`eatta.monitor.AccuracyMonitor` (share
+  ``--audit-share``, the paired guard); ``hiltta``: one step per candidate, then its own.
 
-Per-step latency (``latency``): p50 and p99 of the timed rounds' samples of ``tent``, ``eatta``
-and ``eatta-approx`` (linear interpolation between order statistics; with 25 rounds p99 is close
-to the largest sample).
-
-Then the growth of the EATTA step (and TENT's, for the ratio) with the batch size (16, 32, 64,
-128, budget 1) and with the labels per batch (1, 3, 5, batch 64), and a ``torch.profiler``
-breakdown of where an EATTA and a TENT step spend their time.
-
-Models: ``resnet18-64`` (torchvision ResNet-18, random init, 1000 classes, 64 px) and ``digits-32``
-(the digits-C CNN, 32 px) everywhere; ``resnet50-224`` and ``vit_b_16-224`` too with
-``--device cuda``. The heads are scaled so that part of the batch passes EATTA's entropy margin
-(a random network is uniformly unsure, which would make every step degenerate).
-
-Usage::
+Also: p50/p99 latency of ``tent``, ``eatta`` and ``eatta-approx``; the first update's parity of
+the exact variants; the growth of the EATTA and TENT steps with the batch size (16-128) and the
+labels per batch (1, 3, 5); a ``torch.profiler`` breakdown by op category. Models:
+``resnet18-64`` (torchvision, random init, 64 px) and ``digits-32`` (the digits-C CNN);
+``resnet50-224`` and ``vit_b_16-224`` too on CUDA. The heads are scaled until half the batch
+passes EATTA's entropy margin (a random network is uniformly unsure).
 
     python benchmarks/step_benchmark.py                 # CPU, writes benchmarks/results/
     python benchmarks/step_benchmark.py --quick         # smoke run, benchmarks/results/quick/
@@ -58,15 +33,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -74,10 +48,9 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
-import _summary
 
 import eatta
-from eatta._compat import TorchvisionOpsWarning, import_torchvision
+from eatta._compat import import_torchvision
 from eatta.annotate import SimulatedAnnotator
 from eatta.configure import configure_model
 from eatta.debias import GradNormDebiaser
@@ -191,22 +164,16 @@ class ReferenceStyleStep:
     def __init__(
         self,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Any,
         params: list[nn.Parameter],
         labels: Tensor,
         budget: int = 1,
-        alpha: float = 0.8,
-        std: float = 0.01,
-        seed: int = 0,
     ) -> None:
         self.backbone, self.head = eatta.split_model(model)
-        self.optimizer = optimizer
-        self.params = params
+        self.optimizer, self.params, self.budget = optimizer, params, budget
         self.labels = labels  # the oracle's ground truth (CPU)
-        self.budget = budget
-        self.alpha = alpha
-        self.std = std
-        self.generator = torch.Generator().manual_seed(seed)
+        self.alpha, self.std = 0.8, 0.01  # EATTA's EMA rate and perturbation
+        self.generator = torch.Generator().manual_seed(0)
         self.history: list[int] = []
         self.stored_diff: dict[int, float] = {}
         self.ema: tuple[float, float] | None = None
@@ -267,13 +234,9 @@ class ReferenceStyleStep:
             self.optimizer.zero_grad()
             total = float(g_sup + g_unsup)
             raw = (2 * float(g_unsup) / total, 2 * float(g_sup) / total)
-            a = self.alpha
+            a, e = self.alpha, self.ema
             self.ema = (
-                raw
-                if self.ema is None
-                else tuple(  # type: ignore[assignment]
-                    a * e + (1 - a) * r for e, r in zip(self.ema, raw, strict=True)
-                )
+                raw if e is None else (a * e[0] + (1 - a) * raw[0], a * e[1] + (1 - a) * raw[1])
             )
             w_sup, w_unsup = self.ema
             (w_sup * loss_sup + w_unsup * loss_unsup).backward()
@@ -295,94 +258,62 @@ def build_variants(
     budget: int = 1,
 ) -> dict[str, Callable[[], object]]:
     """One callable per variant, each with its own copy of the model and optimizer."""
-    variants: dict[str, Callable[[], object]] = {}
 
-    model, _ = fresh(case, state, device, channels_last)
+    def new() -> tuple[nn.Module, list[nn.Parameter]]:
+        return fresh(case, state, device, channels_last)
+
+    def active(oracle: Any = None, **kw: Any) -> _Call:
+        model, params = new()
+        oracle = oracle or eatta.GroundTruthOracle()
+        return _Call(eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, **kw), x, y)
+
+    def audited(call: _Call) -> _Call:
+        source = _source(case, state, device)
+        attach(
+            call.method, eatta.GroundTruthOracle(), source=source, share=AUDIT_SHARE, guard="paired"
+        )
+        return call
+
+    model, _ = new()
 
     def inference(m: nn.Module = model) -> object:
         with torch.no_grad():
             return m(x)
 
-    variants["inference"] = inference
-
-    model, params = fresh(case, state, device, channels_last)
-    tent = Tent(model, sgd(params))
-    variants["tent"] = lambda: tent(x)
-
-    modes = ["auto", "two-pass", "approx"] + (["batched"] if batched else [])
-    for mode in modes:
-        model, params = fresh(case, state, device, channels_last)
-        oracle = eatta.GroundTruthOracle()
-        method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, grad_mode=mode)
-        name = "eatta" if mode == "auto" else f"eatta-{mode}"
-        variants[name] = _Call(method, x, y)
-
-    model, params = fresh(case, state, device, channels_last)
-    no_gnd = eatta.EATTA(
-        model,
-        sgd(params),
-        oracle=eatta.GroundTruthOracle(),
-        budget=budget,
-        debiaser=GradNormDebiaser(normalize=False),
-    )
-    variants["eatta-no-gnd"] = _Call(no_gnd, x, y)
-
-    model, params = fresh(case, state, device, channels_last)
-    annotator = SimulatedAnnotator(delay=0)
-    zero_delay = eatta.EATTA(model, sgd(params), oracle=annotator, budget=budget)
-    variants["eatta-async-0"] = lambda: zero_delay(x, labels=y)
-
-    share = AUDIT_SHARE
-    model, params = fresh(case, state, device, channels_last)
-    audited_tent = Tent(model, sgd(params))
-    attach(
-        audited_tent,
-        eatta.GroundTruthOracle(),
-        source=_source(case, state, device),
-        share=share,
-        guard="paired",
-    )
-    variants["tent+audit"] = lambda: audited_tent(x, labels=y)
-    model, params = fresh(case, state, device, channels_last)
-    oracle = eatta.GroundTruthOracle()
-    audited = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget)
-    attach(
-        audited,
-        eatta.GroundTruthOracle(),
-        source=_source(case, state, device),
-        share=share,
-        guard="paired",
-    )
-    variants["eatta+audit"] = lambda: audited(x, labels=y)
-
-    model, params = fresh(case, state, device, channels_last)
-    late = LateLabels()  # eatta-stable's late-label handling; a step without late labels
-    handled = eatta.EATTA(
-        model, sgd(params), oracle=SimulatedAnnotator(delay=0), budget=budget, late_labels=late
-    )
-    variants["eatta-async-0-late"] = lambda: handled(x, labels=y)
-
-    model, params = fresh(case, state, device, channels_last)
+    variants: dict[str, Callable[[], object]] = {"inference": inference}
+    variants["tent"] = _Call(Tent(*_with_sgd(new())), x)
+    for mode in ["auto", "two-pass", "approx"] + (["batched"] if batched else []):
+        variants["eatta" if mode == "auto" else f"eatta-{mode}"] = active(grad_mode=mode)
+    variants["eatta-no-gnd"] = active(debiaser=GradNormDebiaser(normalize=False))
+    variants["eatta-async-0"] = active(SimulatedAnnotator(delay=0))
+    variants["tent+audit"] = audited(_Call(Tent(*_with_sgd(new())), x, y))
+    variants["eatta+audit"] = audited(active())
+    # eatta-stable's late-label handling; a step without late labels
+    variants["eatta-async-0-late"] = active(SimulatedAnnotator(delay=0), late_labels=LateLabels())
+    model, params = new()
     reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)
-    variants["reference-style"] = lambda: reference(x)
-
-    model, _ = fresh(case, state, device, channels_last)  # one step per candidate, then its own
+    variants["reference-style"] = _Call(reference, x)
+    model, _ = new()  # one step per candidate, then its own
     hiltta = eatta.create("hiltta", model, oracle=eatta.GroundTruthOracle(), budget=budget)
     variants["hiltta"] = _Call(hiltta, x, y)
-
-    model, params = fresh(case, state, device, channels_last)
+    model, params = new()
     variants["two-backward floor"] = _floor_step(model, sgd(params), params, x, y.to(device))
     return variants
 
 
-class _Call:
-    """``method(x, labels=y)``, keeping ``method`` at hand (for the peak's refresh period)."""
+def _with_sgd(built: tuple[nn.Module, list[nn.Parameter]]) -> tuple[Any, ...]:
+    return built[0], sgd(built[1])
 
-    def __init__(self, method: eatta.AdaptiveMethod, x: Tensor, y: Tensor) -> None:
+
+class _Call:
+    """``method(x, labels=y)`` (``method(x)`` without ``y``), keeping ``method`` at hand (for the
+    peak's refresh period)."""
+
+    def __init__(self, method: Any, x: Tensor, y: Tensor | None = None) -> None:
         self.method, self.x, self.y = method, x, y
 
     def __call__(self) -> object:
-        return self.method(self.x, labels=self.y)
+        return self.method(self.x) if self.y is None else self.method(self.x, labels=self.y)
 
 
 def _floor_step(
@@ -530,42 +461,33 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
         "num_classes": case.num_classes,
         "variants": {n: _common.stats_ms(s) for n, s in samples.items()},
     }
-    for name, f in faults.items():
-        result["variants"][name]["minor_faults_median"] = sorted(f)[len(f) // 2]
     for name, fn in variants.items():
-        peak = _peak(fn, device)
+        f, peak = faults[name], _peak(fn, device)
+        result["variants"][name]["minor_faults_median"] = sorted(f)[len(f) // 2]
         result["variants"][name]["peak_mb"] = None if peak is None else peak / 2**20
-    ratios: dict[str, Any] = {}
-    for name in samples:
-        if name != "tent":
-            ratios[f"{name}/tent"] = _common.ratio(samples, name, "tent")
-    ratios["tent/inference"] = _common.ratio(samples, "tent", "inference")
-    if "eatta+audit" in samples:
-        ratios["eatta+audit/eatta"] = _common.ratio(samples, "eatta+audit", "eatta")
+    pairs = [(n, "tent") for n in samples if n != "tent"] + [("tent", "inference")]
+    pairs += [("eatta+audit", "eatta")] if "eatta+audit" in samples else []
+    ratios = {f"{a}/{b}": _common.ratio(samples, a, b) for a, b in pairs}
     result["time_ratios"] = ratios
-    tent_peak = result["variants"]["tent"]["peak_mb"]
-    if tent_peak:
+    peaks = {n: v["peak_mb"] for n, v in result["variants"].items()}
+    if peaks["tent"]:
+        mem = {f"{n}/tent": p / peaks["tent"] for n, p in peaks.items() if p is not None}
         result["memory_ratios"] = {
-            f"{n}/tent": v["peak_mb"] / tent_peak
-            for n, v in result["variants"].items()
-            if n not in ("tent", "inference") and v["peak_mb"] is not None
+            k: v for k, v in mem.items() if k not in ("tent/tent", "inference/tent")
         }
-        eatta_peak = result["variants"].get("eatta", {}).get("peak_mb")
-        audit_peak = result["variants"].get("eatta+audit", {}).get("peak_mb")
-        if eatta_peak and audit_peak:
-            result["memory_ratios"]["eatta+audit/eatta"] = audit_peak / eatta_peak
+        if peaks.get("eatta") and peaks.get("eatta+audit"):
+            result["memory_ratios"]["eatta+audit/eatta"] = peaks["eatta+audit"] / peaks["eatta"]
     result["latency"] = {
         n: _latency(samples[n]) for n in ("tent", "eatta", "eatta-approx") if n in samples
     }
     result["parity_max_abs_diff"] = parity(case, state, x, y, device)
     keys = ("eatta/tent", "eatta-approx/tent", "eatta-no-gnd/tent", "two-backward floor/tent")
-    for key in (*keys, "eatta+audit/eatta"):
-        r = ratios.get(key)
-        if r:
-            med, pair, low = r["median"], r["paired"], r["min"]
-            mem = result.get("memory_ratios", {}).get(key)
-            extra = "" if mem is None else f"; peak memory {mem:.3f}"
-            print(f"  {key}: median {med:.3f} paired {pair:.3f} min {low:.3f}{extra}")
+    for key in (k for k in (*keys, "eatta+audit/eatta") if k in ratios):
+        r, mem = ratios[key], result.get("memory_ratios", {}).get(key)
+        extra = "" if mem is None else f"; peak memory {mem:.3f}"
+        print(
+            f"  {key}: median {r['median']:.3f} paired {r['paired']:.3f} min {r['min']:.3f}{extra}"
+        )
     if args.profile:
         keep = {n: variants[n] for n in ("tent", "eatta", "eatta-approx", "reference-style")}
         result["profile"] = profile_steps(keep, device)
@@ -573,16 +495,9 @@ def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device)
 
 
 def _latency(seconds: list[float]) -> dict[str, float]:
-    """p50 and p99 of one variant's per-step times (ms)."""
-    ms = sorted(1e3 * s for s in seconds)
-
-    def q(p: float) -> float:
-        pos = p * (len(ms) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(ms) - 1)
-        return ms[lo] + (ms[hi] - ms[lo]) * (pos - lo)
-
-    return {"p50_ms": q(0.50), "p99_ms": q(0.99), "n": len(ms)}
+    """p50 and p99 of one variant's per-step times (ms; linear interpolation)."""
+    p50, p99 = np.percentile(np.multiply(seconds, 1e3), [50, 99])
+    return {"p50_ms": float(p50), "p99_ms": float(p99), "n": len(seconds)}
 
 
 def _peak(fn: Callable[[], object], device: torch.device) -> int | None:
@@ -601,60 +516,44 @@ def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> d
     out: dict[str, Any] = {"model": case.name, "batch_size": [], "labels": []}
     x, y = batch_for(case, max(batches), device, args.channels_last)
     state = make_source(case, x[:64])
-    for b in batches:
+    grid = [("batch_size", b, 1) for b in batches] + [("labels", 64, k) for k in labels]
+    for kind, b, k in grid:
         xb, yb = x[:b], y[:b]
-        fns = _pair(case, state, xb, yb, device, args, budget=1)
+        fns = {"tent": _Call(Tent(*_with_sgd(fresh(case, state, device, args.channels_last))), xb)}
+        model, params = fresh(case, state, device, args.channels_last)
+        method = eatta.EATTA(model, sgd(params), oracle=eatta.GroundTruthOracle(), budget=k)
+        fns["eatta"] = _Call(method, xb, yb)
         s = _common.time_interleaved(fns, repeats=args.growth_repeats, warmup=1, device=device)
-        out["batch_size"].append(_growth_row({"batch": b, "labels": 1}, s))
-        print(f"  growth batch {b}: eatta/tent {out['batch_size'][-1]['ratio']:.3f}", flush=True)
-    xb, yb = x[:64], y[:64]
-    for k in labels:
-        fns = _pair(case, state, xb, yb, device, args, budget=k)
-        s = _common.time_interleaved(fns, repeats=args.growth_repeats, warmup=1, device=device)
-        out["labels"].append(_growth_row({"batch": len(xb), "labels": k}, s))
-        print(f"  growth labels {k}: eatta/tent {out['labels'][-1]['ratio']:.3f}", flush=True)
+        e, t, r = (
+            _common.stats_ms(s["eatta"]),
+            _common.stats_ms(s["tent"]),
+            _common.ratio(s, "eatta", "tent"),
+        )
+        out[kind].append(
+            {
+                "batch": len(xb),
+                "labels": k,
+                "eatta_median_ms": e["median_ms"],
+                "tent_median_ms": t["median_ms"],
+                "eatta_ms_per_image": e["median_ms"] / len(xb),
+                "ratio": r["median"],
+                "ratio_paired": r["paired"],
+                "ratio_min": r["min"],
+            }
+        )
+        what = f"batch {b}" if kind == "batch_size" else f"labels {k}"
+        print(f"  growth {what}: eatta/tent {r['median']:.3f}", flush=True)
     return out
 
 
-def _pair(case, state, x, y, device, args, budget):
-    model, params = fresh(case, state, device, args.channels_last)
-    tent = Tent(model, sgd(params))
-    model, params = fresh(case, state, device, args.channels_last)
-    oracle = eatta.GroundTruthOracle()
-    method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget)
-    return {"tent": lambda: tent(x), "eatta": lambda: method(x, labels=y)}
-
-
-def _growth_row(row: dict[str, Any], s: dict[str, list[float]]) -> dict[str, Any]:
-    e, t = _common.stats_ms(s["eatta"]), _common.stats_ms(s["tent"])
-    r = _common.ratio(s, "eatta", "tent")
-    row.update(
-        eatta_median_ms=e["median_ms"],
-        tent_median_ms=t["median_ms"],
-        eatta_ms_per_image=e["median_ms"] / row["batch"],
-        ratio=r["median"],
-        ratio_paired=r["paired"],
-        ratio_min=r["min"],
-    )
-    return row
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--quick", action="store_true", help="smoke run: few repeats, small growth")
-    p.add_argument(
-        "--out", type=Path, default=None, help="results folder (default benchmarks/results)"
-    )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: cores)")
-    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=None)
+    p = _common.timing_parser(__doc__)
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS))
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument(
-        "--audit-share", type=float, default=AUDIT_SHARE, help="audit share of the +audit variants"
-    )
-    p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 25, quick 3)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 3, quick 1)")
-    p.add_argument("--growth-repeats", type=int, default=None)
+    p.add_argument("--audit-share", type=float, default=AUDIT_SHARE, help="of the +audit variants")
+    p.add_argument("--repeats", type=int, help="timed rounds (default 25, quick 3)")
+    p.add_argument("--warmup", type=int, help="untimed rounds (default 3, quick 1)")
+    p.add_argument("--growth-repeats", type=int)
     p.add_argument("--no-growth", action="store_true")
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--channels-last", action="store_true", help="channels-last model and input")
@@ -663,10 +562,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.repeats = args.repeats or (3 if args.quick else 25)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     args.growth_repeats = args.growth_repeats or (2 if args.quick else 11)
-    if args.quick:
-        args.profile = False
-    if args.out is None:
-        args.out = _common.RESULTS / "quick" if args.quick else _common.RESULTS
+    args.profile = args.profile and not args.quick
     return args
 
 
@@ -674,14 +570,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     global AUDIT_SHARE
     AUDIT_SHARE = args.audit_share
-    warnings.simplefilter("ignore", TorchvisionOpsWarning)
-    device = torch.device(args.device)
+    device = _common.timing_device(args)
+    if device is None:
+        return 2
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            print("--device cuda: no CUDA device available", file=sys.stderr)
-            return 2
         torch.backends.cudnn.benchmark = True
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     models = args.models or (DEFAULT_MODELS["cuda" if device.type == "cuda" else "cpu"])
     if args.quick and args.models is None:
         models = models[:2]
@@ -705,13 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         results["models"][name] = bench_model(MODELS[name], args, device)
     if not args.no_growth:
         results["growth"] = growth(MODELS[models[0]], args, device)
-    _common.finish_meta(meta, started)
-    suffix = device.type + (f"_{args.tag}" if args.tag else "")
-    meta["tag"] = args.tag
-    path = args.out / f"step_benchmark_{suffix}.json"
-    _common.write_json(path, results)
-    summary = _summary.render(args.out)
-    print(f"wrote {path} and {summary}")
+    path = args.out / f"step_benchmark_{device.type}{f'_{args.tag}' if args.tag else ''}.json"
+    _common.write_results(path, results, started, tag=args.tag)
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import time
 from collections.abc import Sequence
@@ -25,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import Template
+from _common import Template, replace_section
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
 import eatta.bench
+from eatta.bench.flags import seed_list
 from eatta.bench.results import CellResult
 from eatta.methods import registry
 
@@ -58,27 +58,19 @@ def scaled_lr(methods: Sequence[str], batch: int, rule: str) -> dict[str, dict[s
     return out
 
 
-def run(
-    out: Path,
-    batch: int,
-    methods: Sequence[str],
-    seeds: Sequence[int],
-    rounds: int,
-    limit: int | None,
-    rule: str,
-) -> list[CellResult]:
+def run(out: Path, batch: int, args: argparse.Namespace) -> list[CellResult]:
     """One batch size's cells (read back where finished)."""
     started = time.perf_counter()
     done = eatta.bench.run(
         "digits-c",
-        list(methods),
+        args.methods,
         backbone="digits-vit",
         batch_size=batch,
         every=64 // batch,
-        rounds=rounds,
-        limit=limit,
-        hparams=scaled_lr(methods, batch, rule),
-        seeds=list(seeds),
+        rounds=args.rounds,
+        limit=args.limit,
+        hparams=scaled_lr(args.methods, batch, args.lr_rule),
+        seeds=args.seeds,
         jobs=1,
         threads=1,
         out=out / f"b{batch}",
@@ -98,11 +90,9 @@ def summarize(results: dict[int, list[CellResult]]) -> dict[str, Any]:
             m = out.setdefault(r.spec.method, {}).setdefault(
                 str(batch), {"avg": [], "first": [], "last": [], "labels": [], "cpu_s": []}
             )
-            m["avg"].append(r.average_error)
-            m["first"].append(r.round_errors[0])
-            m["last"].append(r.round_errors[-1])
-            m["labels"].append(r.labels_used)
-            m["cpu_s"].append(r.cpu_time_s)
+            got = (r.average_error, r.round_errors[0], r.round_errors[-1], r.labels_used)
+            for k, v in zip(m, (*got, r.cpu_time_s), strict=True):
+                m[k].append(v)
     return out
 
 
@@ -111,27 +101,22 @@ def render(data: dict[str, Any]) -> str:
     meta, per = data["meta"], data["methods"]
     sizes = [str(b) for b in meta["batch_sizes"]]
     header = ["Method"] + [f"B = {b}" for b in sizes] + ["B=1 − B=64", f"within {BAR:g}?"]
-    rows = []
-    verdicts = []
+    rows, first_last, verdicts = [], [], []
     for method, cells in per.items():
         row = [method] + [fmt(cells[b]["avg"]) if b in cells else "-" for b in sizes]
+        gap = None
         if "1" in cells and "64" in cells:
             gap = statistics.fmean(cells["1"]["avg"]) - statistics.fmean(cells["64"]["avg"])
-            ok = gap <= BAR
-            row += [f"{gap:+.1f}", "yes" if ok else "**no**"]
-            if method != "source":
-                verdicts.append((method, ok, gap))
-        else:
-            row += ["-", "-"]
+        row += ["-", "-"] if gap is None else [f"{gap:+.1f}", "yes" if gap <= BAR else "**no**"]
         rows.append(row)
-    first_last = []
-    for method, cells in per.items():
         if method == "source":
             continue
+        if gap is not None:
+            verdicts.append((method, gap <= BAR, gap))
         first_last.append(
             [method]
             + [
-                f"{fmt(cells[b]['first'])} → {fmt(cells[b]['last'])}" if b in cells else "-"
+                f"{fmt(c['first'])} → {fmt(c['last'])}" if (c := cells.get(b)) else "-"
                 for b in sizes
             ]
         )
@@ -142,20 +127,16 @@ def render(data: dict[str, Any]) -> str:
     limit = meta.get("limit")
     rule = meta.get("lr_rule", "none")
     options = f"--seeds {seeds} --rounds {meta['rounds']} --lr-rule {rule}"
-    if limit is not None:
-        options += f" --limit {limit}"
-    if tuple(per) != METHODS:
-        options += f" --methods {','.join(per)}"
+    options += "" if limit is None else f" --limit {limit}"
+    options += "" if tuple(per) == METHODS else f" --methods {','.join(per)}"
     verdict = ""
     if verdicts:
         holds = ", ".join(f"`{m}`" for m, ok, _ in verdicts if ok) or "none"
         failing = ", ".join(f"`{m}` ({g:+.1f})" for m, ok, g in verdicts if not ok)
         failing = PAGE("failing", failing=failing) if failing else ""
-        verdict = PAGE("verdict", bar=f"{BAR:g}", holds=holds, failing=failing) + "\n\n"
+        verdict = "\n" + PAGE("verdict", bar=f"{BAR:g}", holds=holds, failing=failing) + "\n"
     return PAGE(
         "section",
-        begin=BEGIN,
-        end=END,
         rounds=meta["rounds"],
         limit="" if limit is None else PAGE("limit", limit=limit),
         seeds=seeds,
@@ -173,17 +154,9 @@ def render(data: dict[str, Any]) -> str:
 PAGE = Template("vit_batch")
 
 
-def write_doc(section: str) -> None:
-    text = DOC.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{DOC} has no {BEGIN} ... {END} block to replace")
-    DOC.write_text(pattern.sub(lambda _m: section, text), encoding="utf-8")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 or 0")
+    p.add_argument("--seeds", type=seed_list, default="0-2", help="seeds, e.g. 0-2 or 0")
     p.add_argument("--rounds", type=int, default=10, help="recurring rounds (10: the main job's)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
@@ -197,36 +170,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="runs/vit-batch-study", type=Path)
     p.add_argument("--render-only", action="store_true", help="only read finished cells back")
     args = p.parse_args(argv)
-    lo, _, hi = args.seeds.partition("-")
-    seeds = list(range(int(lo), int(hi) + 1)) if hi else [int(s) for s in args.seeds.split(",")]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     bad = [b for b in sizes if b < 1 or 64 % b]
     if bad:
         raise SystemExit(f"batch sizes must divide 64 (equal labels per sample), got {bad}")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     torch.set_num_threads(1)
     if args.render_only:
         data = json.loads(JSON.read_text(encoding="utf-8"))
     else:
-        results = {
-            b: run(args.out, b, methods, seeds, args.rounds, args.limit, args.lr_rule)
-            for b in sizes
-        }
-        data = {
-            "meta": {
-                "seeds": seeds,
-                "rounds": args.rounds,
-                "limit": args.limit,
-                "lr_rule": args.lr_rule,
-                "batch_sizes": sizes,
-                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            },
-            "methods": summarize(results),
-        }
+        meta = {k: getattr(args, k) for k in ("seeds", "rounds", "limit", "lr_rule")}
+        meta.update(batch_sizes=sizes, cpu_capability=torch.backends.cpu.get_cpu_capability())
+        data = {"meta": meta, "methods": summarize({b: run(args.out, b, args) for b in sizes})}
         JSON.parent.mkdir(parents=True, exist_ok=True)
         JSON.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    write_doc(render(data))
-    print(render(data))
+    text = render(data)
+    replace_section(DOC, BEGIN, END, text)
+    print(text)
     return 0
 
 
