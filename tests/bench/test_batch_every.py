@@ -17,7 +17,7 @@ from bench_fixtures import (
 import eatta.bench
 from eatta.bench import StreamProtocol
 from eatta.bench.benchmark import BenchmarkData
-from eatta.bench.digits_vit import DigitsViT
+from eatta.models.digits_vit import DigitsViT
 
 N, DOMAINS = 10, 3  # images per domain, domains
 

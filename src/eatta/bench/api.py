@@ -228,7 +228,7 @@ def load_benchmarks(
     others, checked for every dataset before any is loaded). The other keywords are those of
     :func:`~eatta.bench.suites.imagenet_benchmark`, :func:`~eatta.bench.suites.pacs_benchmark`
     and :func:`~eatta.bench.suites.digits_c_benchmark` (``backbone``: ``digits-cnn`` or
-    ``digits-vit`` for digits-C, a :data:`~eatta.bench.models.MODELS` name for the others).
+    ``digits-vit`` for digits-C, a :data:`~eatta.models.backbones.MODELS` name for the others).
     """
     from eatta.bench import suites
 

@@ -297,7 +297,7 @@ def exit_status(call: Callable[[], int]) -> int:
         print(f"eatta-bench: {stop if str(stop) else 'interrupted'}", file=sys.stderr)
         return 130
     except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError) as err:
-        from eatta.bench.models import WeightsUnavailableError
+        from eatta.models.backbones import WeightsUnavailableError
 
         if isinstance(err, (RuntimeError, TypeError)) and not isinstance(
             err, WeightsUnavailableError
