@@ -1,21 +1,14 @@
 """Ready-to-run benchmarks (:class:`~eatta.bench.benchmark.BenchmarkData`) for each dataset of §6.
 
-* ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model the
-  BatchNorm CNN of :mod:`eatta.models.digits_cnn` (backbone ``digits-cnn``, the default) or the
-  LayerNorm vision transformer of :mod:`eatta.models.digits_vit` (``digits-vit``, grid name
-  ``digits-c:vit``); EATA's Fisher data is the clean source split.
-* ``mnist``: the digits CNN on MNIST digits rendered as scikit-learn's
-  (:mod:`eatta.data.mnist`): a natural shift on which the source model is good.
-* ``digits-deployed``: the digits CNN on the clean held-out digits with occasional corrupted
-  stretches (:mod:`eatta.data.deployed`), in order or (``--mixed``) mixed within batches.
-* ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
-  ``imagenet-r`` / ``imagenet-a`` (``<root>/<wnid>/*``, 200 classes, scored on the 200 matching
-  logits: the 1000-way head is cut down to those rows, so prediction, entropy and EATTA's split all
-  see 200 classes), ``imagenet-k`` (Sketch, ``<root>/<wnid>/*``); backbones from
-  :mod:`eatta.models.backbones`. EATA needs ``fisher_root`` (clean ImageNet images, ``<wnid>/*``).
-* ``pacs`` (``<root>/<domain>/<class>/*``): one benchmark per sequence, adapting on all domains
-  but the first; the source model (ResNet-18 trained on the first domain) comes from a checkpoint
-  path that may contain ``{source}`` (replaced by the first domain's letter, e.g. ``P``).
+* ``digits-c``, ``mnist``, ``digits-deployed``: built into the package, served to the digits
+  CNN of :mod:`eatta.models.digits_cnn` (digits-C also to the ViT of :mod:`eatta.models.digits_vit`,
+  grid name ``digits-c:vit``); EATA's Fisher data is the clean source split.
+* ``imagenet-c``, ``imagenet-r``, ``imagenet-a`` (scored on their 200 classes: the 1000-way head
+  is cut down to those rows), ``imagenet-k`` (Sketch), with :mod:`eatta.models.backbones`.
+* ``pacs``: one benchmark per sequence, adapting on all domains but the first; the source model's
+  checkpoint path may hold ``{source}``, the first domain's letter.
+
+:data:`LAYOUTS` gives each dataset's folder layout.
 """
 
 from __future__ import annotations
