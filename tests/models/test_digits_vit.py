@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_fixtures import one_thread  # noqa: F401  (autouse fixture)
 from torch import nn
 
 import eatta

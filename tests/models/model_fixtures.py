@@ -1,4 +1,4 @@
-"""The model tests run on one torch thread, as the harness tests do."""
+"""Fixtures of the model tests: one torch thread, as in the harness tests."""
 
 from __future__ import annotations
 
