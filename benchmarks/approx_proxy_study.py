@@ -78,7 +78,7 @@ def _resnet18(num_classes: int) -> nn.Module:
 
 def _model(kind: str, x0: Tensor) -> nn.Module:
     if kind == "digits-32":
-        from eatta.bench.digits_model import packaged_digits_source
+        from eatta.models.digits_cnn import packaged_digits_source
 
         return copy.deepcopy(packaged_digits_source()[0])
     torch.manual_seed(0)

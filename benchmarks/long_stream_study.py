@@ -167,7 +167,7 @@ def _train_resnet(seed: int = 0, epochs: int = 20) -> tuple[nn.Module, float]:
 def source_model(kind: str, cache: Path) -> nn.Module:
     """The digits CNN of the benchmark, or the study's residual network (trained once, cached)."""
     if kind == "cnn":
-        from eatta.bench.digits_model import packaged_digits_source
+        from eatta.models.digits_cnn import packaged_digits_source
 
         return packaged_digits_source()[0]  # eatta-bench's model, the same on every CPU
     path = cache / "study-digits-resnet-seed0.pt"

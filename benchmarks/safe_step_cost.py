@@ -57,7 +57,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "safe_step_cost.json"
 
 
 def _digits() -> tuple[nn.Module, int, int]:
-    from eatta.bench.digits_model import packaged_digits_source
+    from eatta.models.digits_cnn import packaged_digits_source
 
     model, _ = packaged_digits_source()
     return model, 32, 10

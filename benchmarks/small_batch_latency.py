@@ -30,8 +30,8 @@ from _common import markdown_table as table
 
 import eatta
 import eatta.window
-from eatta.bench.digits_model import packaged_digits_source
 from eatta.data import TestStream, digits_c_domains
+from eatta.models.digits_cnn import packaged_digits_source
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "small-batches.md"
 WINDOW = 64

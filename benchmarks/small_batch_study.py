@@ -41,10 +41,10 @@ from torch import Tensor
 
 import eatta
 import eatta.window
-from eatta.bench.digits_model import packaged_digits_source
 from eatta.bench.flags import seed_list
 from eatta.data import TestStream, digits_c_domains
 from eatta.data.ccc import digits_ccc
+from eatta.models.digits_cnn import packaged_digits_source
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "small-batches.md"

@@ -82,7 +82,7 @@ def _torchvision(arch: str, num_classes: int) -> Callable[[], nn.Module]:
 
 
 def _digits() -> nn.Module:
-    from eatta.bench.digits_model import digits_cnn
+    from eatta.models.digits_cnn import digits_cnn
 
     return digits_cnn()
 

@@ -44,7 +44,7 @@ repeats, warmup = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(int(sys.argv[3]))
 
 def digits():
-    from eatta.bench.digits_model import digits_cnn
+    from eatta.models.digits_cnn import digits_cnn
     return digits_cnn()
 
 def resnet():  # torchvision through this checkout's shim (older revisions lack it)

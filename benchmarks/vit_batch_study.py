@@ -3,7 +3,7 @@
 Regenerates the section "A LayerNorm model: batch sizes 1, 8 and 64" of ``docs/benchmarks.md``
 (between its ``vit-batch-study`` markers) and ``benchmarks/results/vit_batch_study.json`` from
 runs of :func:`eatta.bench.run` on the recurring digits-C stream with the packaged vision
-transformer (:mod:`eatta.bench.digits_vit`), at equal labels per sample: batch size ``B`` labels
+transformer (:mod:`eatta.models.digits_vit`), at equal labels per sample: batch size ``B`` labels
 one sample every ``64 / B`` batches (``--every 64/B``), one label per 64 samples throughout.
 
 Every run is a cell under ``--out`` (finished cells are read back, so an interrupted study

@@ -17,8 +17,8 @@ import time
 import torch
 
 import eatta
-from eatta.bench.digits_model import packaged_digits_source
 from eatta.data import TestStream, digits_c_domains
+from eatta.models.digits_cnn import packaged_digits_source
 
 CORRUPTIONS = ("gaussian_noise", "defocus_blur", "snow", "fog", "contrast", "elastic_transform")
 

@@ -8,7 +8,7 @@ SimATTA / DomainBed). As in DomainBed, 20% of the domain is held out to report v
 (``--holdout 0`` trains on all of it) and training images are augmented (random resized crop with
 scale 0.7-1, horizontal flip, colour jitter 0.3, 10% grayscale; ``--no-augment`` to disable);
 the paper does not state either detail. The weights of the final epoch are saved as a state dict
-of the normalized model (:func:`eatta.bench.models.resnet18` loads it with ``checkpoint=``),
+of the normalized model (:func:`eatta.models.backbones.resnet18` loads it with ``checkpoint=``),
 with a JSON report next to it.
 
     python examples/train_pacs_source.py --root /data/PACS --source P --out ckpt/pacs_P.pt
@@ -88,8 +88,8 @@ def _accuracy(model: nn.Module, loader: DataLoader[Any], device: torch.device) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from eatta.bench.models import resnet18
     from eatta.data.pacs import PACS, ResizeTransform, pacs_domain
+    from eatta.models.backbones import resnet18
 
     args = parser().parse_args(argv)
     if not 0.0 <= args.holdout < 1.0:

@@ -14,9 +14,9 @@ from torch import Tensor, nn
 import eatta
 from conftest import nested_equal
 from eatta.annotate.simulated import SimulatedAnnotator
-from eatta.bench.digits_model import packaged_digits_source
 from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.methods.eatta import EATTA
+from eatta.models.digits_cnn import packaged_digits_source
 from eatta.monitor.fallback import SourceFallback
 from eatta.normalization import use_mixed_norm
 from eatta.selection.drawn import DisagreementDraw

@@ -111,8 +111,8 @@ def test_eatta_adapts_a_torchvision_resnet():
 
 
 def test_normalized_and_subset_wrappers_from_the_data_and_bench_modules():
-    from eatta.bench.models import Normalized
     from eatta.data import SubsetLogits
+    from eatta.models.backbones import Normalized
 
     model = SubsetLogits(Normalized(tiny_cnn(num_classes=9), [0.5] * 3, [0.25] * 3), [1, 4, 7])
     model.eval()

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 import eatta
-from eatta.bench.digits_model import packaged_digits_source
 from eatta.data import TestStream, digits_c_domains
 from eatta.methods.registry import get_spec
+from eatta.models.digits_cnn import packaged_digits_source
 
 FLOAT32_SMALLEST_NORMAL = torch.finfo(torch.float32).tiny
 

@@ -5,19 +5,19 @@
     python tools/train_digits_source.py --data-only --write   # only the data digests
     python tools/train_digits_source.py --model digits-vit [--write]   # the LayerNorm ViT
 
-Writes ``src/eatta/bench/digits_source_v<VERSION>.pt`` (the recipe of
-:func:`eatta.bench.digits_model.train_digits_cnn`, seed 0) and
+Writes ``src/eatta/models/digits_source_v<VERSION>.pt`` (the recipe of
+:func:`eatta.models.digits_cnn.train_digits_cnn`, seed 0) and
 ``src/eatta/bench/digits_reference.json`` (SHA-256 of the weights and of every digits-C domain,
 corruption x severity 1-5, plus the library versions that built them). Retraining on another CPU
 may give other weights (vector kernels round differently): that is why the weights are shipped.
-Update ``DIGITS_SOURCE_SHA256`` in ``digits_model.py`` to the printed digest after ``--write``.
+Update ``DIGITS_SOURCE_SHA256`` in ``digits_cnn.py`` to the printed digest after ``--write``.
 ``--data-only`` keeps the packaged weights and their digest and recomputes only the data's (the
 digits-C arrays are CPU-independent since data version 2; the weights are not, hence shipped).
 The reference also records torch's CPU capability and the architecture of the process that writes
 it, as those the README's main-job table is computed with: write it under the same
 ``ATEN_CPU_CAPABILITY`` as that table (``avx2``, docs/benchmarks.md).
 ``--model digits-vit`` does the same for the LayerNorm vision transformer
-(:mod:`eatta.bench.digits_vit`): it writes only ``digits_vit_v<VERSION>.pt``; update
+(:mod:`eatta.models.digits_vit`): it writes only ``digits_vit_v<VERSION>.pt``; update
 ``DIGITS_VIT_SHA256`` in ``digits_vit.py`` to the printed digest after ``--write``.
 """
 
@@ -31,12 +31,13 @@ from pathlib import Path
 
 import torch
 
-from eatta.bench import digits_model as dm
-from eatta.bench import digits_vit as dv
+from eatta.bench import provenance
 from eatta.bench.provenance import corruption_stack_versions, dataset_digest
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, DIGITS_C_VERSION, digits_c
+from eatta.models import digits_cnn as dm
+from eatta.models import digits_vit as dv
 
-PACKAGE = Path(dm.__file__).parent
+PACKAGE = Path(provenance.__file__).parent  # the reference digests stay with the harness
 
 
 def main() -> int:

@@ -44,7 +44,7 @@ class ModelSplit(NamedTuple):
 
 
 class _NormalizedWrapper(Protocol):
-    """eatta's input-normalization wrapper (``eatta.bench.models.Normalized``) by attributes."""
+    """eatta's input-normalization wrapper (``eatta.models.backbones.Normalized``) by attributes."""
 
     model: nn.Module
     normalize_mean: Tensor

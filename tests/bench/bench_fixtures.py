@@ -79,7 +79,7 @@ def tiny_benchmark(name: str = "toy", n: int = 20, oracle_fn=None) -> BenchmarkD
 
 def fake_digits_c(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     """Replace the digits-C benchmark by a tiny stand-in for one test (the real one:
-    test_digits_model); returns the list of the cache folders it was asked for."""
+    tests/models/test_digits_cnn); returns the list of the cache folders it was asked for."""
     from eatta.bench import suites
 
     calls: list[str | None] = []

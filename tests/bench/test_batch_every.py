@@ -17,7 +17,7 @@ from bench_fixtures import (
 import eatta.bench
 from eatta.bench import StreamProtocol
 from eatta.bench.benchmark import BenchmarkData
-from eatta.bench.digits_vit import DigitsViT
+from eatta.models.digits_vit import DigitsViT
 
 N, DOMAINS = 10, 3  # images per domain, domains
 
@@ -122,7 +122,7 @@ def test_bad_batch_size_every_or_backbone_fail_before_any_work(
 
 
 def test_sweep_plan_names_the_vit_grid_and_checks_the_same_values():
-    from eatta.bench.sweep_plan import plan
+    from eatta.bench.sweep import plan
 
     p = plan(["--backbone", "digits-vit", "--methods", "tent", "--rounds", "1"])
     assert {spec.dataset for spec, _ in p.jobs} == {"digits-c:vit"}
@@ -130,7 +130,7 @@ def test_sweep_plan_names_the_vit_grid_and_checks_the_same_values():
     assert plan(["--batch-size", "1", "--methods", "tent"]).jobs
     with pytest.raises(ValueError, match="--batch-size must be >= 1, got 0"):
         plan(["--batch-size", "0"])
-    with pytest.raises(ValueError, match="--every must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"--every must be >= 1 \(label every N-th batch\), got 0"):
         plan(["--every", "0"])
     with pytest.raises(ValueError, match="no backbone 'vit_b_16'"):
         plan(["--backbone", "vit_b_16"])

@@ -326,7 +326,7 @@ def test_imagenet_c_folder_with_a_random_init_backbone(tmp_path, capsys, mini_im
 
 
 def test_model_annotator_from_a_checkpoint(tmp_path, capsys, mini_imagenet_c):
-    from eatta.bench.models import resnet18
+    from eatta.models.backbones import resnet18
 
     torch.manual_seed(3)
     ckpt = tmp_path / "annotator.pt"

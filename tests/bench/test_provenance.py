@@ -44,8 +44,8 @@ def test_reference_of_a_domain_list_and_the_mismatch_report(monkeypatch):
 
 
 def test_the_shipped_reference_names_every_digits_c_domain():
-    from eatta.bench.digits_model import DIGITS_SOURCE_SHA256
     from eatta.data.digits import DIGITS_C_CORRUPTIONS
+    from eatta.models.digits_cnn import DIGITS_SOURCE_SHA256
 
     ref = prov._reference()
     assert ref is not None and ref["model_sha256"] == DIGITS_SOURCE_SHA256

@@ -17,8 +17,8 @@ from bench_fixtures import (
 
 import eatta.bench.reproduce as reproduce
 from eatta.bench import cli
-from eatta.bench.models import resnet18
 from eatta.data.imagenet import imagenet_wnids
+from eatta.models.backbones import resnet18
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches

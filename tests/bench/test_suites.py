@@ -85,8 +85,8 @@ def mnist_file(tmp_path):
 
 
 def test_the_mnist_benchmark_serves_the_digits_model_on_one_domain(mnist_file):
-    from eatta.bench.digits_model import DIGITS_SOURCE_SHA256
     from eatta.data.mnist import mnist_digits
+    from eatta.models.digits_cnn import DIGITS_SOURCE_SHA256
 
     b = suites.mnist_benchmark(mnist_file)
     assert (b.name, b.defaults_key) == ("mnist", "digits-c")

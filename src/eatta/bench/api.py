@@ -228,7 +228,7 @@ def load_benchmarks(
     others, checked for every dataset before any is loaded). The other keywords are those of
     :func:`~eatta.bench.suites.imagenet_benchmark`, :func:`~eatta.bench.suites.pacs_benchmark`
     and :func:`~eatta.bench.suites.digits_c_benchmark` (``backbone``: ``digits-cnn`` or
-    ``digits-vit`` for digits-C, a :data:`~eatta.bench.models.MODELS` name for the others).
+    ``digits-vit`` for digits-C, a :data:`~eatta.models.backbones.MODELS` name for the others).
     """
     from eatta.bench import suites
 
@@ -674,21 +674,15 @@ def _git_commit() -> str | None:
     root = Path(__file__).resolve().parents[3]
     if not (root / ".git").exists():
         return None
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True
+        )
+        return done.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import random
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 
-__all__ = ["atomic_save", "rng_state", "seed_all", "set_rng_state"]
+__all__ = ["atomic_save", "atomic_write", "rng_state", "seed_all", "set_rng_state"]
 
 
 def seed_all(seed: int) -> None:
@@ -50,11 +50,16 @@ def set_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """``torch.save`` through a temporary file: an interrupted write leaves the old file."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """``write(file)`` into a temporary file renamed to ``path``: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

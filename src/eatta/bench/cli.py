@@ -1,18 +1,9 @@
 """``eatta-bench``: run test-time adaptation benchmarks and print a markdown table.
 
-Subcommands: ``eatta-bench run [options]`` (the default: options without a subcommand, or none at
-all, mean ``run``), ``eatta-bench merge DIR...`` (join the output folders of ``--shard`` runs into
-one table), ``eatta-bench list`` (methods with their ``--hp`` keys, dataset layouts) and
-``eatta-bench sweep`` (a grid's shards as a Slurm job array or local processes, see
-:mod:`eatta.bench.sweep`).
-
-Without arguments it runs the long-term embedded digits-C benchmark on the CPU: the packaged
-digits source model, the corrupted test split in the 15-corruption CTTA order repeated for 10
-rounds (each reshuffled), batches of 64, comparing source, tent, eta, baseline (1 label/batch) and
-eatta (1 label/batch) round by round; ``--rounds 1`` gives the one-pass table. Stream protocols:
-``--rounds`` (recurring), ``--gradual`` (severity 1→5→1), ``--dirichlet`` (label shift);
-``--seeds 0-4`` repeats every cell per seed and reports mean ± std. ``run`` is a thin layer over
-:func:`eatta.bench.run`. See ``docs/benchmarks.md``.
+Subcommands: ``run`` (the default: options without a subcommand, or none at all, the long-term
+digits-C benchmark; a thin layer over :func:`eatta.bench.run`), ``merge`` (the output folders of
+``--shard`` runs as one table), ``list`` (methods with their ``--hp`` keys, dataset layouts) and
+``sweep`` (a grid's shards as a Slurm job array or local processes). See ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from eatta.methods import registry
 
 __all__ = [
     "build_benchmarks",
+    "check_run_args",
     "exit_status",
     "list_text",
     "loading_options",
@@ -224,24 +225,18 @@ def list_text() -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- commands
-
-
-def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """``eatta-bench run``: the command line's options checked and passed to
-    :func:`eatta.bench.run`; prints the table."""
-    if args.list:
-        print(list_text())
-        return 0
-    methods = api.method_names(args.methods)
-    # checks worded with the command's option names (eatta.bench.run checks them again)
+def check_run_args(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """The run options' values checked, worded with the command's option names, before anything
+    is loaded (:func:`eatta.bench.run` checks them again); ``eatta-bench sweep`` checks the same."""
     for what, low, why in (("labels", 0, ""), ("every", 1, " (label every N-th batch)")):
         bad = [k for k in getattr(args, what) if k < low]
         if bad:
             raise ValueError(f"--{what} must be >= {low}{why}, got {bad[0]}")
-    for what in ("batch_size", "rounds", "threads"):
-        if getattr(args, what) is not None and getattr(args, what) < 1:
-            raise ValueError(f"--{what.replace('_', '-')} must be >= 1, got {getattr(args, what)}")
+    for what, low in (("batch_size", 1), ("rounds", 1), ("threads", 1), ("limit", 2)):
+        if getattr(args, what) is not None and getattr(args, what) < low:
+            raise ValueError(
+                f"--{what.replace('_', '-')} must be >= {low}, got {getattr(args, what)}"
+            )
     if args.dirichlet is not None and not 0 < args.dirichlet < float("inf"):
         raise ValueError(f"--dirichlet must be a positive number, got {args.dirichlet}")
     if (args.gradual or args.ccc) and args.severity is not None:
@@ -253,6 +248,19 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise ValueError("give either --seed or --seeds, not both")
     if args.oracle == "model" and args.oracle_backbone is None:
         raise ValueError("--oracle model needs --oracle-backbone")
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``eatta-bench run``: the command line's options checked and passed to
+    :func:`eatta.bench.run`; prints the table."""
+    if args.list:
+        print(list_text())
+        return 0
+    methods = api.method_names(args.methods)
+    check_run_args(args, argv)
     config = flags.values(RunConfig, args)
     config["seeds"] = args.seeds if args.seeds is not None else [args.seed]
     if args.jobs is None:
@@ -297,7 +305,7 @@ def exit_status(call: Callable[[], int]) -> int:
         print(f"eatta-bench: {stop if str(stop) else 'interrupted'}", file=sys.stderr)
         return 130
     except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError) as err:
-        from eatta.bench.models import WeightsUnavailableError
+        from eatta.models.backbones import WeightsUnavailableError
 
         if isinstance(err, (RuntimeError, TypeError)) and not isinstance(
             err, WeightsUnavailableError

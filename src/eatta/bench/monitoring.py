@@ -1,17 +1,12 @@
-"""Audits and the guard in a benchmark: :class:`MonitorOptions` (``--audit``, ``--guard``).
+"""Audits and the guard in a benchmark: :class:`MonitorOptions` (``--audit``, ``--guard``,
+``--fallback``).
 
-With an audit share, every adapting method of a cell (label-free ones too) carries an
-:class:`~eatta.monitor.AccuracyMonitor`: an auditor built like the cell's annotator (same delay,
-noise and feedback, its own draws) labels a uniform random share of the stream, the source model
-(the benchmark's model as trained) predicts on the audited samples, and the cell's result gets,
-per round, the monitor's estimate of the error with its interval beside the true error, the
-resets and the audits' annotator time (:func:`monitor_summary`).
-
-With ``fallback`` (``--fallback``), every adapting method without a fallback of its own gets a
-:class:`~eatta.monitor.SourceFallback`: one audit a batch, drawn mostly where the adapted and
-the source model disagree and answered by an auditor like the cell's annotator, decides whether
-the source model's predictions are served and whether the method is reset; ``eatta-safe`` carries
-its own, measured by its own requests. :func:`fallback_summary` reports either.
+With an audit share, every adapting method carries an :class:`~eatta.monitor.AccuracyMonitor`:
+an auditor like the cell's annotator labels a uniform random share of the stream, and the result
+gets, per round, the estimated error and its interval beside the true one (:func:`monitor_summary`).
+With ``fallback``, every adapting method without its own gets a
+:class:`~eatta.monitor.SourceFallback` (one audit a batch decides whether the source model's
+predictions are served); :func:`fallback_summary` reports it.
 """
 
 from __future__ import annotations

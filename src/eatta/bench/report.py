@@ -494,51 +494,15 @@ def monitor_table(cells: Sequence[Sequence[CellResult]], rounds: int) -> list[st
     return lines
 
 
-_CSV_FIXED = [
-    "dataset",
-    "method",
-    "setting",
-    "labels_per_batch",
-    "every",
-    "buffer",
-    "label",
-    "seed",
-    "rounds",
-    "dirichlet",
-    "gradual",
-    "average_error",
-    "first_round_error",
-    "last_round_error",
-    "overall_error",
-    "worse_domains",
-    "compared_domains",
-    "labels_used",
-    "feedback",
-    "label_delay",
-    "label_noise",
-    "requested",
-    "received",
-    "expired",
-    "pending",
-    "skipped",
-    "wrong",
-    "annotator_seconds",
-    "audit_share",
-    "audits",
-    "audit_seconds",
-    "resets",
-    "covered_rounds",
-    "images",
-    "images_per_s",
-    "wall_time_s",
-    "cpu_time_s",
-    "peak_mem_mb",
-    "max_rss_mb",
-    "device",
-    "fingerprint",
-    "model_digest",
-    "grid_index",
-]
+#: The CSV's fixed columns, in order (per-round and per-domain columns follow).
+_CSV_FIXED = """
+dataset method setting labels_per_batch every buffer label seed rounds dirichlet gradual
+average_error first_round_error last_round_error overall_error worse_domains
+compared_domains labels_used feedback label_delay label_noise requested received expired
+pending skipped wrong annotator_seconds audit_share audits audit_seconds resets
+covered_rounds images images_per_s wall_time_s cpu_time_s peak_mem_mb max_rss_mb device
+fingerprint model_digest grid_index
+""".split()
 
 
 def _cpu_cell(cell: Sequence[CellResult]) -> str:
@@ -699,36 +663,18 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
                 (starts[r * k], ends[(r + 1) * k - 1], f"round {r + 1}", True)
                 for r in range(ref.rounds)
             ]
+        where = {"transform": ax.get_xaxis_transform(), "ha": "center", "va": "bottom"}
         for s, e, text, solid in marks:
             if s:
-                ax.axvline(
-                    s,
-                    color="0.45" if solid else "0.6",
-                    linestyle="-" if solid else ":",
-                    linewidth=1,
-                )
-            ax.text(
-                (s + e) / 2,
-                1.01,
-                text,
-                transform=ax.get_xaxis_transform(),
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                rotation=0 if solid else 45,
-            )
+                ax.axvline(s, color="0.45" if solid else "0.6", ls="-" if solid else ":", lw=1)
+            ax.text((s + e) / 2, 1.01, text, fontsize=7, rotation=0 if solid else 45, **where)
         ax.set_xlim(0, max(1, int(cum[-1])))
         ax.set_ylim(0, 100)
         ax.set_xlabel("images seen")
         ax.set_ylabel(f"error % (last ~{span} batches)")
         ax.set_title(dataset, loc="left", fontsize=10, pad=22)
-        ax.legend(
-            fontsize=7,
-            loc="upper left",
-            bbox_to_anchor=(1.005, 1.0),
-            title="method: avg. err. %",
-            title_fontsize=7,
-        )
+        legend = {"loc": "upper left", "bbox_to_anchor": (1.005, 1.0), "title_fontsize": 7}
+        ax.legend(fontsize=7, title="method: avg. err. %", **legend)
         ax.grid(alpha=0.3)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

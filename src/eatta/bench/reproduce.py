@@ -13,7 +13,6 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from eatta.bench.benchmark import BenchmarkData
@@ -186,9 +185,3 @@ def print_results(results: Sequence[CellResult]) -> None:
     """The full per-domain table of what was measured."""
     if results:
         print(markdown_table(results))
-
-
-def ensure_dir(path: str | os.PathLike[str]) -> Path:
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    return p

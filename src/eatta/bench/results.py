@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eatta.bench.checkpoint import atomic_write
 from eatta.bench.grid import CellSpec
 
 __all__ = ["RESULT_VERSION", "CellResult", "atomic_write_text", "row_label"]
@@ -120,12 +120,4 @@ def row_label(spec: CellSpec, hparams: Mapping[str, Any]) -> str:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))

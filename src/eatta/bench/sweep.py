@@ -1,36 +1,29 @@
 """``eatta-bench sweep``: a grid's shards as one Slurm job array, or as local processes.
 
 Every shard is one job that runs exactly ``eatta-bench run ARGV --shard i/n --out DIR/shard-i``
-(:class:`ShardJob` calls :func:`eatta.bench.commands.run_main` with that command line), so a
-shard run by the sweep and the same shard run by hand write the same cell files. ``ARGV`` is the
-``run`` subcommand's options, passed through untouched: ``eatta-bench sweep [sweep options] [--]
-[run options]``; options the sweep does not know are run options, and everything after ``--`` is.
+(:class:`ShardJob`), so a shard run by the sweep and the same shard run by hand write the same
+cell files; ``ARGV`` are the run options (those the sweep does not know, and all after ``--``).
+The sweep folder ``DIR`` holds ``sweep.json`` (the run options, shard count, launcher and every
+submission with its job ids), ``shard-<i>/`` (shard ``i``'s output folder), ``submitit/`` (job
+files and logs) and, once every shard has finished, the merged outputs (``eatta-bench merge``).
 
-The sweep folder ``DIR`` (``--out``) holds ``sweep.json`` (the run options, the shard count, the
-launcher and every submission with its job ids; written atomically), ``shard-<i>/`` (the output
-folder of shard ``i``: ``results.json`` once it has finished, ``cells/`` and ``checkpoints/``
-while it runs), ``submitit/`` (submitit's job files and logs) and, once every shard has finished,
-the merged table, CSV, JSON and plot of the whole grid (``eatta-bench merge``).
-
-Launchers: ``slurm`` submits the shards as one job array through ``submitit`` (the optional extra
-``eatta[cluster]``); ``local`` runs them as processes of submitit's local executor, ``--jobs`` at
-a time (default: one per GPU, else one per core). The same command run again into the same folder,
-or ``--resubmit``, submits only the shards without ``results.json``: they resume from their
-checkpoints and read their finished cells back. ``--dry-run`` lists the runs and shards with their
-size and submits nothing. ``submitit`` is imported inside functions only.
-
-Modules: :mod:`eatta.bench.sweep_plan` (the grid's runs and shards), :mod:`eatta.bench.sweep_jobs`
-(the job and the executors), this one (the sweep's record, launching, waiting, merging, the
-command line).
+Launchers: ``slurm`` submits one job array through ``submitit`` (the extra ``eatta[cluster]``,
+imported inside functions only); ``local`` runs the shards as processes of submitit's local
+executor, ``--jobs`` at a time. The same command again, or ``--resubmit``, submits only the shards
+without ``results.json``: they resume from their checkpoints. ``--dry-run`` lists the runs and
+shards with their size.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -38,28 +31,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from eatta.bench.sweep_jobs import (
-    SLURM_DEFAULT_TIME_MIN,
-    ShardJob,
-    SlurmOptions,
-    _environment,
-    _job_env,
-    _local_slots,
-    _require_submitit,
-    check_slurm,
-    local_executor,
-    parse_time,
-    slurm_executor,
-)
-from eatta.bench.sweep_plan import SweepPlan, finished_shards, plan, shard_dir
+from eatta.bench.grid import CellSpec, make_grid, make_jobs
+from eatta.bench.grid import shard as shard_jobs
 
 if TYPE_CHECKING:
     import submitit
 
 __all__ = [
     "LAUNCHERS",
+    "SLURM_DEFAULT_TIME_MIN",
     "STATE_FILE",
     "ShardJob",
     "SlurmOptions",
@@ -79,6 +61,447 @@ __all__ = [
     "sweep_parser",
 ]
 
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+#: Time limit of a Slurm job when ``--time`` is not given (minutes).
+SLURM_DEFAULT_TIME_MIN = 240
+#: A local job has no time limit unless ``--time`` is given (submitit's default is 2 minutes).
+_LOCAL_NO_LIMIT_MIN = 60 * 24 * 365
+_INSTALL = "pip install 'eatta[cluster]'"
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What one job runs: ``eatta-bench run ARGV --shard index/count --out out``.
+
+    A callable for submitit; ``checkpoint`` (submitit's hook, called when Slurm signals a timeout
+    or a preemption) requeues the same job, which resumes from the run's own checkpoints."""
+
+    argv: tuple[str, ...]
+    index: int
+    count: int
+    out: str
+    #: torch CPU threads for the job (None: the run's default)
+    threads: int | None = None
+
+    def command(self) -> list[str]:
+        return ["run", *self.argv, "--shard", f"{self.index}/{self.count}", "--out", self.out]
+
+    def __call__(self) -> str:
+        from eatta.bench import commands
+
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        status = commands.run_main(self.command()[1:])
+        if status != 0:
+            raise RuntimeError(
+                f"shard {self.index}/{self.count}: eatta-bench run exited with status {status} "
+                "(its message is in this job's log)"
+            )
+        return self.out
+
+    def checkpoint(self) -> Any:
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self)
+
+
+# ----------------------------------------------------------------------------- executors
+
+
+def _require_submitit() -> None:
+    """A ValueError naming the extra to install when submitit is missing."""
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise ValueError(f"the sweep launchers need submitit: {_INSTALL}") from None
+
+
+def parse_time(text: str | int) -> int:
+    """A Slurm time limit as minutes: ``90``, ``MM:SS``, ``H:MM:SS``, ``D-H``, ``D-H:MM``,
+    ``D-H:MM:SS`` (seconds round up)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        minutes = text
+    else:
+        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", str(text).strip())
+        if m is None:
+            raise ValueError(f"--time is minutes or [D-]H:MM:SS, got {text!r}")
+        days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+        assert a is not None
+        if days is not None:  # D-H, D-H:MM, D-H:MM:SS
+            seconds = ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+        elif c is not None:  # H:MM:SS
+            seconds = (a * 60 + (b or 0)) * 60 + c
+        elif b is not None:  # MM:SS
+            seconds = a * 60 + b
+        else:  # minutes
+            seconds = a * 60
+        minutes = -(-seconds // 60)
+    if minutes < 1:
+        raise ValueError(f"--time must be at least one minute, got {text!r}")
+    return minutes
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What each Slurm job of the array asks for."""
+
+    partition: str | None = None
+    #: time limit in minutes
+    time_min: int = SLURM_DEFAULT_TIME_MIN
+    #: GPUs per job (0: none asked for)
+    gpus: int = 0
+    #: CPUs per job (None: the partition's default); also the job's torch threads
+    cpus: int | None = None
+    #: at most this many jobs of the array run at once (None: no limit)
+    array_parallelism: int | None = None
+    #: further ``#SBATCH`` options, e.g. ``{"account": "proj", "mem": "32G"}``
+    sbatch: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.partition is not None and not self.partition.strip():
+            raise ValueError("--partition is empty")
+        for name, value, low in (
+            ("time", self.time_min, 1),
+            ("gpus", self.gpus, 0),
+            ("cpus", self.cpus, 1),
+            ("array-parallelism", self.array_parallelism, 1),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"--{name} must be an int, got {value!r}")
+            if value is not None and value < low:
+                raise ValueError(f"--{name} must be >= {low}, got {value}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "sbatch": dict(self.sbatch)}
+
+
+def _source_root() -> Path | None:
+    """The folder that holds the imported ``eatta`` package when it is a source tree (a
+    checkout, ``PYTHONPATH=src``), so that jobs import the same code; None when installed."""
+    import eatta
+
+    root = Path(eatta.__file__).resolve().parents[1]
+    return None if root.name in ("site-packages", "dist-packages") else root
+
+
+def _job_env(threads: int | None) -> dict[str, str]:
+    """Environment changes for a job's process: the same ``eatta`` code, its thread count."""
+    env: dict[str, str] = {}
+    root = _source_root()
+    if root is not None:
+        old = os.environ.get("PYTHONPATH", "")
+        if old.split(os.pathsep)[0] != str(root):
+            env["PYTHONPATH"] = os.pathsep.join([str(root), *([old] if old else [])])
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+@contextlib.contextmanager
+def _environment(changes: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` (what submitit's local executor hands its jobs)."""
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def slurm_executor(folder: str | os.PathLike[str], options: SlurmOptions) -> submitit.SlurmExecutor:
+    """A submitit Slurm executor configured for one shard per array job (submits nothing).
+
+    ``folder``: submitit's job files and logs (``%j`` becomes the job id). Needs ``srun`` on the
+    PATH (submitit checks); :func:`check_slurm` says more clearly what is missing."""
+    _require_submitit()
+    import submitit
+
+    ex = submitit.SlurmExecutor(folder=str(folder))
+    params: dict[str, Any] = {
+        "job_name": "eatta-sweep",
+        "time": options.time_min,
+        "array_parallelism": options.array_parallelism or 100_000,
+    }
+    if options.partition is not None:
+        params["partition"] = options.partition
+    if options.gpus:
+        params["gpus_per_node"] = options.gpus
+    if options.cpus is not None:
+        params["cpus_per_task"] = options.cpus
+    setup = [f"export {k}={shlex.quote(v)}" for k, v in _job_env(options.cpus).items()]
+    if setup:
+        params["setup"] = setup
+    if options.sbatch:
+        params["additional_parameters"] = dict(options.sbatch)
+    ex.update_parameters(**params)
+    return ex
+
+
+def check_slurm(partition: str | None = None, timeout_s: float = 60.0) -> list[str]:
+    """The cluster's partitions; a ValueError when Slurm is not here or does not answer, or when
+    ``partition`` is not among them."""
+    missing = [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]
+    if missing:
+        raise ValueError(
+            f"--launcher slurm: no Slurm here ({', '.join(missing)} not on PATH); "
+            "--launcher local runs the shards on this machine"
+        )
+    try:
+        done = subprocess.run(
+            ["sinfo", "--noheader", "--format=%P"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        detail = getattr(err, "stderr", None) or err
+        raise ValueError(f"--launcher slurm: Slurm does not answer (sinfo: {detail})") from None
+    partitions = [p.strip().rstrip("*") for p in done.stdout.split() if p.strip()]
+    if partition is not None and partition not in partitions:
+        raise ValueError(
+            f"--partition {partition!r} is not a partition of this cluster "
+            f"({', '.join(partitions) or 'sinfo lists none'})"
+        )
+    return partitions
+
+
+def local_executor(
+    folder: str | os.PathLike[str], time_min: int | None = None
+) -> submitit.LocalExecutor:
+    """A submitit local executor (jobs are processes of this machine; no time limit by
+    default, where submitit's is two minutes)."""
+    _require_submitit()
+    import submitit
+
+    ex = submitit.LocalExecutor(folder=str(folder))
+    ex.update_parameters(timeout_min=time_min or _LOCAL_NO_LIMIT_MIN)
+    return ex
+
+
+def _local_slots(jobs: int | None) -> tuple[int, bool, int]:
+    """(parallel jobs, on GPUs, cores) for the local launcher."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = max(1, cores or 1)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if jobs is None:
+        jobs = gpus or cores
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"--jobs must be an int >= 1, got {jobs!r}")
+    return jobs, gpus > 0, cores
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def _parse_run_argv(argv: Sequence[str]) -> argparse.Namespace:
+    """``argv`` parsed by ``eatta-bench run``'s own parser; a mistake is a ValueError."""
+    from eatta.bench import commands
+
+    if any(a in ("-h", "--help") for a in argv):
+        raise ValueError("run options: -h/--help shows help; see eatta-bench run --help")
+    parser = commands.run_parser()
+
+    def fail(message: str) -> NoReturn:
+        raise ValueError(f"run options: {message}")
+
+    parser.error = fail  # type: ignore[method-assign]
+    args = parser.parse_args(list(argv))
+    owned = {
+        "shard": "the sweep gives every job its --shard",
+        "out": "the sweep writes shard i to DIR/shard-i (give the sweep's --out DIR before --)",
+        "rerun": "a sweep never recomputes finished cells; start a new sweep in another folder",
+        "list": "see eatta-bench list",
+    }
+    for dest, why in owned.items():
+        if getattr(args, dest) not in (None, False):
+            raise ValueError(f"run options: --{dest} is not a sweep's run option: {why}")
+    return args
+
+
+def _grid_datasets(args: argparse.Namespace) -> list[str]:
+    """The grid's dataset names, as :func:`eatta.bench.api.load_benchmarks` would name them."""
+    from eatta.bench.suites import DATASETS
+
+    names = _csv(args.dataset)
+    unknown = [d for d in names if d not in DATASETS]
+    if unknown or not names:
+        raise ValueError(f"run options: unknown dataset(s) {unknown}; choose from {list(DATASETS)}")
+    if args.gradual and any(d not in ("digits-c", "imagenet-c") for d in names):
+        raise ValueError("run options: --gradual needs severities (digits-c, imagenet-c)")
+    out: list[str] = []
+    for name in names:
+        if name == "digits-c":
+            from eatta.bench.suites import digits_grid_name
+
+            try:
+                out.append(digits_grid_name(args.backbone))
+            except ValueError as err:
+                raise ValueError(f"run options: --backbone: {err}") from None
+            continue
+        if name != "pacs":
+            out.append(name)
+            continue
+        from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
+
+        letter = {v: k for k, v in PACS_LETTERS.items()}
+        for seq in _csv(args.sequence):
+            try:
+                domains = parse_pacs_sequence(seq)
+            except (KeyError, ValueError) as err:
+                raise ValueError(f"run options: --sequence {seq!r}: {err}") from None
+            out.append("pacs:" + "-".join(letter[d] for d in domains))
+    return out
+
+
+def _used(n: int, limit: int | None, batch_size: int) -> int:
+    """Images of a domain of ``n`` that a run streams (see ``benchmark.prepare_domains``)."""
+    if limit is not None:
+        n = min(n, limit)
+    return n - 1 if n % batch_size == 1 and n > 1 else n
+
+
+def _stream_images(dataset: str, args: argparse.Namespace, rounds: int) -> tuple[int, str] | None:
+    """Images that one run of ``dataset`` streams, with how they add up; None: unknown without
+    loading the data (only digits-C is known: its test split, not its corrupted arrays)."""
+    if dataset not in ("digits-c", "digits-c:vit"):
+        return None
+    from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
+
+    per_domain = _used(len(digits_split()[1]), args.limit, args.batch_size)
+    domains = len(DIGITS_C_CORRUPTIONS) * (9 if args.gradual else 1)
+    how = f"{per_domain} x {domains} domains x {rounds} round{'s' if rounds > 1 else ''}"
+    return per_domain * domains * rounds, how
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A grid's runs and how ``count`` shards split them (what ``--dry-run`` prints)."""
+
+    #: the run options (``eatta-bench run`` command line without ``--shard``/``--out``)
+    argv: tuple[str, ...]
+    #: number of shards
+    count: int
+    #: every run of the grid, ``(cell, seed)`` in grid order (what :func:`grid.shard` splits)
+    jobs: tuple[tuple[CellSpec, int], ...]
+    #: number of grid cells (``len(jobs)`` divided by the seeds)
+    cells: int
+    #: images one run streams, per grid dataset, with how they add up (None: unknown)
+    stream: Mapping[str, tuple[int, str] | None]
+    #: the run options ask for the PNG plot (no ``--no-plot``)
+    plot: bool = True
+
+    def with_count(self, count: int) -> SweepPlan:
+        """The same grid in ``count`` shards (1 <= count <= number of runs)."""
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"shards must be an int, got {count!r}")
+        if not 1 <= count <= len(self.jobs):
+            raise ValueError(
+                f"--shards must be between 1 and the grid's {len(self.jobs)} runs "
+                f"({self.cells} cells x {len(self.jobs) // max(self.cells, 1)} seeds), got {count}"
+            )
+        return dataclasses.replace(self, count=count)
+
+    def shard(self, index: int) -> list[tuple[int, tuple[CellSpec, int]]]:
+        """The ``(grid index, (cell, seed))`` runs of shard ``index``."""
+        return shard_jobs(self.jobs, index, self.count)
+
+    def images(self, index: int) -> int | None:
+        """Images that shard ``index`` streams in all (None: unknown)."""
+        total = 0
+        for _, (cell, _seed) in self.shard(index):
+            known = self.stream.get(cell.dataset)
+            if known is None:
+                return None
+            total += known[0]
+        return total
+
+    def command(self, index: int, out: str | os.PathLike[str]) -> list[str]:
+        """The ``eatta-bench`` arguments that shard ``index`` runs (sweep folder ``out``)."""
+        return ShardJob(self.argv, index, self.count, str(shard_dir(out, index))).command()
+
+    def describe(
+        self, out: str | os.PathLike[str], finished: Sequence[int] = (), launcher: str = ""
+    ) -> str:
+        """The ``--dry-run`` listing: the grid, its shards with their size, their commands."""
+        seeds = len(self.jobs) // max(self.cells, 1)
+        known = [self.images(i) for i in range(self.count)]
+        total = None if any(k is None for k in known) else sum(k or 0 for k in known)
+        lines = [
+            f"sweep of {len(self.jobs)} runs ({self.cells} cells x {seeds} seeds) in "
+            f"{self.count} shards{f' ({launcher})' if launcher else ''} -> {out}",
+            "images per run: "
+            + "; ".join(
+                f"{d} {v[0]:,} ({v[1]})" if v is not None else f"{d} unknown (not loaded)"
+                for d, v in self.stream.items()
+            ),
+            f"images in all (images x runs): {'unknown' if total is None else f'{total:,}'}",
+            "",
+            "| shard | runs | images | state | runs (cell, seed) |",
+            "|---:|---:|---:|---|---|",
+        ]
+        for i in range(self.count):
+            runs = ", ".join(f"{c.key} s{s}" for _, (c, s) in self.shard(i))
+            size = "unknown" if known[i] is None else f"{known[i]:,}"
+            state = "finished" if i in finished else "to run"
+            lines.append(f"| {i} | {len(self.shard(i))} | {size} | {state} | {runs} |")
+        example = " ".join(shlex.quote(a) for a in self.command(0, out))
+        lines += ["", f"shard 0 runs: eatta-bench {example}", ""]
+        return "\n".join(lines)
+
+
+def plan(
+    run_argv: Sequence[str], shards: int | None = None, *, count_images: bool = True
+) -> SweepPlan:
+    """Check the run options ``run_argv`` (an ``eatta-bench run`` command line without
+    ``--shard`` and ``--out``) and list the grid's runs in ``shards`` shards (None: one run per
+    shard), without loading any data (``count_images``: count digits-C's images per run from its
+    split; else every dataset's count is None). Bad options raise :class:`ValueError`."""
+    from eatta.bench import api, commands
+
+    if isinstance(run_argv, str) or not all(isinstance(a, str) for a in run_argv):
+        raise TypeError(f"run_argv must be a list of strings, got {run_argv!r}")
+    args = _parse_run_argv(run_argv)
+    datasets = _grid_datasets(args)
+    methods = api.method_names(args.methods)
+    settings = [s.lower() for s in _csv(args.setting)]
+    budgets = [(k, n) for k in args.labels for n in args.every]
+    try:
+        commands.check_run_args(args, run_argv)
+        grid = make_grid(datasets, methods, settings, budgets, args.buffer)
+    except ValueError as err:
+        raise ValueError(f"run options: {err}") from None
+    commands.parse_hparams(args.hp, methods)  # unknown keys or values: a ValueError naming --hp
+    seeds = args.seeds if args.seeds is not None else [args.seed]
+    jobs = tuple(make_jobs(grid, seeds))
+    rounds = args.rounds or (api.DIGITS_ROUNDS if _csv(args.dataset) == ["digits-c"] else 1)
+    stream = {d: _stream_images(d, args, rounds) if count_images else None for d in datasets}
+    base = SweepPlan(tuple(run_argv), len(jobs), jobs, len(grid), stream, not args.no_plot)
+    return base if shards is None else base.with_count(shards)
+
+
+def shard_dir(out: str | os.PathLike[str], index: int) -> Path:
+    """The output folder of shard ``index`` in the sweep folder ``out``."""
+    return Path(out) / f"shard-{index}"
+
+
+def finished_shards(out: str | os.PathLike[str], count: int) -> list[int]:
+    """The shards of ``out`` that have written their ``results.json``."""
+    return [i for i in range(count) if (shard_dir(out, i) / "results.json").is_file()]
+
+
 #: ``slurm``: one job array through submitit; ``local``: submitit's local executor.
 LAUNCHERS = ("slurm", "local")
 #: The sweep's record in its folder.
@@ -91,10 +514,6 @@ def _say(msg: str) -> None:
 
 
 # ----------------------------------------------------------------------------- state
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def load_state(out: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -163,6 +582,15 @@ def _outcome(job: submitit.Job[Any], out: Path, index: int, state: str | None = 
     )
 
 
+def _ended(
+    index: int, job: Any, why: str | None, failed: dict[int, str], say: Callable[[str], None]
+) -> None:
+    """Say how shard ``index`` ended; a failure goes into ``failed``."""
+    if why is not None:
+        failed[index] = why
+    say(f"shard {index} (job {job.job_id}): " + ("finished" if why is None else f"FAILED: {why}"))
+
+
 #: Slurm job states of a job that has not ended (it may still write its result).
 _SLURM_ACTIVE = frozenset(
     "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING "
@@ -174,18 +602,11 @@ def slurm_queue(job_ids: Sequence[str], timeout_s: float = 60.0) -> dict[str, st
     """The state of each array task of ``job_ids`` that Slurm's queue still shows (``squeue``,
     never ``sacct``, which fails on clusters without accounting); a task it does not show has
     ended. None when ``squeue`` does not answer."""
-    arrays = sorted({j.split("_")[0] for j in job_ids})
+    arrays = ",".join(sorted({j.split("_")[0] for j in job_ids}))
+    command = ["squeue", "--noheader", "--array", "--states=all", "--format=%i %T", "--jobs"]
     try:
         done = subprocess.run(
-            [
-                "squeue",
-                "--noheader",
-                "--array",
-                "--states=all",
-                "--format=%i %T",
-                "--jobs",
-                ",".join(arrays),
-            ],
+            [*command, arrays],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -226,12 +647,7 @@ def _wait(
                 continue
             del running[i]
             gone = "no longer in the queue" if state in (None, "GONE") else state
-            why = _outcome(job, out, i, gone)
-            if why is None:
-                say(f"shard {i} (job {job.job_id}): finished")
-            else:
-                failed[i] = why
-                say(f"shard {i} (job {job.job_id}): FAILED: {why}")
+            _ended(i, job, _outcome(job, out, i, gone), failed, say)
         if running:
             time.sleep(pause)
             if poll_s is None:
@@ -301,12 +717,7 @@ def _run_local(
                 if job.done():
                     del running[i]
                     free.append(slot)
-                    why = _outcome(job, out, i)
-                    if why is None:
-                        say(f"shard {i} (job {job.job_id}): finished")
-                    else:
-                        failed[i] = why
-                        say(f"shard {i} (job {job.job_id}): FAILED: {why}")
+                    _ended(i, job, _outcome(job, out, i), failed, say)
     finally:
         for job, _slot in running.values():  # interrupted: stop what still runs
             job.cancel()
@@ -431,7 +842,11 @@ def _recorder(
         "jobs": jobs if launcher == "local" else None,
         "submissions": list(state["submissions"]) if state else [],
     }
-    submission: dict[str, Any] = {"at": _now(), "launcher": launcher, "job_ids": {}}
+    submission: dict[str, Any] = {
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "launcher": launcher,
+        "job_ids": {},
+    }
     new_state["submissions"].append(submission)
     folder.mkdir(parents=True, exist_ok=True)
     _save_state(folder, new_state)
@@ -562,73 +977,30 @@ def sweep_parser(add_help: bool = True) -> argparse.ArgumentParser:
         usage="eatta-bench sweep --out DIR [sweep options] [--] [run options]",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="the sweep folder")
-    p.add_argument(
-        "--shards",
-        type=int,
-        default=None,
-        metavar="N",
-        help="number of shards (default: --jobs locally, one run per shard on Slurm)",
-    )
-    p.add_argument(
-        "--launcher",
-        choices=LAUNCHERS,
-        default=None,
-        help="slurm (default; a recorded sweep keeps its own) or local processes",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="list the runs and shards with their size; submit nothing",
-    )
-    p.add_argument(
-        "--wait",
-        action="store_true",
-        help="wait for the Slurm jobs and merge (the local launcher always waits)",
-    )
-    p.add_argument(
-        "--resubmit",
-        action="store_true",
-        help="continue the sweep recorded in DIR: submit the shards without results",
-    )
-    p.add_argument(
-        "--time",
-        default=None,
-        metavar="T",
-        help=f"time limit per job: minutes or [D-]H:MM:SS (Slurm default "
-        f"{SLURM_DEFAULT_TIME_MIN} min; local: none)",
-    )
+    count = "number of shards (default: --jobs locally, one run per shard on Slurm)"
+    p.add_argument("--shards", type=int, metavar="N", help=count)
+    mine = "slurm (default; a recorded sweep keeps its own) or local processes"
+    p.add_argument("--launcher", choices=LAUNCHERS, help=mine)
+    for name, text in (
+        ("dry-run", "list the runs and shards with their size; submit nothing"),
+        ("wait", "wait for the Slurm jobs and merge (the local launcher always waits)"),
+        ("resubmit", "continue the sweep recorded in DIR: submit the shards without results"),
+    ):
+        p.add_argument(f"--{name}", action="store_true", help=text)
+    limit = f"time limit per job: minutes or [D-]H:MM:SS (Slurm default {SLURM_DEFAULT_TIME_MIN} "
+    p.add_argument("--time", metavar="T", help=limit + "min; local: none)")
     g = p.add_argument_group("Slurm")
-    g.add_argument("--partition", default=None, help="Slurm partition")
-    g.add_argument("--gpus", type=int, default=None, metavar="N", help="GPUs per job (0)")
-    g.add_argument(
-        "--cpus",
-        type=int,
-        default=None,
-        metavar="N",
-        help="CPUs per job (also its torch threads; default: the partition's)",
-    )
-    g.add_argument(
-        "--array-parallelism",
-        type=int,
-        default=None,
-        metavar="N",
-        help="at most N jobs of the array at once (default: no limit)",
-    )
-    g.add_argument(
-        "--sbatch",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="another #SBATCH option, e.g. --sbatch account=proj --sbatch mem=32G",
-    )
-    g = p.add_argument_group("local")
-    g.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        metavar="N",
-        help="local processes at once (default: one per GPU, else one per core)",
-    )
+    g.add_argument("--partition", help="Slurm partition")
+    for name, text in (
+        ("gpus", "GPUs per job (0)"),
+        ("cpus", "CPUs per job (also its torch threads; default: the partition's)"),
+        ("array-parallelism", "at most N jobs of the array at once (default: no limit)"),
+    ):
+        g.add_argument(f"--{name}", type=int, metavar="N", help=text)
+    extra = "another #SBATCH option, e.g. --sbatch account=proj --sbatch mem=32G"
+    g.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE", help=extra)
+    jobs = "local processes at once (default: one per GPU, else one per core)"
+    p.add_argument_group("local").add_argument("--jobs", type=int, metavar="N", help=jobs)
     return p
 
 

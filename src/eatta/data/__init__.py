@@ -5,7 +5,7 @@ and seeded CTTA test streams (paper §6).
 Datasets check their folder layout when built and raise :class:`DatasetLayoutError` (a
 ``ValueError``) naming the expected pattern and what was found. Images are decoded with PIL and
 returned as float tensors in ``[0, 1]``; input normalization belongs to the model wrapper
-(:class:`eatta.bench.models.Normalized`).
+(:class:`eatta.models.backbones.Normalized`).
 """
 
 from __future__ import annotations

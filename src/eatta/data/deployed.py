@@ -3,7 +3,7 @@
 A model in deployment is mostly good: most of what it serves looks like what it was trained on,
 with a shift now and then. This stream, built from the digits-C test split
 (:func:`eatta.data.digits.digits_split`, the 898 held-out digits, split seed 0), is one where the
-digits source CNN (:func:`eatta.bench.digits_model.packaged_digits_source`) errs under 15 %
+digits source CNN (:func:`eatta.models.digits_cnn.packaged_digits_source`) errs under 15 %
 overall, while its corrupted parts stay a real shift.
 
 * **Segments.** The stream is ``(clean_run + 1) · len(corruptions) + clean_run`` segments of

@@ -1,6 +1,6 @@
 """MNIST as scikit-learn's digits: a natural shift for the digits-C source model.
 
-The digits-C source CNN (:mod:`eatta.bench.digits_model`) learned scikit-learn's 8 x 8 digits,
+The digits-C source CNN (:mod:`eatta.models.digits_cnn`) learned scikit-learn's 8 x 8 digits,
 which come from the UCI "optdigits" forms: 32 x 32 bitmaps of 43 writers, each 4 x 4 block's count
 of ink pixels giving one value 0..16. Other people's handwriting, rendered the same way, is a
 natural shift for it. The images are the 5,000 MNIST digits (500 a class) that ship inside

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eatta.bench.digits_model import _accuracy, _one_thread, _shift, state_digest
 from eatta.data.digits import digits_source, digits_test
+from eatta.models.digits_cnn import _accuracy, _one_thread, _shift, state_digest
 
 __all__ = [
     "DIGITS_VIT_SHA256",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bench_fixtures import one_thread  # noqa: F401  (autouse fixture)
+from model_fixtures import one_thread  # noqa: F401  (autouse fixture)
 from torch import nn
 
 import eatta
-import eatta.bench.digits_model as dm
+import eatta.models.digits_cnn as dm
 from eatta.split import split_model
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bench_fixtures import one_thread  # noqa: F401  (autouse fixture)
+from model_fixtures import one_thread  # noqa: F401  (autouse fixture)
 from torch import nn
 
 import eatta
-import eatta.bench.digits_vit as dv
+import eatta.models.digits_vit as dv
 from eatta.bench import suites
-from eatta.bench.digits_model import DIGITS_SOURCE_SHA256, state_digest
 from eatta.data.digits import digits_c_domains, digits_test
+from eatta.models.digits_cnn import DIGITS_SOURCE_SHA256, state_digest
 from eatta.split import split_model
 
 

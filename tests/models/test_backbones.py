@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from eatta.bench import models as M
-from eatta.bench.models import (
+from eatta.models import backbones as M
+from eatta.models.backbones import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Normalized,
