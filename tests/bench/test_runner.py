@@ -377,3 +377,28 @@ def test_collapse_is_stated_and_seeds_are_aggregated(tmp_path):
     assert s["last_round_error"]["std"] == pytest.approx(2.8284271, rel=1e-6)
     steady = [CellResult.from_dict({**f.to_dict(), "round_errors": [40.0, 45.0]}) for f in fake]
     assert collapse_notes(steady) == []
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_eatta_safe_serves_small_requests_through_the_auto_window(tmp_path, batch_size):
+    """``--window auto`` composes with the source-model fallback: eatta-safe serves requests of
+    1 and 8 samples, one step (and one label) per 64 samples."""
+    import eatta.bench
+
+    done = eatta.bench.run(
+        "digits-c",
+        ["eatta-safe"],
+        rounds=1,
+        limit=16,
+        batch_size=batch_size,
+        every=64 // batch_size,
+        window="auto",
+        out=tmp_path,
+        progress=False,
+        plot=False,
+    )
+    (r,) = done.results
+    images = sum(r.domain_images)
+    assert len(r.online) == images // batch_size
+    assert r.labels_used == images // 64  # one label per window step of 64 samples
+    assert r.fallback is not None and r.fallback["stats"]["steps"] == images // 64

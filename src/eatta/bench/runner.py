@@ -75,8 +75,6 @@ def _build_method(
         else:
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
     window = None if spec.method in STATIC_METHODS else options.window_for(model)
-    if options.window == "auto" and (options.monitor.fallback or spec.method == "eatta-safe"):
-        window = None  # the source-model fallback decides per step: no window under it yet
     labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
         per_batch = spec.labels - _fallback_audits(spec, options)
