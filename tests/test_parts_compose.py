@@ -75,10 +75,17 @@ def stream(samples: int, size: int, seed: int = 0) -> list[tuple[Tensor, Tensor]
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_eatta_safe_with_a_window_serves_small_requests(name: str, size: int) -> None:
     """window=64: requests of 1 and 8 are served (by the source model while there is no
-    evidence: exactly its logits), a step every 64 samples, the fallback deciding at each."""
+    evidence, ``fallback_start="source"``: exactly its logits), a step every 64 samples, the
+    fallback deciding at each."""
     model = MODELS[name]()
     given = copy.deepcopy(model)
-    method = eatta.create("eatta-safe", model, oracle=eatta.GroundTruthOracle(), window=64)
+    method = eatta.create(
+        "eatta-safe",
+        model,
+        oracle=eatta.GroundTruthOracle(),
+        window=64,
+        fallback_start="source",
+    )
     fb = method.fallback
     assert isinstance(fb, SourceFallback) and method.window is not None
     for x, y in stream(160, size):

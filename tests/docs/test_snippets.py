@@ -284,6 +284,7 @@ def _parse_script(path: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch) 
         real(self, argv)
         raise _Parsed
 
+    monkeypatch.syspath_prepend(str(path.parent))  # as when run as a script
     module = runpy.run_path(str(path), run_name="__docs_check__")
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
     main = module["main"]

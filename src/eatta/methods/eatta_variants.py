@@ -136,7 +136,9 @@ class EATTASafeConfig(EATTAStableConfig):
         0.05, "error level of each of the fallback's decisions", min=0.0, max=1.0
     )
     fallback_start: Literal["auto", "source", "adapted"] = hparam(
-        "source", "served before the first decision: given, adapted, auto (label-free signs)"
+        "auto",
+        "served before the first decision: auto (the label-free signs: adapted on a heavy "
+        "shift, else given), given (source), adapted",
     )
     fallback_reset: bool = hparam(False, "reset the adapted model when it is found worse")
 

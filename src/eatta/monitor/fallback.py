@@ -27,13 +27,13 @@ late), each answer's range known before its draw (:func:`~eatta.selection.drawn.
   with ``reset=True`` the adapted method is then also reset to its state at creation
   (``method.reset(keep_monitor=True)``).
 
-Without answers there is no evidence, and the source model serves (``start="source"``, the
-default). ``start="adapted"`` serves the adapted model until the answers say otherwise;
-``start="auto"`` reads two label-free signs until the first decision: the *collapse* of the given
-model's predicted classes (the entropy of their histogram below ``prior_ratio`` times the adapted
-model's) and the two models *disagreeing* on more than ``prior_disagreement`` of the samples.
-Those thresholds were read off digits-C and one look at CCC and are not validated on other
-streams: that is why they are not the default.
+Without answers there is no evidence. ``start="source"`` (the default here) serves the source
+model until the answers decide; ``start="adapted"`` serves the adapted model until they say
+otherwise; ``start="auto"`` (``eatta-safe``'s default) reads two label-free signs until the first
+decision: the *collapse* of the given model's predicted classes (the entropy of their histogram
+below ``prior_ratio`` times the adapted model's) and the two models *disagreeing* on more than
+``prior_disagreement`` of the samples. Those thresholds were read off digits-C and one look at
+CCC; docs/safety.md validates them on streams that did not tune them.
 
 State: :meth:`state_dict` (part of the method's ``state_dict()``: a stream resumes
 bit-identically); the method's own ``reset()`` clears it, a fallback's reset of the method keeps
