@@ -21,13 +21,14 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY
-from eatta.methods.active import ActiveOptions
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.selection.uncertainty import RandomSelector
+from eatta.split import ModelSplit
 
 __all__ = ["Baseline"]
 
@@ -58,7 +59,10 @@ class Baseline(EATTA):
         seed: int = 0,
         buffer: LabelBuffer | int | None = None,
         entropy_margin: float | None = None,
-        **active: Unpack[ActiveOptions],
+        label_expiry: int = DEFAULT_LABEL_EXPIRY,
+        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+        check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         super().__init__(
             model,
@@ -70,8 +74,11 @@ class Baseline(EATTA):
             debiaser=GradNormDebiaser(normalize=False),
             buffer=buffer,
             entropy_margin=entropy_margin,
-            **active,
+            label_expiry=label_expiry,
+            split=split,
+            check_finite=check_finite,
         )
+        self.attach(**parts)
 
 
 @dataclass(frozen=True)
