@@ -45,8 +45,9 @@ class Baseline(EATTA):
         seed: seed of the random selection.
         buffer: optional replay buffer of labelled samples (capacity or :class:`LabelBuffer`).
         entropy_margin: confident-sample threshold; default ``0.4 ln C``.
-        active: ``split``, ``check_finite``, ``label_expiry``
-            (:class:`~eatta.methods.active.ActiveMethod`).
+        split, check_finite, label_expiry: as :class:`~eatta.methods.active.ActiveMethod`.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """
 
     def __init__(

@@ -97,8 +97,9 @@ class EATTA(EATTAStep):
         late_labels: how late answers count, the entropy filter and the nearest replay
             (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback, no
             replay. Used only with an asynchronous annotator, in steps without a fresh answer.
-        active: ``split``, ``check_finite``, ``label_expiry``
-            (:class:`~eatta.methods.active.ActiveMethod`).
+        split, check_finite, label_expiry: as :class:`~eatta.methods.active.ActiveMethod`.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
 
     A late answer (docs/real-annotators.md) enters the step in which it arrives: the kept sample
     is re-run through the current model into ``L_sup`` (cross-entropy for a class,

@@ -93,8 +93,9 @@ class SimATTA(ActiveMethod):
             (SimATTA's teacher) rather than the current model.
         refresh_anchors: recompute the anchors' features after each update.
         seed: seed of the buffers' sampling.
-        active: ``split``, ``check_finite``, ``label_expiry``
-            (:class:`~eatta.methods.active.ActiveMethod`).
+        split, check_finite, label_expiry: as :class:`~eatta.methods.active.ActiveMethod`.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """
 
     def __init__(

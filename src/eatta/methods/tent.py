@@ -62,6 +62,8 @@ class Tent(AdaptiveMethod):
             are still those of the first forward pass (the official code returns the last pass's);
             this keeps every method's output "before this batch's update".
         split: unused by TENT; accepted for a uniform constructor.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """
 
     optimizer: torch.optim.Optimizer  # required here (the base allows None)
