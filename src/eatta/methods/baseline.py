@@ -45,7 +45,9 @@ class Baseline(EATTA):
         seed: seed of the random selection.
         buffer: optional replay buffer of labelled samples (capacity or :class:`LabelBuffer`).
         entropy_margin: confident-sample threshold; default ``0.4 ln C``.
-        split, check_finite, label_expiry: as :class:`~eatta.methods.active.ActiveMethod`.
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
         parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
             (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """

@@ -85,7 +85,9 @@ class CEMA(ActiveMethod):
         buffer: replay buffer of labelled samples (capacity, or a :class:`LabelBuffer`; 300).
         alpha, beta, gamma: CEMA's loss weights (3, 3, 1 in its public configuration).
         entropy_margin: ``E_max`` of the entropy weights; default ``0.4 ln C``.
-        split, check_finite, label_expiry: as :class:`~eatta.methods.active.ActiveMethod`.
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
         parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
             (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """

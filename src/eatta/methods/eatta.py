@@ -97,7 +97,9 @@ class EATTA(EATTAStep):
         late_labels: how late answers count, the entropy filter and the nearest replay
             (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback, no
             replay. Used only with an asynchronous annotator, in steps without a fresh answer.
-        split, check_finite, label_expiry: as :class:`~eatta.methods.active.ActiveMethod`.
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
         parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
             (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
 

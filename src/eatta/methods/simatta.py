@@ -93,7 +93,9 @@ class SimATTA(ActiveMethod):
             (SimATTA's teacher) rather than the current model.
         refresh_anchors: recompute the anchors' features after each update.
         seed: seed of the buffers' sampling.
-        split, check_finite, label_expiry: as :class:`~eatta.methods.active.ActiveMethod`.
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
         parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
             (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """
