@@ -3,27 +3,27 @@
 Four parts compose with every method, given to its constructor or to
 :meth:`~eatta.methods.base.AdaptiveMethod.attach` (the keywords of :class:`Parts`):
 
-- ``window``: a window of recent samples (:mod:`eatta.window`) for requests of 1 to a few on a
-  BatchNorm or LayerNorm model: a smaller request is served between steps and joins the window,
-  and the method steps on the window every ``every`` samples;
+- ``window``: a window of recent samples (:mod:`eatta.window`) for requests of 1 to a few: a
+  smaller request is served between steps and joins the window, and the method steps on the
+  window every ``every`` samples;
 - ``fallback``: the given model one step away (:class:`eatta.monitor.SourceFallback`): it
   predicts before each step (a window's too), decides after it what is served, and serves the
   requests between steps from whichever model it serves;
 - ``monitor``: audited accuracy and a guard (:class:`eatta.monitor.AccuracyMonitor`), told of
-  every request after it is served;
+  every request once it is served;
 - ``weight_anchor``: after each step that updated the model, its weights are pulled back toward
   the given model's (:class:`WeightAnchor`).
 
-:class:`StepParts` holds them for one method and runs each request through them; the method's
-own step (:meth:`~eatta.methods.base.AdaptiveMethod.step`) is one transaction in the middle::
+:class:`StepParts` holds them for one method (:class:`WithParts` gives them as its attributes)
+and runs each request through them::
 
-    request smaller than the window:  predict -> joins the window -> (a step when due) -> monitor
-                                      -> fallback.serve
-    any other request:                fallback.before -> step -> anchor -> window statistics
-                                      -> monitor -> fallback.after (what is served)
+    a request smaller than the window:  served by the current model -> joins the window
+                                        -> a step on the window, when one is due
+                                        -> monitor.observe -> fallback.serve
+    any other request:                  a step on it -> monitor.observe -> fallback.after
 
-where a step is ``fallback.before``, the method's transaction, the anchor's pull and, with a
-window, folding the step's statistics into the served ones.
+    a step:  fallback.before -> the method's transaction (AdaptiveMethod.step)
+             -> the anchor's pull -> with a window, its statistics folded into the served ones
 """
 
 from __future__ import annotations
