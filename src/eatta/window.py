@@ -10,21 +10,17 @@ size), its samples join a :class:`SampleWindow` of the last ``size`` samples, an
 (a method's budget then counts these steps). After the step the window's statistics, under the
 updated parameters, are folded into the EMA.
 
-The window is a part of any method (``AdaptiveMethod(..., window=64)``): :meth:`SampleWindow.serve`
-serves a request between steps and, when one is due, asks the method for a step on the window
-(``method.adapt_on``) and for its decision (``method.decide``: a source-model fallback decides at
-each step of the window, and the method serves the requests between steps from whichever model
-the fallback serves).
+The window is a part of any method (``Tent(..., window=64)``, :mod:`eatta.methods.parts`, which
+serves the requests between steps and steps on the window when one is due); this module holds the
+window itself.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import torch
-from torch import Tensor, nn
-
-from eatta.normalization import absorb_statistics
+from torch import Tensor
 
 __all__ = [
     "SMALL_BATCH",
@@ -32,7 +28,6 @@ __all__ = [
     "WINDOW_REFRESH",
     "SampleWindow",
     "SmallBatchWarning",
-    "WindowedMethod",
     "check_window",
 ]
 
@@ -52,18 +47,6 @@ WINDOW_REFRESH = 16
 #: set, get a :class:`SmallBatchWarning` (digits-C: TENT's error rises from 40 % at 64 to 67 %
 #: at 8 and 89 % at 2; docs/small-batches.md).
 SMALL_BATCH = 32
-
-
-class WindowedMethod(Protocol):
-    """What a window needs of the method it serves for."""
-
-    model: nn.Module
-
-    def adapt_on(self, x: Tensor) -> Tensor: ...
-
-    def decide(
-        self, x: Tensor, logits: Tensor, labels: Tensor | None, *, served: bool = True
-    ) -> Tensor: ...
 
 
 class SmallBatchWarning(UserWarning):
@@ -149,31 +132,6 @@ class SampleWindow:
 
     def refreshed(self) -> None:
         self.since_refresh = 0
-
-    # -- serving -----------------------------------------------------------------------------
-    def serve(
-        self, method: WindowedMethod, x: Tensor, labels: Tensor | None, oracle: Any
-    ) -> Tensor:
-        """A request smaller than the window (``labels``: its known labels, for a simulated
-        annotator): the adapted model's logits on robust statistics;
-        the request joins the window, and when a step is due the method steps on the window and
-        decides (its fallback, if any) before the request is recorded."""
-        with torch.no_grad():
-            out: Tensor = method.model(x)
-        if not self.due_after(x.shape[0]):
-            self.commit(x, labels, stepped=False)
-            if self.refresh_due():
-                absorb_statistics(method.model, self.contents())
-                self.refreshed()
-            return out
-        wx, wy = self.contents_with(x, labels)
-        if bool((wy >= 0).any()) and hasattr(oracle, "set_labels"):
-            oracle.set_labels(wy)
-        logits = method.adapt_on(wx)
-        self.commit(x, labels, stepped=True)
-        self.refreshed()
-        method.decide(wx, logits, wy, served=False)
-        return out
 
     # -- writing -----------------------------------------------------------------------------
     def commit(self, x: Tensor, y: Tensor | None, *, stepped: bool) -> None:

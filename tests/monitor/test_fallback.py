@@ -8,12 +8,14 @@ import copy
 import pytest
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 import eatta
 from conftest import bytes_round_trip, nested_equal, tiny_cnn
 from eatta.annotate.oracle import GroundTruthOracle, OracleError
 from eatta.annotate.requests import Answer
 from eatta.methods.base import AdaptiveMethod
+from eatta.methods.parts import Parts
 from eatta.monitor.betting import drift_answers
 from eatta.monitor.fallback import SourceFallback
 
@@ -28,9 +30,10 @@ class Fixed(AdaptiveMethod):
 
     adapts = False
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, **parts: Unpack[Parts]) -> None:
         super().__init__(model)
         self.resets = 0
+        self.attach(**parts)
 
     def forward_and_adapt(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)

@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from typing_extensions import TypedDict
 
 from eatta.annotate.oracle import Oracle
 from eatta.annotate.pending import Arrived
@@ -37,15 +36,7 @@ from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.selection.base import SelectionContext, Selector
 from eatta.split import ModelSplit
 
-__all__ = ["ActiveMethod", "ActiveOptions", "Answers", "answer_terms", "late_samples"]
-
-
-class ActiveOptions(TypedDict, total=False):
-    """The keywords every active method passes on to :class:`ActiveMethod` (``**active``)."""
-
-    split: ModelSplit | tuple[nn.Module, nn.Module] | None
-    check_finite: bool
-    label_expiry: int
+__all__ = ["ActiveMethod", "Answers", "answer_terms", "late_samples"]
 
 
 def _empty() -> Tensor:

@@ -21,13 +21,14 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY
-from eatta.methods.active import ActiveOptions
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.selection.uncertainty import RandomSelector
+from eatta.split import ModelSplit
 
 __all__ = ["Baseline"]
 
@@ -44,8 +45,11 @@ class Baseline(EATTA):
         seed: seed of the random selection.
         buffer: optional replay buffer of labelled samples (capacity or :class:`LabelBuffer`).
         entropy_margin: confident-sample threshold; default ``0.4 ln C``.
-        active: ``split``, ``check_finite``, ``label_expiry``
-            (:class:`~eatta.methods.active.ActiveMethod`).
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """
 
     def __init__(
@@ -58,7 +62,10 @@ class Baseline(EATTA):
         seed: int = 0,
         buffer: LabelBuffer | int | None = None,
         entropy_margin: float | None = None,
-        **active: Unpack[ActiveOptions],
+        label_expiry: int = DEFAULT_LABEL_EXPIRY,
+        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+        check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         super().__init__(
             model,
@@ -70,8 +77,11 @@ class Baseline(EATTA):
             debiaser=GradNormDebiaser(normalize=False),
             buffer=buffer,
             entropy_margin=entropy_margin,
-            **active,
+            label_expiry=label_expiry,
+            split=split,
+            check_finite=check_finite,
         )
+        self.attach(**parts)
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,14 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.losses import entropy
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY
-from eatta.methods.active import ActiveMethod, ActiveOptions, late_samples
+from eatta.methods.active import ActiveMethod, late_samples
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.selection.dynamic_margin import DynamicMarginSelector
+from eatta.split import ModelSplit
 
 __all__ = ["CEMA", "CEMAStep"]
 
@@ -83,8 +85,11 @@ class CEMA(ActiveMethod):
         buffer: replay buffer of labelled samples (capacity, or a :class:`LabelBuffer`; 300).
         alpha, beta, gamma: CEMA's loss weights (3, 3, 1 in its public configuration).
         entropy_margin: ``E_max`` of the entropy weights; default ``0.4 ln C``.
-        active: ``split``, ``check_finite``, ``label_expiry``
-            (:class:`~eatta.methods.active.ActiveMethod`).
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """
 
     selects_every_batch = True
@@ -102,14 +107,25 @@ class CEMA(ActiveMethod):
         beta: float = 3.0,
         gamma: float = 1.0,
         entropy_margin: float | None = None,
-        **active: Unpack[ActiveOptions],
+        label_expiry: int = DEFAULT_LABEL_EXPIRY,
+        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+        check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if entropy_margin is not None and not entropy_margin > 0:
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin}")
-        super().__init__(model, optimizer, oracle=oracle, budget=budget, **active)
+        super().__init__(
+            model,
+            optimizer,
+            oracle=oracle,
+            budget=budget,
+            label_expiry=label_expiry,
+            split=split,
+            check_finite=check_finite,
+        )
         self.selector = selector if selector is not None else DynamicMarginSelector(strict=True)
         self.balance = NoClassBalance()
         self.buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
@@ -121,6 +137,7 @@ class CEMA(ActiveMethod):
             isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
         )
         self.last_step: CEMAStep | None = None
+        self.attach(**parts)
 
     def thresholds(self, num_classes: int) -> tuple[float, float]:
         """The current ``(E_max^t, E_min)``."""

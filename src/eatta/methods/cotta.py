@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta._compat import import_torchvision
 from eatta.annotate.oracle import Oracle
@@ -50,6 +51,7 @@ from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
@@ -194,6 +196,7 @@ class CoTTA(AdaptiveMethod):
         seed: int = 0,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         if not 0.0 <= ema_momentum <= 1.0:
             raise ValueError(f"ema_momentum must be in [0, 1], got {ema_momentum!r}")
@@ -215,6 +218,7 @@ class CoTTA(AdaptiveMethod):
         names = {id(p): n for n, p in model.named_parameters()}
         self._source_names = [names[id(p)] for p in self._train]
         self.last_step: CoTTAStep | None = None
+        self.attach(**parts)
 
     # -- the step ----------------------------------------------------------------------------
     @torch.no_grad()

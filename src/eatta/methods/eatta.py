@@ -27,11 +27,12 @@ from eatta.configure import collect_params, configure
 from eatta.debias import GradNormDebiaser
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods._approx import NormCalibration, ProxyName, check_proxy
-from eatta.methods.active import ActiveOptions, Answers, answer_terms, late_samples
+from eatta.methods.active import Answers, answer_terms, late_samples
 from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eatta_step import EATTAStep, StepRecord
 from eatta.methods.late_labels import LateLabels
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.step_options import DeferredFiniteCheck, GradMode, StepOptions
@@ -39,7 +40,7 @@ from eatta.methods.update import ApproxUpdate, ExactUpdate
 from eatta.selection import SELECTORS, make_selector
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
-from eatta.split import SplitNotFoundError
+from eatta.split import ModelSplit, SplitNotFoundError
 
 __all__ = [
     "EATTA",
@@ -96,8 +97,11 @@ class EATTA(EATTAStep):
         late_labels: how late answers count, the entropy filter and the nearest replay
             (:class:`~eatta.methods.late_labels.LateLabels`); None: full weight, no fallback, no
             replay. Used only with an asynchronous annotator, in steps without a fresh answer.
-        active: ``split``, ``check_finite``, ``label_expiry``
-            (:class:`~eatta.methods.active.ActiveMethod`).
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
 
     A late answer (docs/real-annotators.md) enters the step in which it arrives: the kept sample
     is re-run through the current model into ``L_sup`` (cross-entropy for a class,
@@ -131,7 +135,10 @@ class EATTA(EATTAStep):
         approx_proxy: ProxyName = "last-norm",
         approx_refresh: int | None = None,
         late_labels: LateLabels | None = None,
-        **active: Unpack[ActiveOptions],
+        label_expiry: int = DEFAULT_LABEL_EXPIRY,
+        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+        check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         options = StepOptions(grad_mode=grad_mode, autocast=autocast, channels_last=channels_last)
         if steps < 1:
@@ -140,7 +147,14 @@ class EATTA(EATTAStep):
         calibration = NormCalibration(approx_refresh) if approx else None  # checks the period
         check_proxy(approx_proxy)
         super().__init__(
-            model, optimizer, oracle=oracle, budget=budget, prepare=options.prepare_model, **active
+            model,
+            optimizer,
+            oracle=oracle,
+            budget=budget,
+            prepare=options.prepare_model,
+            label_expiry=label_expiry,
+            split=split,
+            check_finite=check_finite,
         )
         self.options = options
         self.selector = selector if selector is not None else PerturbationSelector()
@@ -175,6 +189,7 @@ class EATTA(EATTAStep):
         self.late_labels = late_labels if self.asynchronous else None
         #: the late labels' nearest replay (None: none)
         self.nearest_replay = None if self.late_labels is None else self.late_labels.replay
+        self.attach(**parts)
 
     # -- the parts, by name ----------------------------------------------------------------------
     @property

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
@@ -37,6 +38,7 @@ from eatta.configure import configure
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.base import AdaptiveMethod, InvalidInputError
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
@@ -88,6 +90,7 @@ class ETA(AdaptiveMethod):
         prob_momentum: float = 0.9,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         if entropy_margin is not None and not entropy_margin > 0:
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin!r}")
@@ -102,6 +105,7 @@ class ETA(AdaptiveMethod):
         self.num_reliable = 0
         self.num_kept = 0
         self.last_step: ETAStep | None = None
+        self.attach(**parts)
 
     def regularizer(self) -> Tensor | None:
         """An extra loss term added to the entropy loss (None for ETA)."""
@@ -273,6 +277,7 @@ class EATAFisher(ETA):
         prob_momentum: float = 0.9,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         if not math.isfinite(fisher_alpha) or fisher_alpha < 0:
             raise ValueError(f"fisher_alpha must be finite and >= 0, got {fisher_alpha!r}")
@@ -288,6 +293,7 @@ class EATAFisher(ETA):
         self.fisher_alpha = float(fisher_alpha)
         self._named = dict(model.named_parameters())
         self.fishers: FisherInfo = self._checked(fishers)
+        self.attach(**parts)
 
     def _checked(self, fishers: Mapping[str, tuple[Tensor, Tensor]]) -> FisherInfo:
         if not fishers:

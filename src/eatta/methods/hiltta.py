@@ -65,6 +65,7 @@ from typing import Any, ClassVar, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.balance import NoClassBalance
@@ -75,6 +76,7 @@ from eatta.methods.active import ActiveMethod
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.eta import ETA
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.sar import SAM, SAR, sar_params
@@ -185,6 +187,7 @@ class HILTTA(ActiveMethod):
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
+        **parts: Unpack[Parts],
     ) -> None:
         name = _BASES.get(type(base))
         if name is None:
@@ -236,6 +239,7 @@ class HILTTA(ActiveMethod):
         self.scores: Tensor | None = None
         self._initial_value = self.value
         self.last_step: HILTTAStep | None = None
+        self.attach(**parts)
 
     # -- the base and its hyperparameter ---------------------------------------------------
     @property

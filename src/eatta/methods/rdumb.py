@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
@@ -32,6 +33,7 @@ from eatta.configure import configure
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import hparam
 from eatta.methods.eta import ETA, ETAConfig, _eta_kwargs
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.split import ModelSplit
@@ -73,6 +75,7 @@ class RDumb(ETA):
         prob_momentum: float = 0.9,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         interval = _check_interval(reset_every)  # before anything is built or changed
         super().__init__(
@@ -86,6 +89,7 @@ class RDumb(ETA):
         )
         self.reset_every = interval
         self.num_steps = 0
+        self.attach(**parts)
 
     @property
     def num_resets(self) -> int:

@@ -30,9 +30,10 @@ from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import MethodConfig, OptimizerConfig, check_keys, type_name
+from eatta.methods.parts import WeightAnchor
 from eatta.methods.presets import DATASETS
 from eatta.normalization import use_mixed_norm
-from eatta.window import WINDOW_MOMENTUM, WINDOW_REFRESH, check_window
+from eatta.window import WINDOW_MOMENTUM, WINDOW_REFRESH, SampleWindow
 
 __all__ = [
     "DATASETS",
@@ -197,6 +198,7 @@ def create(
     window_every: int | None = None,
     window_momentum: float = WINDOW_MOMENTUM,
     window_refresh: int | None = WINDOW_REFRESH,
+    weight_anchor: float | None = None,
     **overrides: Any,
 ) -> AdaptiveMethod:
     """Build method ``name`` around ``model`` with the dataset's defaults and the overrides.
@@ -219,6 +221,10 @@ def create(
     the window every that many samples between steps (None: at steps only). ``False``:
     windowing off (no small-batch warning; a batch of 1 on a BatchNorm model is an error);
     None: unset (a warning at small batches).
+
+    ``weight_anchor``: after each step, pull the weights the method adapts back toward the
+    given model's, ``θ ← α·θ + (1 − α)·θ₀`` with ``α = weight_anchor`` in (0, 1]
+    (:class:`~eatta.methods.parts.WeightAnchor`; ROID's 0.99); None: no pull.
     """
     spec = get_spec(name)
     if not spec.active:
@@ -228,17 +234,20 @@ def create(
         raise ValueError(f"method {spec.name!r} is active: pass oracle=")
     if window is True:
         raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
-    windowed = window is not None and window is not False
-    if windowed:
-        check_window(window, window_every)  # a method that does not adapt: set_window refuses
+    sample_window = None  # the parts' own checks first, before the model is touched
+    if window is not None and window is not False:
+        sample_window = SampleWindow(window, window_every, window_refresh)
+    if weight_anchor is not None:
+        WeightAnchor(weight_anchor)
     config = spec.config_for(dataset, overrides)
     budget = Budget.coerce(1 if budget is None else budget)
     with _restored_on_error(model), _swaps_undone_on_error(model):
-        if windowed:
+        if sample_window is not None:
             use_mixed_norm(model, stats="ema", momentum=window_momentum)
         method = spec.build(model, config, oracle, budget)
-        if window is not None:
-            method.set_window(window, window_every, window_refresh)
+        method.attach(
+            window=window if sample_window is None else sample_window, weight_anchor=weight_anchor
+        )
         return method
 
 

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
@@ -40,6 +41,7 @@ from eatta.configure import NORM_TYPES, configure
 from eatta.losses import default_entropy_margin, entropy, masked_mean
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
@@ -224,6 +226,7 @@ class SAR(AdaptiveMethod):
         rho: float = 0.05,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         if entropy_margin is not None and not entropy_margin > 0:
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin!r}")
@@ -241,6 +244,7 @@ class SAR(AdaptiveMethod):
         self.ema: float | None = None
         self.num_recoveries = 0
         self.last_step: SARStep | None = None
+        self.attach(**parts)
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         logits = self.model(x)

@@ -41,13 +41,15 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY, commit_late
-from eatta.methods.active import ActiveMethod, ActiveOptions, late_samples
+from eatta.methods.active import ActiveMethod, late_samples
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.selection.base import SelectionContext
 from eatta.selection.clustering import IncrementalClusteringSelector
+from eatta.split import ModelSplit
 
 __all__ = ["SimATTA", "SimATTAStep"]
 
@@ -91,8 +93,11 @@ class SimATTA(ActiveMethod):
             (SimATTA's teacher) rather than the current model.
         refresh_anchors: recompute the anchors' features after each update.
         seed: seed of the buffers' sampling.
-        active: ``split``, ``check_finite``, ``label_expiry``
-            (:class:`~eatta.methods.active.ActiveMethod`).
+        label_expiry: steps an asynchronous request waits for its answer before it expires.
+        split: ``(backbone, head)`` for models whose split is not found automatically.
+        check_finite: refuse batches with NaN or infinite values.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """
 
     def __init__(
@@ -113,7 +118,10 @@ class SimATTA(ActiveMethod):
         use_teacher: bool = True,
         refresh_anchors: bool = True,
         seed: int = 0,
-        **active: Unpack[ActiveOptions],
+        label_expiry: int = DEFAULT_LABEL_EXPIRY,
+        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+        check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         for name, value, low in (
             ("steps", steps, 0),
@@ -125,7 +133,15 @@ class SimATTA(ActiveMethod):
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if low_entropy_bound is not None and not low_entropy_bound > 0:
             raise ValueError(f"low_entropy_bound must be > 0, got {low_entropy_bound}")
-        super().__init__(model, optimizer, oracle=oracle, budget=budget, **active)
+        super().__init__(
+            model,
+            optimizer,
+            oracle=oracle,
+            budget=budget,
+            label_expiry=label_expiry,
+            split=split,
+            check_finite=check_finite,
+        )
         self.selector = IncrementalClusteringSelector(
             max_anchors, entropy_bound=high_entropy_bound, keep_inputs=refresh_anchors
         )
@@ -147,6 +163,7 @@ class SimATTA(ActiveMethod):
         object.__setattr__(self, "_teacher", teacher)
         self._teacher: nn.Module | None
         self.last_step: SimATTAStep | None = None
+        self.attach(**parts)
 
     @property
     def teacher(self) -> nn.Module | None:

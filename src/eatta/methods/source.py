@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.methods.base import AdaptiveMethod
 from eatta.methods.config import MethodConfig
+from eatta.methods.parts import Parts
 from eatta.methods.registry import MethodSpec, register
+from eatta.split import ModelSplit
 
 __all__ = ["Source"]
 
@@ -19,8 +22,16 @@ class Source(AdaptiveMethod):
 
     adapts = False
 
-    def __init__(self, model: nn.Module, **kwargs: object) -> None:
-        super().__init__(model.eval(), None, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+        check_finite: bool = True,
+        **parts: Unpack[Parts],
+    ) -> None:
+        super().__init__(model.eval(), None, split=split, check_finite=check_finite)
+        self.attach(**parts)
 
     def check_input(self, x: Tensor) -> None:
         if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[0] == 1:

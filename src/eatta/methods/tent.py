@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
@@ -20,6 +21,7 @@ from eatta.configure import configure
 from eatta.losses import entropy
 from eatta.methods.base import AdaptiveMethod, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.split import ModelSplit
@@ -60,6 +62,8 @@ class Tent(AdaptiveMethod):
             are still those of the first forward pass (the official code returns the last pass's);
             this keeps every method's output "before this batch's update".
         split: unused by TENT; accepted for a uniform constructor.
+        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
+            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
     """
 
     optimizer: torch.optim.Optimizer  # required here (the base allows None)
@@ -72,12 +76,14 @@ class Tent(AdaptiveMethod):
         steps: int = 1,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
         super().__init__(model, optimizer, split=split, check_finite=check_finite)
         self.steps = steps
         self._train = trainable(optimizer, "TENT")
+        self.attach(**parts)
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         first: Tensor | None = None
