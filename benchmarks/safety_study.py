@@ -147,6 +147,7 @@ def study(
     sizes: Sequence[int] = SIZES,
     jobs: int = 1,
     safe: dict[str, Any] | None = None,
+    weight_anchor: float | None = None,
 ) -> dict[str, Any]:
     path = out / "study.json"
     data: dict[str, Any] = (
@@ -154,7 +155,9 @@ def study(
     )
     data["seeds"] = seeds
     safe = dict(safe or {})
-    if safe:
+    if weight_anchor is not None:
+        data["safe"] = {**safe, "weight_anchor": weight_anchor}
+    elif safe:
         data["safe"] = safe
     every = all_streams()
     for part, name in plan:
@@ -176,7 +179,7 @@ def study(
         elif part == "annotators":
             for size, label in ((z, a) for z in sizes for a in annotators):
                 opts, small = ANNOTATORS[label], size < 64
-                alone = small or safe  # eatta-stable runs once, in the study of the default
+                alone = small or "safe" in data  # eatta-stable runs in the default's study
                 methods = [SAFE, STABLE] if label in WITH_STABLE and not alone else [SAFE]
                 shape = {"batch_size": size, "window": 64, "every": 64 // size} if small else {}
                 res = run_part(
@@ -189,6 +192,7 @@ def study(
                     annotator=opts,
                     jobs=jobs,
                     hparams={SAFE: safe},
+                    weight_anchor=weight_anchor,
                     **shape,
                 )
                 s.setdefault(_key(size), {})[label] = {m: cells(res, m) for m in methods}
@@ -453,6 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help=f"a setting of {SAFE} in every part (a variant's study: give it its own --out)",
     )
+    p.add_argument(
+        "--weight-anchor", type=float, help=f"{SAFE} with a weight anchor (a variant's study)"
+    )
     p.add_argument("--tables", default="benchmarks/results/safety_study.md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
@@ -468,7 +475,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if any(z not in SIZES for z in sizes):
             raise SystemExit(f"--sizes must be among {', '.join(map(str, SIZES))}")
         safe = {k: _value(v) for k, _, v in (x.partition("=") for x in args.safe)}
-        data = study(Path(args.out), seeds, plan, chosen, sizes, args.jobs, safe)
+        data = study(
+            Path(args.out), seeds, plan, chosen, sizes, args.jobs, safe, args.weight_anchor
+        )
     text = report(data)
     write_tables(text, data, args.tables)
     if Path(args.doc).is_file():

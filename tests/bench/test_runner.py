@@ -402,3 +402,29 @@ def test_eatta_safe_serves_small_requests_through_the_auto_window(tmp_path, batc
     assert len(r.online) == images // batch_size
     assert r.labels_used == images // 64  # one label per window step of 64 samples
     assert r.fallback is not None and r.fallback["stats"]["steps"] == images // 64
+
+
+def test_weight_anchor_reaches_every_adapting_method_and_the_fingerprint(tmp_path):
+    """``--weight-anchor A`` attaches the anchor to each adapting method (the source model
+    takes none), changes the results and the cells' fingerprints; a bad value is refused."""
+    import eatta.bench
+
+    def run(anchor: float | None, out: str) -> dict[str, CellResult]:
+        done = eatta.bench.run(
+            "digits-c",
+            ["source", "tent"],
+            rounds=1,
+            limit=16,
+            weight_anchor=anchor,
+            out=tmp_path / out,
+            progress=False,
+            plot=False,
+        )
+        return {r.spec.method: r for r in done.results}
+
+    plain, pulled = run(None, "plain"), run(0.5, "pulled")
+    assert pulled["source"].model_digest == plain["source"].model_digest
+    assert pulled["tent"].model_digest != plain["tent"].model_digest  # the final weights
+    assert pulled["tent"].fingerprint != plain["tent"].fingerprint
+    with pytest.raises(ValueError, match="weight_anchor"):
+        RunOptions(weight_anchor=0.0)

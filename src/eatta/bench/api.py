@@ -411,6 +411,7 @@ def _run_options(
     return RunOptions(
         batch_size=config.batch_size,
         window=config.window,
+        weight_anchor=config.weight_anchor,
         seed=plan.seeds[0],
         rounds=protocol.rounds or (DIGITS_ROUNDS if plan.requested == ["digits-c"] else 1),
         dirichlet=protocol.dirichlet,

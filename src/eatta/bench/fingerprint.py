@@ -99,6 +99,7 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
         **({"mixed": True} if options.mixed else {}),
         # only where it can apply: fingerprints of batch-64 runs stay as they were
         **({"window": str(options.window)} if _window_applies(options) else {}),
+        **({"weight_anchor": options.weight_anchor} if options.weight_anchor is not None else {}),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
         "provenance": to_plain(data.provenance),

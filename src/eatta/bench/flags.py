@@ -214,6 +214,12 @@ class RunConfig:
         type=_window,
         metavar="auto|off|N",
     )
+    weight_anchor: float | None = flag(
+        "after each step pull the adapted weights toward the given ones, theta <- A theta + "
+        "(1 - A) theta_0 (ROID's weight ensembling, e.g. 0.99; eatta.methods.parts.WeightAnchor)",
+        type=float,
+        metavar="A",
+    )
     limit: int | None = flag(
         "at most this many images per domain (seeded subset; smoke runs)", type=_Int
     )

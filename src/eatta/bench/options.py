@@ -10,6 +10,7 @@ from torch import nn
 
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.monitoring import MonitorOptions
+from eatta.methods.parts import WeightAnchor
 from eatta.window import check_window
 
 __all__ = ["AUTO_WINDOW", "RunOptions"]
@@ -48,6 +49,8 @@ class RunOptions:
     #: ``"off"``, a number of samples, or None (not decided: each batch adapted on as given, and
     #: the library's small-batch warning)
     window: int | str | None = None
+    #: the weight anchor every adapting method gets (``--weight-anchor``; None: none)
+    weight_anchor: float | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -58,6 +61,8 @@ class RunOptions:
             raise ValueError(f"batch size must be an int >= 1, got {self.batch_size!r}")
         if self.window not in (None, "auto", "off"):
             check_window(self.window)
+        if self.weight_anchor is not None:
+            WeightAnchor(self.weight_anchor)  # refuses a value outside (0, 1]
         if self.window == "off" and self.batch_size == 1:
             raise ValueError(
                 "batch size 1 with --window off: BatchNorm cannot normalize a batch of 1 "

@@ -82,6 +82,8 @@ def _build_method(
         labels = {"oracle": oracle, "budget": budget}
     if window is not None:
         labels["window"] = window
+    if options.weight_anchor is not None and spec.method not in STATIC_METHODS:
+        labels["weight_anchor"] = options.weight_anchor
     method = registry.create(spec.method, model, dataset=data.defaults_key, **labels, **hp)
     shown = {k: v for k, v in spec_.hparams(data.defaults_key, hp).items() if k != "fisher_data"}
     return method, oracle, to_plain(shown)
