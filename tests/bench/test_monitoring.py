@@ -134,6 +134,7 @@ def test_resets_at_each_domain_keep_the_audits(tmp_path, toy_digits):
 def test_fallback_serves_by_evidence_and_counts_its_audits_as_labels(tmp_path, toy_digits):
     out = tmp_path / "fallback"
     argv = [*BASE, "--methods", "tent,baseline", "--labels", "2", "--fallback", "--out", str(out)]
+    argv += ["--window", "off"]  # a step (and an audit) a batch of 8
     assert cli.main(argv) == 0
     tent, baseline = _doc(out)["results"]
     batches = len(tent["online"])

@@ -257,7 +257,13 @@ def test_the_source_model_fallback_decides_at_the_windows_steps_and_serves_betwe
     """eatta-safe with a window: requests under the window are served by the model the fallback
     serves (the given one before any evidence), and the fallback takes one step per window step
     (every 8 samples), not one per request."""
-    method = eatta.create("eatta-safe", tiny_cnn(), oracle=eatta.GroundTruthOracle(), window=8)
+    method = eatta.create(
+        "eatta-safe",
+        tiny_cnn(),
+        oracle=eatta.GroundTruthOracle(),
+        window=8,
+        fallback_start="source",
+    )
     fallback = method.fallback
     assert fallback is not None
     for i, (x, y) in enumerate(_requests([2] * 8)):
