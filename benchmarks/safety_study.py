@@ -362,7 +362,7 @@ def _by_annotator(
 ) -> list[str]:
     """The stream's table by annotator at request size ``size``, and (at 64) the gain lines ([]
     where that part did not run)."""
-    ann = s.get(_key(size), {})
+    ann = {a: s[_key(size)][a] for a in ANNOTATORS if a in s.get(_key(size), {})}
     if not ann:
         return []
     rows = []
