@@ -34,6 +34,7 @@ from eatta.methods.late_labels import LateLabels
 from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, register
+from eatta.methods.step_options import GradMode
 from eatta.monitor.fallback import START, SourceFallback
 from eatta.selection.base import ScoreSelector, Selector
 from eatta.selection.drawn import DisagreementDraw
@@ -141,6 +142,11 @@ class EATTASafeConfig(EATTAStableConfig):
         "shift, else given), given (source), adapted",
     )
     fallback_reset: bool = hparam(False, "reset the adapted model when it is found worse")
+    grad_mode: GradMode = hparam(
+        "approx",
+        "how the two gradients are computed ('approx', the default here: one backward pass, "
+        "within the seed spread of the exact step on the safety study's streams)",
+    )
 
 
 def _build_eatta_safe(
