@@ -419,7 +419,7 @@ def _by_annotator(
                 safe_gain=f"{safe_gain:+.1f}",
                 stable=STABLE,
                 stable_gain=f"{stable_gain:+.1f}",
-                kept=f"{100 * kept:.0f}",
+                kept=f"{100 * kept:.0f}" if kept == kept else "-",
                 late=late,
                 measure=measure,
             )
