@@ -142,10 +142,15 @@ class SampleWindow:
             self._y = torch.full((self.size,), -1, dtype=torch.long)
             self.filled = self.pos = 0
         x, y = x[-self.size :].detach(), y[-self.size :]
-        slots = (torch.arange(len(x)) + self.pos) % self.size
-        self._x[slots.to(self._x.device)] = x.to(self._x.device)
         assert self._y is not None
-        self._y[slots] = y
+        end = self.pos + len(x)
+        if end <= self.size:  # no wrap: a plain slice copy (a single request's path, kept cheap)
+            self._x[self.pos : end] = x.to(self._x.device)
+            self._y[self.pos : end] = y
+        else:
+            slots = (torch.arange(len(x)) + self.pos) % self.size
+            self._x[slots.to(self._x.device)] = x.to(self._x.device)
+            self._y[slots] = y
         self.pos = (self.pos + len(x)) % self.size
         self.filled = min(self.filled + len(x), self.size)
         self.samples += len(x)

@@ -326,11 +326,11 @@ class SourceFallback:
         if self._classes is None:
             self._classes = int(self.source_logits(x[:1]).shape[1])
         if labels is not None and len(labels):
-            bad = ((labels < 0) & (labels != ABSTAIN)) | (labels >= self._classes)
-            if bool(bad.any()):
+            bad = {v for v in labels.tolist() if (v < 0 and v != ABSTAIN) or v >= self._classes}
+            if bad:
                 raise ValueError(
-                    f"labels {sorted(set(labels[bad].tolist()))} are outside the source model's "
-                    f"{self._classes} classes; nothing was changed"
+                    f"labels {sorted(bad)} are outside the source model's {self._classes} "
+                    "classes; nothing was changed"
                 )
 
     def serve(self, x: Tensor, logits: Tensor) -> Tensor:
