@@ -141,6 +141,7 @@ def test_a_browser_finds_the_quick_start_and_the_page_of_eatta_EATTA(site: Path)
             assert quick.text.strip().startswith("Quick start")
             code = driver.find_element(By.CSS_SELECTOR, "article pre code").text
             assert "eatta.create(" in code
+
             # from the home page to the API reference, and on to eatta.EATTA, by clicking
             def follow(selector: str) -> None:
                 link = driver.find_element(By.CSS_SELECTOR, selector)
