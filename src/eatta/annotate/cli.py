@@ -81,7 +81,6 @@ def serve(queue: str, host: str, port: int, token: str | None, order: Order = "n
     sock = socket.create_server((host, port), family=family)
     bound = sock.getsockname()[1]
     app = make_app(queue, token=token, order=order)
-    print(f"eatta-annotate: serving {queue} at {_url(host, bound, token)}", flush=True)
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -89,7 +88,8 @@ def serve(queue: str, host: str, port: int, token: str | None, order: Order = "n
         server_header=False,
         timeout_graceful_shutdown=2,
     )
-    try:
+    try:  # announced inside: a Ctrl-C any time after "serving" says where the answers are
+        print(f"eatta-annotate: serving {queue} at {_url(host, bound, token)}", flush=True)
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shuts down first, then re-raises Ctrl-C
         print(f"eatta-annotate: stopped; the queue {queue} keeps every answer", file=sys.stderr)
