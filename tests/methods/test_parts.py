@@ -243,6 +243,25 @@ def test_one_step_pulls_every_trained_weight_back_exactly() -> None:
     assert_pulled(plain, anchored)
 
 
+def test_the_anchor_follows_the_model_to_another_dtype() -> None:
+    """After ``method.double()`` the pull runs in float64 toward θ₀ converted once (kept beside
+    the parameter, not converted again at every step)."""
+    model = confident_cnn()
+    plain, anchored = twins(lambda **p: eatta.create("tent", copy.deepcopy(model), **p), ALPHA)
+    plain.double()
+    anchored.double()
+    x = image_batches(1, size=16)[0].double()
+    torch.testing.assert_close(plain(x), anchored(x), rtol=0, atol=0)
+    anchor = anchored.weight_anchor
+    assert anchor is not None
+    for (theta, theta0), stepped in zip(anchor._pairs, trained(plain), strict=True):
+        assert theta.dtype == theta0.dtype == torch.float64
+        assert torch.equal(theta, ALPHA * stepped + (1 - ALPHA) * theta0)
+    kept = [t0 for _, t0 in anchor._pairs]
+    anchored(image_batches(2, size=16)[1].double())
+    assert all(t0 is k for (_, t0), k in zip(anchor._pairs, kept, strict=True))
+
+
 def test_alpha_one_changes_nothing() -> None:
     model = confident_cnn()
     plain, anchored = twins(lambda **p: eatta.create("eta", copy.deepcopy(model), **p), 1.0)

@@ -181,8 +181,11 @@ class WeightAnchor:
         a = self.alpha
         if a == 1:
             return
-        for theta, theta0 in self._pairs:
-            theta.copy_(a * theta + (1 - a) * theta0.to(theta))
+        for i, (theta, theta0) in enumerate(self._pairs):
+            if theta0.device != theta.device or theta0.dtype != theta.dtype:  # the model moved:
+                theta0 = theta0.to(theta)  # θ₀ follows it once, not a copy every step
+                self._pairs[i] = (theta, theta0)
+            theta.copy_(a * theta + (1 - a) * theta0)
 
     def __repr__(self) -> str:
         return f"WeightAnchor(alpha={self.alpha})"
