@@ -428,3 +428,7 @@ def test_weight_anchor_reaches_every_adapting_method_and_the_fingerprint(tmp_pat
     assert pulled["tent"].fingerprint != plain["tent"].fingerprint
     with pytest.raises(ValueError, match="weight_anchor"):
         RunOptions(weight_anchor=0.0)
+    with pytest.raises(ValueError, match="weight_anchor pulls an adapting method"):
+        eatta.bench.run(
+            "digits-c", ["source"], limit=16, weight_anchor=0.5, out=tmp_path / "u", progress=False
+        )

@@ -32,7 +32,7 @@ from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
 from eatta.bench.flags import LoadOptions, RunConfig
-from eatta.bench.grid import SETTINGS, CellSpec, make_grid, make_jobs, parse_shard
+from eatta.bench.grid import SETTINGS, STATIC_METHODS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
 from eatta.bench.options import RunOptions
@@ -345,6 +345,11 @@ def run(
     monitor = _typed(monitor, MonitorOptions, "monitor")
     plan = _plan(datasets, methods, config, protocol, monitor, given, load)
     options = _run_options(config, plan, protocol, annotator, monitor, hparams)
+    if options.weight_anchor is not None and set(plan.methods) <= STATIC_METHODS:
+        raise ValueError(
+            f"weight_anchor pulls an adapting method's weights; {', '.join(plan.methods)} "
+            "adapts none"
+        )
     shard_ix = _shard(config.shard)
     threads = _threads(config.threads, options.device == "cpu" and plan.embedded)
     before = torch.get_num_threads()
