@@ -17,10 +17,7 @@ ratios, in one run:
   ``eatta-safe`` itself takes the approximate one-backward step). The bar: a step that adapts
   at most 1.10x TENT's.
 
-And single requests: ``eatta-safe`` with a window of 64 samples (serving the adapted model)
-answering one sample at a time, timed only on the requests that do not step, against the model's
-bare forward pass on the same sample (no gradient), alternating; median and p99 of each and the
-median of the paired ratios (the bar: at most 1.5x).
+(Single requests between window steps: ``benchmarks/small_batch_latency.py``.)
 
 Models: ``digits-32`` (the digits-C CNN, packaged weights) and ``resnet18-64`` (torchvision
 ResNet-18, random init, 1000 classes, 64 px, head scaled as in ``step_benchmark.py`` so that part
@@ -100,55 +97,11 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Callable[[], 
     }
 
 
-def _single_requests(model: nn.Module, x: Tensor, y: Tensor, n: int) -> dict[str, Any]:
-    """Requests of one sample between window steps against the bare forward (see above)."""
-    method = eatta.create(
-        "eatta-safe",
-        copy.deepcopy(model),
-        lr=1e-4,
-        oracle=GroundTruthOracle(),
-        window=64,
-        fallback_start="adapted",
-    )
-    bare = copy.deepcopy(model).eval()
-    window = method.window
-    assert window is not None
-    served: list[float] = []
-    plain: list[float] = []
-    for i in range(n + 64):  # the first 64 fill the window and are not timed
-        j = i % len(x)
-        one, label = x[j : j + 1], y[j : j + 1]
-        steps = window.due_after(1)
-        t0 = time.perf_counter()
-        method(one, labels=label)
-        t1 = time.perf_counter()
-        with torch.no_grad():
-            bare(one)
-        t2 = time.perf_counter()
-        if i >= 64 and not steps:
-            served.append(t1 - t0)
-            plain.append(t2 - t1)
-    paired = sorted(a / b for a, b in zip(served, plain, strict=True))
-    return {
-        "requests": len(served),
-        "served": _common.stats_ms(served) | {"p99_ms": 1e3 * _quantile(served, 0.99)},
-        "bare": _common.stats_ms(plain) | {"p99_ms": 1e3 * _quantile(plain, 0.99)},
-        "ratio_median": paired[len(paired) // 2],
-        "ratio_p99": _quantile(served, 0.99) / _quantile(plain, 0.99),
-    }
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--requests", type=int, default=600, help="timed single requests")
     ap.add_argument("--quick", action="store_true", help="3 repeats, nothing written")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -178,17 +131,12 @@ def main(argv: list[str] | None = None) -> int:
             "eatta-safe / tent": _common.ratio(samples, "eatta-safe", "tent"),
             "exact step / tent": _common.ratio(samples, "eatta-safe (exact step)", "tent"),
         }
-        single = _single_requests(model, x, y, 30 if args.quick else args.requests)
-        out["models"][name] = {"ms": row, "ratios": ratios, "single_request": single}
+        out["models"][name] = {"ms": row, "ratios": ratios}
         print(f"{name}:")
         for v, st in row.items():
             print(f"  {v:28s} median {st['median_ms']:.1f} ms")
         for k, r in ratios.items():
             print(f"  {k:28s} {r['paired']:.3f} (median of per-round ratios)")
-        print(
-            f"  1-sample request / bare forward: median {single['ratio_median']:.2f}, p99 "
-            f"{single['served']['p99_ms']:.2f} ms against {single['bare']['p99_ms']:.2f} ms"
-        )
     _common.finish_meta(out["meta"], started)
     if not args.quick:
         _common.write_json(RESULTS, out)
