@@ -46,10 +46,8 @@ __all__ = [
     "DEFAULT_METHODS",
     "DIGITS_ROUNDS",
     "EMBEDDED",
-    "AnnotatorOptions",
     "BenchmarkRun",
     "RunInterrupted",
-    "StreamProtocol",
     "load_benchmarks",
     "method_names",
     "run",
@@ -179,53 +177,21 @@ def _hparams(
     return registry.merge_overrides(methods, common, own)
 
 
-def _load_embedded(
-    name: str,
-    root: str | None,
-    cache_dir: str | None,
-    log: Callable[[str], None] | None,
-    gradual: bool,
-    ccc: str | None,
-    severity: int | None,
-    backbone: str | None,
-) -> BenchmarkData:
-    """One of the datasets built into the package (:data:`EMBEDDED`)."""
-    from eatta.bench import suites
-
-    if name == "mnist":
-        return suites.mnist_benchmark(root, cache_dir, log=log)
-    if name == "digits-deployed":
-        return suites.deployed_benchmark(cache_dir, log=log, severity=severity or 2)
-    return suites.digits_c_benchmark(
-        cache_dir, log=log, gradual=gradual, ccc=ccc, severity=severity or 5, backbone=backbone
-    )
-
-
 def load_benchmarks(
     datasets: str | Sequence[str],
     *,
-    roots: str | Mapping[str, str] | None = None,
     gradual: bool = False,
     ccc: str | None = None,
-    sequences: str | Sequence[str] = ("P-A-C-S",),
-    severity: int | None = None,
-    subset: int | str | None = None,
-    image_size: int = 224,
-    backbone: str | None = None,
-    checkpoint: str | None = None,
-    pretrained: bool = True,
-    oracle_backbone: str | None = None,
-    oracle_checkpoint: str | None = None,
-    fisher_root: str | None = None,
-    cache_dir: str | None = None,
     workers: int | None = None,
     log: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> dict[str, BenchmarkData]:
     """Load the named datasets of :data:`eatta.bench.suites.DATASETS` (fails fast on a missing
-    folder, a wrong layout or unavailable weights). ``roots``: one folder for all, or one per
-    dataset; ``oracle_backbone``: annotate with that model instead of the ground truth;
-    ``severity``: 1-5, for the datasets that have severities (default 5; an error for the
-    others, checked for every dataset before any is loaded). The other keywords are those of
+    folder, a wrong layout or unavailable weights). ``options`` are the fields of
+    :class:`~eatta.bench.flags.LoadOptions`: ``roots``, one folder for all or one per dataset;
+    ``oracle_backbone``: annotate with that model instead of the ground truth; ``severity``:
+    1-5, for the datasets that have severities (default 5; an error for the others, checked for
+    every dataset before any is loaded). The others are keywords of
     :func:`~eatta.bench.suites.imagenet_benchmark`, :func:`~eatta.bench.suites.pacs_benchmark`
     and :func:`~eatta.bench.suites.digits_c_benchmark` (``backbone``: ``digits-cnn`` or
     ``digits-vit`` for digits-C, a :data:`~eatta.models.backbones.MODELS` name for the others).
@@ -236,7 +202,9 @@ def load_benchmarks(
     unknown = [d for d in names if d not in suites.DATASETS]
     if unknown:
         raise ValueError(f"unknown dataset(s) {unknown}; choose from {list(suites.DATASETS)}")
-    severity_of = {name: suites.check_severity(name, severity) for name in names}
+    o = LoadOptions(**options)
+    severity_of = {name: suites.check_severity(name, o.severity) for name in names}
+    roots, cache_dir, backbone = o.roots, o.cache_dir, o.backbone
     if roots is None:
         root_of: dict[str, str] = {}
     elif isinstance(roots, str | os.PathLike):
@@ -244,11 +212,11 @@ def load_benchmarks(
     else:
         root_of = {k: os.fspath(v) for k, v in roots.items()}
     model_options: dict[str, Any] = {  # what PACS and the ImageNet family share
-        "checkpoint": checkpoint,
-        "pretrained": pretrained,
-        "image_size": image_size,
-        "oracle_backbone": oracle_backbone,
-        "oracle_checkpoint": oracle_checkpoint,
+        "checkpoint": o.checkpoint,
+        "pretrained": o.pretrained,
+        "image_size": o.image_size,
+        "oracle_backbone": o.oracle_backbone,
+        "oracle_checkpoint": o.oracle_checkpoint,
         "workers": workers or 0,
     }
     out: dict[str, BenchmarkData] = {}
@@ -257,37 +225,41 @@ def load_benchmarks(
             raise ValueError(f"gradual needs severities; {name} has none (digits-c, imagenet-c)")
         if ccc is not None and name != "digits-c":
             raise ValueError(f"the CCC-style stream is built for digits-c, not {name}")
-        if name in EMBEDDED:  # built into the package, annotated by the ground truth
-            if oracle_backbone is not None:
-                raise ValueError(f"{name} has no model annotator; use the ground truth")
-            b = _load_embedded(
-                name, root_of.get(name), cache_dir, log, gradual, ccc, severity_of[name], backbone
-            )
-            out[b.name] = b
-            continue
-        if name not in root_of:
+        if name in EMBEDDED and o.oracle_backbone is not None:  # annotated by the ground truth
+            raise ValueError(f"{name} has no model annotator; use the ground truth")
+        if name not in EMBEDDED and name not in root_of:
             raise ValueError(
                 f"{name} needs a root folder (layout: {suites.LAYOUTS[name]}); "
                 f"for several datasets give one per dataset ({name}=PATH)"
             )
+        level = severity_of[name]
         if name == "pacs":
-            for seq in _names(sequences, "sequences"):
+            for seq in _names(o.sequences, "sequences"):
                 b = suites.pacs_benchmark(
                     root_of[name], seq, backbone=backbone or "resnet18", **model_options
                 )
                 out[b.name] = b
+            continue
+        if name == "mnist":
+            b = suites.mnist_benchmark(root_of.get(name), cache_dir, log=log)
+        elif name == "digits-deployed":
+            b = suites.deployed_benchmark(cache_dir, log=log, severity=level or 2)
+        elif name == "digits-c":
+            b = suites.digits_c_benchmark(
+                cache_dir, log=log, gradual=gradual, ccc=ccc, severity=level or 5, backbone=backbone
+            )
         else:
             b = suites.imagenet_benchmark(
                 name,
                 root_of[name],
                 backbone=backbone or "resnet50_bn",
-                severity=severity_of[name] or 5,
+                severity=level or 5,
                 gradual=gradual,
-                subset=subset,
-                fisher_root=fisher_root,
+                subset=o.subset,
+                fisher_root=o.fisher_root,
                 **model_options,
             )
-            out[b.name] = b
+        out[b.name] = b
     return out
 
 
@@ -345,11 +317,6 @@ def run(
     monitor = _typed(monitor, MonitorOptions, "monitor")
     plan = _plan(datasets, methods, config, protocol, monitor, given, load)
     options = _run_options(config, plan, protocol, annotator, monitor, hparams)
-    if options.weight_anchor is not None and set(plan.methods) <= STATIC_METHODS:
-        raise ValueError(
-            f"weight_anchor pulls an adapting method's weights; {', '.join(plan.methods)} "
-            "adapts none"
-        )
     shard_ix = _shard(config.shard)
     threads = _threads(config.threads, options.device == "cpu" and plan.embedded)
     before = torch.get_num_threads()
@@ -413,7 +380,7 @@ def _run_options(
     hparams: Mapping[str, Mapping[str, Any]] | None,
 ) -> RunOptions:
     """How every cell runs (the first seed's; the others replace it)."""
-    return RunOptions(
+    options = RunOptions(
         batch_size=config.batch_size,
         window=config.window,
         weight_anchor=config.weight_anchor,
@@ -431,6 +398,12 @@ def _run_options(
         progress=config.progress,
         reuse=config.reuse,
     )
+    if options.weight_anchor is not None and set(plan.methods) <= STATIC_METHODS:
+        raise ValueError(
+            f"weight_anchor pulls an adapting method's weights; {', '.join(plan.methods)} "
+            "adapts none"
+        )
+    return options
 
 
 def _typed(value: Any, cls: type, what: str) -> Any:
@@ -454,6 +427,15 @@ def _stream(
     if not isinstance(protocol, StreamProtocol):
         raise TypeError(f"protocol must be a StreamProtocol, got {type(protocol).__name__}")
     return protocol
+
+
+def _benchmark_data(data: Mapping[str, Any], what: str) -> dict[str, BenchmarkData]:
+    """``data`` as a dict, refused (``what``, a TypeError) if empty or not all BenchmarkData."""
+    out = dict(data)
+    bad = [k for k, v in out.items() if not isinstance(v, BenchmarkData)]
+    if bad or not out:
+        raise TypeError(f"{what} (bad: {bad})")
+    return out
 
 
 def _plan(
@@ -480,14 +462,11 @@ def _plan(
         raise TypeError("load= loads dataset names; give neither loaded data nor loading options")
     given_data = None
     if isinstance(datasets, Mapping):  # ready data by grid name
-        given_data = dict(datasets)
         if loading:
             raise TypeError(
                 f"loading options {sorted(loading)} apply to dataset names, not to loaded data"
             )
-        bad_data = [k for k, v in given_data.items() if not isinstance(v, BenchmarkData)]
-        if bad_data or not given_data:
-            raise TypeError(f"datasets must map names to BenchmarkData (bad: {bad_data})")
+        given_data = _benchmark_data(datasets, "datasets must map names to BenchmarkData")
         requested = list(given_data)
     else:
         requested = _names(datasets, "datasets")
@@ -559,10 +538,7 @@ def _data(
     if plan.given_data is not None:
         data = plan.given_data
     elif load is not None:
-        data = dict(load(plan.requested))
-        bad_data = [k for k, v in data.items() if not isinstance(v, BenchmarkData)]
-        if bad_data or not data:
-            raise TypeError(f"load() must return BenchmarkData by name (bad: {bad_data})")
+        data = _benchmark_data(load(plan.requested), "load() must return BenchmarkData by name")
     else:
         data = load_benchmarks(
             plan.requested,
@@ -652,21 +628,17 @@ def provenance_notes(b: BenchmarkData) -> list[str]:
     data or the source model (the numbers may not be comparable), one line of information for
     the CPU kernels alone (same inputs, computed with other vector kernels)."""
     expected = b.expected_provenance or {}
-    lines = []
-    inputs_differ = False
-    for key in b.provenance_mismatch():
-        if key in COMPUTED_WITH:
-            continue
-        inputs_differ = True
-        lines.append(
-            f"warning: {b.name}: {key} is {b.provenance[key]}, not the reference "
-            f"{expected[key]}: results may differ from the published table (see "
-            "docs/benchmarks.md, 'Same numbers on every machine')"
-        )
+    inputs = [k for k in b.provenance_mismatch() if k not in COMPUTED_WITH]
     kernels = [k for k in b.provenance_mismatch() if k in COMPUTED_WITH]
-    if kernels and not inputs_differ:
-        here = ", ".join(f"{b.provenance[k]}" for k in kernels)
-        there = ", ".join(f"{expected[k]}" for k in kernels)
+    lines = [
+        f"warning: {b.name}: {key} is {b.provenance[key]}, not the reference "
+        f"{expected[key]}: results may differ from the published table (see "
+        "docs/benchmarks.md, 'Same numbers on every machine')"
+        for key in inputs
+    ]
+    if kernels and not inputs:
+        here = ", ".join(str(b.provenance[k]) for k in kernels)
+        there = ", ".join(str(expected[k]) for k in kernels)
         lines.append(
             f"note: {b.name}: same data and model as the reference table, computed here with "
             f"torch CPU kernels {here} (the table: {there}); last digits can differ "
@@ -703,17 +675,13 @@ class RunInterrupted(KeyboardInterrupt):
         self.runs = runs
         #: finished runs, saved in ``out/cells`` (read back by the same command)
         self.finished = len(list((self.out / "cells").glob("*.json")))
-        super().__init__(self.message())
-
-    def message(self) -> str:
-        """What was kept and how to resume."""
         ckpt = self.out / "checkpoints"
-        running = len(list(ckpt.glob("*.pt")))
-        return (
-            f"interrupted: {self.finished} of {self.runs} runs finished and saved in "
-            f"{self.out / 'cells'}; {running} unfinished run(s) checkpointed in {ckpt}. "
-            "The same command again resumes: finished runs are read back, checkpointed ones "
-            "continue from their checkpoint (every --checkpoint-every batches)."
+        super().__init__(  # what was kept and how to resume
+            f"interrupted: {self.finished} of {runs} runs finished and saved in "
+            f"{self.out / 'cells'}; {len(list(ckpt.glob('*.pt')))} unfinished run(s) "
+            f"checkpointed in {ckpt}. The same command again resumes: finished runs are read "
+            "back, checkpointed ones continue from their checkpoint (every --checkpoint-every "
+            "batches)."
         )
 
 
@@ -741,8 +709,7 @@ def _cell_process(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the cells
     torch.set_num_threads(1)
     try:
-        opts = options if seed == options.seed else dataclasses.replace(options, seed=seed)
-        opts = dataclasses.replace(opts, progress=False)
+        opts = dataclasses.replace(options, seed=seed, progress=False)
         result = run_cell(spec, _WORKER_DATA[spec.dataset], opts, out_dir, grid_index=grid_index)
         send.send((result, None))
     except BaseException as err:  # sent to the parent, which raises it
