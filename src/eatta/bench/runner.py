@@ -43,9 +43,6 @@ from eatta.monitor import SourceFallback
 __all__ = ["RunOptions", "run_cell", "run_grid"]
 
 
-# ----------------------------------------------------------------------------- running
-
-
 def _build_method(
     spec: CellSpec, data: BenchmarkData, options: RunOptions, device: torch.device
 ) -> tuple[AdaptiveMethod, Oracle | None, dict[str, Any]]:
@@ -77,7 +74,9 @@ def _build_method(
     window = None if spec.method in STATIC_METHODS else options.window_for(model)
     labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
-        per_batch = spec.labels - _fallback_audits(spec, options)
+        per_batch = spec.labels  # less the audits --fallback takes out of the budget
+        if options.monitor.fallback:
+            per_batch -= check_fallback_budget(spec.method, spec.labels, spec.every)
         budget = _budget(per_batch, spec.every, options.batch_size, window)
         labels = {"oracle": oracle, "budget": budget}
     if window is not None:
@@ -99,13 +98,6 @@ def _budget(labels: int, every: int, batch_size: int, window: int | bool | None)
     if rate == 0:
         return Budget(0)
     return Budget(rate.numerator, every=rate.denominator)
-
-
-def _fallback_audits(spec: CellSpec, options: RunOptions) -> int:
-    """Audits a batch that ``--fallback`` takes from the method's label budget."""
-    if not options.monitor.fallback:
-        return 0
-    return check_fallback_budget(spec.method, spec.labels, spec.every)
 
 
 def _serve(
@@ -164,11 +156,6 @@ def _position(
         saved["position"], saved["online"], saved["wall_time_s"], saved.get("cpu_time_s", 0.0),
         saved.get("tally", tally), saved["sessions"] + 1, saved["peak_mem_mb"],
     )  # fmt: skip
-
-
-def _checkpoint_due(every: int, t: int, total: int) -> bool:
-    """Whether batch ``t`` ends with a checkpoint (never after the last batch)."""
-    return bool(every) and (t + 1) % every == 0 and t + 1 < total
 
 
 def _reused(path: Path, grid_index: int) -> CellResult:
@@ -258,7 +245,8 @@ def run_cell(
             _show(bar, 100 * n_wrong / n_seen, stream.visit_names[k])
             if milestone_log is not None and _milestone(stream, t):
                 milestone_log(_milestone_text(spec, stream, online, t))
-            if _checkpoint_due(options.checkpoint_every, t, total):
+            every = options.checkpoint_every
+            if every and (t + 1) % every == 0 and t + 1 < total:  # none after the last batch
                 c0, cc0 = time.perf_counter(), time.thread_time()
                 state = {"fingerprint": fp, "spec": dataclasses.asdict(spec), "position": t + 1}
                 state.update(online=online, tally=tally, sessions=sessions)
@@ -274,11 +262,9 @@ def run_cell(
             bar.close()
     wall += time.perf_counter() - t0 - ckpt_time
     cpu += time.thread_time() - cpu0 - ckpt_cpu
-
     result = _summarize(spec, stream, online, grid_index, fp, wall, device, notes, hparams, tally)
     result.seed, result.cpu_time_s, result.sessions = options.seed, cpu, sessions
-    result.protocol = _protocol(data, options)
-    _summaries(result, data, options, stream.rounds, method, oracle, monitor)
+    _summaries(result, data, options, method, oracle, monitor)
     result.peak_mem_mb = _peak(device, rss_before, peak_prev)
     result.max_rss_mb = _max_rss_mb()
     result.model_digest = model_digest(method.model)
@@ -291,18 +277,19 @@ def _summaries(
     result: CellResult,
     data: BenchmarkData,
     options: RunOptions,
-    rounds: int,
     method: Any,
     oracle: Any,
     monitor: Any,
 ) -> None:
-    """The monitor's, the fallback's and the annotator's records, and the provenance."""
+    """The stream protocol, the monitor's, the fallback's and the annotator's records, and the
+    provenance."""
+    result.protocol = _protocol(data, options)
     if monitor is not None:
-        result.monitor = monitor_summary(monitor, rounds, options.annotator)
+        result.monitor = monitor_summary(monitor, result.rounds, options.annotator)
     if isinstance(method.fallback, SourceFallback):
-        result.fallback = fallback_summary(method.fallback, rounds)
+        result.fallback = fallback_summary(method.fallback, result.rounds)
     result.provenance = {**data.provenance, **machine_provenance()}
-    if spec_active(result.spec):
+    if registry.get_spec(result.spec.method).active:
         result.annotation = annotation_summary(
             method, oracle, result.labels_used, options.annotator
         )
@@ -447,11 +434,6 @@ def _answers_so_far(method: AdaptiveMethod) -> int:
     restarts at a reset and would drop the labels of the steps before it."""
     budget = getattr(method, "budget", None)
     return budget.lifetime_used if isinstance(budget, Budget) else method.labels_used
-
-
-def spec_active(spec: CellSpec) -> bool:
-    """Whether the cell's method asks an annotator."""
-    return registry.get_spec(spec.method).active
 
 
 def _annotator_state(oracle: object) -> dict[str, Any] | None:
@@ -601,9 +583,6 @@ def done_text(r: CellResult) -> str:
         f"{r.spec.dataset} {r.spec.setting} {r.label} seed {r.seed}: avg error "
         f"{r.average_error:.1f}%{rounds}, {r.labels_used} labels, {r.wall_time_s:.1f} s{how}"
     )
-
-
-# ----------------------------------------------------------------------------- memory
 
 
 def _status_mb(field: str) -> float | None:
