@@ -35,7 +35,7 @@ from eatta.bench.flags import LoadOptions, RunConfig
 from eatta.bench.grid import SETTINGS, STATIC_METHODS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
-from eatta.bench.options import RunOptions
+from eatta.bench.options import RunOptions, is_int
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
 from eatta.bench.results import CellResult
@@ -118,12 +118,7 @@ def method_names(value: str | Sequence[str]) -> list[str]:
 
 def _ints(value: int | Sequence[int], what: str, low: int) -> list[int]:
     items = [value] if isinstance(value, int) else value
-    if (
-        isinstance(value, bool)
-        or not isinstance(items, Sequence)
-        or not items
-        or any(isinstance(v, bool) or not isinstance(v, int) for v in items)
-    ):
+    if not isinstance(items, Sequence) or not items or not all(map(is_int, items)):
         raise TypeError(f"{what} must be an int or a non-empty sequence of ints, got {value!r}")
     if any(v < low for v in items):
         raise ValueError(f"{what} must be >= {low}, got {list(items)}")
@@ -135,7 +130,7 @@ def _buffers(value: int | Sequence[int | None] | None) -> list[int | None]:
     if not isinstance(items, Sequence) or not items:
         raise TypeError(f"buffers must be an int, None or a sequence of them, got {value!r}")
     for b in items:
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int)):
+        if b is not None and not is_int(b):
             raise TypeError(f"buffers must be ints or None, got {b!r}")
         if b is not None and b < 0:
             raise ValueError(f"buffers must be >= 0, got {b}")
@@ -287,13 +282,12 @@ def run(
             :class:`~eatta.bench.benchmark.BenchmarkData` by grid name.
         methods: registered method names, or ``"all"``.
         rounds, gradual, dirichlet: shorthands for the same fields of ``protocol``.
-        protocol: the stream protocol (:class:`StreamProtocol`: recurring rounds, default 10
-            for digits-C alone and 1 otherwise; gradual severities; Dirichlet label shift; mixed
-            domains; the CCC-style stream); give it or the shorthands, not both.
-        annotator: who answers the active methods (:class:`AnnotatorOptions`: label delay,
-            noise, yes/no feedback, seconds per answer); default: the ground truth, at once.
-        monitor: audits and the guard (:class:`~eatta.bench.monitoring.MonitorOptions`: audit
-            share, guard policy and levels); default: none.
+        protocol: how the domains are streamed (:class:`StreamProtocol`; rounds: 10 for
+            digits-C alone, else 1); give it or the shorthands, not both.
+        annotator: who answers the active methods (:class:`AnnotatorOptions`); default: the
+            ground truth, at once.
+        monitor: audits and the guard (:class:`~eatta.bench.monitoring.MonitorOptions`);
+            default: none.
         hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
             ``{"tent": {...}}`` for one; checked against each method's configuration.
         log: receives progress and summary lines (None: quiet).
@@ -318,7 +312,8 @@ def run(
     plan = _plan(datasets, methods, config, protocol, monitor, given, load)
     options = _run_options(config, plan, protocol, annotator, monitor, hparams)
     shard_ix = _shard(config.shard)
-    threads = _threads(config.threads, options.device == "cpu" and plan.embedded)
+    embedded = set(plan.requested) <= set(EMBEDDED)
+    threads = _threads(config.threads, options.device == "cpu" and embedded)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -368,7 +363,6 @@ class _Plan:
     budgets: list[tuple[int, int]]
     buffers: list[int | None]
     seeds: list[int]
-    embedded: bool
 
 
 def _run_options(
@@ -448,9 +442,7 @@ def _plan(
     load: Callable[[list[str]], Mapping[str, BenchmarkData]] | None,
 ) -> _Plan:
     """Every option of :func:`run` checked, before anything is loaded or written."""
-    if config.jobs is not None and (
-        isinstance(config.jobs, bool) or not isinstance(config.jobs, int) or config.jobs < 1
-    ):
+    if config.jobs is not None and not (is_int(config.jobs) and config.jobs >= 1):
         raise ValueError(f"jobs must be an int >= 1, got {config.jobs!r}")
     switches = {"gradual": protocol.gradual, "reuse": config.reuse}
     switches.update(progress=config.progress, plot=config.plot)
@@ -498,11 +490,8 @@ def _plan(
         for k, n in budgets:
             for m in chosen:
                 check_fallback_budget(m, k, n)
-    embedded = set(requested) <= set(EMBEDDED)
     buffer_list = _buffers(config.buffers)
-    return _Plan(
-        requested, given_data, chosen, setting_list, budgets, buffer_list, seed_list, embedded
-    )
+    return _Plan(requested, given_data, chosen, setting_list, budgets, buffer_list, seed_list)
 
 
 def _shard(shard: str | tuple[int, int] | None) -> tuple[int, int]:
@@ -519,7 +508,7 @@ def _threads(threads: int | None, embedded_on_cpu: bool) -> int | None:
     """The torch threads of the run: 1 for the embedded datasets on the CPU by default."""
     if threads is None and embedded_on_cpu:
         threads = 1
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+    if threads is not None and not is_int(threads):
         raise TypeError(f"threads must be an int, got {threads!r}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")

@@ -20,6 +20,11 @@ __all__ = ["AUTO_WINDOW", "RunOptions"]
 AUTO_WINDOW = 64
 
 
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an int (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class RunOptions:
     """How cells are run (identical options give identical results).
@@ -53,11 +58,7 @@ class RunOptions:
     weight_anchor: float | None = None
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.batch_size, bool)
-            or not isinstance(self.batch_size, int)
-            or self.batch_size < 1
-        ):
+        if not (is_int(self.batch_size) and self.batch_size >= 1):
             raise ValueError(f"batch size must be an int >= 1, got {self.batch_size!r}")
         if self.window not in (None, "auto", "off"):
             check_window(self.window)
@@ -72,7 +73,7 @@ class RunOptions:
             raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
         if self.checkpoint_every < 0 or (self.workers is not None and self.workers < 0):
             raise ValueError("checkpoint_every and workers must be >= 0")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+        if not (is_int(self.rounds) and self.rounds >= 1):
             raise ValueError(f"rounds must be an int >= 1, got {self.rounds!r}")
         if self.dirichlet is not None and not (
             isinstance(self.dirichlet, int | float)
