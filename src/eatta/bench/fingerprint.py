@@ -85,6 +85,8 @@ def code_digest() -> str:
 def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str:
     """Short hash of everything that determines a cell's result (the code included)."""
     spec_ = registry.get_spec(spec.method)
+    window = options.window  # recorded only where it can apply: batch-64 runs' stay as they were
+    window_applies = window is not None and (window != "auto" or options.batch_size < AUTO_WINDOW)
     payload = {
         "spec": dataclasses.asdict(spec),
         "config": to_plain(data.config),
@@ -97,8 +99,7 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
         "rounds": options.rounds,
         "dirichlet": options.dirichlet,
         **({"mixed": True} if options.mixed else {}),
-        # only where it can apply: fingerprints of batch-64 runs stay as they were
-        **({"window": str(options.window)} if _window_applies(options) else {}),
+        **({"window": str(window)} if window_applies else {}),
         **({"weight_anchor": options.weight_anchor} if options.weight_anchor is not None else {}),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
@@ -109,12 +110,6 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
-
-
-def _window_applies(options: RunOptions) -> bool:
-    if options.window is None:
-        return False
-    return options.window != "auto" or options.batch_size < AUTO_WINDOW
 
 
 def model_digest(model: nn.Module) -> str:
