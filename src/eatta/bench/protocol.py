@@ -8,6 +8,7 @@ blended with a continuously changing mix and severity, at a slow, medium or fast
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -68,10 +69,5 @@ class StreamProtocol:
             raise ValueError("the CCC stream sets its own severities; leave out gradual")
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "rounds": self.rounds,
-            "gradual": self.gradual,
-            "dirichlet": self.dirichlet,
-            "mixed": self.mixed,
-            "ccc": self.ccc,
-        }
+        """The fields by name (for result files and pages)."""
+        return dataclasses.asdict(self)
