@@ -12,10 +12,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from eatta.annotate.cost import AnnotatorCost
 from eatta.bench import api, flags
 from eatta.bench.annotation import AnnotatorOptions
-from eatta.bench.api import DEFAULT_METHODS
 from eatta.bench.flags import LoadOptions, RunConfig, split_csv
 from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE, MonitorOptions
 from eatta.bench.protocol import StreamProtocol
@@ -71,7 +72,7 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--dataset", default="digits-c", help=f"from {', '.join(DATASETS)}")
     g.add_argument(
         "--methods",
-        default=",".join(DEFAULT_METHODS),
+        default=",".join(api.DEFAULT_METHODS),
         help="registered methods, comma-separated, or 'all' (see --list)",
     )
     flags.add_flags(g, RunConfig, only=_GRID)
@@ -168,8 +169,6 @@ def _roots(items: Sequence[str], datasets: Sequence[str]) -> dict[str, str]:
 def _default_jobs(args: argparse.Namespace) -> int:
     """Every core for the embedded benchmarks (digits-C, MNIST) on the CPU (one thread per
     cell), else 1."""
-    import torch
-
     cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     return (os.cpu_count() or 1) if cpu and set(split_csv(args.dataset)) <= set(api.EMBEDDED) else 1
 
