@@ -36,7 +36,8 @@ def main_parser() -> argparse.ArgumentParser:
         "no arguments at all: the long-term digits-C benchmark) mean 'run'.",
     )
     sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
-    for name, parent in [("run", run_parser(False)), ("merge", commands.merge_parser(False))]:
+    parents = {"run": run_parser(add_help=False), "merge": commands.merge_parser(add_help=False)}
+    for name, parent in parents.items():
         sub.add_parser(
             name,
             parents=[parent],

@@ -1,11 +1,10 @@
 """Command-line flags declared once, on the option dataclasses' fields.
 
 A field made with :func:`flag` carries its help, its flag name and how to read it from text in
-``field.metadata``; :func:`add_flags` turns a dataclass's flagged fields into
-arguments, and :func:`values` reads them back from the parsed namespace as keyword arguments of
-the same dataclass (or of :func:`eatta.bench.run`, whose keywords are :class:`RunConfig`'s and
-:class:`LoadOptions`' fields). A flag that negates its field (``--rerun`` for ``reuse``) says so
-with ``negate``.
+``field.metadata``; :func:`add_flags` turns a dataclass's flagged fields into arguments, and
+:func:`values` reads them back from the parsed namespace as keyword arguments of the same dataclass
+(or of :func:`eatta.bench.run`, whose keywords are :class:`RunConfig`'s and :class:`LoadOptions`'
+fields). A flag that negates its field (``--rerun`` for ``reuse``) says so with ``negate``.
 """
 
 from __future__ import annotations

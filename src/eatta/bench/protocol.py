@@ -8,9 +8,8 @@ blended with a continuously changing mix and severity, at a slow, medium or fast
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from eatta.bench.flags import flag
@@ -70,4 +69,4 @@ class StreamProtocol:
 
     def describe(self) -> dict[str, Any]:
         """The fields by name (for result files and pages)."""
-        return dataclasses.asdict(self)
+        return asdict(self)
