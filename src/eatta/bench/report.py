@@ -98,6 +98,11 @@ def _mean(values: Sequence[float]) -> float:
     return _stats(values)[0]
 
 
+def _mean_std(values: Sequence[float]) -> dict[str, float | None]:
+    mean, std = _stats(values)
+    return {"mean": mean, "std": std}
+
+
 def _fmt(values: Sequence[float], bold: bool = False) -> str:
     if not values:
         return "?"
@@ -682,11 +687,10 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
             }
             counts = _worse_counts(cell, sources)
             if counts is not None:
-                m, sd = _stats([w for w, _ in counts])
+                worse = [w for w, _ in counts]
                 entry["worse_than_source"] = {
-                    "per_seed": [w for w, _ in counts],
-                    "mean": m,
-                    "std": sd,
+                    "per_seed": worse,
+                    **_mean_std(worse),
                     "domains": counts[0][1],
                 }
             notes = [c.annotation for c in cell if c.annotation]
@@ -695,19 +699,12 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
                     k: float(np.mean([n.get(k, 0) for n in notes]))
                     for k in (*_ANNOTATION_KEYS, "skipped", "seconds")
                 }
-            for name, values in (
-                ("average_error", [c.average_error for c in cell]),
-                ("first_round_error", [c.round_errors[0] for c in cell]),
-                ("last_round_error", [c.round_errors[-1] for c in cell]),
-            ):
-                m, sd = _stats(values)
-                entry[name] = {"mean": m, "std": sd}
+            entry["average_error"] = _mean_std([c.average_error for c in cell])
+            entry["first_round_error"] = _mean_std([c.round_errors[0] for c in cell])
+            entry["last_round_error"] = _mean_std([c.round_errors[-1] for c in cell])
             if all(len(c.round_errors) == r.rounds for c in cell):
                 entry["round_errors"] = [
-                    dict(
-                        zip(("mean", "std"), _stats([c.round_errors[i] for c in cell]), strict=True)
-                    )
-                    for i in range(r.rounds)
+                    _mean_std([c.round_errors[i] for c in cell]) for i in range(r.rounds)
                 ]
             out.append(entry)
     return out
@@ -762,10 +759,7 @@ def load_results(dirs: Sequence[str | os.PathLike[str]]) -> list[CellResult]:
                 f"{str(root)!r} holds no finished cells (cells/*.json) or results.json"
             )
         for r in loaded:
-            key = (r.spec.key, r.fingerprint)
-            if key in found:
-                continue
-            found[key] = r
+            found.setdefault((r.spec.key, r.fingerprint), r)
     keys = [
         f"{r.spec.key} seed {r.seed} {json.dumps(r.protocol, sort_keys=True)}"
         for r in found.values()
