@@ -13,7 +13,7 @@ import io
 import json
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,18 +111,13 @@ def _fmt(values: Sequence[float], bold: bool = False) -> str:
     return f"**{text}**" if bold else text
 
 
-def _base_domains(r: CellResult) -> tuple[list[str], list[float]]:
-    """Error per distinct domain of one round (gradual visits of a corruption pooled, rounds
-    averaged), in stream order."""
-    names: list[str] = []
+def _pooled(r: CellResult, domain: Callable[[str], str] = str) -> dict[str, float]:
+    """Mean error per domain of ``r`` in stream order, its visits in every round pooled (with
+    ``domain=base_domain_name``, the gradual visits of a corruption too)."""
     pooled: dict[str, list[float]] = {}
     for name, err in zip(r.domains, r.domain_errors, strict=True):
-        base = base_domain_name(name)
-        if base not in pooled:
-            names.append(base)
-            pooled[base] = []
-        pooled[base].append(err)
-    return names, [float(np.mean(pooled[n])) for n in names]
+        pooled.setdefault(domain(name), []).append(err)
+    return {name: float(np.mean(errs)) for name, errs in pooled.items()}
 
 
 def _seed_text(seeds: Sequence[int]) -> str:
@@ -351,7 +346,7 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
     cells = _cells(rows)
     ref = cells[0][0]
     rounds = max(r.rounds for r in rows)
-    domains = _base_domains(ref)[0]
+    domains = list(_pooled(ref, base_domain_name))
     seeds = sorted({r.seed for r in rows})
     many = any(len(c) > 1 for c in cells)
     annotated = any(r.protocol.get("annotator") for r in rows)
@@ -367,7 +362,7 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
                 for i in range(rounds)
             ]
         else:
-            per = [dict(zip(*_base_domains(c), strict=True)) for c in cell]
+            per = [_pooled(c, base_domain_name) for c in cell]
             errs = [(_short(d), _fmt([p[d] for p in per if d in p])) for d in domains]
         r = cell[0]
         out = [("Method", r.label), ("Set.", _SETTING.get(r.spec.setting, r.spec.setting)), *errs]
@@ -590,11 +585,8 @@ def csv_text(results: Sequence[CellResult]) -> str:
         }
         for i, e in enumerate(r.round_errors):
             row[f"err_round:{i + 1}"] = f"{e:.4f}"
-        pooled: dict[str, list[float]] = {}
-        for d, e in zip(r.domains, r.domain_errors, strict=True):
-            pooled.setdefault(d, []).append(e)
-        for d, es in pooled.items():
-            row[f"err:{d}"] = f"{np.mean(es):.4f}"
+        for d, e in _pooled(r).items():
+            row[f"err:{d}"] = f"{e:.4f}"
         writer.writerow(row)
     return buf.getvalue()
 
