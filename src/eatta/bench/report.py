@@ -251,11 +251,9 @@ def collapse_notes(results: Sequence[CellResult]) -> list[str]:
             if pair is None or r.spec.method == "source":
                 continue
             first, last = pair
-            if source is not None:
-                if last <= source:
-                    continue
+            if source is not None and last > source:
                 why = f"worse than the unadapted source model's {source:.1f}%"
-            elif last - first >= COLLAPSE_POINTS:
+            elif source is None and last - first >= COLLAPSE_POINTS:
                 why = "errors accumulate over the long stream"
             else:
                 continue
