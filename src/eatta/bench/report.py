@@ -37,26 +37,12 @@ __all__ = [
 
 #: Column headers for domains (the paper's abbreviations; PACS domains by letter).
 DOMAIN_SHORT: dict[str, str] = {
-    "gaussian_noise": "Gauss.",
-    "shot_noise": "Shot",
-    "impulse_noise": "Impul.",
-    "defocus_blur": "Defoc.",
-    "glass_blur": "Glass",
-    "motion_blur": "Motion",
-    "zoom_blur": "Zoom",
-    "snow": "Snow",
-    "frost": "Frost",
-    "fog": "Fog",
-    "brightness": "Brit.",
-    "contrast": "Contr.",
-    "elastic_transform": "Elastic",
-    "pixelate": "Pixel",
-    "jpeg_compression": "JPEG",
-    "photo": "P",
-    "art_painting": "A",
-    "cartoon": "C",
-    "sketch": "S",
-}
+    "gaussian_noise": "Gauss.", "shot_noise": "Shot", "impulse_noise": "Impul.",
+    "defocus_blur": "Defoc.", "glass_blur": "Glass", "motion_blur": "Motion", "zoom_blur": "Zoom",
+    "snow": "Snow", "frost": "Frost", "fog": "Fog", "brightness": "Brit.", "contrast": "Contr.",
+    "elastic_transform": "Elastic", "pixelate": "Pixel", "jpeg_compression": "JPEG",
+    "photo": "P", "art_painting": "A", "cartoon": "C", "sketch": "S",
+}  # fmt: skip
 _SETTING = {"ctta": "C", "ftta": "F", "-": "-"}
 
 
