@@ -49,6 +49,7 @@ from eatta.annotate.oracle import GroundTruthOracle
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains, digits_source, digits_test
 from eatta.data.stream import TestStream, dirichlet_order
 from eatta.methods.registry import create
+from eatta.models.digits_cnn import packaged_digits_source
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(os.environ.get("EATTA_STUDY_OUT", ROOT / "runs" / "long-stream"))
@@ -163,8 +164,6 @@ def _train_resnet(seed: int = 0, epochs: int = 20) -> tuple[nn.Module, float]:
 def source_model(kind: str, cache: Path) -> nn.Module:
     """The digits CNN of the benchmark, or the study's residual network (trained once, cached)."""
     if kind == "cnn":
-        from eatta.models.digits_cnn import packaged_digits_source
-
         return packaged_digits_source()[0]  # eatta-bench's model, the same on every CPU
     path = cache / "study-digits-resnet-seed0.pt"
     model = digits_resnet()
@@ -494,8 +493,8 @@ def report(out: Path) -> str:
     lines: list[str] = ["# Long-stream study (benchmarks/long_stream_study.py)\n"]
     emit = lines.append
     for part, streams, configs, seeds, rounds in PLAN:
+        what = {"tuning": "tuning streams", "diagnose": "diagnosis"}.get(part, "report streams")
         for stream in streams:
-            what = {"tuning": "tuning streams", "diagnose": "diagnosis"}.get(part, "report streams")
             emit(f"## {part}: {stream}, {rounds} rounds, seeds {seeds} ({what})\n")
             if part == "diagnose":
                 emit("First → last round:\n")
