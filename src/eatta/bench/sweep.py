@@ -233,19 +233,6 @@ def check_slurm(partition: str | None = None, timeout_s: float = 60.0) -> list[s
     return partitions
 
 
-def local_executor(
-    folder: str | os.PathLike[str], time_min: int | None = None
-) -> submitit.LocalExecutor:
-    """A submitit local executor (jobs are processes of this machine; no time limit by
-    default, where submitit's is two minutes)."""
-    _require_submitit()
-    import submitit
-
-    ex = submitit.LocalExecutor(folder=str(folder))
-    ex.update_parameters(timeout_min=time_min or _LOCAL_NO_LIMIT_MIN)
-    return ex
-
-
 def _local_slots(jobs: int | None) -> tuple[int, int, int]:
     """(parallel jobs, GPUs, cores) for the local launcher."""
     import torch
@@ -623,11 +610,14 @@ def _run_local(
 ) -> None:
     """Run the ``pending`` shards ``parallel`` at a time through submitit's local executor (the
     failed ones go into ``result.failed``); on Ctrl-C, stop them."""
+    import submitit
+
     out, count = result.out, result.plan.count
     jobs, gpus, cores = _local_slots(parallel)
     threads = max(1, cores // jobs)
     # one flat folder: with %j in it, submitit's local controller creates a folder named %j
-    ex = local_executor(out / "submitit", time_min)
+    ex = submitit.LocalExecutor(folder=str(out / "submitit"))
+    ex.update_parameters(timeout_min=time_min or _LOCAL_NO_LIMIT_MIN)
     queue = list(pending)
     free = list(range(min(jobs, len(queue))))
     running: dict[int, tuple[submitit.Job[Any], int]] = {}
@@ -913,21 +903,14 @@ def sweep_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    argv = list(argv)
-    if "--" in argv:
-        k = argv.index("--")
-        return argv[:k], argv[k + 1 :]
-    return argv, []
-
-
 def main(argv: Sequence[str]) -> int:
     """``eatta-bench sweep ARGS`` (without the word ``sweep``); the exit status.
 
     Bad input raises :class:`ValueError` (``eatta-bench`` prints it and exits with status 2)."""
-    own, after = _split_argv(argv)
-    args, run_argv = sweep_parser().parse_known_args(own)
-    run_argv = [*run_argv, *after]
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # all after -- are run options
+    args, run_argv = sweep_parser().parse_known_args(argv[:cut])
+    run_argv = [*run_argv, *argv[cut + 1 :]]
     given: dict[str, Any] = {
         k: getattr(args, k)
         for k in ("partition", "gpus", "cpus", "array_parallelism")
