@@ -9,6 +9,7 @@ runs them (sharded, checkpointed and resumable like ``eatta-bench``), and
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -152,24 +153,22 @@ def comparison_table(
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|",
     ]
-    for setting in settings:
-        for dataset in datasets:
-            for row in rows:
-                pub = published(row, setting, dataset)
-                if pub is None:
-                    continue
-                res = by_key.get((row.label, dataset, "-" if row.method == "source" else setting))
-                ours = value(res) if res is not None else [None] * len(columns)
-                if row.method is None:
-                    ours = [None] * len(columns)
-                cells = [
-                    f"{p:.1f} / " + ("–" if o is None else f"{o:.1f}")
-                    for p, o in zip(pub, ours, strict=True)
-                ]
-                shown = row.label  # a preset that labels more per batch is named
-                if res is not None and res.label != res.spec.label:
-                    shown = f"{row.label}: {res.label}"
-                lines.append("| " + " | ".join([shown, setting.upper()[0], dataset, *cells]) + " |")
+    for setting, dataset, row in itertools.product(settings, datasets, rows):
+        pub = published(row, setting, dataset)
+        if pub is None:
+            continue
+        res = by_key.get((row.label, dataset, "-" if row.method == "source" else setting))
+        ours: Sequence[float | None] = [None] * len(columns)  # not measured or not implemented
+        if res is not None and row.method is not None:
+            ours = value(res)
+        cells = [
+            f"{p:.1f} / " + ("–" if o is None else f"{o:.1f}")
+            for p, o in zip(pub, ours, strict=True)
+        ]
+        shown = row.label  # a preset that labels more per batch is named
+        if res is not None and res.label != res.spec.label:
+            shown = f"{row.label}: {res.label}"
+        lines.append("| " + " | ".join([shown, setting.upper()[0], dataset, *cells]) + " |")
     return "\n".join(lines) + "\n"
 
 
