@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
-from unittest import mock
 
 from eatta.bench.grid import CellSpec, make_grid, make_jobs
 from eatta.bench.grid import shard as shard_jobs
@@ -183,6 +182,22 @@ def _job_env(threads: int | None) -> dict[str, str]:
     if threads is not None:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     return env
+
+
+@contextlib.contextmanager
+def _environment(changes: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` (what submitit's local executor hands its jobs); only the
+    changed keys are restored, so other threads never see the environment emptied."""
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def slurm_executor(folder: str | os.PathLike[str], options: SlurmOptions) -> submitit.SlurmExecutor:
@@ -628,11 +643,10 @@ def _run_local(
                 i, slot = queue.pop(0), free.pop(0)
                 if gpus:
                     ex.update_parameters(gpus_per_node=1, visible_gpus=[slot % gpus])
-                # os.environ is what submitit's local executor hands its jobs; the controller
-                # process it starts writes to our stderr, and on Ctrl-C job.cancel() interrupts
-                # it and it prints a traceback: send it to a log instead
+                # the controller process submitit starts writes to our stderr; on Ctrl-C,
+                # job.cancel() interrupts it and it prints a traceback: send it to a log instead
                 log = out / "submitit" / "controllers.log"
-                with mock.patch.dict(os.environ, env), _stderr_to(log):
+                with _environment(env), _stderr_to(log):
                     job = ex.submit(result.plan.job(i, out, threads))
                 running[i] = (job, slot)
                 record(i, job.job_id)
