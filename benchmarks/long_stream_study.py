@@ -47,8 +47,9 @@ from torch import Tensor, nn
 
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains, digits_source, digits_test
-from eatta.data.stream import TestStream
+from eatta.data.stream import TestStream, dirichlet_order
 from eatta.methods.registry import create
+from eatta.models.digits_cnn import packaged_digits_source
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(os.environ.get("EATTA_STUDY_OUT", ROOT / "runs" / "long-stream"))
@@ -91,10 +92,6 @@ ALIASES = {"none": "baseline", "PD+CB": "no-gnd", "all": "eatta"}
 ABLATION = ["none", "PD", "PD+CB", "PD+GND", "PD+GND+EMA", "GND", "GND+EMA", "PD+CB+GND", "all"]
 COMPARE = ["baseline", "eatta", "eatta-stable"]
 TUNING = ["stable-cap0.5"]
-DIAGNOSE = ["baseline", "eatta", "no-gnd", "random+gnd", "no-ema", "eatta-stable"]
-
-
-# ----------------------------------------------------------------------------- models
 
 
 class _ResidualBlock(nn.Module):
@@ -167,8 +164,6 @@ def _train_resnet(seed: int = 0, epochs: int = 20) -> tuple[nn.Module, float]:
 def source_model(kind: str, cache: Path) -> nn.Module:
     """The digits CNN of the benchmark, or the study's residual network (trained once, cached)."""
     if kind == "cnn":
-        from eatta.models.digits_cnn import packaged_digits_source
-
         return packaged_digits_source()[0]  # eatta-bench's model, the same on every CPU
     path = cache / "study-digits-resnet-seed0.pt"
     model = digits_resnet()
@@ -183,133 +178,112 @@ def source_model(kind: str, cache: Path) -> nn.Module:
     return model
 
 
-# ----------------------------------------------------------------------------- streams
-
-
-def label_shift_order(labels: np.ndarray, delta: float, batch: int, rng: np.random.Generator):
-    """Indices of one domain in a class-sorted order: each class's samples are spread over the
-    domain's time slots (one per batch) by Dirichlet(δ) proportions, slots read in order."""
-    slots = max(1, math.ceil(len(labels) / batch))
-    buckets: list[list[int]] = [[] for _ in range(slots)]
-    for c in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        share = rng.dirichlet(np.full(slots, delta))
-        cuts = (np.cumsum(share)[:-1] * len(idx)).round().astype(int)
-        for s, part in enumerate(np.split(idx, cuts)):
-            buckets[s].extend(part.tolist())
-    return np.concatenate([rng.permutation(np.asarray(b, dtype=np.int64)) for b in buckets])
-
-
 def round_batches(
     domains: Sequence[Any], label_shift: float | None, seed: int
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """One pass over the domains: TestStream's shuffle, or the Dirichlet label-shifted order."""
+    """One pass over the domains: TestStream's shuffle, or each domain in a Dirichlet(δ)
+    class order (:func:`~eatta.data.stream.dirichlet_order`, one time slot per batch)."""
     if label_shift is None:
         for x, y, _ in TestStream(domains, 64, seed=seed):
             yield x, y
         return
     for k, dom in enumerate(domains):
         xs, ys = dom.dataset.tensors
-        order = label_shift_order(ys.numpy(), label_shift, 64, np.random.default_rng([seed, k]))
+        slots = max(1, math.ceil(len(ys) / 64))  # one per batch
+        order = dirichlet_order(ys.numpy(), label_shift, slots, np.random.default_rng([seed, k]))
         for i in range(0, len(order), 64):
             idx = torch.from_numpy(order[i : i + 64])
             yield xs[idx], ys[idx]
 
 
-# ----------------------------------------------------------------------------- one run
+def _create(config: str, model: nn.Module, oracle: GroundTruthOracle, seed: int, **kw: Any) -> Any:
+    """``config``'s method (:data:`CONFIGS`) on ``model``, with digits-c defaults."""
+    name, overrides = CONFIGS[config]
+    return create(name, model, dataset="digits-c", oracle=oracle, seed=seed, **kw, **overrides)
 
 
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
+#: The step diagnostics a run averages per round, in the order it stores them.
+GND_KEYS = ("gamma_sup", "gamma_unsup", "grad_norm_sup", "grad_norm_unsup", "norm_ratio")
+STEP_KEYS = (*GND_KEYS, "mispredicted_selected", "confident")
+
+
+def _record(rec: Any, acc: dict[str, list[float]], counts: np.ndarray, traces: dict) -> None:
+    """One step's record (``last_step``) into the round's diagnostics ``acc``, its labels per
+    class ``counts`` and the run's per-step ``traces``."""
+    if rec.num_unsup is not None:
+        acc["confident"].append(float(rec.num_unsup))
+    if len(rec.selected):
+        hit = rec.pseudo_labels[rec.selected] != rec.labels
+        acc["mispredicted_selected"].append(float(hit.float().mean()))
+        counts += np.bincount(rec.labels.numpy(), minlength=10)
+    if rec.weights is not None:
+        acc["gamma_sup"].append(float(rec.weights.sup))
+        acc["gamma_unsup"].append(float(rec.weights.unsup))
+        traces["gamma_trace"].append(acc["gamma_sup"][-1])
+    if rec.grad_norm_sup is not None and rec.grad_norm_unsup is not None:
+        a, b = float(rec.grad_norm_sup), float(rec.grad_norm_unsup)
+        acc["grad_norm_sup"].append(a)
+        acc["grad_norm_unsup"].append(b)
+        traces["ratio_trace"].append(a / b if b > 0 else float("nan"))
+        if b > 0:
+            acc["norm_ratio"].append(a / b)
 
 
 def run(stream: str, config: str, seed: int, rounds: int, out: Path) -> dict[str, Any]:
     """Adapt over ``rounds`` rounds of ``stream`` with ``config``; stored as JSON (cached)."""
     config = ALIASES.get(config, config)
-    path = out / "runs" / f"{stream}__{config}__s{seed}__r{rounds}.json"
     stored = _load(out, stream, config, [seed], rounds)
     if stored:
         return stored[0]
     spec = STREAMS[stream]
-    name, overrides = CONFIGS[config]
-    cache = out / "cache"
     corruptions = list(DIGITS_C_CORRUPTIONS)
     if spec["order"] == "reversed":
         corruptions.reverse()
     domains = digits_c_domains(corruptions, severity=spec["severity"])
     torch.manual_seed(seed)
-    model = copy.deepcopy(source_model(spec["model"], cache))
+    model = copy.deepcopy(source_model(spec["model"], out / "cache"))
     oracle = GroundTruthOracle()
-    method = create(
-        name, model, dataset="digits-c", oracle=oracle, budget=1, seed=seed, **overrides
-    )
+    method = _create(config, model, oracle, seed, budget=1)
     params = list(method.params)
     start_params = [p.detach().clone() for p in params]
     per_round: list[dict[str, Any]] = []
-    gamma_trace: list[float] = []
-    ratio_trace: list[float] = []
-    err_trace: list[float] = []
+    traces: dict[str, list[float]] = {"gamma_trace": [], "ratio_trace": [], "error_trace": []}
     t0 = time.perf_counter()
     for r in range(rounds):
         wrong = total = 0
-        keys = ("gamma_sup", "gamma_unsup", "grad_norm_sup", "grad_norm_unsup", "norm_ratio")
-        acc: dict[str, list[float]] = {k: [] for k in (*keys, "mispredicted_selected", "confident")}
+        acc: dict[str, list[float]] = {k: [] for k in STEP_KEYS}
         counts = np.zeros(10, dtype=np.int64)
         for x, y in round_batches(domains, spec["label_shift"], 100 * seed + r):
             with oracle.labels(y):
                 logits = method(x)
             miss = int((logits.argmax(1) != y).sum())
             wrong, total = wrong + miss, total + len(y)
-            err_trace.append(miss / len(y))
-            rec = getattr(method, "last_step", None)
-            if rec is None:
-                continue
-            if rec.num_unsup is not None:
-                acc["confident"].append(float(rec.num_unsup))
-            if len(rec.selected):
-                hit = rec.pseudo_labels[rec.selected] != rec.labels
-                acc["mispredicted_selected"].append(float(hit.float().mean()))
-                counts += np.bincount(rec.labels.numpy(), minlength=10)
-            if rec.weights is not None:
-                acc["gamma_sup"].append(float(rec.weights.sup))
-                acc["gamma_unsup"].append(float(rec.weights.unsup))
-                gamma_trace.append(acc["gamma_sup"][-1])
-            if rec.grad_norm_sup is not None and rec.grad_norm_unsup is not None:
-                a, b = float(rec.grad_norm_sup), float(rec.grad_norm_unsup)
-                acc["grad_norm_sup"].append(a)
-                acc["grad_norm_unsup"].append(b)
-                ratio_trace.append(a / b if b > 0 else float("nan"))
-                if b > 0:
-                    acc["norm_ratio"].append(a / b)
+            traces["error_trace"].append(miss / len(y))
+            if (rec := getattr(method, "last_step", None)) is not None:
+                _record(rec, acc, counts, traces)
         pairs = zip(params, start_params, strict=True)
         drift = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in pairs))
-        means = {k: _mean(v) for k, v in acc.items()}
+        means = {k: statistics.fmean(v) if v else None for k, v in acc.items()}
+        error = 100 * wrong / total
         per_round.append(
-            {
-                "error": 100 * wrong / total,
-                **means,
-                "labels_per_class": counts.tolist(),
-                "drift": drift,
-            }
+            {"error": error, **means, "labels_per_class": counts.tolist(), "drift": drift}
         )
         print(
-            f"  {stream:12s} {config:12s} seed {seed} round {r + 1}: "
-            f"error {per_round[-1]['error']:.1f}",
-            flush=True,
+            f"  {stream:12s} {config:12s} seed {seed} round {r + 1}: error {error:.1f}", flush=True
         )
+    name, overrides = CONFIGS[config]
     result = {
         "stream": stream,
         "config": config,
         "method": name,
-        "overrides": {k: v for k, v in overrides.items()},
+        "overrides": dict(overrides),
         "seed": seed,
         "rounds": rounds,
         "per_round": per_round,
-        "gamma_trace": gamma_trace,
-        "ratio_trace": ratio_trace,
-        "error_trace": err_trace,
+        **traces,
         "seconds": time.perf_counter() - t0,
     }
+    path = out / "runs" / f"{stream}__{config}__s{seed}__r{rounds}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
@@ -317,20 +291,20 @@ def run(stream: str, config: str, seed: int, rounds: int, out: Path) -> dict[str
     return result
 
 
-# ----------------------------------------------------------------------------- tables
+def _rounds(path: Path) -> int:
+    return int(path.stem.rsplit("__r", 1)[1])
 
 
-def _load(out: Path, stream: str, config: str, seeds: Sequence[int], rounds: int):
+def _load(
+    out: Path, stream: str, config: str, seeds: Sequence[int], rounds: int
+) -> list[dict[str, Any]]:
     """Stored runs; a longer run of the same seed stands in for a shorter one (its first rounds
     are the same computation), truncated."""
     config = ALIASES.get(config, config)
     runs = []
     for s in seeds:
-        found = sorted(
-            (out / "runs").glob(f"{stream}__{config}__s{s}__r*.json"),
-            key=lambda p: int(p.stem.rsplit("__r", 1)[1]),
-        )
-        longer = [p for p in found if int(p.stem.rsplit("__r", 1)[1]) >= rounds]
+        found = (out / "runs").glob(f"{stream}__{config}__s{s}__r*.json")
+        longer = sorted((p for p in found if _rounds(p) >= rounds), key=_rounds)
         if longer:
             run = json.loads(longer[0].read_text())
             run["per_round"] = run["per_round"][:rounds]
@@ -385,6 +359,11 @@ def diagnosis_table(out: Path, stream: str, configs: Sequence[str], seed: int, r
     return table(head, rows, left=True) + "\n"
 
 
+def _trace(runs: list[dict[str, Any]], key: str) -> np.ndarray:
+    """A per-step trace of several runs, end to end."""
+    return np.concatenate([np.asarray(r[key], dtype=float) for r in runs])
+
+
 def clamp_table(out: Path, seeds: Sequence[int], rounds: int) -> str:
     """Markdown: per stream, the median ``g_s / g_u`` of faithful EATTA and the share of steps in
     which eatta-stable applied GND (``γ_sup > 1``) rather than the 1 : 1 weights."""
@@ -392,26 +371,21 @@ def clamp_table(out: Path, seeds: Sequence[int], rounds: int) -> str:
     for stream in STREAMS:
         faithful = _load(out, stream, "eatta", seeds, rounds)
         stable = _load(out, stream, "eatta-stable", seeds, rounds)
-        if not faithful or not stable:
-            continue
-
-        def trace(runs: list[dict[str, Any]], key: str) -> np.ndarray:
-            return np.concatenate([np.asarray(r[key], dtype=float) for r in runs])
-
-        gs = trace(stable, "gamma_trace")
-        rows.append(
-            [
-                stream,
-                f"{np.nanmedian(trace(faithful, 'ratio_trace')):.1f}",
-                f"{np.nanmedian(trace(stable, 'ratio_trace')):.1f}",
-                f"{100 * float((gs > 1).mean()):.1f}%",
-            ]
-        )
+        if faithful and stable:
+            ratios = [f"{np.nanmedian(_trace(r, 'ratio_trace')):.1f}" for r in (faithful, stable)]
+            applied = 100 * float((_trace(stable, "gamma_trace") > 1).mean())
+            rows.append([stream, *ratios, f"{applied:.1f}%"])
     head = ["stream", "median g_s/g_u (eatta)", "median g_s/g_u (stable)", "steps with γ_sup > 1"]
     return table(head, rows, left=True) + "\n"
 
 
-# ----------------------------------------------------------------------------- plots
+#: Each configuration's colour in the plots.
+COLORS = {
+    "baseline": "tab:blue",
+    "eatta": "tab:red",
+    "no-ema": "tab:orange",
+    "eatta-stable": "tab:green",
+}
 
 
 def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> list[Path]:
@@ -422,18 +396,17 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
     import matplotlib.pyplot as plt
 
     IMG.mkdir(parents=True, exist_ok=True)
-    made = []
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.6, 3.2), dpi=100)
     k = 45  # moving average over 45 batches (3 domains)
-    for c, color in (("eatta", "tab:red"), ("no-ema", "tab:orange"), ("eatta-stable", "tab:green")):
+    for c in ("eatta", "no-ema", "eatta-stable"):
         runs = _load(out, "embedded", c, [0], rounds_diag)
         if not runs or not runs[0]["gamma_trace"]:
             continue
         for key, axis in (("gamma_trace", ax), ("ratio_trace", bx)):
             g = np.asarray(runs[0][key], dtype=float)
-            g = g[np.isfinite(g)]
-            smooth = np.convolve(g, np.ones(k) / k, mode="valid")
-            axis.plot(np.arange(len(smooth)) / 225 + k / 450, smooth, color=color, lw=1, label=c)
+            smooth = np.convolve(g[np.isfinite(g)], np.ones(k) / k, mode="valid")
+            x = np.arange(len(smooth)) / 225 + k / 450
+            axis.plot(x, smooth, color=COLORS[c], lw=1, label=c)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--", label="Baseline (γ = 1)")
     ax.set_ylabel("applied γ_sup (moving avg.)")
     ax.set_title("Weight of the labelled loss", fontsize=9)
@@ -444,11 +417,7 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
         axis.set_xlabel("round (15 corruptions, 225 batches)")
         axis.legend(fontsize=8)
     fig.suptitle("digits-C severity 5, seed 0", fontsize=9)
-    fig.tight_layout()
-    p = IMG / "long-stream-gamma.png"
-    fig.savefig(p)
-    plt.close(fig)
-    made.append(p)
+    made = [_save(plt, fig, "long-stream-gamma.png")]
 
     panels = [
         ("embedded", [0], rounds_diag, "embedded, seed 0 (diagnosis run)"),
@@ -457,30 +426,42 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.2), dpi=100)
     for ax, (stream, seeds_here, n, title) in zip(axes, panels, strict=True):
-        for c, color in (
-            ("baseline", "tab:blue"),
-            ("eatta", "tab:red"),
-            ("eatta-stable", "tab:green"),
-        ):
+        for c in ("baseline", "eatta", "eatta-stable"):
             runs = _load(out, stream, c, seeds_here, n)
             if not runs:
                 continue
             e = np.asarray([[p["error"] for p in run["per_round"]] for run in runs])
             x = np.arange(1, e.shape[1] + 1)
-            ax.plot(x, e.mean(0), color=color, marker="o", ms=3, label=c)
+            ax.plot(x, e.mean(0), color=COLORS[c], marker="o", ms=3, label=c)
             if len(runs) > 1:
                 lo, hi = e.mean(0) - e.std(0), e.mean(0) + e.std(0)
-                ax.fill_between(x, lo, hi, color=color, alpha=0.15)
+                ax.fill_between(x, lo, hi, color=COLORS[c], alpha=0.15)
         ax.set_title(title + (" (mean ± std)" if len(seeds_here) > 1 else ""), fontsize=9)
         ax.set_xlabel("round")
         ax.set_ylabel("online error %")
         ax.legend(fontsize=8)
+    return [*made, _save(plt, fig, "long-stream-error.png")]
+
+
+def _save(plt: Any, fig: Any, name: str) -> Path:
+    """``fig`` laid out, written to ``docs/img/<name>`` and closed."""
     fig.tight_layout()
-    p = IMG / "long-stream-error.png"
-    fig.savefig(p)
+    path = IMG / name
+    fig.savefig(path)
     plt.close(fig)
-    made.append(p)
-    return made
+    return path
+
+
+def _predictions(config: str, base: nn.Module, domains: Sequence[Any], batches: int) -> Tensor:
+    """``config``'s logits over the first ``batches`` batches of round 0 (seed 0)."""
+    torch.manual_seed(0)
+    oracle = GroundTruthOracle()
+    method = _create(config, copy.deepcopy(base), oracle, 0)
+    logits = []
+    for x, y in itertools.islice(round_batches(domains, None, 0), batches):
+        with oracle.labels(y):
+            logits.append(method(x))
+    return torch.cat(logits)
 
 
 def check_aliases(batches: int = 40) -> bool:
@@ -489,28 +470,10 @@ def check_aliases(batches: int = 40) -> bool:
     base = source_model("cnn", DEFAULT_OUT / "cache")
     ok = True
     for row, named in ALIASES.items():
-        outs = []
-        for config in (row, named):
-            name, overrides = CONFIGS[config]
-            torch.manual_seed(0)
-            oracle = GroundTruthOracle()
-            method = create(
-                name, copy.deepcopy(base), dataset="digits-c", oracle=oracle, seed=0, **overrides
-            )
-            logits = []
-            for t, (x, y) in enumerate(round_batches(domains, None, 0)):
-                if t == batches:
-                    break
-                with oracle.labels(y):
-                    logits.append(method(x))
-            outs.append(torch.cat(logits))
-        same = torch.equal(outs[0], outs[1])
+        same = torch.equal(*(_predictions(c, base, domains, batches) for c in (row, named)))
         ok &= same
         print(f"{row} == {named} over {batches} batches: {same}")
     return ok
-
-
-# ----------------------------------------------------------------------------- CLI
 
 
 #: The study as run for docs/when-eatta-helps.md: (part, streams, configs, seeds, rounds).
@@ -530,8 +493,8 @@ def report(out: Path) -> str:
     lines: list[str] = ["# Long-stream study (benchmarks/long_stream_study.py)\n"]
     emit = lines.append
     for part, streams, configs, seeds, rounds in PLAN:
+        what = {"tuning": "tuning streams", "diagnose": "diagnosis"}.get(part, "report streams")
         for stream in streams:
-            what = {"tuning": "tuning streams", "diagnose": "diagnosis"}.get(part, "report streams")
             emit(f"## {part}: {stream}, {rounds} rounds, seeds {seeds} ({what})\n")
             if part == "diagnose":
                 emit("First → last round:\n")

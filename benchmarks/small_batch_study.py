@@ -29,6 +29,7 @@ import copy
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,37 @@ WINDOW = 64
 LABELS_EVERY = 64  # samples per label, at every batch size
 TUNE_SEED = 100
 TUNE_MOMENTA = (1.0, 0.5, 0.2, 0.05)
-#: samples between refreshes of the window's statistics without a step (None: at steps only)
-REFRESH: int | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run: ``method`` on stream ``kind`` in batches of ``batch_size``; a window's EMA rate
+    ``momentum``, its step every ``every`` samples and its refresh of the statistics without a
+    step every ``refresh`` samples (None: at steps only)."""
+
+    method: str
+    kind: str
+    batch_size: int
+    seed: int
+    rounds: int
+    momentum: float
+    every: int = WINDOW
+    refresh: int | None = None
+
+    @property
+    def windowed(self) -> bool:
+        """A ``+w`` method below the window's size (at batch 64 it is the plain method)."""
+        return self.method.endswith("+w") and self.batch_size < WINDOW
+
+    @property
+    def key(self) -> str:
+        """The run's name in the JSON; a window's method at batch 64 is the plain method's run."""
+        method, rate = self.method.removesuffix("+w"), "plain"
+        if self.windowed:
+            method, rate = self.method, f"m{self.momentum}"
+            rate += f"e{self.every}" if self.every != WINDOW else ""
+            rate += f"r{self.refresh}" if self.refresh is not None else ""
+        return f"{self.kind}/r{self.rounds}/{method}/B{self.batch_size}/s{self.seed}/{rate}"
 
 
 def load_stream(
@@ -88,22 +118,21 @@ def load_stream(
     return stream, torch.cat(xs), torch.cat(ys).long()
 
 
-def build(
-    method: str, batch_size: int, momentum: float, every: int = WINDOW
-) -> eatta.AdaptiveMethod:
+def build(spec: Run) -> eatta.AdaptiveMethod:
+    """The run's method on a fresh copy of the packaged digits CNN."""
     source, _ = packaged_digits_source()
     model = copy.deepcopy(source)
-    name, windowed = method.removesuffix("+w"), method.endswith("+w") and batch_size < WINDOW
+    name = spec.method.removesuffix("+w")
     kw: dict[str, Any] = {"dataset": "digits-c"}
     if name == "source":
         return eatta.create("source", model)
-    if windowed:
-        kw.update(window=WINDOW, window_every=every, window_momentum=momentum)
-        kw["window_refresh"] = REFRESH  # always explicit: None is no refresh
-    elif batch_size < 32:
+    if spec.windowed:
+        kw.update(window=WINDOW, window_every=spec.every, window_momentum=spec.momentum)
+        kw["window_refresh"] = spec.refresh  # always explicit: None is no refresh
+    elif spec.batch_size < 32:
         kw["window"] = False  # today's behaviour, on purpose: no warning
     if name != "tent":
-        per_step = every if windowed else batch_size
+        per_step = spec.every if spec.windowed else spec.batch_size
         kw.update(
             oracle=eatta.GroundTruthOracle(),
             budget=eatta.Budget(1, every=max(1, LABELS_EVERY // per_step)),
@@ -111,24 +140,16 @@ def build(
     return eatta.create(name, model, **kw)
 
 
-def run(
-    method: str,
-    kind: str,
-    batch_size: int,
-    seed: int,
-    rounds: int,
-    momentum: float,
-    every: int = WINDOW,
-) -> dict[str, Any]:
+def run(spec: Run) -> dict[str, Any]:
     """Per-round error % of one run, its labels and CPU seconds."""
-    torch.manual_seed(seed)
-    stream, X, Y = load_stream(kind, seed, batch_size, rounds)
-    m = build(method, batch_size, momentum, every)
+    torch.manual_seed(spec.seed)
+    stream, X, Y = load_stream(spec.kind, spec.seed, spec.batch_size, spec.rounds)
+    m = build(spec)
     wrong = np.zeros(stream.rounds)
     seen = np.zeros(stream.rounds)
     gt = getattr(m, "oracle", None)
     c0 = time.thread_time()
-    if method == "source":  # predictions do not depend on the stream: each image once
+    if spec.method == "source":  # predictions do not depend on the stream: each image once
         with torch.no_grad():
             pred = torch.cat([m(X[i : i + 1024]).argmax(1) for i in range(0, len(X), 1024)])
         miss = (pred != Y).numpy()
@@ -155,86 +176,69 @@ def run(
     }
 
 
-def key(
-    method: str,
-    kind: str,
-    batch_size: int,
-    seed: int,
-    rounds: int,
-    momentum: float,
-    every: int = WINDOW,
-    refresh: int | str | None = "cli",
-) -> str:
-    """A run's name; a window's method at batch 64 is the plain method's run (no window).
-    ``refresh``: the window's refresh (default: ``--refresh``'s)."""
-    refresh = REFRESH if refresh == "cli" else refresh
-    if method.endswith("+w") and batch_size >= WINDOW:
-        method = method.removesuffix("+w")
-    rate = f"m{momentum}" if method.endswith("+w") else "plain"
-    if method.endswith("+w") and every != WINDOW:
-        rate += f"e{every}"
-    if method.endswith("+w") and refresh is not None:
-        rate += f"r{refresh}"
-    return f"{kind}/r{rounds}/{method}/B{batch_size}/s{seed}/{rate}"
-
-
 PAGE = Template("small_batches")
+
+
+def _mean_error(run: dict[str, Any]) -> float:
+    return float(np.mean(run["errors"]))
+
+
+def _cell(runs: list[dict[str, Any] | None]) -> str:
+    """A method's error at one batch size over the seeds asked (how many, if fewer ran)."""
+    done = [g for g in runs if g is not None]
+    if not done:
+        return "not run"
+    text = fmt([_mean_error(g) for g in done])
+    if len(done) == len(runs):
+        return text
+    return f"{text} ({len(done)} seed{'s' if len(done) > 1 else ''})"
+
+
+def _cpu(runs: list[dict[str, Any] | None]) -> str:
+    """The mean CPU seconds of the runs that ran."""
+    done = [g["cpu_s"] for g in runs if g is not None]
+    return f"{np.mean(done):.0f}" if done else ""
+
+
+def _bar_row(b: int, runs: list[tuple[dict[str, Any], ...]]) -> list[str]:
+    """The bar's check at batch size ``b`` from (batch ``b``, batch 64, source) run triples."""
+    if not runs:
+        return [f"B={b}", "not run", "", "", "", ""]
+    mean_b = float(np.mean([_mean_error(g) for g, _, _ in runs]))
+    mean_64 = float(np.mean([_mean_error(f) for _, f, _ in runs]))
+    per_round = np.mean([g["errors"] for g, _, _ in runs], axis=0)
+    src_round = np.mean([s0["errors"] for _, _, s0 in runs], axis=0)
+    worst = float(np.max(per_round - src_round))
+    versus = f"{mean_b:.1f} vs {mean_64:.1f}"
+    verdict = "met" if mean_b - mean_64 <= 2 and worst <= 0 else "missed"
+    return [f"B={b}", str(len(runs)), versus, f"{mean_b - mean_64:+.1f}", f"{worst:+.1f}", verdict]
 
 
 def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: float) -> str:
     """The docs section: per stream, error (mean over rounds, mean ± std over seeds) per method
     and batch size; the bar's checks for the recommended configuration."""
+
+    def runs(method: str, kind: str, b: int, r: int, refresh: int | None = None) -> list[Any]:
+        """The stored run of each seed (None: not run)."""
+        return [data.get(Run(method, kind, b, s, r, momentum, refresh=refresh).key) for s in seeds]
+
     out = []
     sizes = [f"B={b}" for b in BATCH_SIZES]
     for kind in ("recurring", "ccc"):
         r = rounds if kind == "recurring" else 1
         rows, cpu_rows = [], []
         for label, method, refresh in ROWS:
-            per_size = [
-                [data.get(key(method, kind, b, s, r, momentum, refresh=refresh)) for s in seeds]
-                for b in BATCH_SIZES
-            ]
-            cells = [label]
-            for gs in per_size:
-                done = [g for g in gs if g is not None]
-                text = fmt([float(np.mean(g["errors"])) for g in done])
-                partial = f"{text} ({len(done)} seed{'s' if len(done) > 1 else ''})"
-                cells.append("not run" if not done else text if len(done) == len(gs) else partial)
-            rows.append(cells)
-            cpu_rows.append([label] + [_cpu([g for g in gs if g is not None]) for gs in per_size])
+            per_size = [runs(method, kind, b, r, refresh) for b in BATCH_SIZES]
+            rows.append([label] + [_cell(gs) for gs in per_size])
+            cpu_rows.append([label] + [_cpu(gs) for gs in per_size])
         out += [PAGE(kind, rounds=r), table(["method", *sizes], rows)]
         out += [PAGE("cpu"), table(["method", *sizes], cpu_rows)]
+    src, ref = runs("source", "recurring", 64, rounds), runs(RECOMMENDED, "recurring", 64, rounds)
     checks = []
-    src = [data.get(key("source", "recurring", 64, s, rounds, momentum)) for s in seeds]
-    ref = [data.get(key(RECOMMENDED, "recurring", 64, s, rounds, momentum)) for s in seeds]
     for b in (1, 2, 8):
-        got = [
-            data.get(key(RECOMMENDED, "recurring", b, s, rounds, momentum, refresh=DEFAULT_REFRESH))
-            for s in seeds
-        ]
-        pairs = [
-            (g, f, s0)
-            for g, f, s0 in zip(got, ref, src, strict=True)
-            if g is not None and f is not None and s0 is not None
-        ]
-        if not pairs:
-            checks.append([f"B={b}", "not run", "", "", "", ""])
-            continue
-        mean_b = float(np.mean([np.mean(g["errors"]) for g, _, _ in pairs]))
-        mean_64 = float(np.mean([np.mean(f["errors"]) for _, f, _ in pairs]))
-        per_round = np.mean([g["errors"] for g, _, _ in pairs], axis=0)
-        src_round = np.mean([s0["errors"] for _, _, s0 in pairs], axis=0)
-        worst = float(np.max(per_round - src_round))
-        checks.append(
-            [
-                f"B={b}",
-                str(len(pairs)),
-                f"{mean_b:.1f} vs {mean_64:.1f}",
-                f"{mean_b - mean_64:+.1f}",
-                f"{worst:+.1f}",
-                "met" if mean_b - mean_64 <= 2 and worst <= 0 else "missed",
-            ]
-        )
+        got = runs(RECOMMENDED, "recurring", b, rounds, DEFAULT_REFRESH)
+        triples = zip(got, ref, src, strict=True)
+        checks.append(_bar_row(b, [t for t in triples if None not in t]))
     head = ["batch", "seeds", "error vs batch 64 (same seeds)", "difference (bar: ≤ +2)"]
     head += ["worst round vs source (bar: ≤ 0)", "bar"]
     return PAGE(
@@ -246,10 +250,6 @@ def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: fl
         streams="\n\n".join(out),
         bar=table(head, checks),
     )
-
-
-def _cpu(done: list[dict[str, Any]]) -> str:
-    return f"{np.mean([g['cpu_s'] for g in done]):.0f}" if done else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -266,51 +266,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=JSON)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    global REFRESH
-    REFRESH = args.refresh
     data: dict[str, Any] = json.loads(args.json.read_text()) if args.json.is_file() else {}
 
-    def save() -> None:
+    def measure(spec: Run) -> bool:
+        """Run ``spec`` unless stored, saving the JSON after it; whether it ran."""
+        if spec.key in data:
+            return False
+        data[spec.key] = run(spec)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        return True
 
     if args.tune:  # batches of 8: EMA rates, then a step every 32 samples, then batch 64
         plan = [(8, mom, WINDOW) for mom in TUNE_MOMENTA] + [(8, 1.0, 32), (64, 1.0, WINDOW)]
-        if REFRESH is not None:  # --refresh N --tune: the refresh at the chosen rate only
+        if args.refresh is not None:  # --refresh N --tune: the refresh at the chosen rate only
             plan = [(8, 1.0, WINDOW)]
         for b, mom, every in plan:
             for method in ("tent+w", "eatta-stable+w"):
-                k = key(method, "recurring", b, TUNE_SEED, 1, mom, every)
-                if k not in data:
-                    data[k] = run(method, "recurring", b, TUNE_SEED, 1, mom, every)
-                    save()
-                print(k, f"{np.mean(data[k]['errors']):.2f}", flush=True)
+                spec = Run(method, "recurring", b, TUNE_SEED, 1, mom, every, args.refresh)
+                measure(spec)
+                print(spec.key, f"{_mean_error(data[spec.key]):.2f}", flush=True)
         return 0
     if not args.report_only:
-        methods = args.methods.split(",")
-        sizes = [int(b) for b in args.batch_sizes.split(",")]
         for kind in args.streams.split(","):
             r = args.rounds if kind == "recurring" else 1
             for seed in args.seeds:
-                for b in sizes:
-                    for method in methods:
-                        k = key(method, kind, b, seed, r, args.momentum)
-                        if k in data:
-                            continue
-                        data[k] = run(method, kind, b, seed, r, args.momentum)
-                        save()
-                        print(
-                            k,
-                            f"{np.mean(data[k]['errors']):.2f}",
-                            f"{data[k]['cpu_s']:.0f}s",
-                            flush=True,
-                        )
-    replace_section(
-        DOC,
-        "<!-- small-batches:begin -->",
-        "<!-- small-batches:end -->",
-        report(data, args.rounds, args.seeds, args.momentum),
-    )
+                for b in [int(b) for b in args.batch_sizes.split(",")]:
+                    for method in args.methods.split(","):
+                        spec = Run(method, kind, b, seed, r, args.momentum, refresh=args.refresh)
+                        if measure(spec):
+                            done = data[spec.key]
+                            cpu = f"{done['cpu_s']:.0f}s"
+                            print(spec.key, f"{_mean_error(done):.2f}", cpu, flush=True)
+    section = report(data, args.rounds, args.seeds, args.momentum)
+    replace_section(DOC, "<!-- small-batches:begin -->", "<!-- small-batches:end -->", section)
     return 0
 
 

@@ -130,9 +130,7 @@ class AnnotatorOptions:
         if not self.simulated:
             return GroundTruthOracle()
         delay = 0 if self.delay is None else self.delay
-        seconds = None
-        if self.stream_rate is not None:
-            seconds = self.cost.per_request(self.feedback)
+        seconds = None if self.stream_rate is None else self.cost.per_request(self.feedback)
         return SimulatedAnnotator(
             delay=delay,  # type: ignore[arg-type]  # checked in __post_init__
             noise=self.noise,
@@ -184,15 +182,9 @@ def annotation_summary(
     if not stats:  # synchronous ground truth: every request answered at once, correctly
         stats = {"requested": labels_used, "received": labels_used, "pending": 0}
     own = annotator.stats() if isinstance(annotator, SimulatedAnnotator) else {}
-    requested = int(stats.get("requested", 0))
-    return {
-        "feedback": options.feedback,
-        "requested": requested,
-        "received": int(stats.get("received", 0)),
-        "expired": int(stats.get("expired", 0)),
-        "pending": int(stats.get("pending", 0)),
-        "skipped": int(stats.get("skipped", 0)),
-        "dropped": int(stats.get("dropped", 0)),
-        "wrong": int(own.get("wrong", 0)),
-        "seconds": options.cost.seconds(requested, options.feedback),
-    }
+    counts = ("requested", "received", "expired", "pending", "skipped", "dropped")
+    out: dict[str, Any] = {"feedback": options.feedback}
+    out |= {k: int(stats.get(k, 0)) for k in counts}
+    out["wrong"] = int(own.get("wrong", 0))
+    out["seconds"] = options.cost.seconds(out["requested"], options.feedback)
+    return out

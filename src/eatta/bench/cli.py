@@ -13,38 +13,19 @@ import sys
 from collections.abc import Sequence
 
 from eatta.bench import commands
-from eatta.bench.commands import (
-    build_benchmarks,
-    list_text,
-    loading_options,
-    merge_parser,
-    run_parser,
-)
+from eatta.bench.commands import run_parser
 
-__all__ = [
-    "COMMANDS",
-    "build_benchmarks",
-    "list_text",
-    "loading_options",
-    "main",
-    "main_parser",
-    "merge_parser",
-    "run_parser",
-    "sweep_parser",
-]
+__all__ = ["COMMANDS", "main", "main_parser", "run_parser"]
 
-#: The subcommands; a command line that starts with an option (or is empty) means ``run``.
-COMMANDS = ("run", "merge", "list", "sweep")
-
-_RUN_DESCRIPTION = commands._RUN_DESCRIPTION
-_MERGE_DESCRIPTION = commands._MERGE_DESCRIPTION
-
-
-def sweep_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """The sweep's own options (``eatta-bench sweep``; the others are run options)."""
-    from eatta.bench.sweep import sweep_parser as parser
-
-    return parser(add_help)
+#: The subcommands with their one-line help; a command line that starts with an option (or is
+#: empty) means ``run``.
+_HELP = {
+    "run": "run a benchmark grid and print its table (the default)",
+    "merge": "merge the output folders of --shard runs into one table",
+    "list": "list methods (with their --hp keys) and dataset layouts",
+    "sweep": "run a grid's shards as a Slurm job array or local processes, then merge",
+}
+COMMANDS = tuple(_HELP)
 
 
 def main_parser() -> argparse.ArgumentParser:
@@ -55,29 +36,22 @@ def main_parser() -> argparse.ArgumentParser:
         "no arguments at all: the long-term digits-C benchmark) mean 'run'.",
     )
     sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
-    sub.add_parser(
-        "run",
-        parents=[run_parser(add_help=False)],
-        help="run a benchmark grid and print its table (the default)",
-        description=_RUN_DESCRIPTION,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    sub.add_parser(
-        "merge",
-        parents=[merge_parser(add_help=False)],
-        help="merge the output folders of --shard runs into one table",
-        description=_MERGE_DESCRIPTION,
-    )
+    parents = {"run": run_parser(add_help=False), "merge": commands.merge_parser(add_help=False)}
+    for name, parent in parents.items():
+        sub.add_parser(
+            name,
+            parents=[parent],
+            help=_HELP[name],
+            description=parent.description,
+            formatter_class=parent.formatter_class,
+        )
     sub.add_parser(
         "list",
-        help="list methods (with their --hp keys) and dataset layouts",
+        help=_HELP["list"],
         description="List the registered methods with their --hp keys and the datasets' layouts.",
     )
-    sub.add_parser(  # parsed by eatta.bench.sweep.main: its unknown options are run options
-        "sweep",
-        help="run a grid's shards as a Slurm job array or local processes, then merge",
-        add_help=False,
-    )
+    # parsed by eatta.bench.sweep.main: its unknown options are run options
+    sub.add_parser("sweep", help=_HELP["sweep"], add_help=False)
     return p
 
 
@@ -94,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands.exit_status(lambda: sweep.main(argv[1:]))
     args = main_parser().parse_args(argv)
     if args.command == "list":
-        print(list_text())
+        print(commands.list_text())
         return 0
     if args.command == "merge":
         return commands.exit_status(lambda: commands.merge(args))

@@ -12,18 +12,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from eatta.annotate.cost import AnnotatorCost
 from eatta.bench import api, flags
 from eatta.bench.annotation import AnnotatorOptions
-from eatta.bench.api import DEFAULT_METHODS
-from eatta.bench.benchmark import BenchmarkData
-from eatta.bench.flags import LoadOptions, RunConfig
+from eatta.bench.flags import LoadOptions, RunConfig, split_csv
 from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE, MonitorOptions
 from eatta.bench.protocol import StreamProtocol
+from eatta.bench.suites import DATASETS, LAYOUTS
 from eatta.methods import registry
+from eatta.models.backbones import WeightsUnavailableError
 
 __all__ = [
-    "build_benchmarks",
     "check_run_args",
     "exit_status",
     "list_text",
@@ -31,6 +32,7 @@ __all__ = [
     "merge",
     "merge_main",
     "merge_parser",
+    "monitor_options",
     "parse_hparams",
     "run",
     "run_main",
@@ -42,23 +44,15 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-_RUN_DESCRIPTION = (
-    "Benchmark test-time adaptation methods. Without --dataset: the long-term embedded "
-    "digits-C benchmark (10 rounds, CPU, about 2.5 minutes on 2 cores; --rounds 1 for one pass)."
-)
-#: The groups of ``run``'s flags: (title, dataclass, its fields there); the flags themselves are
-#: declared on the dataclasses' fields (:mod:`eatta.bench.flags`).
+#: The groups of ``run``'s flags after "what to run" (which takes :class:`RunConfig`'s grid
+#: fields, :data:`_GRID`); the flags themselves are declared on the dataclasses' fields.
 _GRID = ("settings", "labels", "every", "buffers", "seeds")
-_GROUPS: tuple[tuple[str, type, tuple[str, ...]], ...] = (
-    ("stream protocol (any dataset, any method)", StreamProtocol, ()),
-    ("annotator (active methods; simulated from the ground truth)", AnnotatorOptions, ()),
-    ("audits and guard (every method; docs/guard.md)", MonitorOptions, ()),
-    ("models and data", LoadOptions, ()),
-    ("execution", RunConfig, _GRID),
+_GROUPS: tuple[tuple[str, type], ...] = (
+    ("stream protocol (any dataset, any method)", StreamProtocol),
+    ("annotator (active methods; simulated from the ground truth)", AnnotatorOptions),
+    ("audits and guard (every method; docs/guard.md)", MonitorOptions),
+    ("models and data", LoadOptions),
+    ("execution", RunConfig),
 )
 
 
@@ -66,11 +60,11 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """The options of ``eatta-bench run`` (also accepted without the word ``run``): the flagged
     fields of :class:`RunConfig`, :class:`LoadOptions` and the stream, annotator and monitor
     options, and the few that only the command line has."""
-    from eatta.bench.suites import DATASETS
-
     p = argparse.ArgumentParser(
         prog="eatta-bench run",
-        description=_RUN_DESCRIPTION,
+        description="Benchmark test-time adaptation methods. Without --dataset: the long-term "
+        "embedded digits-C benchmark (10 rounds, CPU, about 2.5 minutes on 2 cores; --rounds 1 "
+        "for one pass).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         add_help=add_help,
     )
@@ -78,10 +72,10 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--dataset", default="digits-c", help=f"from {', '.join(DATASETS)}")
     g.add_argument(
         "--methods",
-        default=",".join(DEFAULT_METHODS),
+        default=",".join(api.DEFAULT_METHODS),
         help="registered methods, comma-separated, or 'all' (see --list)",
     )
-    flags.add_flags(g, RunConfig, skip=[f for f in flags.field_names(RunConfig) if f not in _GRID])
+    flags.add_flags(g, RunConfig, only=_GRID)
     g.add_argument("--seed", type=int, default=0, help="stream order and method randomness")
     g.add_argument(
         "--hp",
@@ -90,8 +84,8 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         metavar="[METHOD.]KEY=VALUE",
         help="hyperparameter override (Python literal), for all or one method",
     )
-    for title, cls, skip in _GROUPS:
-        flags.add_flags(g := p.add_argument_group(title), cls, skip=skip)
+    for title, cls in _GROUPS:
+        flags.add_flags(g := p.add_argument_group(title), cls, skip=_GRID)
         if cls is AnnotatorOptions:
             for kind in ("label", "binary"):
                 g.add_argument(
@@ -113,21 +107,17 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-_MERGE_DESCRIPTION = "Merge the finished cells of several output folders (e.g. --shard runs)."
-
-
 def merge_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """The arguments of ``eatta-bench merge``."""
     p = argparse.ArgumentParser(
-        prog="eatta-bench merge", description=_MERGE_DESCRIPTION, add_help=add_help
+        prog="eatta-bench merge",
+        description="Merge the finished cells of several output folders (e.g. --shard runs).",
+        add_help=add_help,
     )
     p.add_argument("dirs", nargs="+", help="output folders")
     p.add_argument("--out", default="runs/merged", help="folder for the merged outputs")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     return p
-
-
-# ----------------------------------------------------------------------------- helpers
 
 
 def parse_hparams(items: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -179,40 +169,23 @@ def _roots(items: Sequence[str], datasets: Sequence[str]) -> dict[str, str]:
 def _default_jobs(args: argparse.Namespace) -> int:
     """Every core for the embedded benchmarks (digits-C, MNIST) on the CPU (one thread per
     cell), else 1."""
-    import torch
-
     cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    return (os.cpu_count() or 1) if cpu and set(_csv(args.dataset)) <= set(api.EMBEDDED) else 1
+    return (os.cpu_count() or 1) if cpu and set(split_csv(args.dataset)) <= set(api.EMBEDDED) else 1
 
 
 def loading_options(args: argparse.Namespace) -> dict[str, Any]:
     """The command line's keywords of :func:`eatta.bench.api.load_benchmarks` (those that
     :func:`eatta.bench.run` passes on: :class:`LoadOptions`)."""
     out = flags.values(LoadOptions, args)
-    out["roots"] = _roots(args.root, _csv(args.dataset))
-    out["sequences"] = _csv(args.sequence)
+    out["roots"] = _roots(args.root, split_csv(args.dataset))
+    out["sequences"] = split_csv(args.sequence)
     if args.oracle != "model":
         out["oracle_backbone"] = None
     return out
 
 
-def build_benchmarks(args: argparse.Namespace) -> dict[str, BenchmarkData]:
-    """The datasets named on the command line, loaded by :func:`eatta.bench.api.load_benchmarks`
-    (fails fast on layout or weights)."""
-    return api.load_benchmarks(
-        _csv(args.dataset),
-        gradual=args.gradual,
-        ccc=args.ccc,
-        workers=args.workers,
-        log=_log,
-        **loading_options(args),
-    )
-
-
 def list_text() -> str:
     """What ``eatta-bench list`` prints: methods with their ``--hp`` keys, dataset layouts."""
-    from eatta.bench.suites import DATASETS, LAYOUTS
-
     lines = [
         "methods (name, active = asks for labels, summary) and their --hp keys "
         "(KEY: type = default [per-dataset values]  meaning):"
@@ -250,9 +223,6 @@ def check_run_args(args: argparse.Namespace, argv: Sequence[str]) -> None:
         raise ValueError("--oracle model needs --oracle-backbone")
 
 
-# ----------------------------------------------------------------------------- commands
-
-
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """``eatta-bench run``: the command line's options checked and passed to
     :func:`eatta.bench.run`; prints the table."""
@@ -267,7 +237,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         config["jobs"] = _default_jobs(args)
     cost = AnnotatorCost(args.seconds_per_label, args.seconds_per_binary)
     done = api.run(
-        _csv(args.dataset),
+        split_csv(args.dataset),
         methods,
         protocol=StreamProtocol(**flags.values(StreamProtocol, args)),
         annotator=AnnotatorOptions(**flags.values(AnnotatorOptions, args), cost=cost),
@@ -304,13 +274,7 @@ def exit_status(call: Callable[[], int]) -> int:
     except KeyboardInterrupt as stop:
         print(f"eatta-bench: {stop if str(stop) else 'interrupted'}", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, KeyError, TypeError, RuntimeError) as err:
-        from eatta.models.backbones import WeightsUnavailableError
-
-        if isinstance(err, (RuntimeError, TypeError)) and not isinstance(
-            err, WeightsUnavailableError
-        ):
-            raise
+    except (ValueError, FileNotFoundError, KeyError, WeightsUnavailableError) as err:
         print(f"eatta-bench: error: {err}", file=sys.stderr)
         return 2
 

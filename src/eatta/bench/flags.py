@@ -1,30 +1,21 @@
 """Command-line flags declared once, on the option dataclasses' fields.
 
-A field made with :func:`flag` carries its help, its flag name, how to read it from text and its
-argparse group in ``field.metadata``; :func:`add_flags` turns a dataclass's flagged fields into
-arguments, and :func:`values` reads them back from the parsed namespace as keyword arguments of
-the same dataclass (or of :func:`eatta.bench.run`, whose keywords are :class:`RunConfig`'s and
-:class:`LoadOptions`' fields). A flag that negates its field (``--rerun`` for ``reuse``) says so
-with ``negate``.
+A field made with :func:`flag` carries its help, its flag name and how to read it from text in
+``field.metadata``; :func:`add_flags` turns a dataclass's flagged fields into arguments, and
+:func:`values` reads them back from the parsed namespace as keyword arguments of the same dataclass
+(or of :func:`eatta.bench.run`, whose keywords are :class:`RunConfig`'s and :class:`LoadOptions`'
+fields). A flag that negates its field (``--rerun`` for ``reuse``) says so with ``negate``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "LoadOptions",
-    "RunConfig",
-    "add_flags",
-    "field_names",
-    "flag",
-    "seed_list",
-    "values",
-]
+__all__ = ["LoadOptions", "RunConfig", "add_flags", "flag", "seed_list", "split_csv", "values"]
 
 _MISSING: Any = dataclasses.MISSING
 
@@ -53,11 +44,6 @@ def _flagged(cls: type) -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
 
 
-def field_names(cls: type) -> list[str]:
-    """The names of ``cls``'s flagged fields."""
-    return [f.name for f in _flagged(cls)]
-
-
 def _flag_name(f: dataclasses.Field[Any]) -> str:
     return str(f.metadata["name"] or f.name.replace("_", "-"))
 
@@ -66,10 +52,13 @@ def _dest(f: dataclasses.Field[Any]) -> str:
     return _flag_name(f).replace("-", "_")
 
 
-def add_flags(group: Any, cls: type, *, skip: Sequence[str] = ()) -> None:
-    """Add ``cls``'s flagged fields (but ``skip``) to an argparse parser or group."""
+def add_flags(
+    group: Any, cls: type, *, only: Sequence[str] | None = None, skip: Sequence[str] = ()
+) -> None:
+    """Add ``cls``'s flagged fields (``only`` those, none of ``skip``) to an argparse parser or
+    group."""
     for f in _flagged(cls):
-        if f.name in skip:
+        if f.name in skip or (only is not None and f.name not in only):
             continue
         meta = f.metadata
         kw = dict(meta["argparse"])
@@ -81,23 +70,23 @@ def add_flags(group: Any, cls: type, *, skip: Sequence[str] = ()) -> None:
         group.add_argument("--" + _flag_name(f), dest=_dest(f), help=meta["help"], **kw)
 
 
-def values(cls: type, args: argparse.Namespace, *, skip: Sequence[str] = ()) -> dict[str, Any]:
-    """``cls``'s flagged fields (but ``skip``) read back from ``args``, by field name."""
+def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """``cls``'s flagged fields read back from ``args``, by field name."""
     out = {}
     for f in _flagged(cls):
-        if f.name not in skip:
-            value = getattr(args, _dest(f))
-            out[f.name] = (not value) if f.metadata["negate"] else value
+        value = getattr(args, _dest(f))
+        out[f.name] = (not value) if f.metadata["negate"] else value
     return out
 
 
-def _csv(text: str) -> list[str]:
+def split_csv(text: str) -> list[str]:
+    """The comma-separated items of ``text``, stripped, empty ones dropped."""
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def _ints(text: str) -> list[int]:
     try:
-        return [int(t) for t in _csv(text)]
+        return [int(t) for t in split_csv(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected integers separated by commas, got {text!r}"
@@ -108,7 +97,7 @@ def seed_list(text: str) -> list[int]:
     """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,2,5"`` -> [0, 2, 5]; ranges and lists may mix."""
     out: list[int] = []
     try:
-        for part in _csv(text):
+        for part in split_csv(text):
             lo, sep, hi = part.partition("-")
             if sep and lo:
                 a, b = int(lo), int(hi)
@@ -128,12 +117,9 @@ def seed_list(text: str) -> list[int]:
 
 def _buffers(text: str) -> list[int | None]:
     out: list[int | None] = []
-    for t in _csv(text):
-        if t.lower() in ("default", "none", "-"):
-            out.append(None)
-            continue
+    for t in split_csv(text):
         try:
-            out.append(int(t))
+            out.append(None if t.lower() in ("default", "none", "-") else int(t))
         except ValueError:
             raise argparse.ArgumentTypeError(f"buffer sizes are integers, got {t!r}") from None
     return out
@@ -158,8 +144,8 @@ def _severity(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = None
-    if value is None or not 1 <= value <= 5:
+        value = 0
+    if not 1 <= value <= 5:
         raise argparse.ArgumentTypeError(f"severity is an integer from 1 to 5, got {text!r}")
     return value
 
@@ -168,9 +154,6 @@ def _subset(text: str) -> int | str | None:
     if text.lower() == "all":
         return None
     return int(text) if text.isdigit() else text
-
-
-_Int: Callable[[str], int] = int
 
 
 @dataclass
@@ -205,7 +188,7 @@ class RunConfig:
         cli_default=None,
         metavar="0-4|0,1,2",
     )
-    batch_size: int = flag("images per batch (64 in the paper)", 64, type=_Int)
+    batch_size: int = flag("images per batch (64 in the paper)", 64, type=int)
     window: int | str | None = flag(
         "batches smaller than N samples are served on robust statistics and adapted on as a "
         "window of the last N, one step every N samples, labels per sample as --labels/--every "
@@ -221,7 +204,7 @@ class RunConfig:
         metavar="A",
     )
     limit: int | None = flag(
-        "at most this many images per domain (seeded subset; smoke runs)", type=_Int
+        "at most this many images per domain (seeded subset; smoke runs)", type=int
     )
     shard: str | tuple[int, int] | None = flag(
         "run only grid cells j with j mod n == i (0 <= i < n); auto: i and n from a Slurm "
@@ -231,23 +214,23 @@ class RunConfig:
     out: str | None = flag("output folder (default ./runs/<name>)")
     name: str | None = flag("run name for the default output folder")
     workers: int | None = flag(
-        "data-loading worker processes (default: 0 on the CPU, up to 8 on a GPU)", type=_Int
+        "data-loading worker processes (default: 0 on the CPU, up to 8 on a GPU)", type=int
     )
     device: str = flag("cpu, cuda, cuda:1, or auto", "auto")
     jobs: int | None = flag(
         "cells run in parallel processes of one thread each (default: every core for "
         "digits-C on the CPU, else 1); results are identical to a serial run",
-        type=_Int,
+        type=int,
     )
     threads: int | None = flag(
         "torch CPU threads (default: 1 for digits-C and mnist, whose tiny convolutions only "
         "lose from intra-op parallelism, else torch's default)",
-        type=_Int,
+        type=int,
     )
     checkpoint_every: int = flag(
         "save a resumable checkpoint every this many batches (0: never)",
         100,
-        type=_Int,
+        type=int,
         metavar="BATCHES",
     )
     reuse: bool = flag(
@@ -289,7 +272,7 @@ class LoadOptions:
         cli_default="all",
     )
     image_size: int = flag(
-        "input size for ImageNet-R/K/A and PACS (224; smaller for smoke tests)", 224, type=_Int
+        "input size for ImageNet-R/K/A and PACS (224; smaller for smoke tests)", 224, type=int
     )
     backbone: str | None = flag(
         "digits-cnn (digits-C default, BatchNorm), digits-vit (digits-C, LayerNorm); "

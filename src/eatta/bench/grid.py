@@ -90,25 +90,20 @@ def make_grid(
         if s not in SETTINGS:
             raise ValueError(f"unknown setting {s!r}; choose from {SETTINGS}")
     cells: list[CellSpec] = []
-    seen: set[CellSpec] = set()
     for ds in datasets:
         for setting in settings:
             for method in methods:
-                spec_ = registry.get_spec(method)
-                name = spec_.name.lower()
+                spec = registry.get_spec(method)
+                name = spec.name.lower()
                 if name in STATIC_METHODS:
-                    candidates = [CellSpec(ds, name, "-")]
-                elif not spec_.active:
-                    candidates = [CellSpec(ds, name, setting)]
+                    cells.append(CellSpec(ds, name, "-"))
+                elif not spec.active:
+                    cells.append(CellSpec(ds, name, setting))
                 else:
-                    candidates = [
+                    cells += [
                         CellSpec(ds, name, setting, k, n, b) for k, n in budgets for b in buffers
                     ]
-                for c in candidates:
-                    if c not in seen:
-                        seen.add(c)
-                        cells.append(c)
-    return cells
+    return list(dict.fromkeys(cells))  # each cell once, where it first appears
 
 
 def parse_shard(text: str, environ: Mapping[str, str] | None = None) -> tuple[int, int]:
@@ -161,10 +156,9 @@ def resolve_shard(environ: Mapping[str, str]) -> tuple[int, int]:
             "--shard auto takes the shard from a Slurm job array (sbatch --array=0-<n-1>: "
             f"SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT) or from EATTA_SHARD=i/n; {where}"
         )
-    count = _env_int(environ, "SLURM_ARRAY_TASK_COUNT")
-    low = _env_int(environ, "SLURM_ARRAY_TASK_MIN")
-    high = _env_int(environ, "SLURM_ARRAY_TASK_MAX")
-    step = _env_int(environ, "SLURM_ARRAY_TASK_STEP")
+    count, low, high, step = (
+        _env_int(environ, f"SLURM_ARRAY_TASK_{k}") for k in ("COUNT", "MIN", "MAX", "STEP")
+    )
     if count is None and low == 0 and high is not None:  # no task count set: from the id range
         count = high + 1
     if count is None or not (

@@ -11,6 +11,7 @@ predictions are served); :func:`fallback_summary` reports it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +34,6 @@ from eatta.monitor.confseq import check_level
 
 __all__ = [
     "DEFAULT_AUDIT_SHARE",
-    "DEFAULT_GUARD_LEVEL",
-    "FALLBACK_AUDITS",
     "MonitorOptions",
     "check_fallback_budget",
     "fallback_summary",
@@ -111,15 +110,9 @@ class MonitorOptions:
 
     def describe(self) -> dict[str, Any]:
         """Plain description for fingerprints and ``results.json``."""
-        out: dict[str, Any] = {
-            "audit": self.audit,
-            "guard": self.guard,
-            "level": self.level,
-            "guard_level": self.guard_level,
-            "block": self.block,
-        }
-        if self.fallback:  # only when set: earlier fingerprints stay as they were
-            out["fallback"] = True
+        out = dataclasses.asdict(self)
+        if not self.fallback:  # only when set: earlier fingerprints stay as they were
+            del out["fallback"]
         return out
 
     def text(self) -> str:
@@ -144,11 +137,7 @@ class MonitorOptions:
         return auditor
 
     def attach(
-        self,
-        method: Any,
-        source: torch.nn.Module,
-        annotator: AnnotatorOptions,
-        seed: int,
+        self, method: Any, source: torch.nn.Module, annotator: AnnotatorOptions, seed: int
     ) -> tuple[AccuracyMonitor, GroundTruthOracle | SimulatedAnnotator]:
         """Attach a monitor to ``method``; returns it and its auditor (which needs the batch's
         labels: ``set_labels``)."""
@@ -173,18 +162,14 @@ def monitor_summary(
     difference; overall; the resets with their evidence; audit counts and annotator seconds."""
 
     def err(e: Any) -> dict[str, Any]:
-        return {
-            "audits": e.audits,
-            "error": 100 * (1 - e.adapted.value),
-            "low": 100 * (1 - e.adapted.high),
-            "high": 100 * (1 - e.adapted.low),
-            "source_error": 100 * (1 - e.source.value),
-            "source_low": 100 * (1 - e.source.high),
-            "source_high": 100 * (1 - e.source.low),
-            "gain": 100 * e.difference.value,
-            "gain_low": 100 * e.difference.low,
-            "gain_high": 100 * e.difference.high,
-        }
+        out = {"audits": e.audits}
+        for prefix, accuracy in (("", e.adapted), ("source_", e.source)):
+            out[f"{prefix}error"] = 100 * (1 - accuracy.value)
+            out[f"{prefix}low"] = 100 * (1 - accuracy.high)
+            out[f"{prefix}high"] = 100 * (1 - accuracy.low)
+        d = e.difference
+        out |= {"gain": 100 * d.value, "gain_low": 100 * d.low, "gain_high": 100 * d.high}
+        return out
 
     stats = monitor.stats()
     return {

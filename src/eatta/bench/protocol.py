@@ -9,7 +9,7 @@ blended with a continuously changing mix and severity, at a slow, medium or fast
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from eatta.bench.flags import flag
@@ -68,10 +68,5 @@ class StreamProtocol:
             raise ValueError("the CCC stream sets its own severities; leave out gradual")
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "rounds": self.rounds,
-            "gradual": self.gradual,
-            "dirichlet": self.dirichlet,
-            "mixed": self.mixed,
-            "ccc": self.ccc,
-        }
+        """The fields by name (for result files and pages)."""
+        return asdict(self)

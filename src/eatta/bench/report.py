@@ -13,7 +13,7 @@ import io
 import json
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +24,12 @@ from eatta.bench.results import CellResult, atomic_write_text
 from eatta.data.stream import base_domain_name
 
 __all__ = [
-    "COLLAPSE_POINTS",
-    "DOMAIN_SHORT",
-    "HOLD_POINTS",
     "KERNEL_SPREAD_POINTS",
     "collapse_notes",
+    "covered_rounds",
     "csv_text",
     "load_results",
     "markdown_table",
-    "plot_online_error",
     "summary",
     "worse_than_source",
     "write_outputs",
@@ -40,26 +37,12 @@ __all__ = [
 
 #: Column headers for domains (the paper's abbreviations; PACS domains by letter).
 DOMAIN_SHORT: dict[str, str] = {
-    "gaussian_noise": "Gauss.",
-    "shot_noise": "Shot",
-    "impulse_noise": "Impul.",
-    "defocus_blur": "Defoc.",
-    "glass_blur": "Glass",
-    "motion_blur": "Motion",
-    "zoom_blur": "Zoom",
-    "snow": "Snow",
-    "frost": "Frost",
-    "fog": "Fog",
-    "brightness": "Brit.",
-    "contrast": "Contr.",
-    "elastic_transform": "Elastic",
-    "pixelate": "Pixel",
-    "jpeg_compression": "JPEG",
-    "photo": "P",
-    "art_painting": "A",
-    "cartoon": "C",
-    "sketch": "S",
-}
+    "gaussian_noise": "Gauss.", "shot_noise": "Shot", "impulse_noise": "Impul.",
+    "defocus_blur": "Defoc.", "glass_blur": "Glass", "motion_blur": "Motion", "zoom_blur": "Zoom",
+    "snow": "Snow", "frost": "Frost", "fog": "Fog", "brightness": "Brit.", "contrast": "Contr.",
+    "elastic_transform": "Elastic", "pixelate": "Pixel", "jpeg_compression": "JPEG",
+    "photo": "P", "art_painting": "A", "cartoon": "C", "sketch": "S",
+}  # fmt: skip
 _SETTING = {"ctta": "C", "ftta": "F", "-": "-"}
 
 
@@ -97,6 +80,15 @@ def _stats(values: Sequence[float]) -> tuple[float, float | None]:
     return float(arr.mean()), (float(arr.std(ddof=1)) if len(arr) > 1 else None)
 
 
+def _mean(values: Sequence[float]) -> float:
+    return _stats(values)[0]
+
+
+def _mean_std(values: Sequence[float]) -> dict[str, float | None]:
+    mean, std = _stats(values)
+    return {"mean": mean, "std": std}
+
+
 def _fmt(values: Sequence[float], bold: bool = False) -> str:
     if not values:
         return "?"
@@ -105,18 +97,13 @@ def _fmt(values: Sequence[float], bold: bool = False) -> str:
     return f"**{text}**" if bold else text
 
 
-def _base_domains(r: CellResult) -> tuple[list[str], list[float]]:
-    """Error per distinct domain of one round (gradual visits of a corruption pooled, rounds
-    averaged), in stream order."""
-    names: list[str] = []
+def _pooled(r: CellResult, domain: Callable[[str], str] = str) -> dict[str, float]:
+    """Mean error per domain of ``r`` in stream order, its visits in every round pooled (with
+    ``domain=base_domain_name``, the gradual visits of a corruption too)."""
     pooled: dict[str, list[float]] = {}
     for name, err in zip(r.domains, r.domain_errors, strict=True):
-        base = base_domain_name(name)
-        if base not in pooled:
-            names.append(base)
-            pooled[base] = []
-        pooled[base].append(err)
-    return names, [float(np.mean(pooled[n])) for n in names]
+        pooled.setdefault(domain(name), []).append(err)
+    return {name: float(np.mean(errs)) for name, errs in pooled.items()}
 
 
 def _seed_text(seeds: Sequence[int]) -> str:
@@ -170,7 +157,7 @@ def _source_last(rows: Sequence[CellResult]) -> float | None:
     """The unadapted source model's last-round error (mean over seeds), if it is in ``rows``."""
     for cell in _cells(rows):
         if cell[0].spec.method == "source":
-            return _stats([c.round_errors[-1] for c in cell])[0]
+            return _mean([c.round_errors[-1] for c in cell])
     return None
 
 
@@ -235,9 +222,7 @@ def _first_last(cell: Sequence[CellResult]) -> tuple[float, float] | None:
     r = cell[0]
     if r.rounds < 2 or any(len(c.round_errors) != r.rounds for c in cell):
         return None
-    return _stats([c.round_errors[0] for c in cell])[0], _stats([c.round_errors[-1] for c in cell])[
-        0
-    ]
+    return _mean([c.round_errors[0] for c in cell]), _mean([c.round_errors[-1] for c in cell])
 
 
 def collapse_notes(results: Sequence[CellResult]) -> list[str]:
@@ -252,11 +237,9 @@ def collapse_notes(results: Sequence[CellResult]) -> list[str]:
             if pair is None or r.spec.method == "source":
                 continue
             first, last = pair
-            if source is not None:
-                if last <= source:
-                    continue
+            if source is not None and last > source:
                 why = f"worse than the unadapted source model's {source:.1f}%"
-            elif last - first >= COLLAPSE_POINTS:
+            elif source is None and last - first >= COLLAPSE_POINTS:
                 why = "errors accumulate over the long stream"
             else:
                 continue
@@ -338,87 +321,80 @@ def markdown_table(results: Sequence[CellResult]) -> str:
     time and peak memory (MB; CPU: the run's peak RSS over its RSS at its start, GPU: peak
     allocated). With several seeds a row is one cell's mean ± sample std over the seeds.
     Collapses are stated under the table."""
-    blocks = []
-    for dataset, rows in _groups(results).items():
-        cells = _cells(rows)
-        ref = cells[0][0]
-        rounds = max(r.rounds for r in rows)
-        per_round = rounds > 1
-        domains = _base_domains(ref)[0]
-        seeds = sorted({r.seed for r in rows})
-        many = any(len(c) > 1 for c in cells)
-        annotated = any(r.protocol.get("annotator") for r in rows)
-        monitored = any(r.monitor for r in rows)
-        sources = _sources(rows)
-        compared = bool(sources) and len(cells) > 1
-        cols = [f"R{i + 1}" for i in range(rounds)] if per_round else [_short(d) for d in domains]
-        head = [
-            "Method",
-            "Set.",
-            *cols,
-            "Avg. Err.",
-            *(["Worse"] if compared else []),
-            *(["Seeds"] if many else []),
-            "Labels",
-            *(_ANNOTATION_HEAD if annotated else []),
-            *(_MONITOR_HEAD if monitored else []),
-            "img/s",
-            "Wall s",
-            "CPU s",
-            "Peak MB",
-        ]
-        per_pass = ref.images // max(1, ref.rounds)
-        proto = _protocol_text(ref)
-        title = (
-            f"**{dataset}**: error % (lower is better), {per_pass} images in "
-            f"{len(domains)} domains" + (f", {proto}" if proto else "")
-        )
-        title += f"; mean ± std over {_seed_text(seeds)}" if many else f"; {_seed_text(seeds)}"
-        title += _kernels_text(rows)
-        lines = [
-            title,
-            "",
-            "| " + " | ".join(head) + " |",
-            "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|",
-        ]
-        for cell in cells:
-            r = cell[0]
-            if per_round:
-                errs = [
-                    _fmt([c.round_errors[i] for c in cell if i < len(c.round_errors)])
-                    for i in range(rounds)
-                ]
-            else:
-                per = [dict(zip(*_base_domains(c), strict=True)) for c in cell]
-                errs = [_fmt([p[d] for p in per if d in p]) for d in domains]
-            peaks = [c.peak_mem_mb for c in cell if c.peak_mem_mb is not None]
-            row = [
-                r.label,
-                _SETTING.get(r.spec.setting, r.spec.setting),
-                *errs,
-                _fmt([c.average_error for c in cell], bold=True),
-                *([_worse_cell(_worse_counts(cell, sources))] if compared else []),
-                *([str(len(cell))] if many else []),
-                f"{np.mean([c.labels_used for c in cell]):.0f}",
-                *(_annotation_cells(cell) if annotated else []),
-                *(_monitor_cells(cell) if monitored else []),
-                f"{np.mean([c.images_per_s for c in cell]):.0f}",
-                f"{np.mean([c.wall_time_s for c in cell]):.1f}",
-                _cpu_cell(cell),
-                "-" if not peaks else f"{max(peaks):.0f}",
-            ]
-            lines.append("| " + " | ".join(row) + " |")
-        notes = [WORSE_NOTE] if compared else []
-        notes += collapse_notes(rows)
-        sentence = stability_sentence(rows)
-        if sentence:
-            notes.append(sentence)
-        if notes:
-            lines += ["", *notes]
-        if monitored:
-            lines += ["", *monitor_table(cells, rounds if per_round else 1)]
-        blocks.append("\n".join(lines))
+    blocks = [_dataset_table(dataset, rows) for dataset, rows in _groups(results).items()]
     return "\n\n".join(blocks) + "\n"
+
+
+def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
+    """The table of :func:`markdown_table` for one dataset: title, rows and the notes under it."""
+    cells = _cells(rows)
+    ref = cells[0][0]
+    rounds = max(r.rounds for r in rows)
+    domains = list(_pooled(ref, base_domain_name))
+    seeds = sorted({r.seed for r in rows})
+    many = any(len(c) > 1 for c in cells)
+    annotated = any(r.protocol.get("annotator") for r in rows)
+    monitored = any(r.monitor for r in rows)
+    sources = _sources(rows)
+    compared = bool(sources) and len(cells) > 1
+
+    def row(cell: Sequence[CellResult]) -> list[tuple[str, str]]:
+        """(column, text) pairs of one cell's row."""
+        if rounds > 1:
+            errs = [
+                (f"R{i + 1}", _fmt([c.round_errors[i] for c in cell if i < len(c.round_errors)]))
+                for i in range(rounds)
+            ]
+        else:
+            per = [_pooled(c, base_domain_name) for c in cell]
+            errs = [(_short(d), _fmt([p[d] for p in per if d in p])) for d in domains]
+        r = cell[0]
+        out = [("Method", r.label), ("Set.", _SETTING.get(r.spec.setting, r.spec.setting)), *errs]
+        out.append(("Avg. Err.", _fmt([c.average_error for c in cell], bold=True)))
+        if compared:
+            out.append(("Worse", _worse_cell(_worse_counts(cell, sources))))
+        if many:
+            out.append(("Seeds", str(len(cell))))
+        out.append(("Labels", f"{np.mean([c.labels_used for c in cell]):.0f}"))
+        if annotated:
+            out += zip(_ANNOTATION_HEAD, _annotation_cells(cell), strict=True)
+        if monitored:
+            out += zip(_MONITOR_HEAD, _monitor_cells(cell), strict=True)
+        cpus = [c.cpu_time_s for c in cell if c.cpu_time_s is not None]
+        peaks = [c.peak_mem_mb for c in cell if c.peak_mem_mb is not None]
+        return [
+            *out,
+            ("img/s", f"{np.mean([c.images_per_s for c in cell]):.0f}"),
+            ("Wall s", f"{np.mean([c.wall_time_s for c in cell]):.1f}"),
+            ("CPU s", "-" if not cpus else f"{np.mean(cpus):.1f}"),
+            ("Peak MB", "-" if not peaks else f"{max(peaks):.0f}"),
+        ]
+
+    table = [row(cell) for cell in cells]
+    proto = _protocol_text(ref)
+    title = (
+        f"**{dataset}**: error % (lower is better), {ref.images // max(1, ref.rounds)} images in "
+        f"{len(domains)} domains" + (f", {proto}" if proto else "")
+    )
+    title += f"; mean ± std over {_seed_text(seeds)}" if many else f"; {_seed_text(seeds)}"
+    head = [column for column, _ in table[0]]
+    lines = [
+        title + _kernels_text(rows),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|",
+        *("| " + " | ".join(text for _, text in texts) + " |" for texts in table),
+    ]
+    notes = [WORSE_NOTE] if compared else []
+    notes += collapse_notes(rows)
+    sentence = stability_sentence(rows)
+    if sentence:
+        notes.append(sentence)
+    if notes:
+        lines += ["", *notes]
+    if monitored:
+        lines += ["", *monitor_table(cells, rounds)]
+    return "\n".join(lines)
 
 
 #: Columns of the annotator's counts (shown when an annotator is simulated).
@@ -505,34 +481,24 @@ fingerprint model_digest grid_index
 """.split()
 
 
-def _cpu_cell(cell: Sequence[CellResult]) -> str:
-    cpus = [c.cpu_time_s for c in cell if c.cpu_time_s is not None]
-    return "-" if not cpus else f"{np.mean(cpus):.1f}"
-
-
 def _annotation_csv(r: CellResult) -> dict[str, Any]:
-    proto = r.protocol.get("annotator") or {}
-    note = r.annotation or {}
-    row: dict[str, Any] = {
-        "feedback": note.get("feedback", ""),
-        "label_delay": "" if proto.get("delay") is None else proto["delay"],
-        "label_noise": proto.get("noise", ""),
-    }
-    for k in ("requested", "received", "expired", "pending", "skipped", "wrong"):
-        row[k] = note.get(k, "")
-    row["annotator_seconds"] = "" if "seconds" not in note else f"{note['seconds']:.1f}"
+    """The annotator's columns of one result's CSV row (a value left out or None is empty)."""
+    proto, note = r.protocol.get("annotator") or {}, r.annotation or {}
+    row = {k: note.get(k) for k in ("feedback", *_ANNOTATION_KEYS, "skipped")}
+    row |= {"label_delay": proto.get("delay"), "label_noise": proto.get("noise")}
+    if "seconds" in note:
+        row["annotator_seconds"] = f"{note['seconds']:.1f}"
     return row
 
 
 def _monitor_csv(r: CellResult) -> dict[str, Any]:
+    """The audits' columns of one result's CSV row (none without audits)."""
     m = r.monitor
     if not m:
-        return dict.fromkeys(
-            ("audit_share", "audits", "audit_seconds", "resets", "covered_rounds"), ""
-        )
+        return {}
     hit, total = covered_rounds(r)
     row: dict[str, Any] = {
-        "audit_share": (r.protocol.get("monitor") or {}).get("audit", ""),
+        "audit_share": (r.protocol.get("monitor") or {}).get("audit"),
         "audits": m["stats"]["requested"],
         "audit_seconds": f"{m['seconds']:.1f}",
         "resets": len(m["resets"]),
@@ -540,10 +506,13 @@ def _monitor_csv(r: CellResult) -> dict[str, Any]:
     }
     for i, est in enumerate(m["rounds"]):
         if est["audits"]:
-            row[f"est_round:{i + 1}"] = f"{est['error']:.4f}"
-            row[f"est_low_round:{i + 1}"] = f"{est['low']:.4f}"
-            row[f"est_high_round:{i + 1}"] = f"{est['high']:.4f}"
+            for column, key in (("est", "error"), ("est_low", "low"), ("est_high", "high")):
+                row[f"{column}_round:{i + 1}"] = f"{est[key]:.4f}"
     return row
+
+
+def _number(value: float | None, spec: str) -> str | None:
+    return None if value is None else format(value, spec)
 
 
 def csv_text(results: Sequence[CellResult]) -> str:
@@ -556,11 +525,7 @@ def csv_text(results: Sequence[CellResult]) -> str:
         round_cols += [
             f"{k}_round:{i + 1}" for i in range(n_rounds) for k in ("est", "est_low", "est_high")
         ]
-    domain_cols: list[str] = []
-    for r in ordered:
-        for d in r.domains:
-            if f"err:{d}" not in domain_cols:
-                domain_cols.append(f"err:{d}")
+    domain_cols = list(dict.fromkeys(f"err:{d}" for r in ordered for d in r.domains))
     buf = io.StringIO()
     writer = csv.DictWriter(
         buf, fieldnames=_CSV_FIXED + round_cols + domain_cols, lineterminator="\n"
@@ -568,35 +533,35 @@ def csv_text(results: Sequence[CellResult]) -> str:
     writer.writeheader()
     sources = _sources(ordered)
     for r in ordered:
-        source = sources.get(_protocol_key(r)) if r.spec.method != "source" else None
-        worse = None if source is None else worse_than_source(r, source)
-        row: dict[str, Any] = {
+        counts = _worse_counts([r], sources)
+        worse, compared = counts[0] if counts else (None, None)
+        row: dict[str, Any] = {  # None (and a column left out) is written empty
             "dataset": r.spec.dataset,
             "method": r.spec.method,
             "setting": r.spec.setting,
             "labels_per_batch": r.spec.labels,
             "every": r.spec.every,
-            "buffer": "" if r.spec.buffer is None else r.spec.buffer,
+            "buffer": r.spec.buffer,
             "label": r.label,
             "seed": r.seed,
             "rounds": r.rounds,
-            "dirichlet": "" if r.protocol.get("dirichlet") is None else r.protocol["dirichlet"],
+            "dirichlet": r.protocol.get("dirichlet"),
             "gradual": bool(r.protocol.get("gradual", False)),
             "average_error": f"{r.average_error:.4f}",
             "first_round_error": f"{r.round_errors[0]:.4f}",
             "last_round_error": f"{r.round_errors[-1]:.4f}",
             "overall_error": f"{r.overall_error:.4f}",
-            "worse_domains": "" if worse is None else worse[0],
-            "compared_domains": "" if worse is None else worse[1],
+            "worse_domains": worse,
+            "compared_domains": compared,
             "labels_used": r.labels_used,
             **_annotation_csv(r),
             **_monitor_csv(r),
             "images": r.images,
             "images_per_s": f"{r.images_per_s:.2f}",
             "wall_time_s": f"{r.wall_time_s:.3f}",
-            "cpu_time_s": "" if r.cpu_time_s is None else f"{r.cpu_time_s:.3f}",
-            "peak_mem_mb": "" if r.peak_mem_mb is None else f"{r.peak_mem_mb:.1f}",
-            "max_rss_mb": "" if r.max_rss_mb is None else f"{r.max_rss_mb:.1f}",
+            "cpu_time_s": _number(r.cpu_time_s, ".3f"),
+            "peak_mem_mb": _number(r.peak_mem_mb, ".1f"),
+            "max_rss_mb": _number(r.max_rss_mb, ".1f"),
             "device": r.device,
             "fingerprint": r.fingerprint,
             "model_digest": r.model_digest,
@@ -604,11 +569,8 @@ def csv_text(results: Sequence[CellResult]) -> str:
         }
         for i, e in enumerate(r.round_errors):
             row[f"err_round:{i + 1}"] = f"{e:.4f}"
-        pooled: dict[str, list[float]] = {}
-        for d, e in zip(r.domains, r.domain_errors, strict=True):
-            pooled.setdefault(d, []).append(e)
-        for d, es in pooled.items():
-            row[f"err:{d}"] = f"{np.mean(es):.4f}"
+        for d, e in _pooled(r).items():
+            row[f"err:{d}"] = f"{e:.4f}"
         writer.writerow(row)
     return buf.getvalue()
 
@@ -701,11 +663,10 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
             }
             counts = _worse_counts(cell, sources)
             if counts is not None:
-                m, sd = _stats([w for w, _ in counts])
+                worse = [w for w, _ in counts]
                 entry["worse_than_source"] = {
-                    "per_seed": [w for w, _ in counts],
-                    "mean": m,
-                    "std": sd,
+                    "per_seed": worse,
+                    **_mean_std(worse),
                     "domains": counts[0][1],
                 }
             notes = [c.annotation for c in cell if c.annotation]
@@ -714,19 +675,12 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
                     k: float(np.mean([n.get(k, 0) for n in notes]))
                     for k in (*_ANNOTATION_KEYS, "skipped", "seconds")
                 }
-            for name, values in (
-                ("average_error", [c.average_error for c in cell]),
-                ("first_round_error", [c.round_errors[0] for c in cell]),
-                ("last_round_error", [c.round_errors[-1] for c in cell]),
-            ):
-                m, sd = _stats(values)
-                entry[name] = {"mean": m, "std": sd}
+            entry["average_error"] = _mean_std([c.average_error for c in cell])
+            entry["first_round_error"] = _mean_std([c.round_errors[0] for c in cell])
+            entry["last_round_error"] = _mean_std([c.round_errors[-1] for c in cell])
             if all(len(c.round_errors) == r.rounds for c in cell):
                 entry["round_errors"] = [
-                    dict(
-                        zip(("mean", "std"), _stats([c.round_errors[i] for c in cell]), strict=True)
-                    )
-                    for i in range(r.rounds)
+                    _mean_std([c.round_errors[i] for c in cell]) for i in range(r.rounds)
                 ]
             out.append(entry)
     return out
@@ -781,10 +735,7 @@ def load_results(dirs: Sequence[str | os.PathLike[str]]) -> list[CellResult]:
                 f"{str(root)!r} holds no finished cells (cells/*.json) or results.json"
             )
         for r in loaded:
-            key = (r.spec.key, r.fingerprint)
-            if key in found:
-                continue
-            found[key] = r
+            found.setdefault((r.spec.key, r.fingerprint), r)
     keys = [
         f"{r.spec.key} seed {r.seed} {json.dumps(r.protocol, sort_keys=True)}"
         for r in found.values()

@@ -9,6 +9,7 @@ runs them (sharded, checkpointed and resumable like ``eatta-bench``), and
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -66,25 +67,21 @@ def row_cells(rows: Sequence[Row], dataset: str, setting: str) -> list[tuple[Row
 def add_common_args(p: argparse.ArgumentParser) -> None:
     """Options every reproduction script shares with ``eatta-bench``."""
     p.add_argument("--setting", default="ctta,ftta", help="ctta, ftta or ctta,ftta")
-    p.add_argument(
-        "--rows",
-        default=None,
-        help="only rows of these methods, comma-separated (e.g. source,tent,eatta)",
-    )
-    p.add_argument("--checkpoint", default=None, help="local model weights")
-    p.add_argument(
-        "--random-init", action="store_true", help="no pretrained weights (smoke tests only)"
-    )
+    rows = "only rows of these methods, comma-separated (e.g. source,tent,eatta)"
+    p.add_argument("--rows", help=rows)
+    p.add_argument("--checkpoint", help="local model weights")
+    smoke = "no pretrained weights (smoke tests only)"
+    p.add_argument("--random-init", action="store_true", help=smoke)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit", type=int, default=None, help="at most this many images per domain")
+    p.add_argument("--limit", type=int, help="at most this many images per domain")
     p.add_argument("--image-size", type=int, default=224, help="input size (224 in the paper)")
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--shard", default=None, metavar="i/n")
+    p.add_argument("--shard", metavar="i/n")
     p.add_argument("--checkpoint-every", type=int, default=100)
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--no-plot", action="store_true")
+    for flag in ("--no-progress", "--no-plot"):
+        p.add_argument(flag, action="store_true")
 
 
 def options_from_args(args: argparse.Namespace, hparams: dict[str, dict[str, Any]]) -> RunOptions:
@@ -118,22 +115,18 @@ def run_rows(
     callback: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[tuple[Row, CellResult]]:
     """Run every implemented row on every dataset in every setting (this shard's part)."""
-    pairs: list[tuple[Row, CellSpec]] = []
-    seen: set[CellSpec] = set()
+    row_of: dict[CellSpec, Row] = {}  # in grid order
     for name in data:
         for setting in settings:
             for row, spec in row_cells(rows, name, setting):
-                if spec not in seen:  # source appears in both settings but runs once
-                    seen.add(spec)
-                    pairs.append((row, spec))
-    grid = [spec for _, spec in pairs]
+                row_of.setdefault(spec, row)  # source appears in both settings but runs once
     index = parse_shard(shard_text) if shard_text else (0, 1)
-    mine = shard(grid, *index)
+    mine = shard(list(row_of), *index)
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if options.progress else None
     results = run_grid(mine, data, options, out, log=log, callback=callback)
     write_outputs(results, out, dict(meta or {}), plot=plot)
     by_spec = {r.spec: r for r in results}
-    return [(row, by_spec[spec]) for row, spec in pairs if spec in by_spec]
+    return [(row, by_spec[spec]) for spec, row in row_of.items() if spec in by_spec]
 
 
 def comparison_table(
@@ -160,24 +153,22 @@ def comparison_table(
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|",
     ]
-    for setting in settings:
-        for dataset in datasets:
-            for row in rows:
-                pub = published(row, setting, dataset)
-                if pub is None:
-                    continue
-                res = by_key.get((row.label, dataset, "-" if row.method == "source" else setting))
-                ours = value(res) if res is not None else [None] * len(columns)
-                if row.method is None:
-                    ours = [None] * len(columns)
-                cells = [
-                    f"{p:.1f} / " + ("–" if o is None else f"{o:.1f}")
-                    for p, o in zip(pub, ours, strict=True)
-                ]
-                shown = row.label  # a preset that labels more per batch is named
-                if res is not None and res.label != res.spec.label:
-                    shown = f"{row.label}: {res.label}"
-                lines.append("| " + " | ".join([shown, setting.upper()[0], dataset, *cells]) + " |")
+    for setting, dataset, row in itertools.product(settings, datasets, rows):
+        pub = published(row, setting, dataset)
+        if pub is None:
+            continue
+        res = by_key.get((row.label, dataset, "-" if row.method == "source" else setting))
+        ours: Sequence[float | None] = [None] * len(columns)  # not measured or not implemented
+        if res is not None and row.method is not None:
+            ours = value(res)
+        cells = [
+            f"{p:.1f} / " + ("–" if o is None else f"{o:.1f}")
+            for p, o in zip(pub, ours, strict=True)
+        ]
+        shown = row.label  # a preset that labels more per batch is named
+        if res is not None and res.label != res.spec.label:
+            shown = f"{row.label}: {res.label}"
+        lines.append("| " + " | ".join([shown, setting.upper()[0], dataset, *cells]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -78,7 +78,6 @@ class CellResult:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("reused")
-        d["spec"] = dataclasses.asdict(self.spec)
         d["key"] = self.spec.key
         d["label"] = self.label
         d["format_version"] = RESULT_VERSION

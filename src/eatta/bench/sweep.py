@@ -39,27 +39,7 @@ from eatta.bench.grid import shard as shard_jobs
 if TYPE_CHECKING:
     import submitit
 
-__all__ = [
-    "LAUNCHERS",
-    "SLURM_DEFAULT_TIME_MIN",
-    "STATE_FILE",
-    "ShardJob",
-    "SlurmOptions",
-    "SweepPlan",
-    "SweepResult",
-    "check_slurm",
-    "finished_shards",
-    "launch",
-    "load_state",
-    "local_executor",
-    "main",
-    "parse_time",
-    "plan",
-    "shard_dir",
-    "slurm_executor",
-    "slurm_queue",
-    "sweep_parser",
-]
+__all__ = ["ShardJob", "SlurmOptions", "launch", "main", "plan", "slurm_executor", "sweep_parser"]
 
 
 def _csv(text: str) -> list[str]:
@@ -70,7 +50,16 @@ def _csv(text: str) -> list[str]:
 SLURM_DEFAULT_TIME_MIN = 240
 #: A local job has no time limit unless ``--time`` is given (submitit's default is 2 minutes).
 _LOCAL_NO_LIMIT_MIN = 60 * 24 * 365
-_INSTALL = "pip install 'eatta[cluster]'"
+#: ``slurm``: one job array through submitit; ``local``: submitit's local executor.
+LAUNCHERS = ("slurm", "local")
+#: The sweep's record in its folder.
+STATE_FILE = "sweep.json"
+_STATE_FORMAT = 1
+#: Slurm job states of a job that has not ended (it may still write its result).
+_SLURM_ACTIVE = frozenset(
+    "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING "
+    "SIGNALING STAGE_OUT SUSPENDED PREEMPTED".split()
+)
 
 
 @dataclass(frozen=True)
@@ -119,7 +108,9 @@ def _require_submitit() -> None:
     try:
         import submitit  # noqa: F401
     except ImportError:
-        raise ValueError(f"the sweep launchers need submitit: {_INSTALL}") from None
+        raise ValueError(
+            "the sweep launchers need submitit: pip install 'eatta[cluster]'"
+        ) from None
 
 
 def parse_time(text: str | int) -> int:
@@ -128,20 +119,16 @@ def parse_time(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         minutes = text
     else:
-        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", str(text).strip())
+        m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", str(text).strip())
         if m is None:
             raise ValueError(f"--time is minutes or [D-]H:MM:SS, got {text!r}")
-        days, a, b, c = (int(g) if g is not None else None for g in m.groups())
-        assert a is not None
-        if days is not None:  # D-H, D-H:MM, D-H:MM:SS
-            seconds = ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
-        elif c is not None:  # H:MM:SS
-            seconds = (a * 60 + (b or 0)) * 60 + c
-        elif b is not None:  # MM:SS
-            seconds = a * 60 + b
-        else:  # minutes
-            seconds = a * 60
-        minutes = -(-seconds // 60)
+        fields = [int(f) for f in m[2].split(":")]
+        if m[1] is not None:  # D-H, D-H:MM, D-H:MM:SS
+            fields[0] += int(m[1]) * 24
+        elif len(fields) < 3:  # minutes, MM:SS
+            fields.insert(0, 0)
+        hours, mins, secs = [*fields, 0, 0][:3]
+        minutes = hours * 60 + mins - (-secs // 60)
     if minutes < 1:
         raise ValueError(f"--time must be at least one minute, got {text!r}")
     return minutes
@@ -181,20 +168,14 @@ class SlurmOptions:
         return {**dataclasses.asdict(self), "sbatch": dict(self.sbatch)}
 
 
-def _source_root() -> Path | None:
-    """The folder that holds the imported ``eatta`` package when it is a source tree (a
-    checkout, ``PYTHONPATH=src``), so that jobs import the same code; None when installed."""
+def _job_env(threads: int | None) -> dict[str, str]:
+    """Environment changes for a job's process: its thread count, and the same ``eatta`` code
+    (the folder of a source tree such as a checkout or ``PYTHONPATH=src`` first on its path)."""
     import eatta
 
-    root = Path(eatta.__file__).resolve().parents[1]
-    return None if root.name in ("site-packages", "dist-packages") else root
-
-
-def _job_env(threads: int | None) -> dict[str, str]:
-    """Environment changes for a job's process: the same ``eatta`` code, its thread count."""
     env: dict[str, str] = {}
-    root = _source_root()
-    if root is not None:
+    root = Path(eatta.__file__).resolve().parents[1]
+    if root.name not in ("site-packages", "dist-packages"):
         old = os.environ.get("PYTHONPATH", "")
         if old.split(os.pathsep)[0] != str(root):
             env["PYTHONPATH"] = os.pathsep.join([str(root), *([old] if old else [])])
@@ -205,7 +186,8 @@ def _job_env(threads: int | None) -> dict[str, str]:
 
 @contextlib.contextmanager
 def _environment(changes: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``changes`` (what submitit's local executor hands its jobs)."""
+    """``os.environ`` with ``changes`` (what submitit's local executor hands its jobs); only the
+    changed keys are restored, so other threads never see the environment emptied."""
     saved = {k: os.environ.get(k) for k in changes}
     os.environ.update(changes)
     try:
@@ -227,23 +209,18 @@ def slurm_executor(folder: str | os.PathLike[str], options: SlurmOptions) -> sub
     import submitit
 
     ex = submitit.SlurmExecutor(folder=str(folder))
-    params: dict[str, Any] = {
+    setup = [f"export {k}={shlex.quote(v)}" for k, v in _job_env(options.cpus).items()]
+    params = {  # those left None are not asked for
         "job_name": "eatta-sweep",
         "time": options.time_min,
         "array_parallelism": options.array_parallelism or 100_000,
+        "partition": options.partition,
+        "gpus_per_node": options.gpus or None,
+        "cpus_per_task": options.cpus,
+        "setup": setup or None,
+        "additional_parameters": dict(options.sbatch) or None,
     }
-    if options.partition is not None:
-        params["partition"] = options.partition
-    if options.gpus:
-        params["gpus_per_node"] = options.gpus
-    if options.cpus is not None:
-        params["cpus_per_task"] = options.cpus
-    setup = [f"export {k}={shlex.quote(v)}" for k, v in _job_env(options.cpus).items()]
-    if setup:
-        params["setup"] = setup
-    if options.sbatch:
-        params["additional_parameters"] = dict(options.sbatch)
-    ex.update_parameters(**params)
+    ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
     return ex
 
 
@@ -257,13 +234,8 @@ def check_slurm(partition: str | None = None, timeout_s: float = 60.0) -> list[s
             "--launcher local runs the shards on this machine"
         )
     try:
-        done = subprocess.run(
-            ["sinfo", "--noheader", "--format=%P"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=True,
-        )
+        sinfo = ["sinfo", "--noheader", "--format=%P"]
+        done = subprocess.run(sinfo, capture_output=True, text=True, timeout=timeout_s, check=True)
     except (OSError, subprocess.SubprocessError) as err:
         detail = getattr(err, "stderr", None) or err
         raise ValueError(f"--launcher slurm: Slurm does not answer (sinfo: {detail})") from None
@@ -276,21 +248,8 @@ def check_slurm(partition: str | None = None, timeout_s: float = 60.0) -> list[s
     return partitions
 
 
-def local_executor(
-    folder: str | os.PathLike[str], time_min: int | None = None
-) -> submitit.LocalExecutor:
-    """A submitit local executor (jobs are processes of this machine; no time limit by
-    default, where submitit's is two minutes)."""
-    _require_submitit()
-    import submitit
-
-    ex = submitit.LocalExecutor(folder=str(folder))
-    ex.update_parameters(timeout_min=time_min or _LOCAL_NO_LIMIT_MIN)
-    return ex
-
-
-def _local_slots(jobs: int | None) -> tuple[int, bool, int]:
-    """(parallel jobs, on GPUs, cores) for the local launcher."""
+def _local_slots(jobs: int | None) -> tuple[int, int, int]:
+    """(parallel jobs, GPUs, cores) for the local launcher."""
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -300,7 +259,7 @@ def _local_slots(jobs: int | None) -> tuple[int, bool, int]:
         jobs = gpus or cores
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs must be an int >= 1, got {jobs!r}")
-    return jobs, gpus > 0, cores
+    return jobs, gpus, cores
 
 
 # ----------------------------------------------------------------------------- plan
@@ -350,19 +309,18 @@ def _grid_datasets(args: argparse.Namespace) -> list[str]:
                 out.append(digits_grid_name(args.backbone))
             except ValueError as err:
                 raise ValueError(f"run options: --backbone: {err}") from None
-            continue
-        if name != "pacs":
-            out.append(name)
-            continue
-        from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
+        elif name == "pacs":
+            from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
 
-        letter = {v: k for k, v in PACS_LETTERS.items()}
-        for seq in _csv(args.sequence):
-            try:
-                domains = parse_pacs_sequence(seq)
-            except (KeyError, ValueError) as err:
-                raise ValueError(f"run options: --sequence {seq!r}: {err}") from None
-            out.append("pacs:" + "-".join(letter[d] for d in domains))
+            letter = {v: k for k, v in PACS_LETTERS.items()}
+            for seq in _csv(args.sequence):
+                try:
+                    domains = parse_pacs_sequence(seq)
+                except (KeyError, ValueError) as err:
+                    raise ValueError(f"run options: --sequence {seq!r}: {err}") from None
+                out.append("pacs:" + "-".join(letter[d] for d in domains))
+        else:
+            out.append(name)
     return out
 
 
@@ -420,17 +378,12 @@ class SweepPlan:
 
     def images(self, index: int) -> int | None:
         """Images that shard ``index`` streams in all (None: unknown)."""
-        total = 0
-        for _, (cell, _seed) in self.shard(index):
-            known = self.stream.get(cell.dataset)
-            if known is None:
-                return None
-            total += known[0]
-        return total
+        sizes = [self.stream.get(cell.dataset) for _, (cell, _seed) in self.shard(index)]
+        return sum(size[0] for size in sizes if size is not None) if None not in sizes else None
 
-    def command(self, index: int, out: str | os.PathLike[str]) -> list[str]:
-        """The ``eatta-bench`` arguments that shard ``index`` runs (sweep folder ``out``)."""
-        return ShardJob(self.argv, index, self.count, str(shard_dir(out, index))).command()
+    def job(self, index: int, out: str | os.PathLike[str], threads: int | None = None) -> ShardJob:
+        """The job of shard ``index`` (sweep folder ``out``)."""
+        return ShardJob(self.argv, index, self.count, str(shard_dir(out, index)), threads)
 
     def describe(
         self, out: str | os.PathLike[str], finished: Sequence[int] = (), launcher: str = ""
@@ -457,7 +410,7 @@ class SweepPlan:
             size = "unknown" if known[i] is None else f"{known[i]:,}"
             state = "finished" if i in finished else "to run"
             lines.append(f"| {i} | {len(self.shard(i))} | {size} | {state} | {runs} |")
-        example = " ".join(shlex.quote(a) for a in self.command(0, out))
+        example = " ".join(shlex.quote(a) for a in self.job(0, out).command())
         lines += ["", f"shard 0 runs: eatta-bench {example}", ""]
         return "\n".join(lines)
 
@@ -502,13 +455,6 @@ def finished_shards(out: str | os.PathLike[str], count: int) -> list[int]:
     return [i for i in range(count) if (shard_dir(out, i) / "results.json").is_file()]
 
 
-#: ``slurm``: one job array through submitit; ``local``: submitit's local executor.
-LAUNCHERS = ("slurm", "local")
-#: The sweep's record in its folder.
-STATE_FILE = "sweep.json"
-_STATE_FORMAT = 1
-
-
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -550,8 +496,18 @@ class SweepResult:
     failed: dict[int, str] = field(default_factory=dict)
     #: whether the merged outputs of the whole grid were written to ``out``
     merged: bool = False
-    #: the command that merges the shards
-    merge_command: str = ""
+
+    @property
+    def merge_command(self) -> str:
+        """The command that merges the shards."""
+        out = shlex.quote(str(self.out))
+        plot = "" if self.plan.plot else " --no-plot"
+        return f"eatta-bench merge {out}/shard-* --out {out}{plot}"
+
+    @property
+    def resubmit_command(self) -> str:
+        """The command that submits the shards without results again."""
+        return f"eatta-bench sweep --resubmit --out {shlex.quote(str(self.out))}"
 
 
 def _merge(out: Path, sweep_plan: SweepPlan) -> None:
@@ -591,13 +547,6 @@ def _ended(
     say(f"shard {index} (job {job.job_id}): " + ("finished" if why is None else f"FAILED: {why}"))
 
 
-#: Slurm job states of a job that has not ended (it may still write its result).
-_SLURM_ACTIVE = frozenset(
-    "PENDING CONFIGURING RUNNING COMPLETING REQUEUED REQUEUE_FED REQUEUE_HOLD RESIZING "
-    "SIGNALING STAGE_OUT SUSPENDED PREEMPTED".split()
-)
-
-
 def slurm_queue(job_ids: Sequence[str], timeout_s: float = 60.0) -> dict[str, str] | None:
     """The state of each array task of ``job_ids`` that Slurm's queue still shows (``squeue``,
     never ``sacct``, which fails on clusters without accounting); a task it does not show has
@@ -605,12 +554,7 @@ def slurm_queue(job_ids: Sequence[str], timeout_s: float = 60.0) -> dict[str, st
     arrays = ",".join(sorted({j.split("_")[0] for j in job_ids}))
     command = ["squeue", "--noheader", "--array", "--states=all", "--format=%i %T", "--jobs"]
     try:
-        done = subprocess.run(
-            [*command, arrays],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
+        done = subprocess.run([*command, arrays], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:  # every job long gone: "Invalid job id specified"
@@ -671,57 +615,58 @@ def _stderr_to(path: Path) -> Iterator[None]:
 
 
 def _run_local(
-    sweep_plan: SweepPlan,
-    out: Path,
+    result: SweepResult,
     pending: Sequence[int],
     parallel: int,
     time_min: int | None,
     record: Callable[[int, str], None],
     poll_s: float,
     say: Callable[[str], None],
-) -> dict[int, str]:
-    """Run the ``pending`` shards ``parallel`` at a time through submitit's local executor."""
-    jobs, on_gpu, cores = _local_slots(parallel)
-    gpus = 0
-    if on_gpu:
-        import torch
+) -> None:
+    """Run the ``pending`` shards ``parallel`` at a time through submitit's local executor (the
+    failed ones go into ``result.failed``); on Ctrl-C, stop them."""
+    import submitit
 
-        gpus = torch.cuda.device_count()
+    out, count = result.out, result.plan.count
+    jobs, gpus, cores = _local_slots(parallel)
     threads = max(1, cores // jobs)
     # one flat folder: with %j in it, submitit's local controller creates a folder named %j
-    ex = local_executor(out / "submitit", time_min)
+    ex = submitit.LocalExecutor(folder=str(out / "submitit"))
+    ex.update_parameters(timeout_min=time_min or _LOCAL_NO_LIMIT_MIN)
     queue = list(pending)
     free = list(range(min(jobs, len(queue))))
     running: dict[int, tuple[submitit.Job[Any], int]] = {}
-    failed: dict[int, str] = {}
-    env = _job_env(None if on_gpu else threads)
+    env = _job_env(None if gpus else threads)
     try:
         while queue or running:
             while queue and free:
                 i, slot = queue.pop(0), free.pop(0)
-                if on_gpu:
+                if gpus:
                     ex.update_parameters(gpus_per_node=1, visible_gpus=[slot % gpus])
-                task = ShardJob(
-                    sweep_plan.argv, i, sweep_plan.count, str(shard_dir(out, i)), threads
-                )
                 # the controller process submitit starts writes to our stderr; on Ctrl-C,
                 # job.cancel() interrupts it and it prints a traceback: send it to a log instead
-                with _environment(env), _stderr_to(out / "submitit" / "controllers.log"):
-                    job = ex.submit(task)
+                log = out / "submitit" / "controllers.log"
+                with _environment(env), _stderr_to(log):
+                    job = ex.submit(result.plan.job(i, out, threads))
                 running[i] = (job, slot)
                 record(i, job.job_id)
-                where = f"GPU {slot % gpus}" if on_gpu else f"{threads} thread(s)"
-                say(f"shard {i}/{sweep_plan.count}: local job {job.job_id} ({where})")
+                where = f"GPU {slot % gpus}" if gpus else f"{threads} thread(s)"
+                say(f"shard {i}/{count}: local job {job.job_id} ({where})")
             time.sleep(poll_s)
             for i, (job, slot) in list(running.items()):
                 if job.done():
                     del running[i]
                     free.append(slot)
-                    _ended(i, job, _outcome(job, out, i), failed, say)
+                    _ended(i, job, _outcome(job, out, i), result.failed, say)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"interrupted: {len(finished_shards(out, count))} of {count} shards finished (their "
+            "results are kept; the others were stopped and resume from their checkpoints); "
+            f"continue with: {result.resubmit_command}"
+        ) from None
     finally:
         for job, _slot in running.values():  # interrupted: stop what still runs
             job.cancel()
-    return failed
 
 
 def _settings(
@@ -751,8 +696,8 @@ def _settings(
         shards = int(state["shards"])
     elif run_argv is None:
         raise ValueError("no run options and no recorded sweep to resubmit")
-    recorded_launcher = state.get("launcher") if state else None
-    launcher = launcher or recorded_launcher or "slurm"
+    recorded = state or {}
+    launcher = launcher or recorded.get("launcher") or "slurm"
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher must be one of {LAUNCHERS}, got {launcher!r}")
     if launcher == "local" and slurm is not None:
@@ -762,25 +707,24 @@ def _settings(
         )
     if launcher == "slurm" and jobs is not None:
         raise ValueError("--jobs is for --launcher local; on Slurm use --array-parallelism")
-    if state and state.get("launcher") == launcher:
-        if slurm is None and state.get("slurm"):
-            kept = dict(state["slurm"])
+    if recorded.get("launcher") == launcher:  # the options not given are the recorded ones
+        if slurm is None and recorded.get("slurm"):
+            kept = dict(recorded["slurm"])
             slurm = SlurmOptions(**{**kept, "sbatch": dict(kept.get("sbatch") or {})})
-        jobs = jobs if jobs is not None else state.get("jobs")
-        time_min = time_min if time_min is not None else state.get("time_min")
+        jobs = jobs if jobs is not None else recorded.get("jobs")
+        time_min = time_min if time_min is not None else recorded.get("time_min")
     if time_min is not None:
         time_min = parse_time(time_min)
     if launcher == "slurm":
         slurm = slurm or SlurmOptions()
         if time_min is not None:
-            slurm = SlurmOptions(**{**slurm.to_dict(), "time_min": time_min})
+            slurm = dataclasses.replace(slurm, time_min=time_min)
     return run_argv, shards, launcher, slurm, jobs, time_min
 
 
 def _submit_slurm(
     result: SweepResult,
     pending: list[int],
-    shards: int,
     slurm: SlurmOptions,
     record: Callable[[int, str], None],
     wait: bool,
@@ -791,24 +735,17 @@ def _submit_slurm(
     """Submit the pending shards as a Slurm job array; with ``wait``, wait for them (filling
     ``result.failed``). Whether they were waited for."""
     ex = slurm_executor(result.out / "submitit" / "%j", slurm)
-    tasks = [
-        ShardJob(result.plan.argv, i, shards, str(shard_dir(result.out, i)), slurm.cpus)
-        for i in pending
-    ]
     with ex.batch():
-        submitted = [ex.submit(t) for t in tasks]
+        submitted = [ex.submit(result.plan.job(i, result.out, slurm.cpus)) for i in pending]
     for i, job in zip(pending, submitted, strict=True):
         record(i, job.job_id)
     first = submitted[0].job_id.split("_")[0]
-    show(f"submitted {len(pending)} shard(s) of {shards} as Slurm job {first}:")
+    show(f"submitted {len(pending)} shard(s) of {result.plan.count} as Slurm job {first}:")
     for i, job in zip(pending, submitted, strict=True):
         show(f"  shard {i}: job {job.job_id}  log {job.paths.stderr}")
     if not wait:
         show(f"when they have finished: {result.merge_command}")
-        show(
-            "failed or out of time: eatta-bench sweep --resubmit --out "
-            f"{shlex.quote(str(result.out))} (finished cells are read back)"
-        )
+        show(f"failed or out of time: {result.resubmit_command} (finished cells are read back)")
         return False
     try:
         result.failed = _wait(dict(zip(pending, submitted, strict=True)), result.out, poll_s, say)
@@ -821,40 +758,37 @@ def _submit_slurm(
 
 
 def _recorder(
-    folder: Path,
     state: dict[str, Any] | None,
     result: SweepResult,
-    shards: int,
     time_min: int | None,
     slurm: SlurmOptions | None,
     jobs: int | None,
 ) -> Callable[[int, str], None]:
-    """The sweep's record in ``folder`` with a new submission, written now; the function that
+    """The sweep's record in ``result.out`` with a new submission, written now; the function that
     adds each shard's job id to it (and to ``result``)."""
     launcher = result.launcher
-    new_state: dict[str, Any] = {
-        "format": _STATE_FORMAT,
-        "argv": list(result.plan.argv),
-        "shards": shards,
-        "launcher": launcher,
-        "time_min": time_min,
-        "slurm": slurm.to_dict() if slurm is not None else None,
-        "jobs": jobs if launcher == "local" else None,
-        "submissions": list(state["submissions"]) if state else [],
-    }
     submission: dict[str, Any] = {
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "launcher": launcher,
         "job_ids": {},
     }
-    new_state["submissions"].append(submission)
-    folder.mkdir(parents=True, exist_ok=True)
-    _save_state(folder, new_state)
+    new_state: dict[str, Any] = {
+        "format": _STATE_FORMAT,
+        "argv": list(result.plan.argv),
+        "shards": result.plan.count,
+        "launcher": launcher,
+        "time_min": time_min,
+        "slurm": slurm.to_dict() if slurm is not None else None,
+        "jobs": jobs if launcher == "local" else None,
+        "submissions": [*(state["submissions"] if state else []), submission],
+    }
+    result.out.mkdir(parents=True, exist_ok=True)
+    _save_state(result.out, new_state)
 
     def record(index: int, job_id: str) -> None:
         submission["job_ids"][str(index)] = job_id
         result.submitted[index] = job_id
-        _save_state(folder, new_state)
+        _save_state(result.out, new_state)
 
     return record
 
@@ -893,24 +827,16 @@ def launch(
     run_argv, shards, launcher, slurm, jobs, time_min = _settings(
         folder, state, run_argv, shards, launcher, slurm, jobs, time_min, resubmit
     )
-    parallel = 0
-    if launcher == "local":
-        parallel = _local_slots(jobs)[0]
+    parallel = _local_slots(jobs)[0] if launcher == "local" else 0
     sweep_plan = plan(list(run_argv), None, count_images=dry_run)
     if shards is None:
-        shards = (
-            min(parallel, len(sweep_plan.jobs)) if launcher == "local" else len(sweep_plan.jobs)
-        )
-    sweep_plan = sweep_plan.with_count(shards)
+        runs = len(sweep_plan.jobs)
+        shards = min(parallel, runs) if launcher == "local" else runs
+    result = SweepResult(folder, sweep_plan.with_count(shards), launcher)
     finished = finished_shards(folder, shards) if state is not None else []
     pending = [i for i in range(shards) if i not in finished]
-    merge_command = (
-        f"eatta-bench merge {shlex.quote(str(folder))}/shard-* --out {shlex.quote(str(folder))}"
-        + ("" if sweep_plan.plot else " --no-plot")
-    )
-    result = SweepResult(folder, sweep_plan, launcher, merge_command=merge_command)
     if dry_run:
-        show(sweep_plan.describe(folder, finished, launcher))
+        show(result.plan.describe(folder, finished, launcher))
         return result
 
     # --- the launcher is there (before anything is written)
@@ -920,39 +846,26 @@ def launch(
         check_slurm(slurm.partition)
     if not pending:
         say(f"all {shards} shards of {folder} have finished; merging")
-        _merge(folder, sweep_plan)
-        result.merged = True
-        return result
-
-    record = _recorder(folder, state, result, shards, time_min, slurm, jobs)
-    what = "resubmitting" if finished else "submitting"
-    say(
-        f"{what} {len(pending)} of {shards} shards ({len(sweep_plan.jobs)} runs) "
-        f"-> {folder} [{launcher}]"
-    )
-    if launcher == "local":
-        try:
-            result.failed = _run_local(
-                sweep_plan, folder, pending, parallel, time_min, record, poll_s or 0.2, say
-            )
-        except KeyboardInterrupt:
-            done = len(finished_shards(folder, shards))
-            raise KeyboardInterrupt(
-                f"interrupted: {done} of {shards} shards finished (their results are kept; the "
-                "others were stopped and resume from their checkpoints); continue with: "
-                f"eatta-bench sweep --resubmit --out {shlex.quote(str(folder))}"
-            ) from None
     else:
-        assert slurm is not None
-        if not _submit_slurm(result, pending, shards, slurm, record, wait, poll_s, say, show):
-            return result
-    if result.failed:
-        show(
-            f"{len(result.failed)} shard(s) failed: {sorted(result.failed)}; resubmit them with: "
-            f"eatta-bench sweep --resubmit --out {shlex.quote(str(folder))}"
+        record = _recorder(state, result, time_min, slurm, jobs)
+        what = "resubmitting" if finished else "submitting"
+        say(
+            f"{what} {len(pending)} of {shards} shards ({len(sweep_plan.jobs)} runs) "
+            f"-> {folder} [{launcher}]"
         )
-        return result
-    _merge(folder, sweep_plan)
+        if launcher == "local":
+            _run_local(result, pending, parallel, time_min, record, poll_s or 0.2, say)
+        else:
+            assert slurm is not None
+            if not _submit_slurm(result, pending, slurm, record, wait, poll_s, say, show):
+                return result
+        if result.failed:
+            show(
+                f"{len(result.failed)} shard(s) failed: {sorted(result.failed)}; resubmit them "
+                f"with: {result.resubmit_command}"
+            )
+            return result
+    _merge(folder, result.plan)
     result.merged = True
     return result
 
@@ -1004,21 +917,14 @@ def sweep_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return p
 
 
-def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    argv = list(argv)
-    if "--" in argv:
-        k = argv.index("--")
-        return argv[:k], argv[k + 1 :]
-    return argv, []
-
-
 def main(argv: Sequence[str]) -> int:
     """``eatta-bench sweep ARGS`` (without the word ``sweep``); the exit status.
 
     Bad input raises :class:`ValueError` (``eatta-bench`` prints it and exits with status 2)."""
-    own, after = _split_argv(argv)
-    args, run_argv = sweep_parser().parse_known_args(own)
-    run_argv = [*run_argv, *after]
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # all after -- are run options
+    args, run_argv = sweep_parser().parse_known_args(argv[:cut])
+    run_argv = [*run_argv, *argv[cut + 1 :]]
     given: dict[str, Any] = {
         k: getattr(args, k)
         for k in ("partition", "gpus", "cpus", "array_parallelism")
