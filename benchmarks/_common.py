@@ -384,18 +384,8 @@ def run_part(
     ``protocol``, into ``out/part`` (finished cells read back), one thread a job, quiet; the
     other keywords are :func:`eatta.bench.run`'s (``annotator``, ``monitor``, ``hparams``...)."""
     started = time.perf_counter()
-    done = eatta.bench.run(
-        dataset,
-        list(methods),
-        protocol=protocol,
-        seeds=list(seeds),
-        jobs=jobs,
-        threads=1,
-        out=out / part,
-        progress=False,
-        plot=False,
-        **options,
-    )
+    fixed = dict(protocol=protocol, seeds=list(seeds), jobs=jobs, threads=1, progress=False)
+    done = eatta.bench.run(dataset, list(methods), out=out / part, plot=False, **fixed, **options)
     print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
     return done.results
 
