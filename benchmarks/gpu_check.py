@@ -233,10 +233,8 @@ class Variant:
         method = name.removesuffix("-approx")
         if bf16:
             try:
-                self.built, self.via = (
-                    eatta.create(method, model, autocast=True, **kw),
-                    "autocast=True",
-                )
+                self.built = eatta.create(method, model, autocast=True, **kw)
+                self.via = "autocast=True"
                 return
             except TypeError:  # no autocast option (TENT): autocast around the call
                 pass

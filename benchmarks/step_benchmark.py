@@ -138,16 +138,10 @@ class ReferenceStyleStep:
     The reference's empty-``U`` NaN is left alone: the benchmark's heads keep ``U`` non-empty.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: Any,
-        params: list[nn.Parameter],
-        labels: Tensor,
-        budget: int = 1,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: Any, labels: Tensor, budget: int = 1) -> None:
         self.backbone, self.head = eatta.split_model(model)
-        self.optimizer, self.params, self.budget = optimizer, params, budget
+        self.optimizer, self.budget = optimizer, budget
+        self.params = optimizer.param_groups[0]["params"]
         self.labels = labels  # the oracle's ground truth (CPU)
         self.alpha, self.std = 0.8, 0.01  # EATTA's EMA rate and perturbation
         self.generator = torch.Generator().manual_seed(0)
@@ -277,44 +271,31 @@ def build_variants(
     # eatta-stable's late-label handling; a step without late labels
     variants["eatta-async-0-late"] = active(SimulatedAnnotator(delay=0), late_labels=LateLabels())
     model, params = new()
-    variants["reference-style"] = partial(
-        ReferenceStyleStep(model, sgd(params), params, y, budget), x
-    )
+    variants["reference-style"] = partial(ReferenceStyleStep(model, sgd(params), y, budget), x)
     model, _ = new()  # one step per candidate, then its own
     hiltta = eatta.create("hiltta", model, oracle=eatta.GroundTruthOracle(), budget=budget)
     variants["hiltta"] = partial(hiltta, x, labels=y)
     model, params = new()
-    variants["two-backward floor"] = _floor_step(model, sgd(params), params, x, y.to(device))
+    variants["two-backward floor"] = partial(_floor_step, model, sgd(params), x, y.to(device))
     return variants
 
 
-def _floor_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    params: list[nn.Parameter],
-    x: Tensor,
-    y: Tensor,
-) -> Callable[[], object]:
-    margin = None
-
-    def step() -> object:
-        nonlocal margin
-        with torch.enable_grad():
-            o = model(x)
-            margin = default_entropy_margin(o.shape[1]) if margin is None else margin
-            h = entropy(o)
-            mask = h.detach() < margin
-            loss_unsup = torch.where(mask, h, torch.zeros_like(h)).sum() / mask.sum().clamp_min(1)
-            loss_sup = F.cross_entropy(o[:1], y[:1])
-            gs = torch.autograd.grad(loss_sup, params, retain_graph=True)
-            gu = torch.autograd.grad(loss_unsup, params)
-            for p, a, b in zip(params, gs, gu, strict=True):
-                p.grad = a + b
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return o.detach()
-
-    return step
+def _floor_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor) -> object:
+    """The two-backward floor: forward, both losses, two ``autograd.grad`` passes, the update."""
+    params = optimizer.param_groups[0]["params"]
+    with torch.enable_grad():
+        o = model(x)
+        h = entropy(o)
+        mask = h.detach() < default_entropy_margin(o.shape[1])
+        loss_unsup = torch.where(mask, h, torch.zeros_like(h)).sum() / mask.sum().clamp_min(1)
+        loss_sup = F.cross_entropy(o[:1], y[:1])
+        gs = torch.autograd.grad(loss_sup, params, retain_graph=True)
+        gu = torch.autograd.grad(loss_unsup, params)
+        for p, a, b in zip(params, gs, gu, strict=True):
+            p.grad = a + b
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return o.detach()
 
 
 def parity(
@@ -325,7 +306,7 @@ def parity(
     for name in ("eatta", "eatta-async-0", "eatta-two-pass", "eatta-batched", "reference-style"):
         model, params = fresh(case, state, device, False)
         if name == "reference-style":
-            ReferenceStyleStep(model, sgd(params), params, y)(x)
+            ReferenceStyleStep(model, sgd(params), y)(x)
         else:
             async_ = name == "eatta-async-0"
             oracle = SimulatedAnnotator(delay=0) if async_ else eatta.GroundTruthOracle()
