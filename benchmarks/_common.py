@@ -161,6 +161,25 @@ def profiler_peak(prof: Any) -> int | None:
     return int(peak)
 
 
+def scale_head(model: nn.Module, head: nn.Linear, x: Tensor, num_classes: int, tries: int) -> float:
+    """Double ``head`` until at least half of ``x`` passes the entropy margin ``0.4 ln C`` (a
+    random network is uniformly unsure, and EATTA would drop every sample), at most ``tries``
+    times; returns the factor. A zero head (torchvision's ViT) is drawn from N(0, 0.02²) first."""
+    margin = default_entropy_margin(num_classes)
+    scale = 1.0
+    with torch.no_grad():
+        if not head.weight.any():
+            nn.init.normal_(head.weight, std=0.02)
+        for _ in range(tries):
+            if float((entropy(model(x).float()) < margin).float().mean()) >= 0.5:
+                break
+            scale *= 2.0
+            head.weight.mul_(2.0)
+            if head.bias is not None:
+                head.bias.mul_(2.0)
+    return scale
+
+
 def machine(device: torch.device) -> dict[str, Any]:
     """Facts that make timings comparable: versions, CPU, threads, load, GPU."""
     info: dict[str, Any] = {
@@ -249,25 +268,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
-
-
-def scale_head(model: nn.Module, head: nn.Linear, x: Tensor, num_classes: int, tries: int) -> float:
-    """Double ``head`` until at least half of ``x`` passes the entropy margin ``0.4 ln C`` (a
-    random network is uniformly unsure, and EATTA would drop every sample), at most ``tries``
-    times; returns the factor. A zero head (torchvision's ViT) is drawn from N(0, 0.02²) first."""
-    margin = default_entropy_margin(num_classes)
-    scale = 1.0
-    with torch.no_grad():
-        if not head.weight.any():
-            nn.init.normal_(head.weight, std=0.02)
-        for _ in range(tries):
-            if float((entropy(model(x).float()) < margin).float().mean()) >= 0.5:
-                break
-            scale *= 2.0
-            head.weight.mul_(2.0)
-            if head.bias is not None:
-                head.bias.mul_(2.0)
-    return scale
 
 
 def load_json(path: Path) -> dict[str, Any] | None:
