@@ -124,9 +124,7 @@ CASES: dict[str, tuple[ModelCase, ModelCase]] = {  # family: (full, tiny)
 }
 
 
-# ---------------------------------------------------------------- machine facts
-
-
+# -- machine facts ---------------------------------------------------------------------------------
 def _run_text(cmd: list[str], timeout: float = 10.0) -> str | None:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -194,9 +192,7 @@ def bf16_support(device: torch.device) -> tuple[bool, str]:
     return True, "ok"
 
 
-# ---------------------------------------------------------------- models and variants
-
-
+# -- models and variants ---------------------------------------------------------------------------
 def initial_model(case: ModelCase, x: Tensor, seed: int = 0) -> tuple[nn.Module, float]:
     """The shared initial model (on the CPU) and the factor its head was scaled by
     (``_common.scale_head``, on a train-mode copy: batch statistics, as the methods use, and the
@@ -251,9 +247,7 @@ class Variant:
             return self.built(self.x, labels=self.y)
 
 
-# ---------------------------------------------------------------- memory and syncs
-
-
+# -- memory and syncs ------------------------------------------------------------------------------
 def _short(path: str) -> str:
     parts = Path(path).parts
     for anchor in ("eatta", "torch", "benchmarks"):
@@ -355,9 +349,7 @@ def memory_and_syncs(
     return row
 
 
-# ---------------------------------------------------------------- timing
-
-
+# -- timing ----------------------------------------------------------------------------------------
 def _stats_ms(seconds: list[float]) -> dict[str, Any]:
     ms = [1e3 * s for s in seconds]
     q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
@@ -438,9 +430,7 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-# ---------------------------------------------------------------- gpu-marked tests
-
-
+# -- gpu-marked tests ------------------------------------------------------------------------------
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)\b")
 
 
@@ -499,9 +489,7 @@ def run_gpu_tests(timeout: float) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- main
-
-
+# -- main ------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
