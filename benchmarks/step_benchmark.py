@@ -539,9 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             else "torch.profiler profile_memory: running sum of allocator events, max above start"
         ),
     )
-    results: dict[str, Any] = {"meta": meta, "models": {}}
-    for name in models:
-        results["models"][name] = bench_model(MODELS[name], args, device)
+    results = {"meta": meta, "models": {n: bench_model(MODELS[n], args, device) for n in models}}
     if not args.no_growth:
         results["growth"] = growth(MODELS[models[0]], args, device)
     path = args.out / f"step_benchmark_{device.type}{f'_{args.tag}' if args.tag else ''}.json"
