@@ -555,17 +555,9 @@ def _main(args: argparse.Namespace) -> int:
     jobs: list[tuple[ModelCase, str, dict[str, Any]]] = []
     for family in args.models:
         case = CASES[family][1 if args.tiny else 0]
-        entry = out["models"].setdefault(
-            case.name,
-            {
-                "arch": case.arch,
-                "image_size": case.image_size,
-                "batch": case.batch,
-                "num_classes": case.num_classes,
-                "init": "random (torch.manual_seed(seed)), head scaled",
-                "precisions": {},
-            },
-        )
+        facts = {k: getattr(case, k) for k in ("arch", "image_size", "batch", "num_classes")}
+        init = "random (torch.manual_seed(seed)), head scaled"
+        entry = out["models"].setdefault(case.name, {**facts, "init": init, "precisions": {}})
         for precision in args.precisions:
             if precision == "fp32" or bf16_ok:
                 jobs.append((case, precision, entry))
