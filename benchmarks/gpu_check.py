@@ -578,10 +578,9 @@ def _main(args: argparse.Namespace) -> int:
     def memory(case: ModelCase, precision: str, entry: dict[str, Any], _: float) -> None:
         x, y = _batch(case, args.seed, device)
         t0, res = time.perf_counter(), entry["precisions"][precision]
+        initial, bf16 = initials[case.name][0], precision == "bf16"
         for n in VARIANTS:
-            row = memory_and_syncs(
-                n, initials[case.name][0], x, y, precision == "bf16", args.memory_steps
-            )
+            row = memory_and_syncs(n, initial, x, y, bf16, args.memory_steps)
             res["variants"][n] = {**row, **res["variants"][n]}
         _release(device)
         res["memory_wall_s"] = time.perf_counter() - t0
