@@ -1,7 +1,7 @@
-"""Shared helpers of the benchmark scripts: timing, peak memory, machine facts, the summary file.
+"""Shared helpers of the benchmark scripts: timing, peak memory, machine facts, results files,
+page templates, the studies' streams, runs and options.
 
-Not part of the package; imported by ``step_benchmark.py`` and ``loader_benchmark.py`` (run them
-as scripts, so this folder is on ``sys.path``).
+Not part of the package; the scripts run from this folder import it (it is on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 import eatta.bench
 from eatta._compat import TorchvisionOpsWarning
 from eatta.bench import StreamProtocol
 from eatta.bench.flags import seed_list
 from eatta.bench.results import CellResult
+from eatta.losses import default_entropy_margin, entropy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -123,14 +125,10 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
     """Peak bytes allocated by one call of ``fn`` above what was allocated before it.
 
     CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak, minus the allocation at
-    the start. CPU: torch's CPU allocator keeps no statistics, so the call runs under
-    ``torch.profiler`` with ``profile_memory=True``, which records every allocation and free made
-    through the allocator (tensor storage, autograd buffers) with a timestamp; the running sum of
-    those events, in time order, is the memory the call holds above its starting point, and its
-    maximum the peak. Tensors that existed before (weights, the input batch, optimizer state after
-    warm-up) are the baseline, exactly as for the CUDA figure, so TENT's and EATTA's peaks compare
-    like for like. Allocator-internal scratch of oneDNN and the allocator's own caching are not
-    counted on either device. Returns None if the profiler's event list is not available.
+    the start. CPU (whose allocator keeps no statistics): :func:`profiler_peak` of the call under
+    ``torch.profiler`` with ``profile_memory=True``. Tensors that existed before (weights, the
+    batch, optimizer state) are the baseline on both devices; oneDNN's scratch and the allocator's
+    caching are not counted. None if the profiler's event list is not available.
     """
     sync = synchronizer(device)
     gc.collect()
@@ -149,8 +147,8 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
 
 
 def profiler_peak(prof: Any) -> int | None:
-    """Peak of the running sum of a ``profile_memory`` profile's allocation events (None: the
-    event list is not available)."""
+    """Peak of the running sum, in time order, of a ``profile_memory`` profile's allocation and
+    free events: the most the profiled code held above its start (None: no event list)."""
     try:
         events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     except AttributeError:
@@ -161,6 +159,25 @@ def profiler_peak(prof: Any) -> int | None:
         current += e.nbytes()
         peak = max(peak, current)
     return int(peak)
+
+
+def scale_head(model: nn.Module, head: nn.Linear, x: Tensor, num_classes: int, tries: int) -> float:
+    """Double ``head`` until at least half of ``x`` passes the entropy margin ``0.4 ln C`` (a
+    random network is uniformly unsure, and EATTA would drop every sample), at most ``tries``
+    times; returns the factor. A zero head (torchvision's ViT) is drawn from N(0, 0.02²) first."""
+    margin = default_entropy_margin(num_classes)
+    scale = 1.0
+    with torch.no_grad():
+        if not head.weight.any():
+            nn.init.normal_(head.weight, std=0.02)
+        for _ in range(tries):
+            if float((entropy(model(x).float()) < margin).float().mean()) >= 0.5:
+                break
+            scale *= 2.0
+            head.weight.mul_(2.0)
+            if head.bias is not None:
+                head.bias.mul_(2.0)
+    return scale
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -246,8 +263,11 @@ def write_results(path: Path, data: dict[str, Any], started: float, **meta: Any)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as indented JSON, written atomically (an interrupted write leaves the last one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def load_json(path: Path) -> dict[str, Any] | None:
@@ -364,18 +384,8 @@ def run_part(
     ``protocol``, into ``out/part`` (finished cells read back), one thread a job, quiet; the
     other keywords are :func:`eatta.bench.run`'s (``annotator``, ``monitor``, ``hparams``...)."""
     started = time.perf_counter()
-    done = eatta.bench.run(
-        dataset,
-        list(methods),
-        protocol=protocol,
-        seeds=list(seeds),
-        jobs=jobs,
-        threads=1,
-        out=out / part,
-        progress=False,
-        plot=False,
-        **options,
-    )
+    fixed = dict(protocol=protocol, seeds=list(seeds), jobs=jobs, threads=1, progress=False)
+    done = eatta.bench.run(dataset, list(methods), out=out / part, plot=False, **fixed, **options)
     print(f"  {part}: {len(done.results)} runs, {time.perf_counter() - started:.0f} s", flush=True)
     return done.results
 

@@ -150,15 +150,13 @@ def _loader_section(data: dict[str, Any]) -> list[str]:
 
 def render(folder: Path) -> Path:
     """Write ``folder/summary.md`` from ``step_benchmark_*.json`` and ``loader_benchmark*.json``."""
-    lines = [*PAGE().split("\n")]
-    for path in sorted(folder.glob("step_benchmark_*.json")):
-        data = _common.load_json(path)
-        if data:
-            lines += [*_step_section(data), ""]
-    for path in sorted(folder.glob("loader_benchmark*.json")):
-        data = _common.load_json(path)
-        if data:
-            lines += [*_loader_section(data), ""]
+    lines = PAGE().split("\n")
+    sections = {"step_benchmark_*.json": _step_section, "loader_benchmark*.json": _loader_section}
+    for pattern, section in sections.items():
+        for path in sorted(folder.glob(pattern)):
+            data = _common.load_json(path)
+            if data:
+                lines += [*section(data), ""]
     out = folder / "summary.md"
     out.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -37,15 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 
+from eatta._compat import import_torchvision
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.configure import configure_model
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains
 from eatta.data.stream import TestStream
-from eatta.losses import default_entropy_margin, entropy
 from eatta.methods._approx import last_norm_params, proxy_norms
 from eatta.methods.eatta import EATTA
 from eatta.methods.registry import create
 from eatta.methods.update import ExactUpdate
+from eatta.models.digits_cnn import packaged_digits_source
 
 OUT = _common.RESULTS / "approx_proxy_study.json"
 REFRESH = (4, 16, 64)
@@ -70,27 +70,12 @@ class Recorder(ExactUpdate):
         return g_sup, g_unsup
 
 
-def _resnet18(num_classes: int) -> nn.Module:
-    from eatta._compat import import_torchvision
-
-    return import_torchvision().models.resnet18(num_classes=num_classes)
-
-
 def _model(kind: str, x0: Tensor) -> nn.Module:
     if kind == "digits-32":
-        from eatta.models.digits_cnn import packaged_digits_source
-
         return copy.deepcopy(packaged_digits_source()[0])
     torch.manual_seed(0)
-    model = _resnet18(10)
-    configure_model(model)
-    margin = default_entropy_margin(10)
-    with torch.no_grad():  # a random network is uniformly unsure: scale the head until it is not
-        for _ in range(12):
-            if float((entropy(model(x0)) < margin).float().mean()) >= 0.5:
-                break
-            model.fc.weight.mul_(2.0)
-            model.fc.bias.mul_(2.0)
+    model = configure_model(import_torchvision().models.resnet18(num_classes=10))
+    _common.scale_head(model, model.fc, x0, 10, tries=12)
     return model
 
 
@@ -218,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{kind}] {len(rows)} steps in {time.perf_counter() - t0:.0f} s", flush=True)
     print(markdown(results))
     if not args.quick:
-        OUT.write_text(json.dumps(results, indent=1) + "\n")
+        _common.write_json(OUT, results)
         print(f"wrote {OUT}")
     return 0
 

@@ -33,8 +33,6 @@ import argparse
 import copy
 import gc
 import importlib.util
-import json
-import math
 import os
 import platform
 import re
@@ -80,56 +78,53 @@ Step = Callable[[], object]
 
 
 class ModelCase(NamedTuple):
-    """A model to measure: how to build it, its input size, classes and batch."""
+    """A model to measure: how to build it, its input size, classes and batch (a tiny one's
+    defaults)."""
 
     name: str
     arch: str
     build: Callable[[], nn.Module]
-    image_size: int
-    num_classes: int
-    batch: int
+    image_size: int = 32
+    num_classes: int = 10
+    batch: int = 8
 
 
-def _tv() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TorchvisionOpsWarning)
-        return import_torchvision()
+def _full(arch: str) -> ModelCase:
+    """A torchvision model at 224 px, 1000 classes, batch 64."""
+
+    def build() -> nn.Module:
+        return getattr(import_torchvision().models, arch)()
+
+    return ModelCase(arch, f"torchvision {arch}", build, 224, 1000, 64)
 
 
 def _resnet_tiny() -> nn.Module:
-    resnet = _tv().models.resnet
+    resnet = import_torchvision().models.resnet
     return resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
 
 
 def _vit_tiny() -> nn.Module:
-    return _tv().models.vision_transformer.VisionTransformer(
+    return import_torchvision().models.vision_transformer.VisionTransformer(
         image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
         num_classes=10,
     )  # fmt: skip
 
 
-TINY_VIT = "torchvision VisionTransformer(32 px, patch 8, 2 layers, dim 32)"
 CASES: dict[str, tuple[ModelCase, ModelCase]] = {  # family: (full, tiny)
     "resnet50": (
-        ModelCase(
-            "resnet50", "torchvision resnet50", lambda: _tv().models.resnet50(), 224, 1000, 64
-        ),
-        ModelCase(
-            "resnet-tiny", "torchvision ResNet(BasicBlock, [1,1,1,1])", _resnet_tiny, 32, 10, 8
-        ),
+        _full("resnet50"),
+        ModelCase("resnet-tiny", "torchvision ResNet(BasicBlock, [1,1,1,1])", _resnet_tiny),
     ),
     "vit_b_16": (
+        _full("vit_b_16"),
         ModelCase(
-            "vit_b_16", "torchvision vit_b_16", lambda: _tv().models.vit_b_16(), 224, 1000, 64
+            "vit-tiny", "torchvision VisionTransformer(32 px, patch 8, 2 layers, dim 32)", _vit_tiny
         ),
-        ModelCase("vit-tiny", TINY_VIT, _vit_tiny, 32, 10, 8),
     ),
 }
 
 
-# ---------------------------------------------------------------- machine facts
-
-
+# -- machine facts ---------------------------------------------------------------------------------
 def _run_text(cmd: list[str], timeout: float = 10.0) -> str | None:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -141,7 +136,7 @@ def _run_text(cmd: list[str], timeout: float = 10.0) -> str | None:
 def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
     """Versions, CPU, GPU and the checkout: what makes the numbers comparable."""
     try:
-        tv_version: str | None = _tv().__version__
+        tv_version: str | None = import_torchvision().__version__
     except Exception:  # a fact, not a requirement: recorded as missing
         tv_version = None
     from_git = _run_text(["git", "rev-parse", "HEAD"])
@@ -197,37 +192,16 @@ def bf16_support(device: torch.device) -> tuple[bool, str]:
     return True, "ok"
 
 
-# ---------------------------------------------------------------- models and variants
-
-
+# -- models and variants ---------------------------------------------------------------------------
 def initial_model(case: ModelCase, x: Tensor, seed: int = 0) -> tuple[nn.Module, float]:
-    """The shared initial model (on the CPU) and the factor its head was scaled by.
-
-    A randomly initialised network is uniformly unsure, so EATTA's entropy filter (0.4 ln C)
-    would drop every sample and its steps would degenerate: the head is doubled until at least
-    half the batch passes (batch statistics, as the methods use). torchvision's ViT starts from a
-    zero head (no gradient reaches the norm layers): it is drawn from N(0, 0.02^2) first.
-    """
+    """The shared initial model (on the CPU) and the factor its head was scaled by
+    (``_common.scale_head``, on a train-mode copy: batch statistics, as the methods use, and the
+    model's own BatchNorm statistics do not move)."""
     torch.manual_seed(seed)
     model = case.build().to(x.device)
-    with torch.no_grad():
-        if not _head(model).weight.any():
-            nn.init.normal_(_head(model).weight, std=0.02)
-    probe = copy.deepcopy(model).train()  # its BatchNorm statistics move; the model's do not
-    margin = 0.4 * math.log(case.num_classes)
-    scale = 1.0
-    with torch.no_grad():
-        for _ in range(16):
-            p = probe(x).float().softmax(1)
-            ent = -(p * p.clamp_min(1e-12).log()).sum(1)
-            if float((ent < margin).float().mean()) >= 0.5:
-                break
-            scale *= 2.0
-            for h in (_head(model), _head(probe)):
-                h.weight.mul_(2.0)
-                if h.bias is not None:
-                    h.bias.mul_(2.0)
-    del probe
+    probe = copy.deepcopy(model).train()
+    scale = _common.scale_head(probe, _head(probe), x, case.num_classes, tries=16)
+    _head(model).load_state_dict(_head(probe).state_dict())
     return model.cpu(), scale
 
 
@@ -255,10 +229,8 @@ class Variant:
         method = name.removesuffix("-approx")
         if bf16:
             try:
-                self.built, self.via = (
-                    eatta.create(method, model, autocast=True, **kw),
-                    "autocast=True",
-                )
+                self.built = eatta.create(method, model, autocast=True, **kw)
+                self.via = "autocast=True"
                 return
             except TypeError:  # no autocast option (TENT): autocast around the call
                 pass
@@ -275,9 +247,7 @@ class Variant:
             return self.built(self.x, labels=self.y)
 
 
-# ---------------------------------------------------------------- memory and syncs
-
-
+# -- memory and syncs ------------------------------------------------------------------------------
 def _short(path: str) -> str:
     parts = Path(path).parts
     for anchor in ("eatta", "torch", "benchmarks"):
@@ -379,9 +349,7 @@ def memory_and_syncs(
     return row
 
 
-# ---------------------------------------------------------------- timing
-
-
+# -- timing ----------------------------------------------------------------------------------------
 def _stats_ms(seconds: list[float]) -> dict[str, Any]:
     ms = [1e3 * s for s in seconds]
     q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
@@ -409,22 +377,20 @@ def ratios_and_targets(
     ratios: dict[str, Any] = {}
     targets: dict[str, Any] = {}
     for name in VARIANTS:
-        if name == "tent":
-            continue
-        r = _common.ratio(samples, name, "tent")
-        mem = rows[name]["peak_bytes"]
-        ratios[name] = {
-            "time": r["median"],
-            "time_paired": r["paired"],
-            "memory": None if mem is None or not tent_m else mem / tent_m,
-        }
-    for name in VARIANTS[1:]:
-        entry: dict[str, Any] = {}
-        if name in TIME_TARGETS:
-            entry["time"] = _verdict(ratios[name]["time"], TIME_TARGETS[name])
-            entry["memory"] = _verdict(ratios[name]["memory"], MEMORY_TARGET)
-        entry["host_syncs_per_step"] = _verdict(rows[name]["host_syncs_per_step"], SYNC_TARGET)
-        targets[name] = entry
+        if name != "tent":
+            r, mem = _common.ratio(samples, name, "tent"), rows[name]["peak_bytes"]
+            ratios[name] = {
+                "time": r["median"],
+                "time_paired": r["paired"],
+                "memory": None if mem is None or not tent_m else mem / tent_m,
+            }
+        if name != "inference":
+            targets[name] = {}
+            if name in TIME_TARGETS:
+                targets[name]["time"] = _verdict(ratios[name]["time"], TIME_TARGETS[name])
+                targets[name]["memory"] = _verdict(ratios[name]["memory"], MEMORY_TARGET)
+            syncs = rows[name]["host_syncs_per_step"]
+            targets[name]["host_syncs_per_step"] = _verdict(syncs, SYNC_TARGET)
     return ratios, targets
 
 
@@ -464,9 +430,7 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-# ---------------------------------------------------------------- gpu-marked tests
-
-
+# -- gpu-marked tests ------------------------------------------------------------------------------
 _PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)\b")
 
 
@@ -525,9 +489,7 @@ def run_gpu_tests(timeout: float) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------- main
-
-
+# -- main ------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -593,17 +555,9 @@ def _main(args: argparse.Namespace) -> int:
     jobs: list[tuple[ModelCase, str, dict[str, Any]]] = []
     for family in args.models:
         case = CASES[family][1 if args.tiny else 0]
-        entry = out["models"].setdefault(
-            case.name,
-            {
-                "arch": case.arch,
-                "image_size": case.image_size,
-                "batch": case.batch,
-                "num_classes": case.num_classes,
-                "init": "random (torch.manual_seed(seed)), head scaled",
-                "precisions": {},
-            },
-        )
+        facts = {k: getattr(case, k) for k in ("arch", "image_size", "batch", "num_classes")}
+        init = "random (torch.manual_seed(seed)), head scaled"
+        entry = out["models"].setdefault(case.name, {**facts, "init": init, "precisions": {}})
         for precision in args.precisions:
             if precision == "fp32" or bf16_ok:
                 jobs.append((case, precision, entry))
@@ -624,10 +578,9 @@ def _main(args: argparse.Namespace) -> int:
     def memory(case: ModelCase, precision: str, entry: dict[str, Any], _: float) -> None:
         x, y = _batch(case, args.seed, device)
         t0, res = time.perf_counter(), entry["precisions"][precision]
+        initial, bf16 = initials[case.name][0], precision == "bf16"
         for n in VARIANTS:
-            row = memory_and_syncs(
-                n, initials[case.name][0], x, y, precision == "bf16", args.memory_steps
-            )
+            row = memory_and_syncs(n, initial, x, y, bf16, args.memory_steps)
             res["variants"][n] = {**row, **res["variants"][n]}
         _release(device)
         res["memory_wall_s"] = time.perf_counter() - t0
@@ -688,10 +641,7 @@ def _print(res: dict[str, Any]) -> None:
 def _write(path: Path, out: dict[str, Any], started: float) -> None:
     out.setdefault("complete", False)
     out["wall_s"] = time.perf_counter() - started
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    _common.write_json(path, out)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import markdown_table
+from _common import RESULTS, markdown_table, write_json
 
-RESULTS = Path(__file__).resolve().parent / "results" / "kernel_spread.json"
 METHODS = "tent,baseline,eatta"
 #: (label, ATEN_CPU_CAPABILITY or None for the CPU's own, seed)
 RUNS = (
@@ -35,8 +34,8 @@ RUNS = (
 )
 
 
-def _run(out: Path, capability: str | None, seed: int, methods: str) -> dict[str, Any]:
-    folder = out / f"{capability or 'native'}-s{seed}"
+def _run(folder: Path, capability: str | None, seed: int, methods: str) -> dict[str, Any]:
+    """The run's ``results.json``, the run made first if it is missing."""
     if not (folder / "results.json").exists():
         env = dict(os.environ)
         env.pop("ATEN_CPU_CAPABILITY", None)
@@ -44,8 +43,7 @@ def _run(out: Path, capability: str | None, seed: int, methods: str) -> dict[str
             env["ATEN_CPU_CAPABILITY"] = capability
         cmd = ["eatta-bench", "--methods", methods, "--seed", str(seed), "--out", str(folder)]
         subprocess.run([*cmd, "--no-progress", "--no-plot"], env=env, check=True)
-    doc: dict[str, Any] = json.loads((folder / "results.json").read_text())
-    return doc
+    return json.loads((folder / "results.json").read_text())
 
 
 def _own_kernels(label: str) -> str:
@@ -76,7 +74,7 @@ def main() -> int:
         if args.table_only and not (folder / "results.json").exists():
             print(f"missing: {folder}", file=sys.stderr)
             return 1
-        doc = _run(args.out, capability, seed, args.methods)
+        doc = _run(folder, capability, seed, args.methods)
         kernels = doc["meta"].get("cpu_capability") or _own_kernels(label)
         columns.append(f"seed {seed}, {kernels}" + (" (own)" if label == "native" else ""))
         wanted = args.methods.split(",")
@@ -94,7 +92,7 @@ def main() -> int:
             )
     table = markdown_table(["method", *columns], [[m, *cells] for m, cells in rows.items()])
     print(table)
-    RESULTS.write_text(json.dumps({"table": table, "runs": record}, indent=1) + "\n")
+    write_json(RESULTS / "kernel_spread.json", {"table": table, "runs": record})
     return 0
 
 

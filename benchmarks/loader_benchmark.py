@@ -18,6 +18,7 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,10 @@ def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str,
     x = torch.rand(batch, 3, 224, 224, generator=g).to(device)
     y = torch.randint(0, 1000, (batch,), generator=g)
 
-    def build() -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
+    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
         model = getattr(tv.models, arch)(num_classes=1000).to(device)
-        return model, eatta.configure(model)
+        return model, torch.optim.SGD(eatta.configure(model), lr=2.5e-4, momentum=0.9)
 
     model, _ = build()
 
@@ -124,29 +125,15 @@ def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str,
         with torch.no_grad():
             return model(x)
 
-    tent_model, params = build()
-    tent = Tent(tent_model, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9))
-    eatta_model, params = build()
-    oracle = eatta.GroundTruthOracle()
-    method = eatta.EATTA(
-        eatta_model, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9), oracle=oracle
-    )
-    fns = {
-        "inference": inference,
-        "tent": lambda: tent(x),
-        "eatta": lambda: method(x, labels=y),
-    }
+    tent = Tent(*build())
+    method = eatta.EATTA(*build(), oracle=eatta.GroundTruthOracle())
+    fns = {"inference": inference, "tent": partial(tent, x), "eatta": partial(method, x, labels=y)}
     samples = _common.time_interleaved(fns, repeats=args.step_repeats, warmup=1, device=device)
     rows = []
     for name, s in samples.items():
-        st = _common.stats_ms(s)
-        rows.append(
-            {
-                "name": f"{name} ({arch}, 224 px, batch {batch})",
-                "median_ms": st["median_ms"],
-                "images_per_s": batch / (st["median_ms"] / 1e3),
-            }
-        )
+        ms = _common.stats_ms(s)["median_ms"]
+        label = f"{name} ({arch}, 224 px, batch {batch})"
+        rows.append({"name": label, "median_ms": ms, "images_per_s": batch / (ms / 1e3)})
     return rows
 
 

@@ -35,8 +35,10 @@ import argparse
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +75,8 @@ class ModelCase:
     num_classes: int
 
 
-def _torchvision(arch: str, num_classes: int) -> Callable[[], nn.Module]:
-    def build() -> nn.Module:
-        tv = import_torchvision()
-        return getattr(tv.models, arch)(num_classes=num_classes)
-
-    return build
+def _torchvision(arch: str) -> Callable[[], nn.Module]:
+    return lambda: getattr(import_torchvision().models, arch)(num_classes=1000)
 
 
 def _digits() -> nn.Module:
@@ -87,15 +85,15 @@ def _digits() -> nn.Module:
     return digits_cnn()
 
 
+#: By name; the first two are the default on the CPU and in a quick run, all four on CUDA.
 MODELS: dict[str, ModelCase] = {
-    "resnet18-64": ModelCase("resnet18-64", _torchvision("resnet18", 1000), 64, 1000),
-    "digits-32": ModelCase("digits-32", _digits, 32, 10),
-    "resnet50-224": ModelCase("resnet50-224", _torchvision("resnet50", 1000), 224, 1000),
-    "vit_b_16-224": ModelCase("vit_b_16-224", _torchvision("vit_b_16", 1000), 224, 1000),
-}
-DEFAULT_MODELS = {
-    "cpu": ["resnet18-64", "digits-32"],
-    "cuda": ["resnet18-64", "digits-32", "resnet50-224", "vit_b_16-224"],
+    case.name: case
+    for case in (
+        ModelCase("resnet18-64", _torchvision("resnet18"), 64, 1000),
+        ModelCase("digits-32", _digits, 32, 10),
+        ModelCase("resnet50-224", _torchvision("resnet50"), 224, 1000),
+        ModelCase("vit_b_16-224", _torchvision("vit_b_16"), 224, 1000),
+    )
 }
 
 
@@ -107,22 +105,10 @@ def _head(model: nn.Module) -> nn.Linear:
 
 
 def make_source(case: ModelCase, x: Tensor, seed: int = 0) -> dict[str, Tensor]:
-    """Initial weights: random init (a zero head replaced), head scaled until at least half the
-    batch is confident."""
+    """Initial weights: random init, the head scaled until half the batch is confident."""
     torch.manual_seed(seed)
-    model = case.build().to(x.device)
-    configure_model(model)
-    margin = default_entropy_margin(case.num_classes)
-    head = _head(model)
-    with torch.no_grad():
-        if not head.weight.any():  # torchvision's ViT starts from a zero head: no gradient at all
-            nn.init.normal_(head.weight, std=0.02)
-        for _ in range(12):
-            if float((entropy(model(x).float()) < margin).float().mean()) >= 0.5:
-                break
-            head.weight.mul_(2.0)
-            if head.bias is not None:
-                head.bias.mul_(2.0)
+    model = configure_model(case.build().to(x.device))
+    _common.scale_head(model, _head(model), x, case.num_classes, tries=12)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -135,14 +121,6 @@ def fresh(case: ModelCase, state: dict[str, Tensor], device: torch.device, chann
     if channels_last:
         model.to(memory_format=torch.channels_last)
     return model, eatta.configure(model)
-
-
-def _source(case: ModelCase, state: dict[str, Tensor], device: torch.device) -> nn.Module:
-    """The monitor's source model: the same weights in eval mode with running statistics
-    (default ones: a sample's prediction does not depend on its batch)."""
-    model = case.build()
-    model.load_state_dict(state, strict=False)
-    return model.to(device).eval()
 
 
 def sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -161,16 +139,10 @@ class ReferenceStyleStep:
     The reference's empty-``U`` NaN is left alone: the benchmark's heads keep ``U`` non-empty.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: Any,
-        params: list[nn.Parameter],
-        labels: Tensor,
-        budget: int = 1,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer: Any, labels: Tensor, budget: int = 1) -> None:
         self.backbone, self.head = eatta.split_model(model)
-        self.optimizer, self.params, self.budget = optimizer, params, budget
+        self.optimizer, self.budget = optimizer, budget
+        self.params = optimizer.param_groups[0]["params"]
         self.labels = labels  # the oracle's ground truth (CPU)
         self.alpha, self.std = 0.8, 0.01  # EATTA's EMA rate and perturbation
         self.generator = torch.Generator().manual_seed(0)
@@ -257,22 +229,32 @@ def build_variants(
     batched: bool,
     budget: int = 1,
 ) -> dict[str, Callable[[], object]]:
-    """One callable per variant, each with its own copy of the model and optimizer."""
+    """One callable per variant, each with its own copy of the model and optimizer; a method's
+    step is ``partial(method, x, ...)``, so ``.func`` is the method."""
 
     def new() -> tuple[nn.Module, list[nn.Parameter]]:
         return fresh(case, state, device, channels_last)
 
-    def active(oracle: Any = None, **kw: Any) -> _Call:
+    def tent() -> Tent:
+        model, params = new()
+        return Tent(model, sgd(params))
+
+    def active(oracle: Any = None, **kw: Any) -> Callable[[], object]:
         model, params = new()
         oracle = oracle or eatta.GroundTruthOracle()
-        return _Call(eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, **kw), x, y)
+        method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, **kw)
+        return partial(method, x, labels=y)
 
-    def audited(call: _Call) -> _Call:
-        source = _source(case, state, device)
+    def audited(step: partial[object]) -> partial[object]:
+        # the monitor's source model: the same weights in eval mode with (default) running
+        # statistics, so a sample's prediction does not depend on its batch
+        source = case.build()
+        source.load_state_dict(state, strict=False)
+        source = source.to(device).eval()
         attach(
-            call.method, eatta.GroundTruthOracle(), source=source, share=AUDIT_SHARE, guard="paired"
+            step.func, eatta.GroundTruthOracle(), source=source, share=AUDIT_SHARE, guard="paired"
         )
-        return call
+        return step
 
     model, _ = new()
 
@@ -280,69 +262,41 @@ def build_variants(
         with torch.no_grad():
             return m(x)
 
-    variants: dict[str, Callable[[], object]] = {"inference": inference}
-    variants["tent"] = _Call(Tent(*_with_sgd(new())), x)
+    variants: dict[str, Callable[[], object]] = {"inference": inference, "tent": partial(tent(), x)}
     for mode in ["auto", "two-pass", "approx"] + (["batched"] if batched else []):
         variants["eatta" if mode == "auto" else f"eatta-{mode}"] = active(grad_mode=mode)
     variants["eatta-no-gnd"] = active(debiaser=GradNormDebiaser(normalize=False))
     variants["eatta-async-0"] = active(SimulatedAnnotator(delay=0))
-    variants["tent+audit"] = audited(_Call(Tent(*_with_sgd(new())), x, y))
+    variants["tent+audit"] = audited(partial(tent(), x, labels=y))
     variants["eatta+audit"] = audited(active())
     # eatta-stable's late-label handling; a step without late labels
     variants["eatta-async-0-late"] = active(SimulatedAnnotator(delay=0), late_labels=LateLabels())
     model, params = new()
-    reference = ReferenceStyleStep(model, sgd(params), params, y, budget=budget)
-    variants["reference-style"] = _Call(reference, x)
+    variants["reference-style"] = partial(ReferenceStyleStep(model, sgd(params), y, budget), x)
     model, _ = new()  # one step per candidate, then its own
     hiltta = eatta.create("hiltta", model, oracle=eatta.GroundTruthOracle(), budget=budget)
-    variants["hiltta"] = _Call(hiltta, x, y)
+    variants["hiltta"] = partial(hiltta, x, labels=y)
     model, params = new()
-    variants["two-backward floor"] = _floor_step(model, sgd(params), params, x, y.to(device))
+    variants["two-backward floor"] = partial(_floor_step, model, sgd(params), x, y.to(device))
     return variants
 
 
-def _with_sgd(built: tuple[nn.Module, list[nn.Parameter]]) -> tuple[Any, ...]:
-    return built[0], sgd(built[1])
-
-
-class _Call:
-    """``method(x, labels=y)`` (``method(x)`` without ``y``), keeping ``method`` at hand (for the
-    peak's refresh period)."""
-
-    def __init__(self, method: Any, x: Tensor, y: Tensor | None = None) -> None:
-        self.method, self.x, self.y = method, x, y
-
-    def __call__(self) -> object:
-        return self.method(self.x) if self.y is None else self.method(self.x, labels=self.y)
-
-
-def _floor_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    params: list[nn.Parameter],
-    x: Tensor,
-    y: Tensor,
-) -> Callable[[], object]:
-    margin = None
-
-    def step() -> object:
-        nonlocal margin
-        with torch.enable_grad():
-            o = model(x)
-            margin = default_entropy_margin(o.shape[1]) if margin is None else margin
-            h = entropy(o)
-            mask = h.detach() < margin
-            loss_unsup = torch.where(mask, h, torch.zeros_like(h)).sum() / mask.sum().clamp_min(1)
-            loss_sup = F.cross_entropy(o[:1], y[:1])
-            gs = torch.autograd.grad(loss_sup, params, retain_graph=True)
-            gu = torch.autograd.grad(loss_unsup, params)
-            for p, a, b in zip(params, gs, gu, strict=True):
-                p.grad = a + b
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return o.detach()
-
-    return step
+def _floor_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor) -> object:
+    """The two-backward floor: forward, both losses, two ``autograd.grad`` passes, the update."""
+    params = optimizer.param_groups[0]["params"]
+    with torch.enable_grad():
+        o = model(x)
+        h = entropy(o)
+        mask = h.detach() < default_entropy_margin(o.shape[1])
+        loss_unsup = torch.where(mask, h, torch.zeros_like(h)).sum() / mask.sum().clamp_min(1)
+        loss_sup = F.cross_entropy(o[:1], y[:1])
+        gs = torch.autograd.grad(loss_sup, params, retain_graph=True)
+        gu = torch.autograd.grad(loss_unsup, params)
+        for p, a, b in zip(params, gs, gu, strict=True):
+            p.grad = a + b
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return o.detach()
 
 
 def parity(
@@ -353,13 +307,11 @@ def parity(
     for name in ("eatta", "eatta-async-0", "eatta-two-pass", "eatta-batched", "reference-style"):
         model, params = fresh(case, state, device, False)
         if name == "reference-style":
-            ReferenceStyleStep(model, sgd(params), params, y)(x)
-        elif name == "eatta-async-0":
-            annotator = SimulatedAnnotator(delay=0)
-            eatta.EATTA(model, sgd(params), oracle=annotator)(x, labels=y)
+            ReferenceStyleStep(model, sgd(params), y)(x)
         else:
-            mode = "auto" if name == "eatta" else name.removeprefix("eatta-")
-            oracle = eatta.GroundTruthOracle()
+            async_ = name == "eatta-async-0"
+            oracle = SimulatedAnnotator(delay=0) if async_ else eatta.GroundTruthOracle()
+            mode = "auto" if name in ("eatta", "eatta-async-0") else name.removeprefix("eatta-")
             eatta.EATTA(model, sgd(params), oracle=oracle, grad_mode=mode)(x, labels=y)
         after[name] = [p.detach().clone() for p in params]
     base = after.pop("eatta")
@@ -382,6 +334,10 @@ CATEGORIES = (
     ("copies / fills", ("copy_", "fill_", "zero_", "cat", "stack", "empty", "clone", "index")),
     ("elementwise", ("add", "mul", "div", "sub", "where", "sum", "mean", "norm", "exp", "log")),
 )
+
+
+#: Profiler entries that are not ops (their time is the ops').
+NOT_OPS = ("autograd::", "Optimizer", "ProfilerStep")
 
 
 def _category(name: str) -> str:
@@ -409,10 +365,7 @@ def profile_steps(
             sync()
         rows = []
         for e in prof.key_averages():
-            if (
-                e.key.startswith(("autograd::", "Optimizer", "ProfilerStep"))
-                or "evaluate_function" in e.key
-            ):
+            if e.key.startswith(NOT_OPS) or "evaluate_function" in e.key:
                 continue
             dev = getattr(e, "self_device_time_total", None)
             if dev is None:
@@ -420,23 +373,20 @@ def profile_steps(
             t = dev if device.type == "cuda" else e.self_cpu_time_total
             rows.append((e.key, t / 1e3 / steps, e.count // steps))
         rows.sort(key=lambda r: -r[1])
-        cats: dict[str, float] = {}
+        cats: Counter[str] = Counter()
         for key, ms, _ in rows:
-            cat = _category(key)
-            cats[cat] = cats.get(cat, 0.0) + ms
+            cats[_category(key)] += ms
         out[name] = {
             "total_ms": sum(r[1] for r in rows),
-            "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+            "categories_ms": dict(cats.most_common()),
             "top_ops": [{"op": k, "ms": round(ms, 3), "calls": n} for k, ms, n in rows[:15]],
         }
     return out
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def batch_for(
-    case: ModelCase, batch: int, device: torch.device, channels_last: bool, seed: int = 1
-):
-    g = torch.Generator().manual_seed(seed)
+def batch_for(case: ModelCase, batch: int, device: torch.device, channels_last: bool):
+    g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 3, case.resolution, case.resolution, generator=g).to(device)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -502,7 +452,7 @@ def _latency(seconds: list[float]) -> dict[str, float]:
 
 def _peak(fn: Callable[[], object], device: torch.device) -> int | None:
     """Peak bytes of one step; for ``eatta-approx`` the largest over a refresh period."""
-    method = getattr(fn, "method", None)
+    method = getattr(fn, "func", None)
     period = getattr(method, "approx_refresh", None) or 1
     peaks = [_common.peak_bytes(fn, device) for _ in range(period)]
     known = [p for p in peaks if p is not None]
@@ -519,23 +469,21 @@ def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> d
     grid = [("batch_size", b, 1) for b in batches] + [("labels", 64, k) for k in labels]
     for kind, b, k in grid:
         xb, yb = x[:b], y[:b]
-        fns = {"tent": _Call(Tent(*_with_sgd(fresh(case, state, device, args.channels_last))), xb)}
+        model, params = fresh(case, state, device, args.channels_last)
+        fns: dict[str, Callable[[], object]] = {"tent": partial(Tent(model, sgd(params)), xb)}
         model, params = fresh(case, state, device, args.channels_last)
         method = eatta.EATTA(model, sgd(params), oracle=eatta.GroundTruthOracle(), budget=k)
-        fns["eatta"] = _Call(method, xb, yb)
+        fns["eatta"] = partial(method, xb, labels=yb)
         s = _common.time_interleaved(fns, repeats=args.growth_repeats, warmup=1, device=device)
-        e, t, r = (
-            _common.stats_ms(s["eatta"]),
-            _common.stats_ms(s["tent"]),
-            _common.ratio(s, "eatta", "tent"),
-        )
+        eatta_ms = _common.stats_ms(s["eatta"])["median_ms"]
+        r = _common.ratio(s, "eatta", "tent")
         out[kind].append(
             {
                 "batch": len(xb),
                 "labels": k,
-                "eatta_median_ms": e["median_ms"],
-                "tent_median_ms": t["median_ms"],
-                "eatta_ms_per_image": e["median_ms"] / len(xb),
+                "eatta_median_ms": eatta_ms,
+                "tent_median_ms": _common.stats_ms(s["tent"])["median_ms"],
+                "eatta_ms_per_image": eatta_ms / len(xb),
                 "ratio": r["median"],
                 "ratio_paired": r["paired"],
                 "ratio_min": r["min"],
@@ -575,9 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    models = args.models or (DEFAULT_MODELS["cuda" if device.type == "cuda" else "cpu"])
-    if args.quick and args.models is None:
-        models = models[:2]
+    models = args.models or list(MODELS)[: 4 if device.type == "cuda" and not args.quick else 2]
     started = time.perf_counter()
     meta = _common.machine(device)
     meta.update(
@@ -593,9 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             else "torch.profiler profile_memory: running sum of allocator events, max above start"
         ),
     )
-    results: dict[str, Any] = {"meta": meta, "models": {}}
-    for name in models:
-        results["models"][name] = bench_model(MODELS[name], args, device)
+    results = {"meta": meta, "models": {n: bench_model(MODELS[n], args, device) for n in models}}
     if not args.no_growth:
         results["growth"] = growth(MODELS[models[0]], args, device)
     path = args.out / f"step_benchmark_{device.type}{f'_{args.tag}' if args.tag else ''}.json"

@@ -1,16 +1,13 @@
 #!/usr/bin/env python
 """The exact EATTA step's cost relative to TENT across library versions, threads and kernels.
 
-Issue 32 reported the step at 1.55x TENT through the public API on an AVX-512 CPU, against
-1.44-1.48x in ``benchmarks/results/step_benchmark_cpu.json`` (committed at 8705f6a, 2 threads),
-1.51x "last time" and 1.46x with AVX2 kernels. This script tells a library regression from the
-setting: it exports ``src/`` of each git revision (``git archive``, nothing checked out), and runs
-one child process per (revision, threads, kernels, round); each child times TENT and the exact
-EATTA step (``grad_mode`` default, budget 1, a ground-truth oracle given the batch's labels
-by ``set_labels`` before each step, which every revision has) interleaved on the step
-benchmark's models (``digits-32``, ``resnet18-64``, random init, heads scaled until half a batch
-is confident) and reports the median ratio. The children of one round run back to back with the
-order rotating, so machine load hits every setting alike; the result is the median over rounds.
+Tells a library regression from the setting (issue 32; docs/approx-step.md): it exports ``src/``
+of each git revision (``git archive``, nothing checked out) and runs one child process per
+(revision, threads, kernels, round); each child times TENT and the exact EATTA step (budget 1, a
+ground-truth oracle given the batch's labels by ``set_labels``, which every revision has)
+interleaved on the step benchmark's models (``digits-32``, ``resnet18-64``, random init, heads
+scaled until half a batch is confident) and reports the median ratio. The children of one round
+run back to back, the order rotating; the result is the median over rounds.
 
     python benchmarks/step_history.py            # 8705f6a vs HEAD, 1 and 2 threads, default/avx2
     python benchmarks/step_history.py --revs 8705f6a HEAD --threads 1 --kernels default --rounds 2
@@ -118,11 +115,12 @@ def export(rev: str, where: Path) -> Path:
     """``src/`` of ``rev`` under ``where/<rev>`` (git archive: the repository is not touched)."""
     dest = where / rev
     dest.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=_git("archive", rev, "src"), check=True)
     return dest / "src"
+
+
+def _git(*args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True).stdout
 
 
 def child(src: Path, threads: int, kernels: str, repeats: int, warmup: int) -> dict[str, Any]:
@@ -149,15 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    revs = {
-        r: subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", r],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        for r in args.revs
-    }
+    revs = {r: _git("rev-parse", "--short", r).decode().strip() for r in args.revs}
     settings = list(itertools.product(revs.values(), args.threads, args.kernels))
     samples: dict[str, list[dict[str, Any]]] = {f"{r} t{t} {k}": [] for r, t, k in settings}
     with tempfile.TemporaryDirectory() as tmp:
