@@ -186,3 +186,21 @@ def test_a_window_on_plain_batchnorm_is_refused_naming_the_fix() -> None:
     params = eatta.configure(model, "norm")
     with pytest.raises(ValueError, match="use_mixed_norm"):
         EATTA(model, torch.optim.SGD(params, lr=0.001), oracle=eatta.GroundTruthOracle(), window=64)
+
+
+def test_a_label_free_method_with_a_window_audits_the_windows_older_samples() -> None:
+    """TENT with a window and a fallback whose auditor answers 2 batches late, given each
+    request's labels (as ``eatta-bench --fallback --label-delay 2`` does): a window step audits
+    any of its 64 samples, so the window keeps the auditor's labels with them (before: an
+    older sample's unknown label, -1, reached the auditor)."""
+    model = digits_model()
+    auditor = SimulatedAnnotator(delay=2)
+    fallback = SourceFallback(copy.deepcopy(model), auditor=auditor)
+    method = eatta.create("tent", model, window=64)
+    method.attach(fallback=fallback)
+    assert method.window is not None
+    for x, y in stream(16 * 16, 16):
+        auditor.set_labels(y)
+        assert method(x).shape == (16, 10)
+    assert method.window.steps == 4 and fallback.step == 4
+    assert fallback.requested == 4 and fallback.stats()["answers"] >= 2

@@ -173,16 +173,23 @@ class AdaptiveMethod(WithParts, nn.Module):
         return x, labels
 
     def _known_labels(self, x: Tensor, labels: Tensor | None) -> Tensor | None:
-        """A windowed request's labels for the window (a simulated annotator's), if known."""
+        """A windowed request's labels for the window (a simulated annotator's), if known: the
+        oracle's, else an auditor's (a label-free method's fallback or monitor), so that a step
+        on the window can audit its older samples too."""
         if self.window is None or labels is not None:
             return labels
-        known: Tensor | None = getattr(getattr(self, "oracle", None), "batch_labels", None)
-        if known is not None and len(known) != x.shape[0]:
-            raise InvalidInputError(
-                f"the oracle holds {len(known)} labels for a request of {x.shape[0]} "
-                "samples; give each request its own (method(x, labels=y))"
-            )
-        return known
+        for taker in (getattr(self, "oracle", None), *self._parts.auditors()):
+            known: Tensor | None = getattr(taker, "batch_labels", None)
+            if known is None:
+                continue
+            if len(known) != x.shape[0]:
+                raise InvalidInputError(
+                    f"the {'oracle' if taker is getattr(self, 'oracle', None) else 'auditor'} "
+                    f"holds {len(known)} labels for a request of {x.shape[0]} samples; give "
+                    "each request its own (method(x, labels=y))"
+                )
+            return known
+        return None
 
     def step(self, x: Tensor) -> Tensor:
         """One step on ``x`` (a batch, or a window's samples) as one transaction, gradients on:
