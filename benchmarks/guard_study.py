@@ -154,14 +154,8 @@ def collect(out: Path, old: dict[str, Any]) -> dict[str, Any]:
     the seeds, the chosen configuration and the source rows); an arm whose runs are not all
     finished is left out (and named under Limits)."""
     seeds = old["seeds"]
-    data: dict[str, Any] = {
-        "seeds": seeds,
-        "tune_seed": old["tune_seed"],
-        "chosen": old["chosen"],
-        "tune": {},
-        "streams": {},
-        "partial": [],
-    }
+    data = {k: old[k] for k in ("seeds", "tune_seed", "chosen")}
+    data.update(tune={}, streams={}, partial=[])
     for config in CONFIGS:
         key, folder = _tune_names(*config)
         if (out / "tune" / folder / "cells").is_dir():
@@ -316,10 +310,11 @@ def _compute() -> str:
     return PAGE("compute", table=table(["model", "ratio", "time", "peak memory"], rows)) + "\n\n"
 
 
-def _false_resets(data: dict[str, Any]) -> tuple[str, list[int]]:
-    """Resets where the method does not degrade, and degradations with no reset."""
+def _false_resets(data: dict[str, Any]) -> dict[str, Any]:
+    """Resets where the method does not degrade, and degradations with no reset: the page's
+    table and counts."""
     rows = []
-    false_resets = runs_nd = missed = runs_d = 0
+    counts = dict.fromkeys(("false_resets", "runs_nd", "missed", "runs_d"), 0)
     for name, s in data["streams"].items():
         srcv = float(np.mean(s["source"]))
         if "audit" not in s or "guard" not in s:
@@ -330,14 +325,14 @@ def _false_resets(data: dict[str, Any]) -> tuple[str, list[int]]:
             for i in range(len(a["first"])):
                 if a["last"][i] > a["first"][i] + 1 or a["last"][i] > srcv:
                     deg += 1
-                    runs_d += 1
-                    missed += int(g["resets"][i] == 0)
+                    counts["runs_d"] += 1
+                    counts["missed"] += int(g["resets"][i] == 0)
                 else:
-                    runs_nd += 1
-                    false_resets += int(g["resets"][i] > 0)
+                    counts["runs_nd"] += 1
+                    counts["false_resets"] += int(g["resets"][i] > 0)
             rows.append([f"{name}: {NAMES[m]}", f"{deg}/{len(a['first'])}", fmt(g["resets"])])
     cols = ["stream: method", "seeds where it degrades", "resets per guarded run"]
-    return table(cols, rows), [false_resets, runs_nd, missed, runs_d]
+    return {"false_table": table(cols, rows), **counts}
 
 
 def _missing(data: dict[str, Any]) -> str:
@@ -371,8 +366,8 @@ def render(data: dict[str, Any]) -> str:
     hit, total = sum(x["covered"][0] for x in arms), sum(x["covered"][1] for x in arms)
     data["coverage"] = [hit, total]
     widths = [w for x in arms for w in x.get("widths", [])]
-    false_table, counts = _false_resets(data)
-    data["false_resets"] = counts[:2]
+    false_resets = _false_resets(data)
+    data["false_resets"] = [false_resets["false_resets"], false_resets["runs_nd"]]
     late = [x for st in data["streams"].values() for x in st.get("delay", {}).values()]
     return PAGE(
         seeds=",".join(map(str, data["seeds"])),
@@ -387,11 +382,7 @@ def render(data: dict[str, Any]) -> str:
         resets=_resets(data),
         per_batch=f"{64 * c['share']:.1f}",
         compute=_compute(),
-        false_table=false_table,
-        false_resets=counts[0],
-        runs_nd=counts[1],
-        missed=counts[2],
-        runs_d=counts[3],
+        **false_resets,
         answers=f"{64 * c['share']:.0f}",
         no_reset="" if any(sum(x["resets"]) for x in late) else PAGE("no-reset"),
         missing=_missing(data),
