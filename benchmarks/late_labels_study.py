@@ -56,25 +56,25 @@ DELAYS: tuple[int | str, ...] = (0, 1, 4, 16, 64, "never")
 DELAY_KEYS = [str(d) for d in DELAYS]
 #: The stream the mechanisms' defaults were chosen on; nothing was tuned on the others.
 TUNE_STREAM = "ccc"
+DEFAULT = "default: drift 0.25 + ETA fallback (anchor 0.1)"
+
+
+def _late(weight: str, **more: Any) -> dict[str, Any]:
+    """A late-label rule of ``eatta-stable`` with its entropy filter off."""
+    return {"late_weight": weight, "late_entropy_filter": "none", **more}
+
+
 #: Mechanisms: ``eatta-stable`` overrides. "today" is the rule before this study.
 MECHANISMS: dict[str, dict[str, Any]] = {
-    "today: full weight": {"late_weight": "full", "late_entropy_filter": "none"},
-    "age (half-life 2 steps)": {"late_weight": "age", "late_entropy_filter": "none"},
-    "drift, scale 1": {
-        "late_weight": "drift",
-        "late_drift_scale": 1.0,
-        "late_entropy_filter": "none",
-    },
-    "drift, scale 0.25": {"late_weight": "drift", "late_entropy_filter": "none"},
-    "IWMS-like nearest replay (4 of 64)": {
-        "late_weight": "full",
-        "late_entropy_filter": "none",
-        "late_replay": 4,
-    },
-    "default: drift 0.25 + ETA fallback (anchor 0.1)": {},
+    "today: full weight": _late("full"),
+    "age (half-life 2 steps)": _late("age"),
+    "drift, scale 1": _late("drift", late_drift_scale=1.0),
+    "drift, scale 0.25": _late("drift"),
+    "IWMS-like nearest replay (4 of 64)": _late("full", late_replay=4),
+    DEFAULT: {},
 }
 #: At ``never`` no label arrives: the weighting and the replay change nothing, only the fallback.
-NEVER_ROWS = ("today: full weight", "default: drift 0.25 + ETA fallback (anchor 0.1)")
+NEVER_ROWS = ("today: full weight", DEFAULT)
 MECH_DELAYS_TUNE: tuple[int | str, ...] = (4, 16, "never")
 MECH_DELAYS_OTHER: tuple[int | str, ...] = (16,)
 #: A person's pace: seconds per answer (AnnotatorCost's defaults) against batches per second.
