@@ -185,6 +185,11 @@ def _gaps(before: Sequence[float], after: Sequence[float]) -> list[float]:
     return [b - a for a, b in zip(before, after, strict=True)]
 
 
+def _per_seed(gaps: Sequence[float]) -> dict[str, str]:
+    """A bar's gaps over seeds: their mean ± std and each seed's."""
+    return {"gap": fmt(gaps), "per_seed": ", ".join(f"{g:+.1f}" for g in gaps)}
+
+
 def _stream_block(name: str, s: dict[str, Any]) -> str:
     """One stream's tables: with and without the guard, per round, with late answers."""
     src, rounds = float(np.mean(s["source"])), len(s["source"])
@@ -224,18 +229,10 @@ def _bar(data: dict[str, Any], hit: int, total: int, widths: list[float]) -> str
     t, e = rec["guard"]["tent"], rec["guard"]["eatta"]
     tent_gap, eatta_gap = _gaps(t["first"], t["last"]), _gaps(e["first"], e["last"])
     ok = all(v <= src for v in t["last"]) and all(g <= 5 for g in tent_gap)
-    items.append(
-        PAGE(
-            "bar-tent",
-            last=fmt(t["last"]),
-            source=f"{src:.1f}",
-            verdict=verdict(ok),
-            per_seed=", ".join(f"{g:+.1f}" for g in tent_gap),
-            gap=fmt(tent_gap),
-        )
-    )
-    ok, per_seed = all(g <= 2 for g in eatta_gap), ", ".join(f"{g:+.1f}" for g in eatta_gap)
-    items.append(PAGE("bar-eatta", gap=fmt(eatta_gap), verdict=verdict(ok), per_seed=per_seed))
+    tent = {"last": fmt(t["last"]), "source": f"{src:.1f}", "verdict": verdict(ok)}
+    items.append(PAGE("bar-tent", **tent, **_per_seed(tent_gap)))
+    ok = all(g <= 2 for g in eatta_gap)
+    items.append(PAGE("bar-eatta", verdict=verdict(ok), **_per_seed(eatta_gap)))
     for name in ("mixed", "ccc"):
         s = data["streams"][name]
         if "audit" not in s or "guard" not in s:
