@@ -42,9 +42,10 @@ TUNE_METHODS = ("tent", "eatta")
 CONFIGS: tuple[tuple[float, float, int], ...] = ((0.2, 0.05, 2000), (0.2, 0.2, 1000))
 DELAY = 16
 DELAY_STREAMS = ("mixed", "ccc")
-#: The arms: their folders under a stream's and the suffix of their rows' labels.
-FOLDERS = {"audit": "audit", "guard": "guard", "delay": f"guard-delay-{DELAY}"}
+#: The arms (audits alone, with the guard, with the guard and late answers): their rows'
+#: label suffixes, and their folders under a stream's.
 ARMS = {"audit": "", "guard": " + guard", "delay": " + guard"}
+FOLDERS = {"audit": "audit", "guard": "guard", "delay": f"guard-delay-{DELAY}"}
 #: The order the arms run in (most important first).
 ORDER = (
     ("recurring", "guard"),

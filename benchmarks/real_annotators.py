@@ -82,18 +82,17 @@ def _run(
     proto: StreamProtocol,
     label: str,
     methods: Sequence[str] = ACTIVE,
-    annotator: AnnotatorOptions | None = None,
-    labels: int = 1,
-    buffers: int | None = None,
+    **options: Any,
 ) -> list[CellResult]:
-    """One part of stream ``name`` (:func:`run_part`), or a zero-delay part's finished cells
-    read from the ``frozen`` study."""
+    """One part of stream ``name`` (:func:`run_part` with ``options``: ``annotator``,
+    ``labels``, ``buffers``), or a zero-delay part's finished cells read from the ``frozen``
+    study."""
     old = None if frozen is None else frozen / name / label
     if old and label.startswith(ZERO_DELAY_PARTS) and (old / "results.json").is_file():
         results = load_results([old])
         print(f"  {label}: {len(results)} runs read from {old}", flush=True)
         return results
-    options = {"annotator": annotator, "labels": labels, "buffers": buffers}
+    options = {"annotator": None, "labels": 1, "buffers": None, **options}
     return run_part(out / name, label, proto, methods, seeds, jobs=jobs, **options)
 
 
