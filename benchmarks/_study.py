@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from _common import Template
 
@@ -42,7 +42,8 @@ def merged(folders: str, order: Sequence[str]) -> dict[str, Any]:
     return data
 
 
-def _runs(value: object) -> bool:
+def _runs(value: object) -> TypeGuard[list[dict[str, Any]]]:
+    """Whether ``value`` is a part's runs (a list of cells, one per seed)."""
     return isinstance(value, list) and all(isinstance(c, dict) for c in value)
 
 

@@ -149,8 +149,8 @@ def study(
                 s["references"] = {m: errors(ref, m) for m in REFERENCES}
                 save_study(out, data)
             for d in delays:
-                opts = None if d == 0 else AnnotatorOptions(delay=d)  # 0: the synchronous path
-                res = run(f"delay-{d}", seeds=seeds, annotator=opts)
+                late = None if d == 0 else AnnotatorOptions(delay=d)  # 0: the synchronous path
+                res = run(f"delay-{d}", seeds=seeds, annotator=late)
                 s.setdefault("delay", {})[str(d)] = errors(res, METHOD)
                 save_study(out, data)
     return data
@@ -214,8 +214,8 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
     for (feedback, sec, kind), rate in product(FEEDBACK, RATES):
         cells = [s.get("paced", {}).get(f"{feedback}/{rate}/{o}") for o in ORDERS]
         if all(cells):
-            got = cells[0]["received"] / max(cells[0]["requested"], 1)  # type: ignore[index]
-            errs = [fmt(c["error"]) for c in cells]  # type: ignore[index]
+            got = cells[0]["received"] / max(cells[0]["requested"], 1)
+            errs = [fmt(c["error"]) for c in cells]
             rows.append([f"{kind}, {sec:g} s, {rate} batch/s", f"{100 * got:.1f} %", *errs])
     if rows:
         head = ["person", "answered", *[f"{o} first" for o in ORDERS]]

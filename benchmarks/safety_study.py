@@ -166,7 +166,8 @@ def study(
                 small = size < 64
                 alone = small or "safe" in data  # eatta-stable runs in the default's study
                 methods = [SAFE, STABLE] if label in WITH_STABLE and not alone else [SAFE]
-                shape = {"batch_size": size, "window": 64, "every": 64 // size} if small else {}
+                window = {"batch_size": size, "window": 64, "every": 64 // size}
+                shape: dict[str, Any] = window if small else {}
                 res = run(
                     f"ann-{label.replace(' ', '-')}" + (f"-{size}" if small else ""),
                     replace(proto, rounds=SMALL_ROUNDS) if small and name == "recurring" else proto,
