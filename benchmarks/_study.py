@@ -1,5 +1,6 @@
-"""What the digits-C studies share (safety, late labels, real annotators): running a ``--plan``,
-merging the studies saved in several ``--out`` folders, filling a page with per-stream blocks.
+"""What the digits-C studies share (safety, late labels, real annotators, guard): running a
+``--plan``, merging the studies saved in several ``--out`` folders, filling a page with
+per-stream blocks, a bar's verdict.
 
 Not part of the package; imported by the study scripts (run as scripts, so this folder is on
 ``sys.path``).
