@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import Template, run_part, streams
+from _common import RESULTS, Template, run_part, streams
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _study import verdict
 
 from eatta.bench import AnnotatorOptions
 from eatta.bench.flags import seed_list
@@ -32,18 +33,33 @@ from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.report import covered_rounds, load_results
 from eatta.bench.results import CellResult
 
-REPO = Path(__file__).resolve().parents[1]
+DOC = Path(__file__).resolve().parents[1] / "docs" / "guard.md"
 METHODS = ("tent", "eatta", "eatta-stable")
+NAMES = {"tent": "TENT", "eatta": "`eatta` (faithful)", "eatta-stable": "`eatta-stable`"}
 TUNE_SEED = 10
 TUNE_METHODS = ("tent", "eatta")
 #: (audit share, guard level, audits per block) tried on the tuning stream.
 CONFIGS: tuple[tuple[float, float, int], ...] = ((0.2, 0.05, 2000), (0.2, 0.2, 1000))
 DELAY = 16
 DELAY_STREAMS = ("mixed", "ccc")
+#: The arms (audits alone, with the guard, with the guard and late answers): their rows'
+#: label suffixes, and their folders under a stream's.
+ARMS = {"audit": "", "guard": " + guard", "delay": " + guard"}
+FOLDERS = {"audit": "audit", "guard": "guard", "delay": f"guard-delay-{DELAY}"}
+#: The order the arms run in (most important first).
+ORDER = (
+    ("recurring", "guard"),
+    *((name, arm) for name in ("mixed", "ccc") for arm in ("audit", "guard")),
+    ("recurring", "audit"),
+    *((name, "delay") for name in DELAY_STREAMS),
+)
+PAGE = Template("guard")
 
 
-def of(results: Sequence[CellResult], method: str) -> list[CellResult]:
-    return [r for r in results if r.spec.method == method]
+def _first_round(r: CellResult) -> list[tuple[str, float]]:
+    """The run's first round: (domain, error) in order."""
+    k = len(r.domains) // max(r.rounds, 1)
+    return list(zip(r.domains[:k], r.domain_errors[:k], strict=True))
 
 
 def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
@@ -59,9 +75,7 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
         m["avg"].append(r.average_error)
         m["rounds"].append(list(r.round_errors))
         m["labels"].append(r.labels_used)
-        k = len(r.domains) // max(r.rounds, 1)
-        first_round = list(zip(r.domains[:k], r.domain_errors[:k], strict=True))
-        m.setdefault("round1_domains", []).append(first_round)
+        m.setdefault("round1_domains", []).append(_first_round(r))
         if r.monitor:
             m.setdefault("reset_steps", []).append([e["step"] for e in r.monitor["resets"]])
             m["resets"].append(len(r.monitor["resets"]))
@@ -76,6 +90,15 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
     return out
 
 
+def _tune_names(share: float, level: float, window: int) -> tuple[str, str]:
+    """A tuning configuration's key in the study and its folder."""
+    return f"share {share:g}, level {level:g}, block {window}", f"s{share:g}-a{level:g}-w{window}"
+
+
+def _guarded(share: float, level: float, window: int) -> MonitorOptions:
+    return MonitorOptions(audit=share, guard="paired", guard_level=level, block=window)
+
+
 def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> dict[str, Any]:
     """Run the parts in order of importance, saving after each (a cut-short study renders
     what finished and says what did not run)."""
@@ -86,16 +109,14 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
         if json_path is not None:
             json_path.write_text(json.dumps(data, indent=1))
 
-    # 1. tuning, on the recurring stream with TUNE_SEED only
-    tune: dict[str, Any] = {}
-    for share, level, window in CONFIGS:
-        mon = MonitorOptions(audit=share, guard="paired", guard_level=level, block=window)
-        key = f"share {share:g}, level {level:g}, block {window}"
-        part = f"s{share:g}-a{level:g}-w{window}"
+    tune: dict[str, Any] = {}  # on the recurring stream with TUNE_SEED only
+    for config in CONFIGS:
+        key, folder = _tune_names(*config)
+        rec = protos["recurring"]
         res = run_part(
-            out / "tune", part, protos["recurring"], TUNE_METHODS, [TUNE_SEED], monitor=mon
+            out / "tune", folder, rec, TUNE_METHODS, [TUNE_SEED], monitor=_guarded(*config)
         )
-        tune[key] = {"config": [share, level, window], **summary(res)}
+        tune[key] = {"config": list(config), **summary(res)}
 
     def drift(k: str) -> float:
         return float(
@@ -107,22 +128,23 @@ def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> d
     data["tune"] = tune
     data["chosen"] = {"share": share, "level": level, "window": window, "key": chosen_key}
     print(f"chosen on recurring seed {TUNE_SEED}: {chosen_key}", flush=True)
-    audit_only = MonitorOptions(audit=share)
-    guarded = MonitorOptions(audit=share, guard="paired", guard_level=level, block=window)
     for name, proto in protos.items():
         src = run_part(out / name, "source", proto, ["source"], seeds[:1])
         data["streams"][name] = {"protocol": proto.describe(), "source": src[0].round_errors}
     save()
-    # 2. the parts, most important first
-    late = AnnotatorOptions(delay=DELAY)
-    parts = [("recurring", "guard", guarded, None)]
-    for name in ("mixed", "ccc"):
-        parts += [(name, "audit", audit_only, None), (name, "guard", guarded, None)]
-    parts += [("recurring", "audit", audit_only, None)]
-    parts += [(name, "delay", guarded, late) for name in DELAY_STREAMS]
-    for name, arm, mon, ann in parts:
-        part = f"guard-delay-{DELAY}" if arm == "delay" else arm
-        res = run_part(out / name, part, protos[name], METHODS, seeds, monitor=mon, annotator=ann)
+    guarded = _guarded(share, level, window)
+    monitors = {"audit": MonitorOptions(audit=share), "guard": guarded, "delay": guarded}
+    for name, arm in ORDER:
+        late = AnnotatorOptions(delay=DELAY) if arm == "delay" else None
+        res = run_part(
+            out / name,
+            FOLDERS[arm],
+            protos[name],
+            METHODS,
+            seeds,
+            monitor=monitors[arm],
+            annotator=late,
+        )
         data["streams"][name][arm] = summary(res)
         save()
     return data
@@ -133,36 +155,20 @@ def collect(out: Path, old: dict[str, Any]) -> dict[str, Any]:
     the seeds, the chosen configuration and the source rows); an arm whose runs are not all
     finished is left out (and named under Limits)."""
     seeds = old["seeds"]
-    data: dict[str, Any] = {
-        "seeds": seeds,
-        "tune_seed": old["tune_seed"],
-        "chosen": old["chosen"],
-        "tune": {},
-        "streams": {},
-        "partial": [],
-    }
-    for share, level, window in CONFIGS:
-        d = out / "tune" / f"s{share:g}-a{level:g}-w{window}"
-        if (d / "cells").is_dir():
-            key = f"share {share:g}, level {level:g}, block {window}"
-            data["tune"][key] = {"config": [share, level, window], **summary(load_results([d]))}
+    data = {k: old[k] for k in ("seeds", "tune_seed", "chosen")}
+    data.update(tune={}, streams={}, partial=[])
+    for config in CONFIGS:
+        key, folder = _tune_names(*config)
+        if (out / "tune" / folder / "cells").is_dir():
+            results = load_results([out / "tune" / folder])
+            data["tune"][key] = {"config": list(config), **summary(results)}
     for name, s in old["streams"].items():
-        new: dict[str, Any] = {"protocol": s["protocol"], "source": s["source"]}
-        src_cells = (
-            load_results([out / name / "source"]) if (out / name / "source").is_dir() else []
-        )
-        if src_cells:
-            k = len(src_cells[0].domains) // max(src_cells[0].rounds, 1)
-            new["source_domains"] = list(
-                zip(src_cells[0].domains[:k], src_cells[0].domain_errors[:k], strict=True)
-            )
-        for arm, part in (
-            ("audit", "audit"),
-            ("guard", "guard"),
-            ("delay", f"guard-delay-{DELAY}"),
-        ):
-            d = out / name / part
-            rs = []
+        new = data["streams"][name] = {"protocol": s["protocol"], "source": s["source"]}
+        src = load_results([out / name / "source"]) if (out / name / "source").is_dir() else []
+        if src:
+            new["source_domains"] = _first_round(src[0])
+        for arm, folder in FOLDERS.items():
+            d, rs = out / name / folder, []
             if (d / "cells").is_dir():
                 rs = [
                     r
@@ -173,19 +179,16 @@ def collect(out: Path, old: dict[str, Any]) -> dict[str, Any]:
                 new[arm] = summary(rs)
             elif rs:
                 data["partial"].append(f"{name} {arm} ({len(rs)} of {len(METHODS) * len(seeds)})")
-        data["streams"][name] = new
     return data
 
 
-NAMES = {"tent": "TENT", "eatta": "`eatta` (faithful)", "eatta-stable": "`eatta-stable`"}
+def _gaps(before: Sequence[float], after: Sequence[float]) -> list[float]:
+    return [b - a for a, b in zip(before, after, strict=True)]
 
 
-PAGE = Template("guard")
-ARMS = {"audit": "", "guard": " + guard", "delay": " + guard"}
-
-
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "missed"
+def _per_seed(gaps: Sequence[float]) -> dict[str, str]:
+    """A bar's gaps over seeds: their mean ± std and each seed's."""
+    return {"gap": fmt(gaps), "per_seed": ", ".join(f"{g:+.1f}" for g in gaps)}
 
 
 def _stream_block(name: str, s: dict[str, Any]) -> str:
@@ -194,9 +197,7 @@ def _stream_block(name: str, s: dict[str, Any]) -> str:
     cols = ["method", "first round", "last round", "average", "resets", "rounds covered"]
     rows, per_round, late = [], [], []
     for m in METHODS:
-        for arm in ("audit", "guard", "delay"):
-            if arm not in s:
-                continue
+        for arm in (a for a in ARMS if a in s):
             x, label = s[arm][m], f"{NAMES[m]}{ARMS[arm]}"
             row = [label, fmt(x["first"]), fmt(x["last"]), fmt(x["avg"]), fmt(x["resets"])]
             row.append(f"{x['covered'][0]}/{x['covered'][1]}")
@@ -227,57 +228,34 @@ def _bar(data: dict[str, Any], hit: int, total: int, widths: list[float]) -> str
         items.append(PAGE("bar-none"))
         rec = {"guard": {m: {"first": [], "last": []} for m in METHODS}}
     t, e = rec["guard"]["tent"], rec["guard"]["eatta"]
-    tent_gap = [b - a for a, b in zip(t["first"], t["last"], strict=True)]
-    eatta_gap = [b - a for a, b in zip(e["first"], e["last"], strict=True)]
-    ok1 = all(v <= src for v in t["last"]) and all(g <= 5 for g in tent_gap)
-    seeds = {"per_seed": ", ".join(f"{g:+.1f}" for g in tent_gap), "gap": fmt(tent_gap)}
-    items.append(
-        PAGE("bar-tent", last=fmt(t["last"]), source=f"{src:.1f}", verdict=_verdict(ok1), **seeds)
-    )
-    ok2 = all(g <= 2 for g in eatta_gap)
-    per_seed = ", ".join(f"{g:+.1f}" for g in eatta_gap)
-    items.append(PAGE("bar-eatta", gap=fmt(eatta_gap), verdict=_verdict(ok2), per_seed=per_seed))
+    tent_gap, eatta_gap = _gaps(t["first"], t["last"]), _gaps(e["first"], e["last"])
+    ok = all(v <= src for v in t["last"]) and all(g <= 5 for g in tent_gap)
+    tent = {"last": fmt(t["last"]), "source": f"{src:.1f}", "verdict": verdict(ok)}
+    items.append(PAGE("bar-tent", **tent, **_per_seed(tent_gap)))
+    ok = all(g <= 2 for g in eatta_gap)
+    items.append(PAGE("bar-eatta", verdict=verdict(ok), **_per_seed(eatta_gap)))
     for name in ("mixed", "ccc"):
         s = data["streams"][name]
         if "audit" not in s or "guard" not in s:
             items.append(PAGE("bar-stream-none", name=name))
             continue
-        a, g = s["audit"]["eatta-stable"], s["guard"]["eatta-stable"]
-        cost = [y - x for x, y in zip(a["avg"], g["avg"], strict=True)]
-        ok = all(v <= 0.3 for v in cost)
+        cost = _gaps(s["audit"]["eatta-stable"]["avg"], s["guard"]["eatta-stable"]["avg"])
+        ok, resets = all(v <= 0.3 for v in cost), fmt(s["guard"]["eatta-stable"]["resets"])
         items.append(
-            PAGE(
-                "bar-stream",
-                name=name,
-                cost=fmt(cost, 2),
-                verdict=_verdict(ok),
-                resets=fmt(g["resets"]),
-            )
+            PAGE("bar-stream", name=name, cost=fmt(cost, 2), verdict=verdict(ok), resets=resets)
         )
-    wide = ""
+    wide = "."
     if widths:
-        wide = PAGE(
-            "widths",
-            mean=f"{np.mean(widths):.1f}",
-            low=f"{min(widths):.1f}",
-            high=f"{max(widths):.1f}",
-        )
-    items.append(
-        PAGE(
-            "bar-coverage",
-            hit=hit,
-            total=total,
-            percent=f"{100 * hit / max(total, 1):.1f}",
-            verdict=_verdict(hit >= 0.9 * total),
-            widths=wide or ".",
-        )
-    )
-    return "\n".join(items)
+        low, high = f"{min(widths):.1f}", f"{max(widths):.1f}"
+        wide = PAGE("widths", mean=f"{np.mean(widths):.1f}", low=low, high=high)
+    percent = f"{100 * hit / max(total, 1):.1f}"
+    ok = hit >= 0.9 * total
+    cover = {"hit": hit, "total": total, "percent": percent, "verdict": verdict(ok)}
+    return "\n".join([*items, PAGE("bar-coverage", **cover, widths=wide)])
 
 
 def _resets(data: dict[str, Any]) -> str:
     """When the guard reset on the recurring stream, and why (empty if it never did)."""
-    c = data["chosen"]
     steps = [
         st
         for s in data["streams"].values()
@@ -286,9 +264,9 @@ def _resets(data: dict[str, Any]) -> str:
         for run_steps in s["guard"][m].get("reset_steps", [])
         for st in run_steps
     ]
-    rec = data["streams"].get("recurring", {})
     if not steps:
         return ""
+    rec = data["streams"].get("recurring", {})
     rise = gains = ""
     if "audit" in rec:
         value = max(
@@ -301,42 +279,40 @@ def _resets(data: dict[str, Any]) -> str:
             errs = [run[j][1] for m in METHODS for run in rec["guard"][m]["round1_domains"]]
             per.append(f"{dom.split('@')[0]} {src_err - float(np.mean(errs)):.0f}")
         gains = PAGE("resets-gains", gains=", ".join(per))
-    batches = c["window"] / (64 * c["share"])
-    return (
-        PAGE(
-            "resets",
-            count=len(steps),
-            early=sum(st <= 450 for st in steps),
-            rise=rise,
-            gains=gains,
-            steps=", ".join(str(st) for st in sorted(steps)),
-            batches=f"{batches:.0f}",
-            corruptions=f"{batches / 15:.0f}",
-        )
-        + "\n\n"
+    batches = data["chosen"]["window"] / (64 * data["chosen"]["share"])
+    text = PAGE(
+        "resets",
+        count=len(steps),
+        early=sum(st <= 450 for st in steps),
+        rise=rise,
+        gains=gains,
+        steps=", ".join(str(st) for st in sorted(steps)),
+        batches=f"{batches:.0f}",
+        corruptions=f"{batches / 15:.0f}",
     )
+    return text + "\n\n"
 
 
 def _compute() -> str:
     """The step benchmark's cost of audits, if it has been measured."""
-    bench = REPO / "benchmarks" / "results" / "step_benchmark_cpu_audit.json"
+    bench = RESULTS / "step_benchmark_cpu_audit.json"
     if not bench.is_file():
         return ""
     rows = []
     for model, r in json.loads(bench.read_text())["models"].items():
         tr, mr = r.get("time_ratios", {}), r.get("memory_ratios", {})
-        for key in ("tent+audit/tent", "eatta+audit/eatta"):
-            if key in tr:
-                mem = mr.get(key)
-                time_text = f"{tr[key]['median']:.3f} (paired {tr[key]['paired']:.3f})"
-                rows.append([model, key, time_text, "-" if mem is None else f"{mem:.3f}"])
+        for key in (k for k in ("tent+audit/tent", "eatta+audit/eatta") if k in tr):
+            mem = mr.get(key)
+            time_text = f"{tr[key]['median']:.3f} (paired {tr[key]['paired']:.3f})"
+            rows.append([model, key, time_text, "-" if mem is None else f"{mem:.3f}"])
     return PAGE("compute", table=table(["model", "ratio", "time", "peak memory"], rows)) + "\n\n"
 
 
-def _false_resets(data: dict[str, Any]) -> tuple[str, list[int]]:
-    """Resets where the method does not degrade, and degradations with no reset."""
+def _false_resets(data: dict[str, Any]) -> dict[str, Any]:
+    """Resets where the method does not degrade, and degradations with no reset: the page's
+    table and counts."""
     rows = []
-    false_resets = runs_nd = missed = runs_d = 0
+    counts = dict.fromkeys(("false_resets", "runs_nd", "missed", "runs_d"), 0)
     for name, s in data["streams"].items():
         srcv = float(np.mean(s["source"]))
         if "audit" not in s or "guard" not in s:
@@ -347,50 +323,52 @@ def _false_resets(data: dict[str, Any]) -> tuple[str, list[int]]:
             for i in range(len(a["first"])):
                 if a["last"][i] > a["first"][i] + 1 or a["last"][i] > srcv:
                     deg += 1
-                    runs_d += 1
-                    missed += int(g["resets"][i] == 0)
+                    counts["runs_d"] += 1
+                    counts["missed"] += int(g["resets"][i] == 0)
                 else:
-                    runs_nd += 1
-                    false_resets += int(g["resets"][i] > 0)
+                    counts["runs_nd"] += 1
+                    counts["false_resets"] += int(g["resets"][i] > 0)
             rows.append([f"{name}: {NAMES[m]}", f"{deg}/{len(a['first'])}", fmt(g["resets"])])
     cols = ["stream: method", "seeds where it degrades", "resets per guarded run"]
-    return table(cols, rows), [false_resets, runs_nd, missed, runs_d]
+    return {"false_table": table(cols, rows), **counts}
 
 
-def render(data: dict[str, Any]) -> str:
-    """docs/guard.md: ``templates/guard.md`` filled from the study's numbers (and
-    ``data["coverage"]``, ``data["false_resets"]`` set on the way)."""
-    seeds = ",".join(map(str, data["seeds"]))
-    c = data["chosen"]
-    rows = []
-    for key, t in data["tune"].items():
-        cells = [key]
-        for m in TUNE_METHODS:
-            first, last, resets = t[m]["first"][0], t[m]["last"][0], t[m]["resets"][0]
-            cells.append(f"{first:.1f} → {last:.1f} ({resets} resets)")
-        cells.append(f"{np.mean([t[m]['hours'][0] for m in TUNE_METHODS]):.0f}")
-        rows.append(cells)
-    cols = ["audit share, guard level, block", "TENT R1 → R10", "eatta R1 → R10", "audit hours"]
-    runs = [x for s in data["streams"].values() for a in ARMS for x in s.get(a, {}).values()]
-    hit, total = sum(x["covered"][0] for x in runs), sum(x["covered"][1] for x in runs)
-    data["coverage"] = [hit, total]
-    widths = [w for x in runs for w in x.get("widths", [])]
-    false_table, counts = _false_resets(data)
-    data["false_resets"] = counts[:2]
+def _missing(data: dict[str, Any]) -> str:
+    """The Limits item naming the arms that did not finish ("" when all did)."""
     missing = [
         f"{name} {arm}"
         for name, s in data["streams"].items()
         for arm in ("audit", "guard", *(("delay",) if name in DELAY_STREAMS else ()))
         if arm not in s
     ]
-    missing_text = ""
-    if missing:
-        partial = data.get("partial") or []
-        runs_text = PAGE("partial", runs=", ".join(partial)) if partial else ""
-        missing_text = PAGE("missing", missing=", ".join(missing), partial=runs_text)
+    if not missing:
+        return ""
+    partial = data.get("partial") or []
+    runs = PAGE("partial", runs=", ".join(partial)) if partial else ""
+    return PAGE("missing", missing=", ".join(missing), partial=runs)
+
+
+def render(data: dict[str, Any]) -> str:
+    """docs/guard.md: ``templates/guard.md`` filled from the study's numbers (and
+    ``data["coverage"]``, ``data["false_resets"]`` set on the way)."""
+    c = data["chosen"]
+    rows = []
+    for key, t in data["tune"].items():
+        runs = [
+            f"{t[m]['first'][0]:.1f} → {t[m]['last'][0]:.1f} ({t[m]['resets'][0]} resets)"
+            for m in TUNE_METHODS
+        ]
+        rows.append([key, *runs, f"{np.mean([t[m]['hours'][0] for m in TUNE_METHODS]):.0f}"])
+    cols = ["audit share, guard level, block", "TENT R1 → R10", "eatta R1 → R10", "audit hours"]
+    arms = [x for s in data["streams"].values() for a in ARMS for x in s.get(a, {}).values()]
+    hit, total = sum(x["covered"][0] for x in arms), sum(x["covered"][1] for x in arms)
+    data["coverage"] = [hit, total]
+    widths = [w for x in arms for w in x.get("widths", [])]
+    false_resets = _false_resets(data)
+    data["false_resets"] = [false_resets["false_resets"], false_resets["runs_nd"]]
     late = [x for st in data["streams"].values() for x in st.get("delay", {}).values()]
     return PAGE(
-        seeds=seeds,
+        seeds=",".join(map(str, data["seeds"])),
         tune_seed=data["tune_seed"],
         tune_table=table(cols, rows),
         key=c["key"],
@@ -402,14 +380,10 @@ def render(data: dict[str, Any]) -> str:
         resets=_resets(data),
         per_batch=f"{64 * c['share']:.1f}",
         compute=_compute(),
-        false_table=false_table,
-        false_resets=counts[0],
-        runs_nd=counts[1],
-        missed=counts[2],
-        runs_d=counts[3],
+        **false_resets,
         answers=f"{64 * c['share']:.0f}",
         no_reset="" if any(sum(x["resets"]) for x in late) else PAGE("no-reset"),
-        missing=missing_text,
+        missing=_missing(data),
     )
 
 
@@ -420,20 +394,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: short streams, no docs")
     p.add_argument("--render-only", action="store_true", help="rewrite docs from guard_study.json")
     args = p.parse_args(argv)
-    seeds = seed_list(args.seeds)
-    json_path = REPO / "benchmarks" / "results" / "guard_study.json"
+    json_path = RESULTS / "guard_study.json"
     if args.render_only:
         data = json.loads(json_path.read_text())
         if args.out.is_dir():
             data = collect(args.out, data)
     else:
-        data = study(args.out, seeds, args.quick, None if args.quick else json_path)
+        data = study(args.out, seed_list(args.seeds), args.quick, None if args.quick else json_path)
     text = render(data)
     if args.quick:
         print(text)
         return 0
     json_path.write_text(json.dumps(data, indent=1))
-    (REPO / "docs" / "guard.md").write_text(text)
+    DOC.write_text(text)
     print(f"wrote {json_path} and docs/guard.md", flush=True)
     return 0
 

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, replace_section
+from _common import RESULTS, Template, replace_section
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
@@ -39,6 +39,7 @@ SELECT: dict[str, tuple[str, list[str]]] = {
     "select-tent": ("tent,hiltta", ["hiltta.active_lr=0.0"]),
     "select-eta": ("eta,hiltta", ["hiltta.active_lr=0.0", "hiltta.base='eta'", "hiltta.tune='lr'"]),
 }
+PAGE = Template("hiltta")
 
 
 def bench(
@@ -107,34 +108,22 @@ def main() -> int:
 
 
 def report(data: dict[str, Any]) -> str:
-    proto = data["protocol"]
-    lines = [
-        f"digits-C, {proto['rounds']} round(s), "
-        f"{'all' if not proto['limit'] else proto['limit']} images per domain, seeds "
-        f"{proto['seeds']}; error % (mean ± std over seeds); CPU time per batch over TENT's "
-        "on the same stream.",
-        "",
-    ]
+    """The section of docs/hiltta.md: ``templates/hiltta.md`` filled."""
     streams = list(data["main"])
     labels = sorted({lab for s in streams for lab in data["main"][s]}, key=_order)
     rows = []
     for lab in labels:
-        row = [lab]
-        for s in streams:
-            cell = data["main"][s].get(lab)
-            row.append(fmt(cell["error"]) if cell else "-")
-        tent = [data["main"][s].get("tent") for s in streams]
+        cells = [data["main"][s].get(lab) for s in streams]
         ratios = [
             statistics.fmean(data["main"][s][lab]["cpu_per_batch"])
-            / statistics.fmean(t["cpu_per_batch"])
-            for s, t in zip(streams, tent, strict=True)
-            if t and lab in data["main"][s]
+            / statistics.fmean(data["main"][s]["tent"]["cpu_per_batch"])
+            for s in streams
+            if "tent" in data["main"][s] and lab in data["main"][s]
         ]
-        row.append(f"{statistics.fmean(ratios):.1f}×" if ratios else "-")
-        rows.append(row)
-    lines.append(table(["method", *streams, "CPU/batch vs TENT"], rows))
+        ratio = f"{statistics.fmean(ratios):.1f}×" if ratios else "-"
+        rows.append([lab, *(fmt(c["error"]) if c else "-" for c in cells), ratio])
+    select = ""
     if data["select"]:
-        lines += ["", "Selection alone (no supervised step, `active_lr=0`), 3 labels a batch:", ""]
         srows = []
         for s, parts in data["select"].items():
             for name, cells in parts.items():
@@ -142,8 +131,17 @@ def report(data: dict[str, Any]) -> str:
                 fixed = cells.get(base, {}).get("error", [])
                 chosen = next((v["error"] for k, v in cells.items() if k.startswith("hiltta")), [])
                 srows.append([f"{base} ({s})", fmt(fixed), fmt(chosen)])
-        lines.append(table(["label-free method", "fixed lr 5e-3", "lr chosen by HILTTA"], srows))
-    return "\n".join(lines)
+        head = ["label-free method", "fixed lr 5e-3", "lr chosen by HILTTA"]
+        select = PAGE("select", table=table(head, srows))
+    proto = data["protocol"]
+    text = PAGE(
+        rounds=proto["rounds"],
+        images=proto["limit"] or "all",
+        seeds=proto["seeds"],
+        table=table(["method", *streams, "CPU/batch vs TENT"], rows),
+        select=select,
+    )
+    return text.removesuffix("\n")
 
 
 def _order(label: str) -> tuple[int, str]:

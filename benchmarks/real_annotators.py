@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import numpy as np
 from _common import Template, run_part, save_study, streams, study_parser, write_tables
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _study import with_streams
 
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.report import load_results
@@ -39,6 +41,8 @@ from eatta.bench.results import CellResult
 ACTIVE = ("baseline", "eatta", "eatta-stable")
 REFERENCES = ("source", "tent", "eta", "rdumb")
 DELAYS: tuple[int | str, ...] = (1, 4, 16, 64, "never")
+#: The delay columns: 0 (the default cells) and ``DELAYS``.
+DELAY_KEYS = ["0", *[str(d) for d in DELAYS]]
 NOISE = (0.1, 0.2, 0.3)
 #: Replay-buffer sizes tried under delay (tuned on TUNE_STREAM, reported on the others).
 BUFFERS = (32, 300)
@@ -46,8 +50,8 @@ TUNE_DELAY = 16
 TUNE_STREAM = "ccc"
 #: Yes/no answers per batch at about the annotator time of one full label (11.7 s / 1.6 s).
 BINARY_PER_LABEL = 7
-
-
+#: The annotation counts kept per delay.
+COUNTS = ("requested", "received", "expired", "pending")
 #: Parts without late answers: their path is the synchronous one, unchanged by the fix of
 #: late-sample normalization, so finished cells of an earlier code version may stand (--frozen).
 ZERO_DELAY_PARTS = ("default", "noise-", "binary-")
@@ -58,94 +62,76 @@ NOISE_STREAMS = ("ccc",)
 BINARY_STREAMS = ("ccc",)
 BUFFER_STREAMS = ("ccc", "mixed")
 SKIP_DELAYS = {"recurring": (64,)}
-FROZEN: Path | None = None
-
-
-def run(
-    out: Path,
-    part: str,
-    protocol: StreamProtocol,
-    methods: Sequence[str],
-    seeds: list[int],
-    jobs: int,
-    *,
-    annotator: AnnotatorOptions | None = None,
-    labels: int = 1,
-    buffers: int | None = None,
-) -> list[CellResult]:
-    if FROZEN is not None and part.startswith(ZERO_DELAY_PARTS):
-        old = FROZEN / out.name / part
-        if (old / "results.json").is_file():
-            results = load_results([old])
-            print(f"  {part}: {len(results)} runs read from {old}", flush=True)
-            return results
-    return run_part(
-        out,
-        part,
-        protocol,
-        methods,
-        seeds,
-        jobs=jobs,
-        annotator=annotator,
-        labels=labels,
-        buffers=buffers,
-    )
+PAGE = Template("real_annotators")
 
 
 def stats(results: Sequence[CellResult], method: str, field: str = "average_error") -> list[float]:
-    values = []
-    for r in results:
-        if r.spec.method == method:
-            values.append(r.round_errors[-1] if field == "last" else float(getattr(r, field)))
-    return values
+    return [
+        r.round_errors[-1] if field == "last" else float(getattr(r, field))
+        for r in results
+        if r.spec.method == method
+    ]
 
 
-def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]:
+def _run(
+    out: Path,
+    frozen: Path | None,
+    seeds: list[int],
+    jobs: int,
+    name: str,
+    proto: StreamProtocol,
+    label: str,
+    methods: Sequence[str] = ACTIVE,
+    **options: Any,
+) -> list[CellResult]:
+    """One part of stream ``name`` (:func:`run_part` with ``options``: ``annotator``,
+    ``labels``, ``buffers``), or a zero-delay part's finished cells read from the ``frozen``
+    study."""
+    old = None if frozen is None else frozen / name / label
+    if old and label.startswith(ZERO_DELAY_PARTS) and (old / "results.json").is_file():
+        results = load_results([old])
+        print(f"  {label}: {len(results)} runs read from {old}", flush=True)
+        return results
+    options = {"annotator": None, "labels": 1, "buffers": None, **options}
+    return run_part(out / name, label, proto, methods, seeds, jobs=jobs, **options)
+
+
+def _of(
+    res: list[CellResult], field: str = "average_error", methods: Sequence[str] = ACTIVE
+) -> dict[str, list[float]]:
+    return {m: stats(res, m, field) for m in methods}
+
+
+def study(
+    out: Path, seeds: list[int], jobs: int, quick: bool, frozen: Path | None = None
+) -> dict[str, Any]:
+    """Run every part into ``out``, saving the study after each (``frozen``: an earlier study
+    whose finished zero-delay parts are read instead of run)."""
     data: dict[str, Any] = {"seeds": seeds, "streams": {}}
     chosen_buffer: int | None = None
     for name, proto in streams("ccc", "recurring", "mixed", quick=quick).items():
         print(f"stream {name}: {proto}", flush=True)
         s: dict[str, Any] = {"protocol": proto.describe()}
         data["streams"][name] = s  # filled part by part, saved after each (save_study())
-
-        def part(label: str, methods: Sequence[str] = ACTIVE, **kw: Any) -> list[CellResult]:
-            return run(out / name, label, proto, methods, seeds, jobs, **kw)  # noqa: B023
-
-        def of(
-            res: list[CellResult], field: str = "average_error", methods: Sequence[str] = ACTIVE
-        ) -> dict[str, list[float]]:
-            return {m: stats(res, m, field) for m in methods}
-
+        part = partial(_run, out, frozen, seeds, jobs, name, proto)
         base = part("default", REFERENCES + ACTIVE)
-        s["default"] = of(base, methods=REFERENCES + ACTIVE)
-        s["default_last"] = of(base, "last", REFERENCES + ACTIVE)
-        s["delay"], s["delay_last"], s["delay_counts"] = (
-            {"0": of(base)},
-            {"0": of(base, "last")},
-            {},
-        )
-        for d in DELAYS:
-            if d in SKIP_DELAYS.get(name, ()):
-                continue
+        s["default"] = _of(base, methods=REFERENCES + ACTIVE)
+        s["default_last"] = _of(base, "last", REFERENCES + ACTIVE)
+        s["delay"], s["delay_last"] = {"0": _of(base)}, {"0": _of(base, "last")}
+        s["delay_counts"] = {}
+        for d in (d for d in DELAYS if d not in SKIP_DELAYS.get(name, ())):
             res = part(f"delay-{d}", annotator=AnnotatorOptions(delay=d))
-            s["delay"][str(d)], s["delay_last"][str(d)] = of(res), of(res, "last")
+            s["delay"][str(d)], s["delay_last"][str(d)] = _of(res), _of(res, "last")
             save_study(out, data)
-            s["delay_counts"][str(d)] = {
-                m: {
-                    k: float(np.mean([r.annotation[k] for r in res if r.spec.method == m]))
-                    for k in ("requested", "received", "expired", "pending")
-                }
-                for m in ACTIVE
-            }
+            s["delay_counts"][str(d)] = {m: _counts(res, m) for m in ACTIVE}
         if name not in BUFFER_STREAMS:
             save_study(out, data)
             continue
         s["buffer"] = {}
         late = AnnotatorOptions(delay=TUNE_DELAY)
         for b in BUFFERS if name == TUNE_STREAM else (chosen_buffer,):
-            s["buffer"][str(b)] = of(
-                part(f"delay-{TUNE_DELAY}-buffer-{b}", annotator=late, buffers=b)
-            )
+            res = part(f"delay-{TUNE_DELAY}-buffer-{b}", annotator=late, buffers=b)
+            s["buffer"][str(b)] = _of(res)
             save_study(out, data)
         if name == TUNE_STREAM:  # the size with the lowest error, averaged over the methods
             errors = {
@@ -156,17 +142,23 @@ def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]
         s["binary"] = {}
         for k in (1, BINARY_PER_LABEL) if name in BINARY_STREAMS else ():
             res = part(f"binary-{k}", annotator=AnnotatorOptions(feedback="binary"), labels=k)
-            s["binary"][str(k)] = of(res)
+            s["binary"][str(k)] = _of(res)
             s["binary"][f"{k}_minutes"] = _minutes(res)
             save_study(out, data)
         if name in BINARY_STREAMS:
             s["label_minutes"] = _minutes([r for r in base if r.annotation])
-        s["noise"] = {"0": of(base)}
+        s["noise"] = {"0": _of(base)}
         for p in NOISE if name in NOISE_STREAMS else ():
-            s["noise"][f"{p:g}"] = of(part(f"noise-{p:g}", annotator=AnnotatorOptions(noise=p)))
+            s["noise"][f"{p:g}"] = _of(part(f"noise-{p:g}", annotator=AnnotatorOptions(noise=p)))
             save_study(out, data)
         save_study(out, data)
     return data
+
+
+def _counts(results: Sequence[CellResult], method: str) -> dict[str, float]:
+    """The method's annotation counts (``COUNTS``), mean over seeds."""
+    runs = [r.annotation for r in results if r.spec.method == method]
+    return {k: float(np.mean([a[k] for a in runs])) for k in COUNTS}
 
 
 def _minutes(results: Sequence[CellResult]) -> float:
@@ -182,22 +174,19 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     names = list(data["streams"])
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
-    every = ["0", *[str(d) for d in DELAYS]]
     for ax, name in zip(axes[0], names, strict=True):
         s = data["streams"][name]
-        keys = [k for k in every if k in s.get("delay", {})]
+        keys = [k for k in DELAY_KEYS if k in s.get("delay", {})]
         if len(keys) < 2:
             continue
-        xs = np.array([every.index(k) for k in keys])
+        xs = np.array([DELAY_KEYS.index(k) for k in keys])
         for m in ACTIVE:
-            ys = [np.mean(s["delay"][k][m]) for k in keys]
-            sd = [
-                np.std(s["delay"][k][m], ddof=1) if len(s["delay"][k][m]) > 1 else 0 for k in keys
-            ]
-            ax.errorbar(xs, ys, yerr=sd, marker="o", capsize=3, label=m)
+            ys = [s["delay"][k][m] for k in keys]
+            sd = [np.std(y, ddof=1) if len(y) > 1 else 0 for y in ys]
+            ax.errorbar(xs, [np.mean(y) for y in ys], yerr=sd, marker="o", capsize=3, label=m)
         for m, style in (("tent", ":"), ("eta", "--"), ("source", "-.")):
             ax.axhline(np.mean(s["default"][m]), color="gray", linestyle=style, label=m)
-        ax.set_xticks(np.arange(len(every)), every)
+        ax.set_xticks(np.arange(len(DELAY_KEYS)), DELAY_KEYS)
         ax.set_xlabel("label delay (batches)")
         ax.set_title(name)
         ax.set_ylabel("error % (mean over rounds)")
@@ -207,47 +196,36 @@ def plot(data: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-PAGE = Template("real_annotators")
-
-
 def report(data: dict[str, Any]) -> str:
     """benchmarks/results/real_annotators.md: ``templates/real_annotators.md`` filled."""
     seeds = data["seeds"]
-    blocks = [b for b in (_stream_report(n, s) for n, s in data["streams"].items()) if b]
-    text = PAGE(first=seeds[0], last=seeds[-1], streams="\n" + "\n\n".join(blocks))
-    return text if blocks else text[:-2]
+    blocks = [_stream_report(n, s) for n, s in data["streams"].items()]
+    return with_streams(PAGE, blocks, first=seeds[0], last=seeds[-1])
 
 
 def _stream_report(name: str, s: dict[str, Any]) -> str:
     """One stream's tables ("" where it was not measured: an interrupted study)."""
-    keys = [k for k in ["0", *[str(d) for d in DELAYS]] if k in s.get("delay", {})]
+    keys = [k for k in DELAY_KEYS if k in s.get("delay", {})]
     if len(keys) < 2 or not all(k in s.get("delay_counts", {}) for k in keys[1:]):
         return ""
+
+    def by_method(part: dict[str, Any], columns: Sequence[str], *first: str) -> list[list[str]]:
+        """A row per active method: its ``first`` cells, then ``part``'s at ``columns``."""
+        return [[m, *first, *[fmt(part[c][m]) for c in columns]] for m in ACTIVE]
+
     out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
-    rows = [[m, *[fmt(s["delay"][k][m]) for k in keys]] for m in ACTIVE]
+    rows = by_method(s["delay"], keys)
     rows += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
     out += [PAGE("delay"), table(["method", *keys], rows)]
-    rows = [[m, *[fmt(s["delay_last"][k][m]) for k in keys]] for m in ACTIVE]
-    out += [PAGE("last"), table(["method", *keys], rows)]
+    out += [PAGE("last"), table(["method", *keys], by_method(s["delay_last"], keys))]
     counts = s["delay_counts"]
-    rows = [
-        [
-            k,
-            *[
-                f"{counts[k]['eatta'][c]:.0f}"
-                for c in ("requested", "received", "expired", "pending")
-            ],
-        ]
-        for k in counts
-    ]
+    rows = [[k, *[f"{counts[k]['eatta'][c]:.0f}" for c in COUNTS]] for k in counts]
     out += [PAGE("counts"), table(["delay", "asked", "received", "expired", "pending"], rows)]
     ps = [p for p in ["0", *[f"{p:g}" for p in NOISE]] if p in s.get("noise", {})]
     if len(ps) > 1:
-        rows = [[m, *[fmt(s["noise"][p][m]) for p in ps]] for m in ACTIVE]
-        out += [PAGE("noise"), table(["method", *ps], rows)]
+        out += [PAGE("noise"), table(["method", *ps], by_method(s["noise"], ps))]
     ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s.get("binary", {})]
-    ks = ks if "label_minutes" in s else []
-    if ks:
+    if ks and "label_minutes" in s:
         rows = [[m, fmt(s["delay"]["0"][m]), *[fmt(s["binary"][k][m]) for k in ks]] for m in ACTIVE]
         head = [
             "method",
@@ -255,8 +233,8 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
             *[f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)" for k in ks],
         ]
         out += [PAGE("binary"), table(head, rows)]
-    sizes = list(s.get("buffer", {}))
-    if sizes:
+    if s.get("buffer"):
+        sizes = list(s["buffer"])
         rows = [
             [m, fmt(s["delay"][str(TUNE_DELAY)][m]), *[fmt(s["buffer"][b][m]) for b in sizes]]
             for m in ACTIVE
@@ -279,14 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot", default="docs/img/real-annotators-delay.png")
     p.add_argument("--tables", default="benchmarks/results/real_annotators.md")
     args = p.parse_args(argv)
-    seeds = args.seeds
     started = time.perf_counter()
-    global FROZEN
-    FROZEN = None if args.frozen is None else Path(args.frozen)
     if args.report_only:
         data = json.loads((Path(args.out) / "study.json").read_text(encoding="utf-8"))
     else:
-        data = study(Path(args.out), seeds, args.jobs, args.quick)
+        frozen = None if args.frozen is None else Path(args.frozen)
+        data = study(Path(args.out), args.seeds, args.jobs, args.quick, frozen)
     write_tables(report(data), data, args.tables)
     plot(data, Path(args.plot))
     print(f"tables: {args.tables}; plot: {args.plot}; {time.perf_counter() - started:.0f} s")

@@ -37,12 +37,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
+from itertools import product
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import (
     Template,
+    load_study,
     parse_plan,
     replace_section,
     run_part,
@@ -53,6 +56,7 @@ from _common import (
 )
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _study import each_part, merged, verdict, with_streams
 
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.monitoring import MonitorOptions
@@ -60,6 +64,7 @@ from eatta.bench.results import CellResult
 
 SAFE, STABLE = "eatta-safe", "eatta-stable"
 LABEL_FREE = ("tent", "eta")
+REFERENCES = ("source", *LABEL_FREE)
 #: Annotators: name -> options (None: labels at once, the synchronous path).
 ANNOTATORS: dict[str, AnnotatorOptions | None] = {
     "instant": None,
@@ -74,11 +79,14 @@ PARTS = ("references", "annotators", "measure", "guard")
 WITH_STABLE = ("instant", "person")
 #: The source model's error below which a domain counts as easy (the issue's bar).
 EASY = 10.0
-
-
 #: The streams, in the order the study runs them (``mnist``: the MNIST test set; ``deployed``:
 #: mostly clean held-out digits with corrupted stretches, in order and mixed within batches).
 STREAM_NAMES = ("recurring", "mixed", "ccc", "mnist", "deployed", "deployed-mixed")
+STREAMS = {
+    **streams(*STREAM_NAMES[:4]),
+    "deployed": StreamProtocol(rounds=1),
+    "deployed-mixed": StreamProtocol(rounds=1, mixed=True),
+}
 #: The dataset of each stream (the rest are digits-C).
 DATASETS = {"mnist": "mnist", "deployed": "digits-deployed", "deployed-mixed": "digits-deployed"}
 #: Request sizes of the annotators part: 64 as given, smaller ones served through a window of
@@ -87,19 +95,10 @@ SIZES = (64, 8, 1)
 #: Rounds of the recurring stream at request sizes under 64 (ten rounds of single requests
 #: would take most of the study's time).
 SMALL_ROUNDS = 2
-
-
-def all_streams() -> dict[str, StreamProtocol]:
-    """The study's streams by name (the shared ones and the deployed pair)."""
-    deployed = {
-        "deployed": StreamProtocol(rounds=1),
-        "deployed-mixed": StreamProtocol(rounds=1, mixed=True),
-    }
-    return {**streams(*STREAM_NAMES[:4]), **deployed}
-
-
 #: The order the study runs in (most informative first: an interrupted study still reports).
 PLAN = tuple(f"{p}:{s}" for s in STREAM_NAMES for p in PARTS)
+PAGE = Template("safety")
+BEGIN, END = "<!-- safety:begin -->", "<!-- safety:end -->"
 
 
 def _key(size: int) -> str:
@@ -109,24 +108,24 @@ def _key(size: int) -> str:
 
 def cells(results: Sequence[CellResult], method: str) -> list[dict[str, Any]]:
     """What the report reads of each run of ``method`` (one per seed)."""
-    out = []
-    for r in results:
-        if r.spec.method != method:
-            continue
-        fb = r.fallback or {}
-        out.append(
-            {
-                "seed": r.seed,
-                "error": float(r.average_error),
-                "rounds": [float(v) for v in (r.round_errors or [])],
-                "domain_errors": _domain_means(r),
-                "labels": int(r.labels_used),
-                "batches": len(r.online),
-                "cpu_s": float(r.cpu_time_s or 0.0),
-                "fallback": fb.get("stats"),
-            }
-        )
-    return out
+    return [
+        {
+            "seed": r.seed,
+            "error": float(r.average_error),
+            "rounds": [float(v) for v in (r.round_errors or [])],
+            "domain_errors": _domain_means(r),
+            "labels": int(r.labels_used),
+            "batches": len(r.online),
+            "cpu_s": float(r.cpu_time_s or 0.0),
+            "fallback": (r.fallback or {}).get("stats"),
+        }
+        for r in results
+        if r.spec.method == method
+    ]
+
+
+def _by_method(results: Sequence[CellResult], methods: Sequence[str]) -> dict[str, Any]:
+    return {m: cells(results, m) for m in methods}
 
 
 def _domain_means(r: CellResult) -> dict[str, float]:
@@ -149,105 +148,45 @@ def study(
     safe: dict[str, Any] | None = None,
     weight_anchor: float | None = None,
 ) -> dict[str, Any]:
-    path = out / "study.json"
-    data: dict[str, Any] = (
-        json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"streams": {}}
-    )
+    """Run ``plan``'s parts into ``out``, saving the study after each run."""
+    data = load_study(out)
     data["seeds"] = seeds
     safe = dict(safe or {})
     if weight_anchor is not None:
         data["safe"] = {**safe, "weight_anchor": weight_anchor}
     elif safe:
         data["safe"] = safe
-    every = all_streams()
-    for part, name in plan:
-        proto = every[name]
+    for part, name, proto, s in each_part(data, plan, STREAMS):
         dataset = DATASETS.get(name, "digits-c")
-        s = data["streams"].setdefault(name, {"protocol": proto.describe()})
-        print(f"{part} / {name}: {proto}", flush=True)
+        run = partial(run_part, out / name, seeds=seeds, dataset=dataset, jobs=jobs)
         if part == "references":
-            res = run_part(
-                out / name,
-                "references",
-                proto,
-                ["source", *LABEL_FREE],
-                seeds,
-                dataset=dataset,
-                jobs=jobs,
-            )
-            s["references"] = {m: cells(res, m) for m in ("source", *LABEL_FREE)}
+            s["references"] = _by_method(run("references", proto, REFERENCES), REFERENCES)
         elif part == "annotators":
-            for size, label in ((z, a) for z in sizes for a in annotators):
-                opts, small = ANNOTATORS[label], size < 64
+            for size, label in product(sizes, annotators):
+                small = size < 64
                 alone = small or "safe" in data  # eatta-stable runs in the default's study
                 methods = [SAFE, STABLE] if label in WITH_STABLE and not alone else [SAFE]
-                shape = {"batch_size": size, "window": 64, "every": 64 // size} if small else {}
-                res = run_part(
-                    out / name,
+                window = {"batch_size": size, "window": 64, "every": 64 // size}
+                shape: dict[str, Any] = window if small else {}
+                res = run(
                     f"ann-{label.replace(' ', '-')}" + (f"-{size}" if small else ""),
                     replace(proto, rounds=SMALL_ROUNDS) if small and name == "recurring" else proto,
                     methods,
-                    seeds,
-                    dataset=dataset,
-                    annotator=opts,
-                    jobs=jobs,
+                    annotator=ANNOTATORS[label],
                     hparams={SAFE: safe},
                     weight_anchor=weight_anchor,
                     **shape,
                 )
-                s.setdefault(_key(size), {})[label] = {m: cells(res, m) for m in methods}
+                s.setdefault(_key(size), {})[label] = _by_method(res, methods)
                 save_study(out, data)
         elif part == "measure":
-            res = run_part(
-                out / name,
-                "measure-only",
-                proto,
-                [SAFE],
-                seeds,
-                dataset=dataset,
-                jobs=jobs,
-                hparams={SAFE: {**safe, "fallback": False}},
-            )
+            res = run("measure-only", proto, [SAFE], hparams={SAFE: {**safe, "fallback": False}})
             s["measure"] = cells(res, SAFE)
         elif part == "guard":
-            res = run_part(
-                out / name,
-                "guard",
-                proto,
-                list(LABEL_FREE),
-                seeds,
-                dataset=dataset,
-                jobs=jobs,
-                monitor=MonitorOptions(fallback=True),
-            )
-            s["guard"] = {m: cells(res, m) for m in LABEL_FREE}
+            res = run("guard", proto, LABEL_FREE, monitor=MonitorOptions(fallback=True))
+            s["guard"] = _by_method(res, LABEL_FREE)
         save_study(out, data)
     return data
-
-
-def merged(folders: Sequence[Path]) -> dict[str, Any]:
-    """The studies saved in ``folders`` as one (runs of the same part and stream concatenated,
-    so seeds split across folders combine)."""
-    data: dict[str, Any] = {"streams": {}, "seeds": []}
-    for folder in folders:
-        one = json.loads((folder / "study.json").read_text(encoding="utf-8"))
-        data["seeds"] = sorted(set(data["seeds"]) | set(one["seeds"]))
-        for name, s in one["streams"].items():
-            _merge(data["streams"].setdefault(name, {}), s)
-    order = list(STREAM_NAMES)
-    data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))
-    return data
-
-
-def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
-    for key, value in new.items():
-        if isinstance(value, list) and isinstance(into.get(key), list):
-            seen = {c["seed"] for c in into[key]}
-            into[key] += [c for c in value if c["seed"] not in seen]
-        elif isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -291,15 +230,20 @@ def _worse_domains(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> float:
     return float(np.mean([sum(c["domain_errors"][d] > g for d, g in src.items()) for c in runs]))
 
 
+def _row(s: dict[str, Any], label: str, runs: Sequence[dict[str, Any]], *extra: str) -> list[str]:
+    """A method's row: its error, on the easy domains, its worse domains, then ``extra``."""
+    easy, worse = _num(_easy(s, runs)), f"{_worse_domains(s, runs):.1f}"
+    return [label, fmt(_errors(runs)), easy, worse, *extra]
+
+
 def report(data: dict[str, Any]) -> str:
     """The section of docs/safety.md: ``templates/safety.md`` filled from the study."""
     blocks = [_stream_report(name, s) for name, s in data["streams"].items()]
-    blocks = [b for b in blocks if b]
-    text = PAGE(seeds=data.get("seeds", []), streams="\n" + "\n\n".join(blocks) if blocks else "")
+    text = with_streams(PAGE, blocks, seeds=data.get("seeds", []))
     if data.get("safe"):
         settings = ", ".join(f"`{k}={v}`" for k, v in data["safe"].items())
         text = f"Variant: `{SAFE}` with {settings}.\n\n{text}"
-    return text if blocks else text[:-1]
+    return text
 
 
 def _stream_report(name: str, s: dict[str, Any]) -> str:
@@ -309,122 +253,85 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
         return ""
     given = _mean(refs["source"])
     best = min(_mean(refs[m]) for m in LABEL_FREE)
-    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
-    rows = [
-        [
-            f"{m} (given)" if m == "source" else m,
-            fmt(_errors(refs[m])),
-            _num(_easy(s, refs[m])),
-            f"{_worse_domains(s, refs[m]):.1f}",
-            "",
-            "",
-        ]
-        for m in ("source", *LABEL_FREE)
-    ]
+    rows = [_row(s, f"{m} (given)" if m == "source" else m, refs[m], "", "") for m in REFERENCES]
     for m, runs in s.get("guard", {}).items():
         rounds = np.mean([c["rounds"] for c in runs], axis=0)
         rise = float(np.max(rounds - rounds[0])) if len(rounds) else float("nan")
         fb = [c["fallback"] for c in runs if c["fallback"]]
-        served = _served(runs)
         resets = np.mean([f["resets"] for f in fb]) if fb else 0
-        rows.append(
-            [
-                f"{m} + fallback (1 audit/batch)",
-                fmt(_errors(runs)),
-                _num(_easy(s, runs)),
-                f"{_worse_domains(s, runs):.1f}",
-                f"{100 * served:.0f} %, {resets:.1f} resets",
-                f"{np.mean([c['labels'] / c['batches'] for c in runs]):.2f}; worst round "
-                f"{rise:+.1f} vs round 1",
-            ]
-        )
+        served = f"{100 * _served(runs):.0f} %, {resets:.1f} resets"
+        labels = np.mean([c["labels"] / c["batches"] for c in runs])
+        per_batch = f"{labels:.2f}; worst round {rise:+.1f} vs round 1"
+        rows.append(_row(s, f"{m} + fallback (1 audit/batch)", runs, served, per_batch))
     if s.get("measure"):
-        rows.append(
-            [
-                f"{SAFE}, measure only (instant)",
-                fmt(_errors(s["measure"])),
-                _num(_easy(s, s["measure"])),
-                f"{_worse_domains(s, s['measure']):.1f}",
-                "0 %",
-                "1.00",
-            ]
-        )
+        rows.append(_row(s, f"{SAFE}, measure only (instant)", s["measure"], "0 %", "1.00"))
     head = ["method", "error", "easy domains", "worse domains", "served given", "labels/batch"]
-    out += [PAGE("source", given=f"{given:.1f}", best=f"{best:.1f}"), table(head, rows)]
-    out += _by_annotator(s, refs, given, best)
-    for size in SIZES[1:]:
-        out += _by_annotator(s, refs, given, best, size)
+    out = [
+        PAGE("stream", name=name, protocol=json.dumps(s["protocol"])),
+        PAGE("source", given=f"{given:.1f}", best=f"{best:.1f}"),
+        table(head, rows),
+    ]
+    for size in SIZES:
+        out += _by_annotator(s, given, best, size)
     return "\n\n".join(out)
 
 
-def _by_annotator(
-    s: dict[str, Any], refs: dict[str, Any], given: float, best: float, size: int = 64
-) -> list[str]:
+def _by_annotator(s: dict[str, Any], given: float, best: float, size: int) -> list[str]:
     """The stream's table by annotator at request size ``size``, and (at 64) the gain lines ([]
     where that part did not run)."""
     ann = {a: s[_key(size)][a] for a in ANNOTATORS if a in s.get(_key(size), {})}
     if not ann:
         return []
-    rows = []
-    for m in (SAFE, STABLE) if size == 64 else (SAFE,):
-        rows.append([m, *[fmt(_errors(ann[a].get(m, []))) for a in ann]])
-    bar_row = [f"bar: {SAFE} ≤ given + 0.5"]
-    for a in ann:
-        v = _mean(ann[a][SAFE])
-        limit = given + 0.5
-        bar_row.append(f"{'met' if v <= limit else 'missed'} ({v - limit:+.1f})")
-    rows.append(bar_row)
-    easy_row = [f"easy domains: {SAFE} (given {_num(_easy(s, refs['source']))})"]
-    easy_row += [_num(_easy(s, ann[a][SAFE])) for a in ann]
-    rows.append(easy_row)
-    worse_row = [f"worse domains: {SAFE}"]
-    worse_row += [f"{_worse_domains(s, ann[a][SAFE]):.1f}" for a in ann]
-    rows.append(worse_row)
-    served_row = [f"served given: {SAFE}"]
-    for a in ann:
-        served_row.append(f"{100 * _served(ann[a][SAFE]):.0f} %")
-    rows.append(served_row)
+    safe = [ann[a][SAFE] for a in ann]
+    methods = (SAFE, STABLE) if size == 64 else (SAFE,)
+    rows = [[m, *(fmt(_errors(ann[a].get(m, []))) for a in ann)] for m in methods]
+    given_easy = _num(_easy(s, s["references"]["source"]))
+    limit = given + 0.5
+    rows += [
+        [
+            f"bar: {SAFE} ≤ given + 0.5",
+            *(f"{verdict(_mean(r) <= limit)} ({_mean(r) - limit:+.1f})" for r in safe),
+        ],
+        [f"easy domains: {SAFE} (given {given_easy})", *(_num(_easy(s, r)) for r in safe)],
+        [f"worse domains: {SAFE}", *(f"{_worse_domains(s, r):.1f}" for r in safe)],
+        [f"served given: {SAFE}", *(f"{100 * _served(r):.0f} %" for r in safe)],
+    ]
     out = [PAGE("annotators", size=size), table(["method", *ann], rows)]
-    if "none" in ann and size == 64 and given > 50 and given > best:
+    return out + _gains(s, ann, given, best) if size == 64 else out
+
+
+def _gains(s: dict[str, Any], ann: dict[str, Any], given: float, best: float) -> list[str]:
+    """The lines under the table of requests of 64: what no answers keep, the gain over the best
+    label-free method with answers at once and 16 batches late."""
+    out = []
+    if "none" in ann and given > 50 and given > best:
         kept = (given - _mean(ann["none"][SAFE])) / (given - best)
-        out.append(PAGE("none", safe=SAFE, kept=f"{100 * kept:.0f}"))
-    if STABLE in ann.get("instant", {}) and size == 64:
-        stable_gain = best - _mean(ann["instant"][STABLE])
-        safe_gain = best - _mean(ann["instant"][SAFE])
-        kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
-        late = measure = ""
-        if "delay 16" in ann and safe_gain > 0:
-            late_gain = best - _mean(ann["delay 16"][SAFE])
-            share = f"{100 * late_gain / safe_gain:.0f}"
-            late = PAGE(
-                "late",
-                safe=SAFE,
-                late_gain=f"{late_gain:+.1f}",
-                safe_gain=f"{safe_gain:+.1f}",
-                share=share,
-            )
-        else:
-            late = ")"
-        if s.get("measure"):
-            measure = PAGE(
-                "measure",
-                measure=f"{_mean(s['measure']):.1f}",
-                stable=STABLE,
-                stable_error=f"{_mean(ann['instant'][STABLE]):.1f}",
-            )
-        out.append(
-            PAGE(
-                "gain",
-                safe=SAFE,
-                safe_gain=f"{safe_gain:+.1f}",
-                stable=STABLE,
-                stable_gain=f"{stable_gain:+.1f}",
-                kept=f"{100 * kept:.0f}" if kept == kept else "-",
-                late=late,
-                measure=measure,
-            )
+        out.append(PAGE("none", kept=f"{100 * kept:.0f}"))
+    if STABLE not in ann.get("instant", {}):
+        return out
+    stable_error = _mean(ann["instant"][STABLE])
+    stable_gain, safe_gain = best - stable_error, best - _mean(ann["instant"][SAFE])
+    kept = safe_gain / stable_gain if stable_gain > 0 else float("nan")
+    late, measure = ")", ""
+    if "delay 16" in ann and safe_gain > 0:
+        late_gain = best - _mean(ann["delay 16"][SAFE])
+        share = f"{100 * late_gain / safe_gain:.0f}"
+        late = PAGE(
+            "late", late_gain=f"{late_gain:+.1f}", safe_gain=f"{safe_gain:+.1f}", share=share
         )
-    return out
+    if s.get("measure"):
+        measure = PAGE(
+            "measure", measure=f"{_mean(s['measure']):.1f}", stable=f"{stable_error:.1f}"
+        )
+    gain = PAGE(
+        "gain",
+        safe_gain=f"{safe_gain:+.1f}",
+        stable_gain=f"{stable_gain:+.1f}",
+        kept=f"{100 * kept:.0f}" if kept == kept else "-",
+        late=late,
+        measure=measure,
+    )
+    return [*out, gain]
 
 
 def _value(text: str) -> Any:
@@ -433,12 +340,6 @@ def _value(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
-
-
-PAGE = Template("safety")
-
-
-BEGIN, END = "<!-- safety:begin -->", "<!-- safety:end -->"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -463,10 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tables", default="benchmarks/results/safety_study.md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
-    seeds = args.seeds
     plan = parse_plan(args.plan, PARTS, STREAM_NAMES)
     if args.report_only:
-        data = merged([Path(x) for x in args.out.split(",") if x])
+        data = merged(args.out, STREAM_NAMES)
     else:
         chosen = [a for a in args.annotators.split(",") if a]
         if any(a not in ANNOTATORS for a in chosen):
@@ -476,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"--sizes must be among {', '.join(map(str, SIZES))}")
         safe = {k: _value(v) for k, _, v in (x.partition("=") for x in args.safe)}
         data = study(
-            Path(args.out), seeds, plan, chosen, sizes, args.jobs, safe, args.weight_anchor
+            Path(args.out), args.seeds, plan, chosen, sizes, args.jobs, safe, args.weight_anchor
         )
     text = report(data)
     write_tables(text, data, args.tables)
