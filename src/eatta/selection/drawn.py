@@ -30,6 +30,7 @@ samples and how often each was drawn, for the estimator (:mod:`eatta.monitor.fal
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -185,6 +186,22 @@ class DisagreementDraw:
 
     def state_dict(self) -> dict[str, Any]:
         return {"base": self.base.state_dict(), "generator": self._gen.get_state()}
+
+    def snapshot(self) -> tuple[Any, Tensor]:
+        """A token for :meth:`restore`: the base's own snapshot (else a copy of its state) and
+        the generator's state (``get_state`` returns a copy), without a deep copy per step."""
+        snap = getattr(self.base, "snapshot", None)
+        base = snap() if snap is not None else copy.deepcopy(self.base.state_dict())
+        return base, self._gen.get_state()
+
+    def restore(self, token: tuple[Any, Tensor]) -> None:
+        base, gen = token
+        restore = getattr(self.base, "restore", None)
+        if restore is not None:
+            restore(base)
+        else:
+            self.base.load_state_dict(copy.deepcopy(base))
+        self._gen.set_state(gen)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base.load_state_dict(state["base"])
