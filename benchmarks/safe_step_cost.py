@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import time
 import warnings
@@ -83,9 +84,7 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Callable[[], 
         active = name != "tent"
         extra: dict[str, Any] = {"oracle": GroundTruthOracle()} if active else {}
         method = eatta.create(name, copy.deepcopy(model), lr=1e-4, **extra, **kw)
-        if active:
-            return lambda: method(x, labels=y)
-        return lambda: method(x)
+        return (lambda: method(x, labels=y)) if active else (lambda: method(x))
 
     return {
         "tent": make("tent"),
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 repeats, nothing written")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    repeats, warmup = (3, 1) if args.quick else (args.repeats, args.warmup)
+    repeats, warmup = (3, 1) if args.quick else (max(args.repeats, 2), args.warmup)
     started = time.perf_counter()
     device = torch.device("cpu")
     out: dict[str, Any] = {"meta": _common.machine(device), "models": {}}
@@ -119,24 +118,25 @@ def main(argv: list[str] | None = None) -> int:
             _variants(model, x, y), repeats=repeats, warmup=warmup, device=device
         )
         row = {v: _common.stats_ms(s) for v, s in samples.items()}
-        ratios = {
-            "eatta-safe / eatta-stable": _common.ratio(samples, "eatta-safe", "eatta-stable"),
-            "serving given / eatta-stable": _common.ratio(
-                samples, "eatta-safe (serving source)", "eatta-stable"
-            ),
-            "measure only / eatta-stable": _common.ratio(
-                samples, "eatta-safe (measure only)", "eatta-stable"
-            ),
-            "eatta-stable / tent": _common.ratio(samples, "eatta-stable", "tent"),
-            "eatta-safe / tent": _common.ratio(samples, "eatta-safe", "tent"),
-            "exact step / tent": _common.ratio(samples, "eatta-safe (exact step)", "tent"),
+        ratios = {  # and the quartiles of the per-round ratios
+            k: _common.ratio(samples, a, b)
+            | {"quartiles": statistics.quantiles(map(float.__truediv__, samples[a], samples[b]))}
+            for k, a, b in (
+                ("eatta-safe / eatta-stable", "eatta-safe", "eatta-stable"),
+                ("serving given / eatta-stable", "eatta-safe (serving source)", "eatta-stable"),
+                ("measure only / eatta-stable", "eatta-safe (measure only)", "eatta-stable"),
+                ("eatta-stable / tent", "eatta-stable", "tent"),
+                ("eatta-safe / tent", "eatta-safe", "tent"),
+                ("exact step / tent", "eatta-safe (exact step)", "tent"),
+            )
         }
         out["models"][name] = {"ms": row, "ratios": ratios}
         print(f"{name}:")
         for v, st in row.items():
             print(f"  {v:28s} median {st['median_ms']:.1f} ms")
         for k, r in ratios.items():
-            print(f"  {k:28s} {r['paired']:.3f} (median of per-round ratios)")
+            q = "-".join(f"{v:.3f}" for v in r["quartiles"][::2])
+            print(f"  {k:28s} {r['paired']:.3f} (median of per-round ratios, IQR {q})")
     _common.finish_meta(out["meta"], started)
     if not args.quick:
         _common.write_json(RESULTS, out)

@@ -599,14 +599,11 @@ class SourceFallback:
         given = self._source_pred.cpu()
         where = given >= 0  # the samples the source model predicted on
         classes = max(int(given.max()), int(adapted.max())) + 1
+        g, a = given[where], adapted.cpu()[where]
         self._marginals.append(
-            (
-                torch.bincount(given[where], minlength=classes),
-                torch.bincount(adapted.cpu()[where], minlength=classes),
-            )
+            (torch.bincount(g, minlength=classes), torch.bincount(a, minlength=classes))
         )
-        differ = int((given[where] != adapted.cpu()[where]).sum())
-        self._disagreement.append((differ, int(where.sum())))
+        self._disagreement.append((int((g != a).sum()), g.numel()))
 
     def disagreement_rate(self) -> float:
         """Share of the last ``prior_batches`` batches' samples (where the source model predicted)

@@ -30,6 +30,7 @@ samples and how often each was drawn, for the estimator (:mod:`eatta.monitor.fal
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -95,9 +96,10 @@ def inclusion_probabilities(scores: Tensor, disagree: Tensor | None, explore: fl
     n = scores.shape[0]
     s = scores.detach().double().clamp_min(0.0)
     total = float(s.sum())
-    base = torch.full((n,), 1.0 / n, dtype=torch.float64, device=s.device)
     if total > 0.0 and math.isfinite(total):
         base = (1.0 - _FLOOR) * s / total + _FLOOR / n
+    else:
+        base = torch.full((n,), 1.0 / n, dtype=torch.float64, device=s.device)
     if disagree is None or not bool(disagree.any()):
         return base
     d = disagree.to(device=s.device, dtype=torch.float64)
@@ -155,23 +157,31 @@ class DisagreementDraw:
                     f"{tuple(ctx.pseudo_labels.shape)}"
                 )
             disagree = ref != ctx.pseudo_labels
-        pool = torch.arange(n) if self.candidates is None else self.candidates.cpu()
-        if len(pool) and (int(pool.min()) < 0 or int(pool.max()) >= n):
-            raise ValueError(f"candidates out of range for a batch of {n}: {pool.tolist()}")
-        rows = pool.to(scores.device)
-        sub_dis = None if disagree is None else disagree[pool.to(disagree.device)]
-        q = inclusion_probabilities(scores.detach()[rows], sub_dis, self.explore).cpu()
+        sub_scores, sub_dis = scores.detach(), disagree  # the whole batch: no gather
+        if self.candidates is None:
+            pool = torch.arange(n)
+        else:
+            pool = self.candidates.cpu()
+            if len(pool):
+                lo, hi = pool.aminmax()
+                if int(lo) < 0 or int(hi) >= n:
+                    raise ValueError(f"candidates out of range for a batch of {n}: {pool.tolist()}")
+            sub_scores = sub_scores[pool.to(scores.device)]
+            sub_dis = None if disagree is None else disagree[pool.to(disagree.device)]
+        q = inclusion_probabilities(sub_scores, sub_dis, self.explore).cpu()
         if k <= 0 or len(pool) == 0:
             self.last_draw = None
             return Selection(torch.empty(0, dtype=torch.long), [], {"scores": scores})
         drawn = torch.multinomial(q.float(), k, replacement=True, generator=self._gen)
         pos, counts = torch.unique(drawn, sorted=True, return_counts=True)
         idx = pool[pos]
-        classes = ctx.pseudo_labels.detach()[idx.to(ctx.pseudo_labels.device)].cpu().tolist()
+        classes: list[int] = (
+            ctx.pseudo_labels.detach()[idx.to(ctx.pseudo_labels.device)].cpu().tolist()
+        )
         n_dis = 0 if sub_dis is None else int(sub_dis.sum())
         bound = answer_bound(q, None if sub_dis is None else sub_dis.cpu())
         self.last_draw = Draw(idx, q[pos], counts, k, len(pool), n_dis, bound)
-        return Selection(idx, [int(c) for c in classes], {"scores": scores})
+        return Selection(idx, classes, {"scores": scores})
 
     def commit(self, ctx: SelectionContext, selection: Selection, labels: Tensor) -> None:
         self.base.commit(ctx, selection, labels)
@@ -185,6 +195,22 @@ class DisagreementDraw:
 
     def state_dict(self) -> dict[str, Any]:
         return {"base": self.base.state_dict(), "generator": self._gen.get_state()}
+
+    def snapshot(self) -> tuple[Any, Tensor]:
+        """A token for :meth:`restore`: the base's own snapshot (else a copy of its state) and
+        the generator's state (``get_state`` returns a copy), without a deep copy per step."""
+        snap = getattr(self.base, "snapshot", None)
+        base = snap() if snap is not None else copy.deepcopy(self.base.state_dict())
+        return base, self._gen.get_state()
+
+    def restore(self, token: tuple[Any, Tensor]) -> None:
+        base, gen = token
+        restore = getattr(self.base, "restore", None)
+        if restore is not None:
+            restore(base)
+        else:
+            self.base.load_state_dict(copy.deepcopy(base))
+        self._gen.set_state(gen)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base.load_state_dict(state["base"])
