@@ -20,8 +20,8 @@ ratios, in one run:
 (Single requests between window steps: ``benchmarks/small_batch_latency.py``.)
 
 Models: ``digits-32`` (the digits-C CNN, packaged weights) and ``resnet18-64`` (torchvision
-ResNet-18, random init, 1000 classes, 64 px, head scaled as in ``step_benchmark.py`` so that part
-of the batch passes the entropy margin).
+ResNet-18, random init, 1000 classes, 64 px, its head's weights times 40 so that part of the
+batch passes the entropy margin).
 
 Usage::
 
