@@ -46,10 +46,10 @@ from _common import markdown_table as table
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import GroundTruthOracle
-from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains, digits_source, digits_test
+from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains
 from eatta.data.stream import TestStream, dirichlet_order
 from eatta.methods.registry import create
-from eatta.models.digits_cnn import packaged_digits_source
+from eatta.models.digits_cnn import fit_digits_source, packaged_digits_source
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(os.environ.get("EATTA_STUDY_OUT", ROOT / "runs" / "long-stream"))
@@ -131,36 +131,6 @@ def digits_resnet(num_classes: int = 10, width: int = 16) -> nn.Sequential:
     )
 
 
-def _train_resnet(seed: int = 0, epochs: int = 20) -> tuple[nn.Module, float]:
-    """Adam + one-cycle on the clean source split with ±1 px shifts (the digits CNN's recipe)."""
-    x, y = digits_source(seed=0).tensors
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    model = digits_resnet()
-    steps = epochs * math.ceil(len(x) / 64)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=steps)
-    for _ in range(epochs):
-        model.train()
-        order = torch.randperm(len(x), generator=g)
-        for i in range(0, len(x), 64):
-            idx = order[i : i + 64]
-            if len(idx) < 2:
-                continue
-            dx, dy = torch.randint(0, 3, (2,), generator=g).tolist()
-            xb = F.pad(x[idx], (1, 1, 1, 1))[..., dy : dy + 32, dx : dx + 32]
-            loss = F.cross_entropy(model(xb), y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-    model.eval()
-    xt, yt = digits_test(seed=0).tensors
-    with torch.no_grad():
-        acc = float((model(xt).argmax(1) == yt).float().mean())
-    return model, acc
-
-
 def source_model(kind: str, cache: Path) -> nn.Module:
     """The digits CNN of the benchmark, or the study's residual network (trained once, cached)."""
     if kind == "cnn":
@@ -170,11 +140,18 @@ def source_model(kind: str, cache: Path) -> nn.Module:
     if path.exists():
         model.load_state_dict(torch.load(path, weights_only=True))
         return model.eval()
-    start = time.perf_counter()
-    model, acc = _train_resnet()
+    model, report = fit_digits_source(  # the digits CNN's recipe
+        digits_resnet,
+        lambda params: torch.optim.Adam(params, lr=1e-2),
+        max_lr=1e-2,
+        epochs=20,
+        seed=0,
+        version="study",
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)
-    print(f"residual network trained in {time.perf_counter() - start:.0f} s, clean acc {acc:.3f}")
+    seconds, acc = report["train_seconds"], report["clean_test_accuracy"]
+    print(f"residual network trained in {seconds:.0f} s, clean acc {acc:.3f}")
     return model
 
 

@@ -26,9 +26,9 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,7 @@ __all__ = [
     "digits_cnn",
     "digits_model_path",
     "digits_source_model",
+    "fit_digits_source",
     "load_digits_source",
     "packaged_digits_source",
     "state_digest",
@@ -60,6 +61,8 @@ _EPOCHS = 20
 _BATCH = 64
 _MAX_LR = 1e-2
 _SHIFT = 1
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def digits_cnn(num_classes: int = 10, width: int = 16) -> nn.Sequential:
@@ -110,29 +113,33 @@ def _accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return correct / len(x)
 
 
-def train_digits_cnn(
-    seed: int = 0, epochs: int | None = None
-) -> tuple[nn.Sequential, dict[str, Any]]:
-    """Train :func:`digits_cnn` on the clean source split (``epochs`` default: the recipe's 20);
-    returns the model (eval mode) and a report ``{"clean_test_accuracy", "source_accuracy",
-    "train_seconds", "epochs", "seed", "version"}``."""
-    epochs = _EPOCHS if epochs is None else epochs
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
+def fit_digits_source(
+    build: Callable[[], M],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    *,
+    max_lr: float,
+    epochs: int,
+    seed: int,
+    version: str,
+) -> tuple[M, dict[str, Any]]:
+    """The digits source models' recipe: ``build()`` (seeded), trained by ``optimizer`` with a
+    one-cycle learning rate up to ``max_lr`` on the clean source split, batches of 64 in a seeded
+    order, each shifted by up to 1 pixel, on one thread; returns the model (eval mode) and its
+    report ``{"clean_test_accuracy", "source_accuracy", "train_seconds", "epochs", "seed",
+    "version"}``."""
     x, y = digits_source(seed=seed).tensors
     start = time.perf_counter()
     with _one_thread():
         g = torch.Generator().manual_seed(seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = digits_cnn()
-        steps_per_epoch = -(-len(x) // _BATCH)
-        opt = torch.optim.Adam(model.parameters(), lr=_MAX_LR)
+            model = build()
+        opt = optimizer(model.parameters())
         sched = torch.optim.lr_scheduler.OneCycleLR(
-            opt, max_lr=_MAX_LR, total_steps=epochs * steps_per_epoch
+            opt, max_lr=max_lr, total_steps=epochs * -(-len(x) // _BATCH)
         )
+        model.train()
         for _ in range(epochs):
-            model.train()
             order = torch.randperm(len(x), generator=g)
             for i in range(0, len(x), _BATCH):
                 idx = order[i : i + _BATCH]
@@ -151,9 +158,27 @@ def train_digits_cnn(
             "train_seconds": seconds,
             "epochs": epochs,
             "seed": seed,
-            "version": DIGITS_MODEL_VERSION,
+            "version": version,
         }
     return model.eval(), report
+
+
+def train_digits_cnn(
+    seed: int = 0, epochs: int | None = None
+) -> tuple[nn.Sequential, dict[str, Any]]:
+    """Train :func:`digits_cnn` on the clean source split (``epochs`` default: the recipe's 20;
+    Adam, :func:`fit_digits_source`); returns the model (eval mode) and its report."""
+    epochs = _EPOCHS if epochs is None else epochs
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    return fit_digits_source(
+        digits_cnn,
+        lambda params: torch.optim.Adam(params, lr=_MAX_LR),
+        max_lr=_MAX_LR,
+        epochs=epochs,
+        seed=seed,
+        version=DIGITS_MODEL_VERSION,
+    )
 
 
 def digits_model_path(cache_dir: str | os.PathLike[str] | None = None, seed: int = 0) -> Path:

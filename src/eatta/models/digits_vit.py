@@ -24,7 +24,6 @@ embedded benchmark exercise that half on a CPU (``eatta-bench --backbone digits-
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eatta.data.digits import digits_source, digits_test
-from eatta.models.digits_cnn import _accuracy, _one_thread, _shift, state_digest
+from eatta.models.digits_cnn import fit_digits_source, state_digest
 
 __all__ = [
     "DIGITS_VIT_SHA256",
@@ -52,7 +50,6 @@ PACKAGED_VIT_WEIGHTS = Path(__file__).with_name(f"digits_vit_v{DIGITS_VIT_VERSIO
 DIGITS_VIT_SHA256 = "98d08954c8856a6fc175c4be6a0109b0ab6fc83ca709ab455f0a6eac73fea466"
 
 _EPOCHS = 60
-_BATCH = 64
 _MAX_LR = 2e-3
 _WEIGHT_DECAY = 0.05
 
@@ -113,45 +110,20 @@ class DigitsViT(nn.Module):
 
 
 def train_digits_vit(seed: int = 0, epochs: int | None = None) -> tuple[DigitsViT, dict[str, Any]]:
-    """Train :class:`DigitsViT` on the clean source split (``epochs`` default: the recipe's);
-    returns the model (eval mode) and a report ``{"clean_test_accuracy", "source_accuracy",
-    "train_seconds", "epochs", "seed", "version"}``."""
+    """Train :class:`DigitsViT` on the clean source split (``epochs`` default: the recipe's;
+    AdamW, :func:`~eatta.models.digits_cnn.fit_digits_source`); returns the model (eval mode)
+    and its report."""
     epochs = _EPOCHS if epochs is None else epochs
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be an int >= 1, got {epochs!r}")
-    x, y = digits_source(seed=seed).tensors
-    start = time.perf_counter()
-    with _one_thread():
-        g = torch.Generator().manual_seed(seed)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = DigitsViT()
-        steps_per_epoch = -(-len(x) // _BATCH)
-        opt = torch.optim.AdamW(model.parameters(), lr=_MAX_LR, weight_decay=_WEIGHT_DECAY)
-        sched = torch.optim.lr_scheduler.OneCycleLR(
-            opt, max_lr=_MAX_LR, total_steps=epochs * steps_per_epoch
-        )
-        model.train()
-        for _ in range(epochs):
-            order = torch.randperm(len(x), generator=g)
-            for i in range(0, len(x), _BATCH):
-                idx = order[i : i + _BATCH]
-                loss = F.cross_entropy(model(_shift(x[idx], g)), y[idx])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-        seconds = time.perf_counter() - start
-        xt, yt = digits_test(seed=seed).tensors
-        report = {
-            "clean_test_accuracy": _accuracy(model, xt, yt),
-            "source_accuracy": _accuracy(model, x, y),
-            "train_seconds": seconds,
-            "epochs": epochs,
-            "seed": seed,
-            "version": DIGITS_VIT_VERSION,
-        }
-    return model.eval(), report
+    return fit_digits_source(
+        DigitsViT,
+        lambda params: torch.optim.AdamW(params, lr=_MAX_LR, weight_decay=_WEIGHT_DECAY),
+        max_lr=_MAX_LR,
+        epochs=epochs,
+        seed=seed,
+        version=DIGITS_VIT_VERSION,
+    )
 
 
 def packaged_digits_vit() -> tuple[DigitsViT, dict[str, Any]]:
