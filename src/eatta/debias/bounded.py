@@ -69,10 +69,9 @@ class BoundedGradNormDebiaser(GradNormDebiaser):
 
     def weights(self, g_sup: Tensor, g_unsup: Tensor, has_unsup: Tensor) -> LossWeights:
         """Faithful GND weights for this step (updating the EMA), then clamped."""
-        w, valid = self._weights(g_sup, g_unsup, has_unsup)
-        if valid is None:
-            total = g_sup + g_unsup
-            valid = has_unsup & (total > 0) & torch.isfinite(total)
+        w = super().weights(g_sup, g_unsup, has_unsup)
+        total = g_sup + g_unsup
+        valid = has_unsup & (total > 0) & torch.isfinite(total)
         sup, unsup = self._clamp(w.sup, w.unsup)
         return LossWeights(
             torch.where(valid, sup, w.sup),

@@ -68,16 +68,9 @@ class GradNormDebiaser:
 
     def weights(self, g_sup: Tensor, g_unsup: Tensor, has_unsup: Tensor) -> LossWeights:
         """Weights for this step from the two global gradient norms; updates the EMA."""
-        return self._weights(g_sup, g_unsup, has_unsup)[0]
-
-    def _weights(
-        self, g_sup: Tensor, g_unsup: Tensor, has_unsup: Tensor
-    ) -> tuple[LossWeights, Tensor | None]:
-        """:meth:`weights` and whether the step was valid, not degenerate (None: not computed,
-        without normalization)."""
         one = torch.ones_like(g_sup)
         if not self.normalize:
-            return LossWeights(one, one, one, one), None
+            return LossWeights(one, one, one, one)
         total = g_sup + g_unsup
         valid = has_unsup & (total > 0) & torch.isfinite(total)
         safe = torch.where(valid, total, one)
@@ -106,7 +99,7 @@ class GradNormDebiaser:
         zero = torch.zeros_like(g_sup)
         sup = torch.where(valid, applied_sup, one)
         unsup = torch.where(valid, applied_unsup, torch.where(has_unsup, one, zero))
-        return LossWeights(sup, unsup, raw_sup, raw_unsup), valid
+        return LossWeights(sup, unsup, raw_sup, raw_unsup)
 
     def reset(self) -> None:
         self._state = None
