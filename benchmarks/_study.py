@@ -32,11 +32,19 @@ def each_part(
 def merged(folders: str, order: Sequence[str]) -> dict[str, Any]:
     """The studies saved in ``folders`` (comma-separated) as one, its streams in ``order``: the
     seeds united, each stream's parts merged key by key, runs of the same cell list (one dict per
-    seed) concatenated, so parts and seeds split across folders combine."""
+    seed) concatenated, so parts and seeds split across folders combine. The studies' other
+    settings (a variant's, a source model's) are kept; folders that differ in them are refused."""
     data: dict[str, Any] = {"streams": {}, "seeds": []}
+    first: dict[str, Any] | None = None
     for folder in (Path(x) for x in folders.split(",") if x):
         one = json.loads((folder / "study.json").read_text(encoding="utf-8"))
         data["seeds"] = sorted(set(data["seeds"]) | set(one["seeds"]))
+        settings = {k: v for k, v in one.items() if k not in ("streams", "seeds")}
+        if first is None:
+            first = settings
+            data.update(settings)
+        elif settings != first:
+            raise SystemExit(f"{folder} was run with {settings}, an earlier folder with {first}")
         for name, s in one["streams"].items():
             _merge(data["streams"].setdefault(name, {}), s)
     data["streams"] = dict(sorted(data["streams"].items(), key=lambda kv: order.index(kv[0])))

@@ -147,10 +147,14 @@ def study(
     jobs: int = 1,
     safe: dict[str, Any] | None = None,
     weight_anchor: float | None = None,
+    backbone: str | None = None,
 ) -> dict[str, Any]:
-    """Run ``plan``'s parts into ``out``, saving the study after each run."""
+    """Run ``plan``'s parts into ``out``, saving the study after each run (``backbone``: the
+    digits-C source model, for the digits-C streams only)."""
     data = load_study(out)
     data["seeds"] = seeds
+    if backbone is not None:
+        data["backbone"] = backbone
     safe = dict(safe or {})
     if weight_anchor is not None:
         data["safe"] = {**safe, "weight_anchor": weight_anchor}
@@ -158,7 +162,8 @@ def study(
         data["safe"] = safe
     for part, name, proto, s in each_part(data, plan, STREAMS):
         dataset = DATASETS.get(name, "digits-c")
-        run = partial(run_part, out / name, seeds=seeds, dataset=dataset, jobs=jobs)
+        model = {} if backbone is None else {"backbone": backbone}
+        run = partial(run_part, out / name, seeds=seeds, dataset=dataset, jobs=jobs, **model)
         if part == "references":
             s["references"] = _by_method(run("references", proto, REFERENCES), REFERENCES)
         elif part == "annotators":
@@ -240,6 +245,8 @@ def report(data: dict[str, Any]) -> str:
     """The section of docs/safety.md: ``templates/safety.md`` filled from the study."""
     blocks = [_stream_report(name, s) for name, s in data["streams"].items()]
     text = with_streams(PAGE, blocks, seeds=data.get("seeds", []))
+    if data.get("backbone"):
+        text = f"Source model: `{data['backbone']}`.\n\n{text}"
     if data.get("safe"):
         settings = ", ".join(f"`{k}={v}`" for k, v in data["safe"].items())
         text = f"Variant: `{SAFE}` with {settings}.\n\n{text}"
@@ -334,6 +341,11 @@ def _gains(s: dict[str, Any], ann: dict[str, Any], given: float, best: float) ->
     return [*out, gain]
 
 
+def _markers(backbone: str) -> tuple[str, str]:
+    """The markers of a backbone's own section of the page."""
+    return f"<!-- safety-{backbone}:begin -->", f"<!-- safety-{backbone}:end -->"
+
+
 def _value(text: str) -> Any:
     """A ``--safe`` value: JSON (numbers, true/false) or else the text."""
     try:
@@ -361,6 +373,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--weight-anchor", type=float, help=f"{SAFE} with a weight anchor (a variant's study)"
     )
+    p.add_argument(
+        "--backbone",
+        help="the digits-C source model (digits-vit: the LayerNorm ViT), digits-C streams only: "
+        "a study of its own (give it its own --out and --tables); its section of --doc lies "
+        "between <!-- safety-BACKBONE:begin --> and <!-- safety-BACKBONE:end -->",
+    )
     p.add_argument("--tables", default="benchmarks/results/safety_study.md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
@@ -371,17 +389,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen = [a for a in args.annotators.split(",") if a]
         if any(a not in ANNOTATORS for a in chosen):
             raise SystemExit(f"--annotators must be among {', '.join(ANNOTATORS)}")
+        if args.backbone is not None and any(name in DATASETS for _, name in plan):
+            raise SystemExit(
+                f"--backbone applies to the digits-C streams only: leave "
+                f"{', '.join(DATASETS)} out of --plan"
+            )
         sizes = [int(z) for z in args.sizes.split(",") if z]
         if any(z not in SIZES for z in sizes):
             raise SystemExit(f"--sizes must be among {', '.join(map(str, SIZES))}")
         safe = {k: _value(v) for k, _, v in (x.partition("=") for x in args.safe)}
         data = study(
-            Path(args.out), args.seeds, plan, chosen, sizes, args.jobs, safe, args.weight_anchor
+            Path(args.out),
+            args.seeds,
+            plan,
+            chosen,
+            sizes,
+            args.jobs,
+            safe,
+            args.weight_anchor,
+            args.backbone,
         )
     text = report(data)
     write_tables(text, data, args.tables)
     if Path(args.doc).is_file():
-        replace_section(Path(args.doc), BEGIN, END, text)
+        begin, end = (BEGIN, END) if not args.backbone else _markers(args.backbone)
+        replace_section(Path(args.doc), begin, end, text)
         print(f"tables: {args.tables}; section of {args.doc} regenerated")
     return 0
 

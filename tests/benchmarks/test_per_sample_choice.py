@@ -1,0 +1,80 @@
+"""``benchmarks/per_sample_choice.py``: the distance it reads at the source model's last
+BatchNorm layer, and the rule applied to a run's records."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def psc() -> Iterator[Any]:
+    sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(
+        "per_sample_choice", BENCHMARKS / "per_sample_choice.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_the_distance_is_the_samples_channel_means_in_the_last_layers_source_units(psc):
+    torch.manual_seed(0)
+    first, last = nn.BatchNorm2d(3), nn.BatchNorm2d(4)
+    model = nn.Sequential(first, nn.Conv2d(3, 4, 1), last, nn.Flatten(), nn.LazyLinear(5)).eval()
+    last.running_mean.copy_(torch.tensor([0.1, -0.2, 0.3, 0.0]))
+    last.running_var.copy_(torch.tensor([1.0, 2.0, 0.5, 4.0]))
+    x = torch.randn(6, 3, 5, 5)
+    pred, d = psc._near(model, x)
+    with torch.no_grad():
+        mu = model[1](model[0](x)).mean((2, 3))
+        expected = ((mu - last.running_mean) ** 2 / last.running_var).mean(1)
+        assert torch.equal(pred, model(x).argmax(1))
+    torch.testing.assert_close(d, expected)
+    assert not model[0]._forward_hooks and not last._forward_hooks  # the hook is removed
+
+
+def _records() -> dict[str, np.ndarray]:
+    """Two batches of 64: the first with 4 near samples, the second all near. The source model
+    is right everywhere on domain "easy" and nowhere on "hard"; the served model the reverse."""
+    y = np.zeros(128, dtype=int)
+    domain = np.array(["easy", "hard"] * 64)
+    source = np.where(domain == "easy", 0, 1)
+    served = 1 - source
+    d = np.ones(128)
+    d[:4] = 0.0  # near: two easy, two hard samples of the first batch
+    d[64:] = 0.0
+    return {"y": y, "served": served, "source": source, "d": d, "domain": domain}
+
+
+def test_near_samples_get_the_source_models_prediction(psc):
+    r = _records()
+    assert psc.evaluate(r, None, None) == (50.0, 100.0)  # as served: every easy sample wrong
+    error, easy = psc.evaluate(r, 0.5, None)
+    # near: samples 0-3 and the whole second batch take the source model's prediction
+    wrong = np.where(np.r_[np.arange(64) < 4, np.ones(64, bool)], r["source"], r["served"]) != 0
+    assert error == pytest.approx(100 * wrong.mean())
+    assert easy == pytest.approx(100 * wrong[r["domain"] == "easy"].mean())
+
+
+def test_the_gate_keeps_the_rule_to_batches_with_few_near_samples(psc):
+    r = _records()
+    error, _ = psc.evaluate(r, 0.5, 0.1)  # 4/64 near passes; the all-near batch does not
+    wrong = np.where(np.arange(128) < 4, r["source"], r["served"]) != 0
+    assert error == pytest.approx(100 * wrong.mean())

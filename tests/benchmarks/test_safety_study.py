@@ -1,0 +1,88 @@
+"""``benchmarks/safety_study.py``'s plumbing, without running a stream: a study on another source
+model (``--backbone``) reaches every run, keeps its own section of the page, and merged folders
+keep (or refuse to mix) the settings they were run with."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def safety() -> Iterator[Any]:
+    sys.path.insert(0, str(BENCHMARKS))  # the script imports its neighbours (_common, _study)
+    spec = importlib.util.spec_from_file_location("safety_study", BENCHMARKS / "safety_study.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_a_backbone_is_refused_on_the_streams_of_other_datasets(safety, tmp_path):
+    argv = ["--backbone", "digits-vit", "--plan", "references:mixed,references:mnist"]
+    with pytest.raises(SystemExit, match=r"digits-C streams only.*mnist"):
+        safety.main([*argv, "--out", str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()  # refused before anything ran
+
+
+def test_the_backbone_reaches_every_run_and_the_study(safety, tmp_path, monkeypatch):
+    seen: list[dict[str, Any]] = []
+
+    def run_part(out, part, protocol, methods, **kw):
+        seen.append({"part": part, "methods": list(methods), **kw})
+        return []
+
+    monkeypatch.setattr(safety, "run_part", run_part)
+    plan = [("references", "mixed"), ("annotators", "mixed")]
+    data = safety.study(tmp_path, [0], plan, ["instant"], [64], backbone="digits-vit")
+    assert [s["part"] for s in seen] == ["references", "ann-instant"]
+    assert all(s["backbone"] == "digits-vit" and s["dataset"] == "digits-c" for s in seen)
+    assert data["backbone"] == "digits-vit"
+    saved = json.loads((tmp_path / "study.json").read_text())
+    assert saved["backbone"] == "digits-vit"
+    no_runs = {**data, "streams": {}}  # the fake parts ran nothing to report
+    assert safety.report(no_runs).startswith("Source model: `digits-vit`.")
+
+
+def _study(folder: Path, **settings: Any) -> None:
+    folder.mkdir(parents=True)
+    (folder / "study.json").write_text(json.dumps({"seeds": [0], "streams": {}, **settings}))
+
+
+def test_report_only_writes_the_backbones_own_section(safety, tmp_path):
+    _study(tmp_path / "vit", backbone="digits-vit")
+    page = tmp_path / "page.md"
+    main = "<!-- safety:begin -->\nkept\n<!-- safety:end -->"
+    vit = "<!-- safety-digits-vit:begin -->\nold\n<!-- safety-digits-vit:end -->"
+    page.write_text(f"{main}\n{vit}\n")
+    argv = ["--report-only", "--out", str(tmp_path / "vit"), "--backbone", "digits-vit"]
+    assert safety.main([*argv, "--tables", str(tmp_path / "t.md"), "--doc", str(page)]) == 0
+    text = page.read_text()
+    assert main in text and "old" not in text
+    assert "<!-- safety-digits-vit:begin -->\nSource model: `digits-vit`." in text
+
+
+def test_merged_folders_keep_their_settings_and_refuse_to_mix_them(safety, tmp_path):
+    from _study import merged
+
+    _study(tmp_path / "a", safe={"explore": 0.5})
+    _study(tmp_path / "b", safe={"explore": 0.5})
+    _study(tmp_path / "c")
+    both = merged(f"{tmp_path / 'a'},{tmp_path / 'b'}", safety.STREAM_NAMES)
+    assert both["safe"] == {"explore": 0.5}
+    assert safety.report(both).startswith("Variant: `eatta-safe` with `explore=0.5`.")
+    with pytest.raises(SystemExit, match="was run with"):
+        merged(f"{tmp_path / 'a'},{tmp_path / 'c'}", safety.STREAM_NAMES)
