@@ -68,3 +68,16 @@ def test_the_deployed_stream_refuses_what_it_has_not(tmp_path, capsys, extra, me
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (out / "cells").exists()
+
+
+def test_the_deployed_stream_serves_the_vit_under_its_own_name(cache):
+    from eatta.models import digits_vit as dv
+    from eatta.models.digits_cnn import state_digest
+
+    b = suites.deployed_benchmark(cache, backbone="digits-vit")
+    assert b.name == "digits-deployed:vit" and b.defaults_key == "digits-c"
+    assert isinstance(b.model_fn(), dv.DigitsViT)
+    assert b.provenance["model_sha256"] == state_digest(b.model_fn()) == dv.DIGITS_VIT_SHA256
+    assert suites.deployed_benchmark(cache).name == "digits-deployed"
+    with pytest.raises(ValueError, match="digits-deployed has no backbone 'resnet18'"):
+        suites.deployed_benchmark(cache, backbone="resnet18")

@@ -97,6 +97,17 @@ def test_the_mnist_benchmark_serves_the_digits_model_on_one_domain(mnist_file):
     assert b.fisher_data is not None and "severity" not in b.config
 
 
+def test_the_mnist_benchmark_serves_the_vit_under_its_own_name(mnist_file):
+    from eatta.models import digits_vit as dv
+
+    b = suites.mnist_benchmark(mnist_file, backbone="digits-vit")
+    assert (b.name, b.defaults_key) == ("mnist:vit", "digits-c")
+    assert isinstance(b.model_fn(), dv.DigitsViT)
+    assert b.provenance["model_sha256"] == dv.DIGITS_VIT_SHA256
+    with pytest.raises(ValueError, match="mnist has no backbone 'resnet50_bn'"):
+        suites.mnist_benchmark(mnist_file, backbone="resnet50_bn")
+
+
 def test_the_mnist_stream_runs_with_the_stream_protocols(mnist_file, tmp_path, capsys):
     import eatta.bench.cli as cli
 

@@ -189,7 +189,8 @@ def load_benchmarks(
     every dataset before any is loaded). The others are keywords of
     :func:`~eatta.bench.suites.imagenet_benchmark`, :func:`~eatta.bench.suites.pacs_benchmark`
     and :func:`~eatta.bench.suites.digits_c_benchmark` (``backbone``: ``digits-cnn`` or
-    ``digits-vit`` for digits-C, a :data:`~eatta.models.backbones.MODELS` name for the others).
+    ``digits-vit`` for digits-C, mnist and digits-deployed, a
+    :data:`~eatta.models.backbones.MODELS` name for the others).
     """
     from eatta.bench import suites
 
@@ -236,9 +237,11 @@ def load_benchmarks(
                 out[b.name] = b
             continue
         if name == "mnist":
-            b = suites.mnist_benchmark(root_of.get(name), cache_dir, log=log)
+            b = suites.mnist_benchmark(root_of.get(name), cache_dir, log=log, backbone=backbone)
         elif name == "digits-deployed":
-            b = suites.deployed_benchmark(cache_dir, log=log, severity=level or 2)
+            b = suites.deployed_benchmark(
+                cache_dir, log=log, severity=level or 2, backbone=backbone
+            )
         elif name == "digits-c":
             b = suites.digits_c_benchmark(
                 cache_dir, log=log, gradual=gradual, ccc=ccc, severity=level or 5, backbone=backbone

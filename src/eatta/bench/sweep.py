@@ -302,11 +302,11 @@ def _grid_datasets(args: argparse.Namespace) -> list[str]:
         raise ValueError("run options: --gradual needs severities (digits-c, imagenet-c)")
     out: list[str] = []
     for name in names:
-        if name == "digits-c":
+        if name in ("digits-c", "mnist", "digits-deployed"):
             from eatta.bench.suites import digits_grid_name
 
             try:
-                out.append(digits_grid_name(args.backbone))
+                out.append(digits_grid_name(args.backbone, name))
             except ValueError as err:
                 raise ValueError(f"run options: --backbone: {err}") from None
         elif name == "pacs":
