@@ -244,9 +244,8 @@ def _row(s: dict[str, Any], label: str, runs: Sequence[dict[str, Any]], *extra: 
 def report(data: dict[str, Any]) -> str:
     """The section of docs/safety.md: ``templates/safety.md`` filled from the study."""
     blocks = [_stream_report(name, s) for name, s in data["streams"].items()]
-    text = with_streams(PAGE, blocks, seeds=data.get("seeds", []))
-    if data.get("backbone"):
-        text = f"Source model: `{data['backbone']}`.\n\n{text}"
+    model = f"`{data['backbone']}`" if data.get("backbone") else "digits CNN"
+    text = with_streams(PAGE, blocks, seeds=data.get("seeds", []), model=model)
     if data.get("safe"):
         settings = ", ".join(f"`{k}={v}`" for k, v in data["safe"].items())
         text = f"Variant: `{SAFE}` with {settings}.\n\n{text}"

@@ -48,7 +48,7 @@ def test_the_backbone_reaches_every_run_and_the_study(safety, tmp_path, monkeypa
     saved = json.loads((tmp_path / "study.json").read_text())
     assert saved["backbone"] == "digits-vit"
     no_runs = {**data, "streams": {}}  # the fake parts ran nothing to report
-    assert safety.report(no_runs).startswith("Source model: `digits-vit`.")
+    assert "(the packaged `digits-vit` on digits-C," in safety.report(no_runs)
 
 
 def _study(folder: Path, **settings: Any) -> None:
@@ -66,7 +66,8 @@ def test_report_only_writes_the_backbones_own_section(safety, tmp_path):
     assert safety.main([*argv, "--tables", str(tmp_path / "t.md"), "--doc", str(page)]) == 0
     text = page.read_text()
     assert main in text and "old" not in text
-    assert "<!-- safety-digits-vit:begin -->\nSource model: `digits-vit`." in text
+    assert "<!-- safety-digits-vit:begin -->\nError % averaged" in text
+    assert "the packaged `digits-vit` on digits-C" in text
 
 
 def test_merged_folders_keep_their_settings_and_refuse_to_mix_them(safety, tmp_path):
