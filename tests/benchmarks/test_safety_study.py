@@ -81,3 +81,12 @@ def test_merged_folders_keep_their_settings_and_refuse_to_mix_them(safety, tmp_p
     assert safety.report(both).startswith("Variant: `eatta-safe` with `explore=0.5`.")
     with pytest.raises(SystemExit, match="was run with"):
         merged(f"{tmp_path / 'a'},{tmp_path / 'c'}", safety.STREAM_NAMES)
+
+
+def test_no_answers_keep_a_share_of_a_gain_only_where_there_is_one(safety):
+    ann = {"none": {safety.SAFE: [{"error": 50.0}, {"error": 52.0}]}}
+    (kept,) = safety._gains({}, ann, 73.0, 41.0)  # keeps (73 - 51) / (73 - 41) of the gain
+    assert "keeps 69 % of the best label-free method's gain" in kept
+    (vacuous,) = safety._gains({}, ann, 58.1, 58.0)
+    assert "gains 0.1 points" in vacuous and "no bar" in vacuous
+    assert safety._gains({}, ann, 30.0, 20.0) == []  # not a heavy shift: no line
