@@ -3,35 +3,25 @@ GPU measurement, so the one prepared GPU call is known to run and to write a com
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
-import sys
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from benchmark_scripts import benchmark_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 VARIANTS = ["inference", "tent", "eatta", "eatta-approx", "eatta-safe"]
 TIME_TARGETS = {"eatta": 1.3, "eatta-approx": 1.1, "eatta-safe": 1.1}
 
 
 @pytest.fixture(scope="module")
 def gpu_check() -> Iterator[Any]:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("gpu_check") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 @pytest.fixture(scope="module")

@@ -3,35 +3,20 @@ BatchNorm layer, and the rule applied to a run's records."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import benchmark_script
 from torch import nn
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def psc() -> Iterator[Any]:
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(
-        "per_sample_choice", BENCHMARKS / "per_sample_choice.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("per_sample_choice") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
-        sys.path.remove(str(BENCHMARKS))
 
 
 def test_the_distance_is_the_samples_channel_means_in_the_last_layers_source_units(psc):

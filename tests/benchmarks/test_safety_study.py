@@ -4,31 +4,19 @@ merged folders keep (or refuse to mix) the settings they were run with."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchmark_scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def safety() -> Iterator[Any]:
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports its neighbours (_common, _study)
-    spec = importlib.util.spec_from_file_location("safety_study", BENCHMARKS / "safety_study.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("safety_study") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
-        sys.path.remove(str(BENCHMARKS))
 
 
 def test_the_backbone_reaches_every_run_and_the_study(safety, tmp_path, monkeypatch):
