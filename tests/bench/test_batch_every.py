@@ -56,6 +56,7 @@ def test_every_protocol_streams_the_batch_size_and_labels_every_nth(
         protocol=proto,
         batch_size=batch,
         every=every,
+        window=None,  # each batch adapted on as given (auto: a window of 64 on any model)
         out=tmp_path,
         progress=False,
         plot=False,
@@ -82,6 +83,7 @@ def test_ftta_restarts_the_every_count_at_each_domain(tmp_path):
         settings="ftta",
         rounds=1,
         batch_size=2,
+        window=None,
         every=3,
         out=tmp_path,
         progress=False,

@@ -379,15 +379,18 @@ def test_collapse_is_stated_and_seeds_are_aggregated(tmp_path):
     assert collapse_notes(steady) == []
 
 
+@pytest.mark.parametrize("backbone", ["digits-cnn", "digits-vit"])
 @pytest.mark.parametrize("batch_size", [1, 8])
-def test_eatta_safe_serves_small_requests_through_the_auto_window(tmp_path, batch_size):
+def test_eatta_safe_serves_small_requests_through_the_auto_window(tmp_path, batch_size, backbone):
     """``--window auto`` composes with the source-model fallback: eatta-safe serves requests of
-    1 and 8 samples, one step (and one label) per 64 samples."""
+    1 and 8 samples, one step (and one label) per 64 samples, on the BatchNorm CNN and on the
+    LayerNorm ViT alike."""
     import eatta.bench
 
     done = eatta.bench.run(
         "digits-c",
         ["eatta-safe"],
+        backbone=backbone,
         rounds=1,
         limit=16,
         batch_size=batch_size,
@@ -432,3 +435,13 @@ def test_weight_anchor_reaches_every_adapting_method_and_the_fingerprint(tmp_pat
         eatta.bench.run(
             "digits-c", ["source"], limit=16, weight_anchor=0.5, out=tmp_path / "u", progress=False
         )
+
+
+def test_the_auto_window_applies_below_its_size_on_every_model():
+    from eatta.bench.options import AUTO_WINDOW, RunOptions
+
+    assert RunOptions(window="auto", batch_size=8).method_window() == AUTO_WINDOW
+    assert RunOptions(window="auto", batch_size=64).method_window() is None
+    assert RunOptions(window="off", batch_size=8).method_window() is False
+    assert RunOptions(window=None, batch_size=8).method_window() is None
+    assert RunOptions(window=32, batch_size=8).method_window() == 32

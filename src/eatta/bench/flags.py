@@ -192,7 +192,8 @@ class RunConfig:
     window: int | str | None = flag(
         "batches smaller than N samples are served on robust statistics and adapted on as a "
         "window of the last N, one step every N samples, labels per sample as --labels/--every "
-        "give them (docs/small-batches.md); auto: N = 64 for batches under 64 on BatchNorm models",
+        "give them (docs/small-batches.md); auto: N = 64 for batches under 64 (BatchNorm and "
+        "LayerNorm models)",
         "auto",
         type=_window,
         metavar="auto|off|N",

@@ -6,8 +6,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
-
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.monitoring import MonitorOptions
 from eatta.methods.parts import WeightAnchor
@@ -50,7 +48,7 @@ class RunOptions:
     #: audits and the guard (``--audit``, ``--guard``); default: none
     monitor: MonitorOptions = field(default_factory=MonitorOptions)
     #: the small-batch window (``--window``, default ``auto`` there): ``"auto"`` (a window of
-    #: :data:`AUTO_WINDOW` samples for batches smaller than it, on models with BatchNorm),
+    #: :data:`AUTO_WINDOW` samples for batches smaller than it),
     #: ``"off"``, a number of samples, or None (not decided: each batch adapted on as given, and
     #: the library's small-batch warning)
     window: int | str | None = None
@@ -82,17 +80,19 @@ class RunOptions:
         ):
             raise ValueError(f"dirichlet must be a finite number > 0, got {self.dirichlet!r}")
 
-    def window_for(self, model: nn.Module) -> int | bool | None:
-        """The ``window=`` a method around ``model`` gets: ``"auto"`` gives :data:`AUTO_WINDOW`
-        when the batches are smaller and the model has BatchNorm (None otherwise: batches are
-        adapted on as given), ``"off"`` False."""
+    def method_window(self) -> int | bool | None:
+        """The ``window=`` an adapting method gets: ``"auto"`` gives :data:`AUTO_WINDOW`
+        when the batches are smaller (None otherwise: batches are adapted on as given), on every
+        model: a BatchNorm model needs it to normalize, and a LayerNorm one steps on 64 samples
+        as at batch 64 instead of on each small batch (on the digits ViT, eatta-safe at requests
+        of 1 and 8 matches requests of 64 with it, docs/safety.md; without it eatta-stable loses
+        about 4 points at 1, docs/benchmarks.md); ``"off"`` False."""
         if self.window is None:
             return None
         if self.window == "off":
             return False
         if self.window == "auto":
-            has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-            return AUTO_WINDOW if has_bn and self.batch_size < AUTO_WINDOW else None
+            return AUTO_WINDOW if self.batch_size < AUTO_WINDOW else None
         return int(self.window)
 
     def overrides(self, method: str) -> dict[str, Any]:

@@ -71,7 +71,7 @@ def _build_method(
             oracle = data.oracle_fn(device)
         else:
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
-    window = None if spec.method in STATIC_METHODS else options.window_for(model)
+    window = None if spec.method in STATIC_METHODS else options.method_window()
     labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
         per_batch = spec.labels  # less the audits --fallback takes out of the budget
