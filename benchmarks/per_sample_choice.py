@@ -9,12 +9,12 @@ BatchNorm layer,
     d(x) = mean_c (μ_c(x) − μ_c)² / σ²_c   (μ_c(x): the sample's channel mean; μ_c, σ²_c: the
                                             layer's running statistics),
 
-when ``d(x) < τ``, and (``--gate``) only in batches where at most a share ``g`` of the samples
-are that near (a mixed batch). Every run of ``eatta-safe`` (answers at once, requests of 64)
-is recorded per sample: its served and adapted predictions, the source model's prediction and
-``d``; the rule is applied to the records afterwards, so one run per stream and seed serves
-every ``τ``. Writes ``benchmarks/results/per_sample_choice.json`` and prints the table that
-docs/safety.md quotes.
+when ``d(x) < τ``, everywhere or (gated) only in batches where at most a share ``g`` of the
+samples are that near (a mixed batch). Every run of ``eatta-safe`` (answers at once, requests
+of 64) is recorded per sample: its served prediction, the source model's prediction and ``d``;
+the rule is applied to the records afterwards, so one run per stream and seed serves every
+``τ`` and ``g``. Also the median ``d`` of each digits-C corruption. Writes
+``benchmarks/results/per_sample_choice.json`` and prints the table that docs/safety.md quotes.
 
     python benchmarks/per_sample_choice.py --seeds 0-2 --out runs/per-sample
 """
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from _common import seed_list
-from safety_study import DATASETS, STREAMS
+from safety_study import DATASETS, EASY, STREAMS
 
 import eatta.bench
 from eatta.bench import runner
@@ -36,7 +36,6 @@ from eatta.monitor.fallback import SourceFallback
 
 THRESHOLDS = (0.1, 0.2, 0.25, 0.3)
 GATES = (None, 0.2)
-EASY = 10.0
 
 
 def _near(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
