@@ -61,6 +61,7 @@ from _study import each_part, merged, verdict, with_streams
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.results import CellResult
+from eatta.bench.suites import digits_grid_name
 
 SAFE, STABLE = "eatta-safe", "eatta-stable"
 LABEL_FREE = ("tent", "eta")
@@ -162,9 +163,9 @@ def study(
         data["safe"] = {**safe, "weight_anchor": weight_anchor}
     elif safe:
         data["safe"] = safe
+    model = {} if backbone is None else {"backbone": backbone}
     for part, name, proto, s in each_part(data, plan, STREAMS):
         dataset = DATASETS.get(name, "digits-c")
-        model = {} if backbone is None else {"backbone": backbone}
         run = partial(run_part, out / name, seeds=seeds, dataset=dataset, jobs=jobs, **model)
         if part == "references":
             s["references"] = _by_method(run("references", proto, REFERENCES), REFERENCES)
@@ -386,6 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
     plan = parse_plan(args.plan, PARTS, STREAM_NAMES)
+    if args.backbone is not None:
+        try:
+            digits_grid_name(args.backbone)
+        except ValueError as err:
+            raise SystemExit(f"--backbone: {err}") from None
     if args.report_only:
         data = merged(args.out, STREAM_NAMES)
     else:

@@ -78,3 +78,10 @@ def test_no_answers_keep_a_share_of_a_gain_only_where_there_is_one(safety):
     (vacuous,) = safety._gains({}, ann, 58.1, 58.0)
     assert "gains 0.1 points" in vacuous and "no bar" in vacuous
     assert safety._gains({}, ann, 30.0, 20.0) == []  # not a heavy shift: no line
+
+
+def test_an_unknown_backbone_is_refused_before_anything_runs(safety, tmp_path):
+    out = tmp_path / "runs"
+    with pytest.raises(SystemExit, match="--backbone: digits-c has no backbone 'resnet18'"):
+        safety.main(["--backbone", "resnet18", "--plan", "references:mixed", "--out", str(out)])
+    assert not out.exists()
