@@ -72,7 +72,7 @@ def medians(images: int = 512) -> dict[str, float]:
 def record(stream: str, seed: int, out: Path) -> dict[str, np.ndarray]:
     """One run of ``eatta-safe`` on ``stream``, recorded per sample (the run is unchanged: the
     records are read beside it)."""
-    keys = ("y", "served", "source", "d", "domain", "mixed")
+    keys = ("y", "batch", "served", "source", "d", "domain", "mixed")
     rec: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     after, serve, show, count = (
         SourceFallback.after,
@@ -97,6 +97,7 @@ def record(stream: str, seed: int, out: Path) -> dict[str, np.ndarray]:
         return out
 
     def serve_(method: Any, x: torch.Tensor, y: torch.Tensor, *args: Any) -> Any:
+        rec["batch"].append(np.full(len(y), len(rec["y"])))  # which batch each sample is in
         rec["y"].append(y.numpy())
         return serve(method, x, y, *args)
 
@@ -143,9 +144,10 @@ def evaluate(
     pred = r["served"]
     if tau is not None:
         near = r["d"] < tau
-        if gate is not None:
-            share = np.repeat([near[i : i + 64].mean() for i in range(0, len(near), 64)], 64)
-            near &= share[: len(near)] <= gate
+        if gate is not None:  # each batch's share of near samples, read at its samples
+            batch = r["batch"]
+            share = np.bincount(batch, weights=near) / np.bincount(batch)
+            near &= share[batch] <= gate
         pred = np.where(near, r["source"], pred)
     wrong, y, dom = pred != r["y"], r["y"], r["domain"]
     easy = [d for d in np.unique(dom) if 100 * (r["source"][dom == d] != y[dom == d]).mean() < EASY]
@@ -162,14 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/per-sample")
     p.add_argument("--json", default="benchmarks/results/per_sample_choice.json")
     args = p.parse_args(argv)
+    streams = [x for x in args.streams.split(",") if x]
+    unknown = [x for x in streams if x not in STREAMS]
+    if unknown:
+        raise SystemExit(f"--streams: unknown {unknown}; choose from {', '.join(STREAMS)}")
     path = Path(args.json)
     saved = json.loads(path.read_text()) if path.is_file() else {}
+    if saved.get("seeds") != args.seeds:  # streams run on other seeds are not kept
+        saved = {}
     near = medians()
     print("median d per corruption:", near)
     rules: list[tuple[float | None, float | None]] = [(None, None)]
     rules += [(t, g) for g in GATES for t in THRESHOLDS]
-    table: dict[str, Any] = saved.get("streams", {})  # streams not rerun are kept
-    for stream in [x for x in args.streams.split(",") if x]:
+    table: dict[str, Any] = saved.get("streams", {})  # streams not rerun (same seeds) are kept
+    for stream in streams:
         runs = [record(stream, seed, Path(args.out) / str(seed)) for seed in args.seeds]
         table[stream] = {f"tau={t} gate={g}": [evaluate(r, t, g) for r in runs] for t, g in rules}
         print(f"{stream}: (error, easy domains) mean over seeds {args.seeds}")

@@ -45,7 +45,8 @@ def _records() -> dict[str, np.ndarray]:
     d = np.ones(128)
     d[:4] = 0.0  # near: two easy, two hard samples of the first batch
     d[64:] = 0.0
-    return {"y": y, "served": served, "source": source, "d": d, "domain": domain}
+    batch = np.repeat([0, 1], 64)
+    return {"y": y, "batch": batch, "served": served, "source": source, "d": d, "domain": domain}
 
 
 def test_near_samples_get_the_source_models_prediction(psc):
@@ -62,4 +63,17 @@ def test_the_gate_keeps_the_rule_to_batches_with_few_near_samples(psc):
     r = _records()
     error, _ = psc.evaluate(r, 0.5, 0.1)  # 4/64 near passes; the all-near batch does not
     wrong = np.where(np.arange(128) < 4, r["source"], r["served"]) != 0
+    assert error == pytest.approx(100 * wrong.mean())
+
+
+def test_the_gate_reads_each_batch_as_it_was_served(psc):
+    """Batches of unequal size (a domain's remainder): the share is each real batch's, not of
+    fixed chunks of 64 records."""
+    r = _records()
+    r["batch"] = np.r_[np.zeros(4, int), np.ones(124, int)]  # batch 0: samples 0-3, all near
+    r["d"] = np.ones(128)
+    r["d"][:4] = 0.0
+    r["d"][4:6] = 0.0  # 2 near samples of 124 in batch 1
+    error, _ = psc.evaluate(r, 0.5, 0.1)  # batch 0 is all near (gated out), batch 1 passes
+    wrong = np.where((np.arange(128) >= 4) & (np.arange(128) < 6), r["source"], r["served"]) != 0
     assert error == pytest.approx(100 * wrong.mean())
