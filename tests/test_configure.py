@@ -63,3 +63,6 @@ def test_callable_and_errors():
     with pytest.raises(ValueError, match="matched no parameter"):
         eatta.configure(model, lambda *a: False)
     assert model[1].running_mean is not None  # a failed configure changed nothing
+    no_norm = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    with pytest.raises(ValueError, match="no normalization layer.*params='all'"):
+        eatta.configure(no_norm)

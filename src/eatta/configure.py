@@ -127,8 +127,14 @@ def collect_params(
     else:
         raise ValueError(f"unknown parameter preset {select!r}; choose one of {sorted(_PRESETS)}")
     if not params:
+        hint = (
+            " (it has no normalization layer with affine parameters: pass params='all' or a "
+            "callable choosing the parameters to adapt)"
+            if select == "norm"
+            else ""
+        )
         raise ValueError(
-            f"parameter selection {select!r} matched no parameter of {type(model).__name__}"
+            f"parameter selection {select!r} matched no parameter of {type(model).__name__}{hint}"
         )
     return params, names
 

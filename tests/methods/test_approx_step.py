@@ -319,6 +319,22 @@ def test_bad_refresh_period_is_an_error_naming_it(bad):
         _method(confident_cnn(), grad_mode="approx", approx_refresh=bad)
 
 
+def test_auto_proxy_is_the_last_norm_layer_where_there_is_one_else_the_head():
+    """The default runs the approximate step on every model the exact step runs on."""
+    with_norm = _method(confident_cnn(), grad_mode="approx")
+    assert with_norm.approx_proxy == "last-norm" and with_norm._proxy_params
+    no_norm = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 5))
+    params = list(no_norm[0].parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    method = EATTA(no_norm, opt, oracle=GroundTruthOracle(), grad_mode="approx")
+    assert method.approx_proxy == "head"
+    x, y = _batch()
+    before = [p.detach().clone() for p in params]
+    method(x, labels=y)
+    assert method.last_step.grad_norms_approx
+    assert any(not torch.equal(a, p) for a, p in zip(before, params, strict=True))
+
+
 def test_bad_proxy_and_unsupported_models_are_errors():
     with pytest.raises(ValueError, match=r"approx_proxy.*'fast'"):
         _method(confident_cnn(), grad_mode="approx", approx_proxy="fast")
@@ -328,7 +344,11 @@ def test_bad_proxy_and_unsupported_models_are_errors():
     params = list(no_norm[0].parameters())
     with pytest.raises(ValueError, match="last-norm"):
         EATTA(
-            no_norm, torch.optim.SGD(params, lr=0.1), oracle=GroundTruthOracle(), grad_mode="approx"
+            no_norm,
+            torch.optim.SGD(params, lr=0.1),
+            oracle=GroundTruthOracle(),
+            grad_mode="approx",
+            approx_proxy="last-norm",
         )
     # the head estimate needs no normalization layer
     method = EATTA(

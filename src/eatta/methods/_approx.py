@@ -8,6 +8,8 @@ measures how well each ratio tracks the exact one):
 
 * ``"last-norm"``: the two norms over the affine parameters of the backbone's last normalization
   layer only (GradNorm's "last shared layer"): two small backward passes that stop there.
+* ``"auto"`` (the default): ``"last-norm"`` where the backbone has such a layer among the measured
+  parameters, else ``"head"``, so the approximate step runs on every model the exact one does.
 * ``"head"``: the norms of the gradients with respect to the head's input features, in closed
   form through a linear head: ``δ = ∂L/∂logits`` (cross-entropy: ``(p − e_y)/n``; entropy:
   ``−p ⊙ (log p + H)/n``), then ``δ W`` (:func:`logit_grad_ce`, :func:`logit_grad_entropy`,
@@ -39,7 +41,7 @@ __all__ = [
 ]
 
 #: Which cheap estimate of the two gradient norms the approximate step uses.
-ProxyName = Literal["last-norm", "head"]
+ProxyName = Literal["auto", "last-norm", "head"]
 
 
 def logit_grad_ce(logits: Tensor, targets: Tensor) -> Tensor:

@@ -90,7 +90,8 @@ class EATTA(EATTAStep):
         approx_proxy: with ``grad_mode="approx"`` (one backward pass on the weighted sum, its
             weights from estimated gradient norms): the estimate, ``"last-norm"`` (the norms
             over the backbone's last normalization layer's affine parameters, found with the
-            split) or ``"head"`` (at the head's input features); see ``docs/approx-step.md``.
+            split), ``"head"`` (at the head's input features) or ``"auto"`` (the first where the
+            backbone has such a layer, else the second); see ``docs/approx-step.md``.
         approx_refresh: with ``grad_mode="approx"``: every this many steps the exact norms are
             computed (two backward passes, as the exact step) and each estimate is scaled by
             ``exact / estimate`` until the next refresh; None: never.
@@ -132,7 +133,7 @@ class EATTA(EATTAStep):
         grad_mode: GradMode = "auto",
         autocast: bool = False,
         channels_last: bool = False,
-        approx_proxy: ProxyName = "last-norm",
+        approx_proxy: ProxyName = "auto",
         approx_refresh: int | None = None,
         late_labels: LateLabels | None = None,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
@@ -178,7 +179,7 @@ class EATTA(EATTAStep):
             if calibration is None
             else ApproxUpdate(self.gradients, self._train, measure, approx_proxy, calibration)
         )
-        if isinstance(self._update, ApproxUpdate) and approx_proxy == "last-norm":
+        if isinstance(self._update, ApproxUpdate) and approx_proxy != "head":
             try:  # the split may only be found on the first batch: the proxy then too
                 self.split  # noqa: B018  # finds the split, or raises
             except SplitNotFoundError:
@@ -431,7 +432,9 @@ class EATTAConfig(OptimizerConfig):
         "auto", "how the two gradients are computed ('approx': one backward pass, estimated norms)"
     )
     approx_proxy: ProxyName = hparam(
-        "last-norm", "grad_mode='approx': norms estimated at the last norm layer or the head input"
+        "auto",
+        "grad_mode='approx': norms estimated at the last norm layer, the head input, or "
+        "auto (the first where there is one)",
     )
     approx_refresh: int | None = hparam(
         None, "grad_mode='approx': exact norms every this many steps (None: never)", min=1

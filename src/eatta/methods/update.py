@@ -121,8 +121,10 @@ class ApproxUpdate(ExactUpdate):
     """One backward pass on the weighted sum, its weights from estimated norms.
 
     ``proxy``: ``"last-norm"`` (the norms over the backbone's last normalization layer's affine
-    parameters, found with the split: on the first batch for models only a batch splits) or
-    ``"head"`` (at the head's input features). ``calibration``: the refresh schedule and scales.
+    parameters, found with the split: on the first batch for models only a batch splits),
+    ``"head"`` (at the head's input features) or ``"auto"`` (``"last-norm"`` where the backbone
+    has such a layer, else ``"head"``; :attr:`proxy` says which once the split is found).
+    ``calibration``: the refresh schedule and scales.
     """
 
     def __init__(
@@ -137,20 +139,21 @@ class ApproxUpdate(ExactUpdate):
         self.proxy: ProxyName = proxy
         self.calibration = calibration
         self.covers_update = False  # estimated norms say nothing of the update's finiteness
-        self.proxy_params: list[nn.Parameter] | None = None if proxy == "last-norm" else []
+        self.proxy_params: list[nn.Parameter] | None = None if proxy != "head" else []
         self._measure = list(measure)
 
     def find_proxy(self, backbone: Callable[[], nn.Module]) -> None:
-        """Find the "last-norm" parameters in ``backbone()`` if not found yet (an error if the
-        backbone has none)."""
+        """Find the "last-norm" parameters in ``backbone()`` if not found yet (``"auto"``
+        without any: the head's input instead; ``"last-norm"`` without any: an error)."""
         if self.proxy_params is not None:
             return
         params = last_norm_params(backbone(), self._measure)
-        if not params:
+        if not params and self.proxy == "last-norm":
             raise ValueError(
                 "approx_proxy='last-norm' needs a normalization layer with measured affine "
-                "parameters in the backbone; use approx_proxy='head'"
+                "parameters in the backbone; use approx_proxy='head' (or 'auto')"
             )
+        self.proxy = "last-norm" if params else "head"
         self.proxy_params = params
 
     def plan(self, o: Tensor, needs_norms: bool) -> SegmentPlan | None:
