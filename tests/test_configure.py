@@ -64,5 +64,5 @@ def test_callable_and_errors():
         eatta.configure(model, lambda *a: False)
     assert model[1].running_mean is not None  # a failed configure changed nothing
     no_norm = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
-    with pytest.raises(ValueError, match="no normalization layer.*params='all'"):
+    with pytest.raises(ValueError, match=r"no normalization layer.*params='all'"):
         eatta.configure(no_norm)
