@@ -1,0 +1,93 @@
+"""``examples/never_worse_check.py``: the check a user runs on their own model and streams."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from eatta.bench import StreamProtocol
+from eatta.data.stream import Domain
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "never_worse_check.py"
+
+
+@pytest.fixture(scope="module")
+def script() -> Iterator[ModuleType]:
+    spec = importlib.util.spec_from_file_location("never_worse_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["never_worse_check"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("never_worse_check", None)
+
+
+def test_check_on_your_own_model_and_stream(script, tmp_path):
+    """A model and two domains of one's own: every annotator's row against the given model,
+    the given model's cells exactly its unadapted error, the margin and worse domains computed."""
+    torch.manual_seed(0)
+    model = script.small_resnet()
+    with torch.no_grad():  # running statistics of its own, as a trained model has
+        model.train()
+        model(torch.rand(64, 3, 32, 32))
+    model.eval()
+
+    def fresh() -> torch.nn.Module:
+        copy = script.small_resnet()
+        copy.load_state_dict(model.state_dict())
+        return copy.eval()
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(256, 3, 32, 32, generator=g)
+    x[128:] *= 0.5  # a second, darker domain
+    y = torch.randint(0, 10, (256,), generator=g)
+    domains = [
+        Domain(n, TensorDataset(x[i : i + 128], y[i : i + 128])) for n, i in (("a", 0), ("b", 128))
+    ]
+    report = script.check(
+        fresh,
+        {"own": (domains, StreamProtocol(rounds=1))},
+        seeds=[0, 1],
+        annotators=["at once", "none"],
+        out=tmp_path,
+        jobs=1,
+    )
+    entry = report["own"]
+    with torch.no_grad():
+        unadapted = 100.0 * float((model(x).argmax(1) != y).float().mean())
+    assert entry["given"]["mean"] == pytest.approx(unadapted) and entry["given"]["std"] == 0.0
+    assert set(entry["safe"]) == {"at once", "none"} and set(entry["stable"]) == {"at once"}
+    assert len(entry["safe"]["none"]["errors"]) == 2 and set(entry["safe"]["none"]["domains"]) == {
+        "a",
+        "b",
+    }
+    table = script.render("own", entry)
+    margin = entry["safe"]["none"]["mean"] - entry["given"]["mean"]
+    assert "| none | - | " in table and f"{margin:+.2f}" in table
+    # finished runs are read back: a second call computes nothing new and says the same
+    again = script.check(
+        fresh,
+        {"own": (domains, StreamProtocol(rounds=1))},
+        seeds=[0, 1],
+        annotators=["at once", "none"],
+        out=tmp_path,
+        jobs=1,
+    )
+    assert json.dumps(again, sort_keys=True) == json.dumps(report, sort_keys=True)
+
+
+def test_unknown_streams_and_annotators_are_refused_before_anything_runs(script, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        script.main(["--streams", "clean,nope", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        script.main(["--annotators", "at once,sometimes", "--out", str(tmp_path)])
+    assert "nope" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # no model trained, no run written
