@@ -4,7 +4,8 @@ It serves your model as given, the label-free TENT and ETA, ``eatta-stable`` and
 on your streams, at the annotators you may have (labels at once, 16 and 64 batches late, a
 person's pace of 11.7 s an answer at a batch a second, none), over seeds, and prints every cell
 as mean ± std beside the model as given: the margin (``eatta-safe`` minus given; the promise is
-at most +0.5) and the domains where ``eatta-safe`` errs more than the given model.
+at most +0.5), the domains where ``eatta-safe`` errs more than the given model by over 0.5, and
+the share of batches it served with the given model's predictions.
 
 For your own model and data, call :func:`check` with a function returning a fresh copy of your
 model and your streams: ``{name: (domains, StreamProtocol(...))}``, each domain a ``(name,
@@ -136,11 +137,17 @@ def _domain_errors(results: Sequence[Any]) -> dict[str, float]:
 
 def _summary(results: Sequence[Any]) -> dict[str, Any]:
     errors = [float(r.average_error) for r in results]
+    served = [
+        r.fallback["stats"]["served_source"] / len(r.online)  # batches, whatever the window
+        for r in results
+        if r.fallback and r.online
+    ]
     return {
         "mean": statistics.fmean(errors),
         "std": statistics.pstdev(errors),
         "errors": errors,
         "domains": _domain_errors(results),
+        "served_given": statistics.fmean(served) if served else None,
     }
 
 
@@ -201,8 +208,9 @@ def render(name: str, entry: dict[str, Any]) -> str:
     given = entry["given"]
     lines = [
         f"\n{name}: the model as given {_fmt(given)}, best label-free {_fmt(entry['label-free'])}",
-        "| annotator | eatta-stable | eatta-safe | safe - given | never worse | worse domains |",
-        "|---|---:|---:|---:|---|---|",
+        "| annotator | eatta-stable | eatta-safe | safe - given | never worse | worse domains "
+        "| served given |",
+        "|---|---:|---:|---:|---|---|---:|",
     ]
     for label, safe in entry["safe"].items():
         margin = safe["mean"] - given["mean"]
@@ -210,7 +218,7 @@ def render(name: str, entry: dict[str, Any]) -> str:
         never_worse = "yes" if margin <= MARGIN else "NO"
         lines.append(
             f"| {label} | {_fmt(entry['stable'].get(label))} | {_fmt(safe)} | {margin:+.2f} | "
-            f"{never_worse} | {', '.join(worse) or '-'} |"
+            f"{never_worse} | {', '.join(worse) or '-'} | {safe['served_given']:.0%} |"
         )
     return "\n".join(lines)
 

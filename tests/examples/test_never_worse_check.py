@@ -69,6 +69,8 @@ def test_check_on_your_own_model_and_stream(script, tmp_path):
         "a",
         "b",
     }
+    served = entry["safe"]["none"]["served_given"]
+    assert 0.0 <= served <= 1.0 and entry["given"]["served_given"] is None
     table = script.render("own", entry)
     margin = entry["safe"]["none"]["mean"] - entry["given"]["mean"]
     assert "| none | - | " in table and f"{margin:+.2f}" in table
