@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -52,37 +53,23 @@ def test_check_on_your_own_model_and_stream(script, tmp_path):
     domains = [
         Domain(n, TensorDataset(x[i : i + 128], y[i : i + 128])) for n, i in (("a", 0), ("b", 128))
     ]
-    report = script.check(
-        fresh,
-        {"own": (domains, StreamProtocol(rounds=1))},
-        seeds=[0, 1],
-        annotators=["at once", "none"],
-        out=tmp_path,
-        jobs=1,
-    )
+    streams = {"own": (domains, StreamProtocol(rounds=1))}
+    run = partial(script.check, fresh, streams, seeds=[0, 1], annotators=["at once", "none"])
+    report = run(out=tmp_path, jobs=1)
     entry = report["own"]
     with torch.no_grad():
         unadapted = 100.0 * float((model(x).argmax(1) != y).float().mean())
     assert entry["given"]["mean"] == pytest.approx(unadapted) and entry["given"]["std"] == 0.0
     assert set(entry["safe"]) == {"at once", "none"} and set(entry["stable"]) == {"at once"}
-    assert len(entry["safe"]["none"]["errors"]) == 2 and set(entry["safe"]["none"]["domains"]) == {
-        "a",
-        "b",
-    }
+    none = entry["safe"]["none"]
+    assert len(none["errors"]) == 2 and set(none["domains"]) == {"a", "b"}
     served = entry["safe"]["none"]["served_given"]
     assert 0.0 <= served <= 1.0 and entry["given"]["served_given"] is None
     table = script.render("own", entry)
     margin = entry["safe"]["none"]["mean"] - entry["given"]["mean"]
     assert "| none | - | " in table and f"{margin:+.2f}" in table
     # finished runs are read back: a second call computes nothing new and says the same
-    again = script.check(
-        fresh,
-        {"own": (domains, StreamProtocol(rounds=1))},
-        seeds=[0, 1],
-        annotators=["at once", "none"],
-        out=tmp_path,
-        jobs=1,
-    )
+    again = run(out=tmp_path, jobs=1)
     assert json.dumps(again, sort_keys=True) == json.dumps(report, sort_keys=True)
 
 
