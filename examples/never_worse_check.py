@@ -223,6 +223,24 @@ def render(name: str, entry: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def overview(report: Mapping[str, Any]) -> str:
+    """Every stream on one row: ``eatta-safe`` at each annotator beside the given model, the
+    best label-free method and ``eatta-stable``; a cell over the promise is marked."""
+    labels = list(next(iter(report.values()))["safe"]) if report else []
+    head = ["stream", "given", "best label-free", "eatta-stable at once"]
+    head += [f"eatta-safe {label}" for label in labels]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name, entry in report.items():
+        cells = [name, _fmt(entry["given"]), _fmt(entry["label-free"])]
+        cells.append(_fmt(entry["stable"].get("at once")))
+        for label in labels:
+            safe = entry["safe"][label]
+            over = safe["mean"] > entry["given"]["mean"] + MARGIN
+            cells.append(_fmt(safe) + (" (worse)" if over else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/never-worse"))
@@ -259,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         limit=128 if args.quick else None,
     )
     (args.out / "summary.json").write_text(json.dumps(report, indent=1))
+    print("\n" + overview(report))
     return report
 
 

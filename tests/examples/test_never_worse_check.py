@@ -68,6 +68,8 @@ def test_check_on_your_own_model_and_stream(script, tmp_path):
     table = script.render("own", entry)
     margin = entry["safe"]["none"]["mean"] - entry["given"]["mean"]
     assert "| none | - | " in table and f"{margin:+.2f}" in table
+    summary = script.overview(report).splitlines()
+    assert summary[0].startswith("| stream | given |") and summary[2].startswith("| own | ")
     # finished runs are read back: a second call computes nothing new and says the same
     again = run(out=tmp_path, jobs=1)
     assert json.dumps(again, sort_keys=True) == json.dumps(report, sort_keys=True)
