@@ -335,6 +335,22 @@ def test_auto_proxy_is_the_last_norm_layer_where_there_is_one_else_the_head():
     assert any(not torch.equal(a, p) for a, p in zip(before, params, strict=True))
 
 
+def test_eatta_safe_runs_on_a_model_without_normalization_layers():
+    """The public path: eatta-safe (the approximate step by default) on an MLP, every
+    parameter adapted, as the exact eatta runs on it."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 5))
+    x, y = _batch()
+    for name in ("eatta", "eatta-safe"):
+        method = create(name, copy.deepcopy(mlp), oracle=GroundTruthOracle(), params="all")
+        for _ in range(2):
+            assert torch.isfinite(method(x, labels=y)).all()
+        assert method.labels_used == 2
+    assert method.approx_proxy == "head"
+    given, adapted = mlp.parameters(), method.model.parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(given, adapted, strict=True))
+
+
 def test_bad_proxy_and_unsupported_models_are_errors():
     with pytest.raises(ValueError, match=r"approx_proxy.*'fast'"):
         _method(confident_cnn(), grad_mode="approx", approx_proxy="fast")
