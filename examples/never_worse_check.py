@@ -18,6 +18,7 @@ mixed within batches); the fifteen digits-C corruptions at severity 5 mixed with
 at severity 3 one after another, twice.
 
     python examples/never_worse_check.py --out runs/never-worse   # the demo: 35 min on 2 cores
+    python examples/never_worse_check.py --streams clean,c5-mixed --sizes 8,1 --out runs/never-worse
     python examples/never_worse_check.py --streams clean --seeds 0 --quick   # a smoke run
 """
 
@@ -157,13 +158,16 @@ def check(
     *,
     seeds: Sequence[int] = (0, 1, 2),
     annotators: Sequence[str] = tuple(ANNOTATORS),
+    sizes: Sequence[int] = (64,),
     out: Path = Path("runs/never-worse"),
     jobs: int = 2,
     limit: int | None = None,
 ) -> dict[str, Any]:
     """Every method and annotator on every stream; finished runs under ``out`` are read back.
     Returns ``{stream: {"given", "label-free", "safe": {annotator}, "stable": {annotator}}}``,
-    each a :func:`_summary` (mean, std, per seed, per domain)."""
+    each a :func:`_summary` (mean, std, per seed, per domain). Requests of ``sizes`` under 64
+    samples (dividing 64) are served through a window of 64 samples at the same labels per
+    sample, ``eatta-safe`` alone, under ``"<stream> @ <size>"``."""
     report: dict[str, Any] = {}
     for name, (domains, protocol) in streams.items():
         data = {name: BenchmarkData(name, "digits-c", domains, model_fn)}
@@ -171,18 +175,22 @@ def check(
         fixed.update(progress=False, plot=False)
         run = partial(_run, data, out / name, fixed)
         refs = run("references", ["source", *LABEL_FREE])
-        entry: dict[str, Any] = {"given": _summary(_cells(refs, "source"))}
         free = [_summary(_cells(refs, m)) for m in LABEL_FREE]
-        entry["label-free"] = min(free, key=lambda s: s["mean"])
-        entry["safe"], entry["stable"] = {}, {}
-        for label in annotators:
-            methods = ["eatta-safe", "eatta-stable"] if label in WITH_STABLE else ["eatta-safe"]
-            done = run(label, methods, ANNOTATORS[label])
-            entry["safe"][label] = _summary(_cells(done, "eatta-safe"))
-            if label in WITH_STABLE:
-                entry["stable"][label] = _summary(_cells(done, "eatta-stable"))
-        report[name] = entry
-        print(render(name, entry), flush=True)
+        given, best = _summary(_cells(refs, "source")), min(free, key=lambda s: s["mean"])
+        for size in sizes:
+            key = name if size == 64 else f"{name} @ {size}"
+            entry: dict[str, Any] = {"given": given, "label-free": best, "safe": {}, "stable": {}}
+            window = {} if size == 64 else {"batch_size": size, "window": 64, "every": 64 // size}
+            for label in annotators:
+                both = label in WITH_STABLE and size == 64
+                methods = ["eatta-safe", "eatta-stable"] if both else ["eatta-safe"]
+                tag = label if size == 64 else f"{label} {size}"
+                done = run(tag, methods, ANNOTATORS[label], **window)
+                entry["safe"][label] = _summary(_cells(done, "eatta-safe"))
+                if both:
+                    entry["stable"][label] = _summary(_cells(done, "eatta-stable"))
+            report[key] = entry
+            print(render(key, entry), flush=True)
     return report
 
 
@@ -193,10 +201,11 @@ def _run(
     tag: str,
     methods: list[str],
     annotator: AnnotatorOptions | None = None,
+    **shape: Any,
 ) -> Any:
-    """One folder of runs (read back where finished)."""
+    """One folder of runs (read back where finished); ``shape``: the requests' size and window."""
     folder = out / tag.replace(" ", "-")
-    return eatta.bench.run(data, methods, out=folder, annotator=annotator, **fixed)
+    return eatta.bench.run(data, methods, out=folder, annotator=annotator, **fixed, **shape)
 
 
 def _fmt(s: dict[str, Any] | None) -> str:
@@ -247,6 +256,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--streams", default="clean,deployed,deployed-mixed,c5-mixed,c3")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated")
     parser.add_argument("--annotators", default=",".join(ANNOTATORS), help="comma-separated")
+    parser.add_argument(
+        "--sizes", default="64", help="request sizes, comma-separated, each dividing 64"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel, a thread each")
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: a model trained briefly, 128 images"
@@ -259,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     if unknown:
         parser.error(f"unknown streams or annotators {unknown}: {sorted(streams)}, {[*ANNOTATORS]}")
+    sizes = [int(v) for v in args.sizes.split(",") if v.isdigit()]
+    if len(sizes) != len(args.sizes.split(",")) or any(v < 1 or 64 % v for v in sizes):
+        parser.error(f"--sizes: request sizes dividing 64, got {args.sizes!r}")
     weights = args.out / ("model-quick.pt" if args.quick else "model.pt")
     model = train_on_mnist(weights, epochs=3, limit=1024) if args.quick else train_on_mnist(weights)
 
@@ -272,11 +287,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         {n: streams[n] for n in args.streams.split(",")},
         seeds=[int(s) for s in args.seeds.split(",")],
         annotators=annotators,
+        sizes=sizes,
         out=args.out,
         jobs=args.jobs,
         limit=128 if args.quick else None,
     )
-    (args.out / "summary.json").write_text(json.dumps(report, indent=1))
+    summary = args.out / "summary.json"  # earlier invocations' streams and sizes kept
+    saved = json.loads(summary.read_text()) if summary.exists() else {}
+    summary.write_text(json.dumps({**saved, **report}, indent=1))
     print("\n" + overview(report))
     return report
 

@@ -55,7 +55,10 @@ def test_check_on_your_own_model_and_stream(script, tmp_path):
     ]
     streams = {"own": (domains, StreamProtocol(rounds=1))}
     run = partial(script.check, fresh, streams, seeds=[0, 1], annotators=["at once", "none"])
-    report = run(out=tmp_path, jobs=1)
+    report = run(sizes=(64, 8), out=tmp_path, jobs=1)
+    small = report.pop("own @ 8")  # requests of 8 through the window: eatta-safe alone
+    assert small["given"] == report["own"]["given"] and small["stable"] == {}
+    assert set(small["safe"]) == {"at once", "none"}
     entry = report["own"]
     with torch.no_grad():
         unadapted = 100.0 * float((model(x).argmax(1) != y).float().mean())
@@ -80,5 +83,7 @@ def test_unknown_streams_and_annotators_are_refused_before_anything_runs(script,
         script.main(["--streams", "clean,nope", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         script.main(["--annotators", "at once,sometimes", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        script.main(["--sizes", "64,3", "--out", str(tmp_path)])
     assert "nope" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # no model trained, no run written
