@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 import pytest
+import torch
 from bench_fixtures import (
     fake_digits_c,
     one_thread,  # noqa: F401  (autouse fixture)
     tiny_benchmark,
 )
+from torch import nn
 
 import eatta.bench
 from eatta.bench import cli
@@ -74,7 +77,6 @@ def test_run_gives_the_numbers_and_table_of_the_command(tmp_path, capsys, toy_di
         ({"rounds": 0}, ValueError, "rounds"),
         ({"dirichlet": 0.0}, ValueError, "dirichlet"),
         ({"batch_size": 0}, ValueError, "batch size must be an int >= 1, got 0"),
-        ({"batch_size": 1, "window": "off"}, ValueError, "window off"),
         ({"window": 1}, ValueError, "got 1"),
         ({"hparams": {"tent": {"lrr": 0.1}}}, TypeError, "lrr"),
         ({"hparams": {"eta": {"lr": 0.1}}}, ValueError, "eta"),
@@ -100,6 +102,21 @@ def test_bad_options_raise_before_data_is_loaded_or_anything_written(
     with pytest.raises(error, match=message):
         eatta.bench.run("digits-c", **kw)
     assert not (tmp_path / "out").exists()
+
+
+def test_single_requests_without_a_window_are_refused_only_for_batchnorm_models(tmp_path):
+    """Batch size 1 with the window off: a BatchNorm model cannot normalize a batch of 1 (refused
+    before anything is written); a LayerNorm model steps on each request."""
+    single = {"batch_size": 1, "window": "off", "progress": False, "plot": False}
+    with pytest.raises(ValueError, match="toy's model normalizes with BatchNorm"):
+        eatta.bench.run({"toy": tiny_benchmark()}, "tent", out=tmp_path / "bn", **single)
+    assert not (tmp_path / "bn").exists()
+    torch.manual_seed(0)
+    ln = nn.Sequential(nn.Flatten(), nn.Linear(192, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 4))
+    data = tiny_benchmark(n=6)
+    data.model_fn = lambda: copy.deepcopy(ln)
+    done = eatta.bench.run({"ln": data}, "tent", out=tmp_path / "ln", **single)
+    assert done.results[0].images == 18 and len(done.results[0].online) == 18  # one per request
 
 
 def test_loaded_data_and_loading_options_do_not_mix(tmp_path):

@@ -240,8 +240,6 @@ def test_eata_gets_fisher_data_or_fails_clearly(tmp_path):
 def test_bad_options_are_rejected():
     with pytest.raises(ValueError, match="batch size must be an int >= 1, got 0"):
         RunOptions(batch_size=0)
-    with pytest.raises(ValueError, match="batch size 1 with --window off"):
-        RunOptions(batch_size=1, window="off")
     with pytest.raises(ValueError, match="got 1"):
         RunOptions(window=1)
     with pytest.raises(ValueError, match="limit"):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
@@ -322,6 +323,7 @@ def run(
         torch.set_num_threads(threads)
     try:
         data = _data(plan, protocol, config.workers, log, given, load)
+        _check_single_requests(options, data)
         for b in data.values():
             for line in provenance_notes(b):
                 say(line)
@@ -401,6 +403,19 @@ def _run_options(
             "adapts none"
         )
     return options
+
+
+def _check_single_requests(options: RunOptions, data: Mapping[str, BenchmarkData]) -> None:
+    """Requests of 1 with the window off, refused before anything is written where the model
+    normalizes with BatchNorm (a batch of 1 has no statistics); a LayerNorm model steps on each."""
+    if options.window != "off" or options.batch_size != 1:
+        return
+    for name, b in data.items():
+        if any(isinstance(m, _BatchNorm) for m in b.model_fn().modules()):
+            raise ValueError(
+                f"batch size 1 with --window off: {name}'s model normalizes with BatchNorm, "
+                "which cannot normalize a batch of 1 (use --window auto or a window of samples)"
+            )
 
 
 def _typed(value: Any, cls: type, what: str) -> Any:

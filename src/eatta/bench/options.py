@@ -62,11 +62,6 @@ class RunOptions:
             check_window(self.window)
         if self.weight_anchor is not None:
             WeightAnchor(self.weight_anchor)  # refuses a value outside (0, 1]
-        if self.window == "off" and self.batch_size == 1:
-            raise ValueError(
-                "batch size 1 with --window off: BatchNorm cannot normalize a batch of 1 "
-                "(use --window auto or a window of samples)"
-            )
         if self.limit is not None and self.limit < 2:
             raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
         if self.checkpoint_every < 0 or (self.workers is not None and self.workers < 0):
