@@ -60,7 +60,7 @@ from _study import each_part, merged, verdict, with_streams
 
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.monitoring import MonitorOptions
-from eatta.bench.results import CellResult
+from eatta.bench.results import CellResult, domain_means
 from eatta.bench.suites import digits_grid_name
 
 SAFE, STABLE = "eatta-safe", "eatta-stable"
@@ -116,7 +116,7 @@ def cells(results: Sequence[CellResult], method: str) -> list[dict[str, Any]]:
             "seed": r.seed,
             "error": float(r.average_error),
             "rounds": [float(v) for v in (r.round_errors or [])],
-            "domain_errors": _domain_means(r),
+            "domain_errors": domain_means([r]),
             "labels": int(r.labels_used),
             "batches": len(r.online),
             "cpu_s": float(r.cpu_time_s or 0.0),
@@ -129,16 +129,6 @@ def cells(results: Sequence[CellResult], method: str) -> list[dict[str, Any]]:
 
 def _by_method(results: Sequence[CellResult], methods: Sequence[str]) -> dict[str, Any]:
     return {m: cells(results, m) for m in methods}
-
-
-def _domain_means(r: CellResult) -> dict[str, float]:
-    """Each domain's error (%) over the whole run: all its visits, weighted by their images."""
-    wrong: dict[str, float] = {}
-    seen: dict[str, int] = {}
-    for name, n, e in zip(r.domains, r.domain_images, r.domain_errors, strict=True):
-        wrong[name] = wrong.get(name, 0.0) + n * e
-        seen[name] = seen.get(name, 0) + n
-    return {k: wrong[k] / seen[k] for k in wrong if seen[k]}
 
 
 def study(

@@ -41,10 +41,12 @@ from torch.utils.data import ConcatDataset
 import eatta.bench
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.benchmark import BenchmarkData
+from eatta.bench.results import domain_means
 from eatta.data.deployed import deployed_domains
 from eatta.data.digits import digits_c_domains, digits_source, digits_test
 from eatta.data.mnist import mnist_digits
 from eatta.data.stream import Domain
+from eatta.methods.registry import DATASETS
 
 ANNOTATORS: dict[str, AnnotatorOptions | None] = {
     "at once": None,
@@ -126,17 +128,6 @@ def _cells(done: Any, method: str) -> list[Any]:
     return [r for r in done.results if r.spec.method == method]
 
 
-def _domain_errors(results: Sequence[Any]) -> dict[str, float]:
-    """Each domain's error over all its visits and seeds."""
-    wrong: dict[str, float] = {}
-    seen: dict[str, int] = {}
-    for r in results:
-        for name, n, e in zip(r.domains, r.domain_images, r.domain_errors, strict=True):
-            wrong[name] = wrong.get(name, 0.0) + n * e
-            seen[name] = seen.get(name, 0) + n
-    return {k: wrong[k] / seen[k] for k in wrong if seen[k]}
-
-
 def _summary(results: Sequence[Any]) -> dict[str, Any]:
     errors = [float(r.average_error) for r in results]
     served = [
@@ -148,7 +139,7 @@ def _summary(results: Sequence[Any]) -> dict[str, Any]:
         "mean": statistics.fmean(errors),
         "std": statistics.pstdev(errors),
         "errors": errors,
-        "domains": _domain_errors(results),
+        "domains": domain_means(results),
         "served_given": statistics.fmean(served) if served else None,
     }
 
@@ -172,6 +163,8 @@ def check(
     sample, ``eatta-safe`` alone, under ``"<stream> @ <size>"``. ``defaults``: whose
     hyperparameters the methods take (``eatta.describe(name)`` lists each dataset's: learning
     rates differ by an order of magnitude between digits-C and ImageNet-C)."""
+    if defaults != "default" and defaults not in DATASETS:  # before any run is written
+        raise ValueError(f"defaults must be 'default' or one of {DATASETS}, got {defaults!r}")
     report: dict[str, Any] = {}
     for name, (domains, protocol) in streams.items():
         data = {name: BenchmarkData(name, defaults, domains, model_fn)}
@@ -275,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     if unknown:
         parser.error(f"unknown streams or annotators {unknown}: {sorted(streams)}, {[*ANNOTATORS]}")
+    seeds = [int(v) for v in args.seeds.split(",") if v.isdigit()]
+    if not seeds or len(seeds) != len(args.seeds.split(",")):
+        parser.error(f"--seeds: comma-separated seeds (0,1,2), got {args.seeds!r}")
     sizes = [int(v) for v in args.sizes.split(",") if v.isdigit()]
     if len(sizes) != len(args.sizes.split(",")) or any(v < 1 or 64 % v for v in sizes):
         parser.error(f"--sizes: request sizes dividing 64, got {args.sizes!r}")
@@ -289,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     report = check(
         fresh,
         {n: streams[n] for n in args.streams.split(",")},
-        seeds=[int(s) for s in args.seeds.split(",")],
+        seeds=seeds,
         annotators=annotators,
         sizes=sizes,
         out=args.out,

@@ -42,10 +42,18 @@ __all__ = [
     "Stats",
     "absorb_statistics",
     "batch_statistics",
+    "has_batchnorm",
     "mixed_norm_layers",
     "set_mix_weight",
     "use_mixed_norm",
 ]
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether ``model`` normalizes with batch statistics when it adapts (any BatchNorm layer,
+    :class:`MixedBatchNorm` included): such a model cannot adapt on a batch of one sample."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
 
 _UNSET = -1.0  # test_weight when the weight comes from the prior (a number, so states compare)
 

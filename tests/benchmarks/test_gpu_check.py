@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from benchmark_scripts import benchmark_script
+
+from repo_scripts import benchmark_script
 
 VARIANTS = ["inference", "tent", "eatta", "eatta-approx", "eatta-safe"]
 TIME_TARGETS = {"eatta": 1.3, "eatta-approx": 1.1, "eatta-safe": 1.1}

@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from benchmark_scripts import benchmark_script
 from torch import nn
+
+from repo_scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmark_scripts import benchmark_script
+
+from repo_scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -16,19 +13,13 @@ from torch.utils.data import TensorDataset
 
 from eatta.bench import StreamProtocol
 from eatta.data.stream import Domain
-
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "never_worse_check.py"
+from repo_scripts import repo_script
 
 
 @pytest.fixture(scope="module")
 def script() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("never_worse_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["never_worse_check"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("never_worse_check", None)
+    with repo_script("examples", "never_worse_check") as module:
+        yield module
 
 
 def test_check_on_your_own_model_and_stream(script, tmp_path):
@@ -76,6 +67,9 @@ def test_check_on_your_own_model_and_stream(script, tmp_path):
     # finished runs are read back: a second call computes nothing new and says the same
     again = run(out=tmp_path, jobs=1)
     assert json.dumps(again, sort_keys=True) == json.dumps(report, sort_keys=True)
+    with pytest.raises(ValueError, match=r"defaults.*'imagenet'"):
+        run(out=tmp_path / "other", defaults="imagenet")
+    assert not (tmp_path / "other").exists()
 
 
 def test_unknown_streams_and_annotators_are_refused_before_anything_runs(script, tmp_path, capsys):
@@ -85,5 +79,7 @@ def test_unknown_streams_and_annotators_are_refused_before_anything_runs(script,
         script.main(["--annotators", "at once,sometimes", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         script.main(["--sizes", "64,3", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        script.main(["--seeds", "0,x", "--out", str(tmp_path)])
     assert "nope" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # no model trained, no run written

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
@@ -42,6 +41,7 @@ from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
 from eatta.bench.results import CellResult
 from eatta.bench.runner import done_text, run_cell, run_grid
 from eatta.methods import registry
+from eatta.normalization import has_batchnorm
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -411,7 +411,7 @@ def _check_single_requests(options: RunOptions, data: Mapping[str, BenchmarkData
     if options.window != "off" or options.batch_size != 1:
         return
     for name, b in data.items():
-        if any(isinstance(m, _BatchNorm) for m in b.model_fn().modules()):
+        if has_batchnorm(b.model_fn()):
             raise ValueError(
                 f"batch size 1 with --window off: {name}'s model normalizes with BatchNorm, "
                 "which cannot normalize a batch of 1 (use --window auto or a window of samples)"

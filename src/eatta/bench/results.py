@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ from typing import Any
 from eatta.bench.checkpoint import atomic_write
 from eatta.bench.grid import CellSpec
 
-__all__ = ["RESULT_VERSION", "CellResult", "atomic_write_text", "row_label"]
+__all__ = ["RESULT_VERSION", "CellResult", "atomic_write_text", "domain_means", "row_label"]
 
 #: Version of the stored result format (``format_version`` in every result file).
 RESULT_VERSION = 1
@@ -98,6 +98,18 @@ class CellResult:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CellResult:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def domain_means(results: Sequence[CellResult]) -> dict[str, float]:
+    """Each domain's error (%) over all its visits in ``results`` (every round, every run),
+    weighted by the images of each visit."""
+    wrong: dict[str, float] = {}
+    seen: dict[str, int] = {}
+    for r in results:
+        for name, n, e in zip(r.domains, r.domain_images, r.domain_errors, strict=True):
+            wrong[name] = wrong.get(name, 0.0) + n * e
+            seen[name] = seen.get(name, 0) + n
+    return {k: wrong[k] / seen[k] for k in wrong if seen[k]}
 
 
 def row_label(spec: CellSpec, hparams: Mapping[str, Any]) -> str:

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from eatta.methods.parts import StepParts, WithParts
+from eatta.normalization import has_batchnorm
 from eatta.split import ModelSplit, split_model
 
 __all__ = ["AdaptiveMethod", "InvalidInputError"]
@@ -78,9 +79,7 @@ class AdaptiveMethod(WithParts, nn.Module):
                 raise ValueError(
                     f"the optimizer holds {len(foreign)} parameter(s) that are not the model's"
                 )
-        self._has_batchnorm = any(
-            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
-        )
+        self._has_batchnorm = has_batchnorm(model)
         self._rank = _expected_rank(model)
         self.last_step: Any = None  # what the last step did (method-specific record)
         self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot

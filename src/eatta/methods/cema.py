@@ -133,9 +133,6 @@ class CEMA(ActiveMethod):
         self.entropy_margin = entropy_margin
         for p in self._train:
             p.requires_grad_(True)
-        self._batchnorm = any(
-            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()
-        )
         self.last_step: CEMAStep | None = None
         self.attach(**parts)
 
@@ -212,7 +209,7 @@ class CEMA(ActiveMethod):
             targets = torch.cat([targets, by.to(x.device)])
             record.replayed = len(bx)
         inputs = torch.cat(rows)
-        if len(inputs) == 0 or (self._batchnorm and len(inputs) < 2):
+        if len(inputs) == 0 or (self.has_batchnorm and len(inputs) < 2):
             return  # nothing uploaded, or one sample that BatchNorm cannot normalize alone
         logits = self.model(inputs)
         margin = (

@@ -66,10 +66,6 @@ class SimATTAStep:
     losses: list[float] = field(default_factory=list)
 
 
-def _has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
 class SimATTA(ActiveMethod):
     """SimATTA around ``model``: clustering-selected labels plus source-like pseudo-labels.
 
@@ -155,7 +151,6 @@ class SimATTA(ActiveMethod):
         self.refresh_anchors = refresh_anchors
         for p in self._train:
             p.requires_grad_(True)
-        self._batchnorm = _has_batchnorm(model)
         teacher = None
         if use_teacher:
             teacher = copy.deepcopy(model).requires_grad_(False)
@@ -199,7 +194,7 @@ class SimATTA(ActiveMethod):
         )
         self._fine_tune(record)
         backbone = self.split.backbone
-        if self.refresh_anchors and (self.selector.num_anchors > 1 or not self._batchnorm):
+        if self.refresh_anchors and (self.selector.num_anchors > 1 or not self.has_batchnorm):
             self.selector.refresh(backbone)
         self.last_step = record
         return o.detach()
@@ -254,7 +249,7 @@ class SimATTA(ActiveMethod):
                 parts.append(self.source_buffer.sample())
             if n_lab:
                 parts.append(self.labelled.sample())
-            if self._batchnorm and sum(len(px) for px, _ in parts) < 2:
+            if self.has_batchnorm and sum(len(px) for px, _ in parts) < 2:
                 return  # a single sample cannot be normalized by its own batch statistics
             outs = self._forward_parts(parts)
             ce = [F.cross_entropy(out, y) for out, (_, y) in zip(outs, parts, strict=True)]
@@ -269,7 +264,7 @@ class SimATTA(ActiveMethod):
     def _forward_parts(self, parts: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
         """Logits of each part, each part a batch of its own (as SimATTA's two forward passes);
         parts are joined when one of them is a single sample and the model has BatchNorm."""
-        if self._batchnorm and any(len(px) < 2 for px, _ in parts) and len(parts) > 1:
+        if self.has_batchnorm and any(len(px) < 2 for px, _ in parts) and len(parts) > 1:
             joint = self.model(torch.cat([px for px, _ in parts]))
             return list(joint.split([len(px) for px, _ in parts]))
         return [self.model(px) for px, _ in parts]
