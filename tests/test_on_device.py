@@ -70,22 +70,29 @@ def test_every_method_serves_and_adapts_on_the_models_device(name: str, device: 
         out = method(x, labels=y) if get_spec(name).active else method(x)
         assert out.device.type == device and out.shape == (16, 10)
         assert torch.isfinite(out).all()
-    stored = [t for t in _tensors(method.state_dict()) if t.is_floating_point()]
-    assert all(t.device.type == device for t in stored)
+    off = [path for path, t in _tensors(method.state_dict()) if t.device.type != device]
+    assert [p for p in off if not p.endswith(CPU_BY_DESIGN)] == []
     moved = not all(torch.equal(a, b) for a, b in zip(before, adapted_tensors(method), strict=True))
     assert moved == (name != "source")
     if get_spec(name).active:
         assert 1 <= method.labels_used <= 6
 
 
-def _tensors(state: object) -> list[Tensor]:
+#: state kept on the CPU on purpose: an optimizer's step count (PyTorch's Adam, unless
+#: capturable) and HILTTA's score average (float64, one value a candidate, decided on the host).
+CPU_BY_DESIGN = (".step", "hiltta.scores")
+
+
+def _tensors(state: object, path: str = "") -> list[tuple[str, Tensor]]:
+    """(dotted path, tensor) for every tensor in a nested state."""
     if isinstance(state, Tensor):
-        return [state]
+        return [(path, state)]
+    items: list[tuple[object, object]] = []
     if isinstance(state, dict):
-        return [t for v in state.values() for t in _tensors(v)]
-    if isinstance(state, list | tuple):
-        return [t for v in state for t in _tensors(v)]
-    return []
+        items = list(state.items())
+    elif isinstance(state, list | tuple):
+        items = list(enumerate(state))
+    return [pt for k, v in items for pt in _tensors(v, f"{path}.{k}" if path else str(k))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -133,7 +140,7 @@ def test_a_checkpoint_continues_the_stream_and_reset_restores(name: str, device:
     assert nested_equal(a.model.state_dict(), given)
 
 
-@pytest.mark.parametrize("grad_mode", ["exact", "approx"])
+@pytest.mark.parametrize("grad_mode", ["auto", "approx"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_bf16_autocast_steps_in_fp32_weights(grad_mode: str) -> None:
