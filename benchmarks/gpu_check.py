@@ -154,8 +154,9 @@ def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "git_commit": from_git or commit,
-        "git_commit_from": "git" if from_git else ("--commit" if commit else None),
+        # an explicit --commit wins: a copied tree's .git may be older than the files measured
+        "git_commit": commit or from_git,
+        "git_commit_from": "--commit" if commit else ("git" if from_git else None),
         "git_dirty": bool(dirty) if from_git else None,
         "device": str(device),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -505,7 +506,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tests-timeout-s", type=float, default=120.0)
     ap.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--commit", help="the checkout's commit, recorded where git cannot tell")
+    ap.add_argument("--commit", help="the measured tree's commit (recorded instead of git's)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     for name, full, tiny in (("rounds", 30, 2), ("warmup", 3, 1), ("memory_steps", 3, 2)):
