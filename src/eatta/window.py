@@ -24,6 +24,7 @@ from torch import Tensor
 
 __all__ = [
     "SMALL_BATCH",
+    "SMALL_REQUEST",
     "WINDOW_MOMENTUM",
     "WINDOW_REFRESH",
     "SampleWindow",
@@ -48,9 +49,17 @@ WINDOW_REFRESH = 16
 #: at 8 and 89 % at 2; docs/small-batches.md).
 SMALL_BATCH = 32
 
+#: Batches smaller than this, on a model without batch statistics (LayerNorm, GroupNorm) and with
+#: no window set, get a :class:`SmallBatchWarning` too: each step then follows a few samples'
+#: gradient. On the digits ViT (docs/benchmarks.md, at equal labels per sample and step per
+#: sample) TENT lost 4.8 points and ``eatta-stable`` 4.2 at batch 1, where at batch 8
+#: ``eatta-stable`` held (−0.3); one model, so the bound is a guess elsewhere.
+SMALL_REQUEST = 8
+
 
 class SmallBatchWarning(UserWarning):
-    """A BatchNorm model adapts on batches too small for their statistics."""
+    """A model adapts on batches too small: for BatchNorm statistics (under
+    :data:`SMALL_BATCH`), or for a step to average over (under :data:`SMALL_REQUEST`)."""
 
 
 def check_window(size: object, every: object = None) -> tuple[int, int]:

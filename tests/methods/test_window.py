@@ -213,6 +213,32 @@ def test_small_batches_warn_once_unless_decided() -> None:
             method(torch.randn(n, 3, 8, 8))
 
 
+def _layernorm_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(192, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 5)
+    )
+
+
+def test_a_model_without_batchnorm_warns_only_on_requests_of_a_few_samples() -> None:
+    """LayerNorm: batches of 8 or more adapt quietly (no statistics to spoil); a run of
+    batches of 2 warns once, naming the window; set_window(False) silences it."""
+    method = eatta.create("tent", _layernorm_mlp(), params="all")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallBatchWarning)
+        for _ in range(3):
+            method(torch.randn(8, 3, 8, 8))
+    with pytest.warns(SmallBatchWarning, match=r"every batch of 2 samples.*window=64") as record:
+        for _ in range(4):
+            method(torch.randn(2, 3, 8, 8))
+    assert len([w for w in record if w.category is SmallBatchWarning]) == 1
+    quiet = eatta.create("tent", _layernorm_mlp(), params="all", window=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallBatchWarning)
+        for _ in range(4):
+            quiet(torch.randn(1, 3, 8, 8))
+
+
 @pytest.mark.parametrize(
     "name", [n for n in eatta.available() if n not in ("source", "eatta-safe")]
 )

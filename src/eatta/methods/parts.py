@@ -40,7 +40,7 @@ from typing_extensions import Protocol, TypedDict, Unpack
 
 from eatta._warn import warn_at_caller
 from eatta.normalization import MixedBatchNorm, absorb_statistics, batch_statistics
-from eatta.window import SMALL_BATCH, SampleWindow, SmallBatchWarning
+from eatta.window import SMALL_BATCH, SMALL_REQUEST, SampleWindow, SmallBatchWarning
 
 __all__ = [
     "HostMethod",
@@ -202,7 +202,7 @@ class StepParts:
         self.monitor: StepObserver | None = None
         self.anchor: WeightAnchor | None = None
         self._warned_small = False
-        self._small_run = 0  # consecutive batches under SMALL_BATCH (warned at the second)
+        self._small_run = 0  # consecutive small batches (warned at the second)
 
     # -- attaching ---------------------------------------------------------------------------
     def attach(self, **parts: Unpack[Parts]) -> None:
@@ -313,25 +313,34 @@ class StepParts:
 
     def _warn_small_batch(self, x: Tensor) -> None:
         """Once per method: a second batch in a row under :data:`~eatta.window.SMALL_BATCH`
-        samples on a BatchNorm model, with no window decided (set or turned off)."""
+        samples on a BatchNorm model (under :data:`~eatta.window.SMALL_REQUEST` on another),
+        with no window decided (set or turned off)."""
         if self._warned_small or self.window_off or self.window is not None:
             return
         method = self.method
-        if not method.adapts or not method.has_batchnorm:
+        if not method.adapts:
             return
-        if x.shape[0] >= SMALL_BATCH:
+        batchnorm = method.has_batchnorm
+        if x.shape[0] >= (SMALL_BATCH if batchnorm else SMALL_REQUEST):
             self._small_run = 0
             return
         self._small_run += 1
         if self._small_run < 2:  # one short batch (a domain's remainder) is no small-batch stream
             return
         self._warned_small = True
+        n, name = x.shape[0], type(method).__name__
+        why = (
+            f"{name} adapts a BatchNorm model on batches of {n} samples: their statistics are too "
+            "noisy to normalize and adapt on, and the error can rise far above the source "
+            "model's (docs/small-batches.md)"
+            if batchnorm
+            else f"{name} takes a step on every batch of {n} samples: each follows so few "
+            "samples' gradient that the error can drift up (the digits ViT lost 4-5 points at "
+            "batch 1; docs/benchmarks.md)"
+        )
         warn_at_caller(
-            f"{type(method).__name__} adapts a BatchNorm model on batches of {x.shape[0]} "
-            "samples: their statistics are too noisy to normalize and adapt on, and the error can "
-            "rise far above the source model's (docs/small-batches.md). Create the method with a "
-            "window of recent samples, eatta.create(name, model, window=64), or turn this off "
-            "with set_window(False)",
+            f"{why}. Create the method with a window of recent samples, "
+            "eatta.create(name, model, window=64), or turn this off with set_window(False)",
             SmallBatchWarning,
         )
 
