@@ -44,6 +44,7 @@ PROTOCOLS = {
 }
 
 
+@pytest.mark.small_batches  # the ViT adapts on batches of 1 and 4 as given, on purpose
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 @pytest.mark.parametrize(("batch", "every"), [(1, 4), (4, 2)])
 def test_every_protocol_streams_the_batch_size_and_labels_every_nth(
@@ -76,6 +77,7 @@ def test_every_protocol_streams_the_batch_size_and_labels_every_nth(
     assert r.labels_used == math.ceil(len(sizes) / every)
 
 
+@pytest.mark.small_batches  # batches of 2, as given, on purpose
 def test_ftta_restarts_the_every_count_at_each_domain(tmp_path):
     done = eatta.bench.run(
         {"toy": vit_benchmark()},
