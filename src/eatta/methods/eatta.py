@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
+from eatta._finite import all_finite
 from eatta.annotate.oracle import Oracle
 from eatta.balance import ClassBalance, make_balance
 from eatta.budget import Budget
@@ -235,7 +236,7 @@ class EATTA(EATTAStep):
             super().check_input(x)
         finally:
             self.check_finite = True
-        self._finite.flag = torch.isfinite(x).all()
+        self._finite.flag = all_finite(x)
 
     def _defer_finite(self, x: Tensor) -> bool:
         return DeferredFiniteCheck.applies(x, self.model)
