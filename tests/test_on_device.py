@@ -1,7 +1,8 @@
 """Every method and the composed parts on the model's device: the CPU half runs everywhere, the
 CUDA half (marked ``gpu``; ``pytest -m gpu``, as ``benchmarks/gpu_check.py`` runs it) where a
-GPU is present. What must follow the model there: outputs, every stored tensor, the
-checkpoint, ``reset()``, bf16 autocast."""
+GPU is present. What must follow the model there: outputs, every stored floating-point tensor,
+the checkpoint, ``reset()``, bf16 autocast. Ran on one H100: 24 passed
+(``benchmarks/results/gpu_check.json``)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def adapted_tensors(method: nn.Module) -> list[Tensor]:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", available())
 def test_every_method_serves_and_adapts_on_the_models_device(name: str, device: str) -> None:
-    """Six batches of 16: logits on the model's device and finite, every stored tensor there,
+    """Six batches of 16: logits on the model's device and finite, the stored floats there,
     labels counted, and (but for ``source``) the model moved. Integer bookkeeping (generator
     states, asked indices) may stay on the host."""
     method = build(name, digits(device))
