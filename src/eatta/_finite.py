@@ -14,11 +14,9 @@ from torch import Tensor
 
 
 def all_finite(x: Tensor) -> Tensor:
-    """A 0-d bool tensor on ``x``'s device: whether every element of ``x`` is finite (True for
-    an empty tensor and for integer and bool tensors, as ``isfinite(x).all()``)."""
-    if x.numel() == 0 or not (x.is_floating_point() or x.is_complex()):
-        return torch.ones((), dtype=torch.bool, device=x.device)
-    if x.is_complex():  # no order: the mask it is
+    """A 0-d bool tensor on ``x``'s device: whether every element of ``x`` is finite, as
+    ``isfinite(x).all()``."""
+    if not x.is_floating_point() or x.numel() == 0:  # complex, integer, bool, empty: the mask
         return torch.isfinite(x).all()
     lo, hi = torch.aminmax(x)
     return torch.isfinite(lo) & torch.isfinite(hi)
