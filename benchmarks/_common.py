@@ -1,5 +1,5 @@
-"""Shared helpers of the benchmark scripts: timing, peak memory, machine facts, results files,
-page templates, the studies' streams, runs and options.
+"""Shared helpers of the benchmark scripts: machine facts, results files, page templates, the
+studies' streams, runs and options (the timing benchmarks' own: ``_timing.py``).
 
 Not part of the package; the scripts run from this folder import it (it is on ``sys.path``).
 """
@@ -7,7 +7,6 @@ Not part of the package; the scripts run from this folder import it (it is on ``
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -16,8 +15,7 @@ import statistics
 import string
 import sys
 import time
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,140 +23,12 @@ import torch
 from torch import Tensor, nn
 
 import eatta.bench
-from eatta._compat import TorchvisionOpsWarning
 from eatta.bench import StreamProtocol
 from eatta.bench.flags import seed_list
 from eatta.bench.results import CellResult
 from eatta.losses import default_entropy_margin, entropy
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    """A function that waits for the device's queued work (a no-op on the CPU)."""
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
-
-
-def _minor_faults() -> int:
-    try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    except (ImportError, OSError):
-        return 0
-
-
-def time_interleaved(
-    fns: Mapping[str, Callable[[], object]],
-    *,
-    repeats: int,
-    warmup: int,
-    device: torch.device,
-    faults: dict[str, list[int]] | None = None,
-    deadline: float | None = None,
-) -> dict[str, list[float]]:
-    """Wall seconds of each call, the variants interleaved round by round.
-
-    Every round runs each variant once, the starting variant rotating, so a change in machine load
-    (other processes on a shared machine) hits all variants alike and per-round ratios stay
-    meaningful. The device is synchronised before and after each timed call; the garbage
-    collector runs between calls, not inside them. If ``faults`` is given, it receives each
-    call's minor page faults (memory the process had to map afresh), per variant. Past
-    ``deadline`` (``time.perf_counter``) no further round starts (the first always runs).
-    """
-    sync = synchronizer(device)
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-            sync()
-    names = list(fns)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        if r and deadline is not None and time.perf_counter() >= deadline:
-            break
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            gc.collect()
-            gc.disable()
-            try:
-                sync()
-                f0 = _minor_faults()
-                t0 = time.perf_counter()
-                fns[name]()
-                sync()
-                samples[name].append(time.perf_counter() - t0)
-                if faults is not None:
-                    faults.setdefault(name, []).append(_minor_faults() - f0)
-            finally:
-                gc.enable()
-    return samples
-
-
-def stats_ms(samples: list[float]) -> dict[str, Any]:
-    """Median, min, quartiles (ms) of a list of seconds."""
-    ms = sorted(1e3 * s for s in samples)
-    q = statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3
-    return {
-        "median_ms": statistics.median(ms),
-        "min_ms": ms[0],
-        "q1_ms": q[0],
-        "q3_ms": q[2],
-        "n": len(ms),
-        "samples_ms": [round(v, 3) for v in ms],
-    }
-
-
-def ratio(samples: dict[str, list[float]], num: str, den: str) -> dict[str, float]:
-    """``num / den`` three ways: of the medians, median of per-round ratios, of the minima."""
-    a, b = samples[num], samples[den]
-    paired = [x / y for x, y in zip(a, b, strict=True)]
-    return {
-        "median": statistics.median(a) / statistics.median(b),
-        "paired": statistics.median(paired),
-        "min": min(a) / min(b),
-    }
-
-
-def peak_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
-    """Peak bytes allocated by one call of ``fn`` above what was allocated before it.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak, minus the allocation at
-    the start. CPU (whose allocator keeps no statistics): :func:`profiler_peak` of the call under
-    ``torch.profiler`` with ``profile_memory=True``. Tensors that existed before (weights, the
-    batch, optimizer state) are the baseline on both devices; oneDNN's scratch and the allocator's
-    caching are not counted. None if the profiler's event list is not available.
-    """
-    sync = synchronizer(device)
-    gc.collect()
-    if device.type == "cuda":
-        sync()
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        sync()
-        return int(torch.cuda.max_memory_allocated(device) - base)
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    return profiler_peak(prof)
-
-
-def profiler_peak(prof: Any) -> int | None:
-    """Peak of the running sum, in time order, of a ``profile_memory`` profile's allocation and
-    free events: the most the profiled code held above its start (None: no event list)."""
-    try:
-        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    except AttributeError:
-        return None
-    events.sort(key=lambda e: e.start_ns())
-    current = peak = 0
-    for e in events:
-        current += e.nbytes()
-        peak = max(peak, current)
-    return int(peak)
 
 
 def scale_head(model: nn.Module, head: nn.Linear, x: Tensor, num_classes: int, tries: int) -> float:
@@ -180,23 +50,29 @@ def scale_head(model: nn.Module, head: nn.Linear, x: Tensor, num_classes: int, t
     return scale
 
 
-def machine(device: torch.device) -> dict[str, Any]:
-    """Facts that make timings comparable: versions, CPU, threads, load, GPU."""
-    info: dict[str, Any] = {
+def host(device: torch.device) -> dict[str, Any]:
+    """The facts every timing records: versions, CPU, threads, device, command."""
+    return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """Facts that make timings comparable: :func:`host`'s, the allocator, load, date, GPU."""
+    info = host(device) | {
         "torch_interop_threads": torch.get_num_interop_threads(),
         "mkldnn": torch.backends.mkldnn.is_available(),
         "malloc_env": {
             k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "LD_PRELOAD"))
         },
         "loadavg_start": _loadavg(),
-        "device": str(device),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     if device.type == "cuda":
@@ -225,41 +101,6 @@ def _loadavg() -> list[float] | None:
 def finish_meta(meta: dict[str, Any], started: float) -> None:
     meta["loadavg_end"] = _loadavg()
     meta["wall_s"] = round(time.perf_counter() - started, 1)
-
-
-def timing_parser(doc: str | None) -> argparse.ArgumentParser:
-    """The options the timing benchmarks share: ``--device``, ``--quick``, ``--out``,
-    ``--threads``."""
-    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    p.add_argument("--quick", action="store_true", help="smoke run, into results/quick")
-    p.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: cores)")
-    return p
-
-
-def timing_device(args: argparse.Namespace) -> torch.device | None:
-    """``--device`` with torch's threads set (None, said on stderr: no CUDA device here); fills
-    in ``--out``'s default."""
-    warnings.simplefilter("ignore", TorchvisionOpsWarning)
-    args.out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("--device cuda: no CUDA device available", file=sys.stderr)
-        return None
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    return device
-
-
-def write_results(path: Path, data: dict[str, Any], started: float, **meta: Any) -> None:
-    """A timing benchmark's JSON (its ``meta`` finished, then ``meta`` added) and the folder's
-    ``summary.md``."""
-    import _summary  # it imports this module
-
-    finish_meta(data["meta"], started)
-    data["meta"].update(meta)
-    write_json(path, data)
-    print(f"wrote {path} and {_summary.render(path.parent)}")
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -399,7 +240,9 @@ def study_parser(
     p = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
     p.add_argument("--seeds", type=seed_list, default="0-2", help="seeds, e.g. 0-2 or 1,2")
     p.add_argument("--out", default=out, help="folder of the runs")
-    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
+    p.add_argument(
+        "--report-only", action="store_true", help="render from the saved results, run nothing"
+    )
     if plan:
         p.add_argument(
             "--plan", default=",".join(plan), help=f"PART:STREAM items in order (parts: {parts})"

@@ -19,13 +19,30 @@ ORDER = (
     "reference-style",
     "two-backward floor",
 )
-
+#: The ratio table's columns: time ratios to TENT, then peak-memory ratios to TENT.
+TIME_COLUMNS = {
+    "eatta": "EATTA / TENT time",
+    "eatta-approx": "approx / TENT time",
+    "reference-style": "reference-style / TENT time",
+    "two-backward floor": "two-backward floor / TENT",
+}
+MEMORY_COLUMNS = {
+    "eatta": "EATTA / TENT peak memory",
+    "eatta-approx": "approx / TENT peak memory",
+    "eatta-two-pass": "EATTA two-pass / TENT peak memory",
+    "reference-style": "reference-style / TENT peak memory",
+}
 
 PAGE = _common.Template("summary")
 
 
 def _f(v: float | None, digits: int = 2) -> str:
     return "–" if v is None else f"{v:.{digits}f}"
+
+
+def _ratio(r: dict[str, float] | None) -> str:
+    """A time ratio as median (median of per-round ratios / min)."""
+    return "–" if r is None else f"{r['median']:.2f} ({r['paired']:.2f} / {r['min']:.2f})"
 
 
 def _meta_line(meta: dict[str, Any]) -> str:
@@ -38,7 +55,31 @@ def _meta_line(meta: dict[str, Any]) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    return _common.markdown_table(header, rows, left=True).split("\n")
+    return ["", *_common.markdown_table(header, rows, left=True).split("\n")]
+
+
+def _variants_table(variants: dict[str, dict[str, Any]]) -> list[str]:
+    """One model's variants: times, their ratios, peak memory and page faults."""
+    inf, tent = variants["inference"]["median_ms"], variants["tent"]["median_ms"]
+    tent_mb = variants["tent"].get("peak_mb")
+    rows = []
+    for key in [k for k in ORDER if k in variants] + [k for k in variants if k not in ORDER]:
+        s, mb = variants[key], variants[key].get("peak_mb")
+        rows.append(
+            [
+                key,
+                f"{s['median_ms']:.1f}",
+                f"{s['min_ms']:.1f}",
+                f"{s['q1_ms']:.1f}–{s['q3_ms']:.1f}",
+                f"{s['median_ms'] / inf:.2f}",
+                f"{s['median_ms'] / tent:.2f}",
+                _f(mb, 1),
+                _f(None if mb is None or not tent_mb else mb / tent_mb),
+                s.get("minor_faults_median", "–"),
+            ]
+        )
+    header = ["variant", "median ms", "min ms", "IQR ms", "× inference", "× TENT", "peak MB"]
+    return _table([*header, "× TENT memory", "page faults"], rows)
 
 
 def _step_section(data: dict[str, Any]) -> list[str]:
@@ -53,66 +94,31 @@ def _step_section(data: dict[str, Any]) -> list[str]:
         warmup=meta["warmup"],
         memory=meta["memory_method"],
     )
-    times = ("eatta", "eatta-approx", "reference-style", "two-backward floor")
-    memories = ("eatta", "eatta-approx", "eatta-two-pass", "reference-style")
-    header = ["model", "EATTA / TENT time", "approx / TENT time", "reference-style / TENT time"]
-    header += ["two-backward floor / TENT", "EATTA / TENT peak memory"]
-    header += ["approx / TENT peak memory", "EATTA two-pass / TENT peak memory"]
-    header += ["reference-style / TENT peak memory"]
-    rows = []
+    rows = [
+        [f"{name} b{res['batch']}"]
+        + [_ratio(res["time_ratios"].get(f"{k}/tent")) for k in TIME_COLUMNS]
+        + [_f(res.get("memory_ratios", {}).get(f"{k}/tent")) for k in MEMORY_COLUMNS]
+        for name, res in data["models"].items()
+    ]
+    header = ["model", *TIME_COLUMNS.values(), *MEMORY_COLUMNS.values()]
+    lines = [*head.split("\n"), *_table(header, rows)]
     for name, res in data["models"].items():
-        tr, mr = res["time_ratios"], res.get("memory_ratios", {})
-        t3 = [tr.get(f"{k}/tent") for k in times]
-        rows.append(
-            [f"{name} b{res['batch']}"]
-            + [
-                "–" if r is None else f"{r['median']:.2f} ({r['paired']:.2f} / {r['min']:.2f})"
-                for r in t3
-            ]
-            + [_f(mr.get(f"{k}/tent")) for k in memories]
-        )
-    lines = [*head.split("\n"), "", *_table(header, rows)]
-    for name, res in data["models"].items():
-        v = res["variants"]
-        inf, tent = v["inference"]["median_ms"], v["tent"]["median_ms"]
-        tent_mb = v["tent"].get("peak_mb")
-        rows = []
-        for key in [k for k in ORDER if k in v] + [k for k in v if k not in ORDER]:
-            s, mb = v[key], v[key].get("peak_mb")
-            rows.append(
-                [
-                    key,
-                    f"{s['median_ms']:.1f}",
-                    f"{s['min_ms']:.1f}",
-                    f"{s['q1_ms']:.1f}–{s['q3_ms']:.1f}",
-                    f"{s['median_ms'] / inf:.2f}",
-                    f"{s['median_ms'] / tent:.2f}",
-                    _f(mb, 1),
-                    _f(None if mb is None or not tent_mb else mb / tent_mb),
-                    s.get("minor_faults_median", "–"),
-                ]
-            )
-        header = ["variant", "median ms", "min ms", "IQR ms", "× inference", "× TENT", "peak MB"]
         lines += ["", f"### {name}, batch {res['batch']}, {res['resolution']} px, "
-                  f"{res['num_classes']} classes", ""]  # fmt: skip
-        lines += _table([*header, "× TENT memory", "page faults"], rows)
-        lat = res.get("latency", {})
-        if lat:
+                  f"{res['num_classes']} classes"]  # fmt: skip
+        lines += _variants_table(res["variants"])
+        if lat := res.get("latency"):
             shown = ", ".join(f"{k} {v['p50_ms']:.1f} / {v['p99_ms']:.1f}" for k, v in lat.items())
             lines += ["", PAGE("latency", repeats=meta["repeats"], shown=shown)]
-        par = res.get("parity_max_abs_diff", {})
-        if par:
+        if par := res.get("parity_max_abs_diff"):
             shown = ", ".join(f"{k} {val:.1e}" for k, val in par.items())
             lines += ["", PAGE("parity", shown=shown)]
-        prof = res.get("profile")
-        if prof:
+        if prof := res.get("profile"):
             names = list(prof)
             cats = list(dict.fromkeys(c for n in names for c in prof[n]["categories_ms"]))
             rows = [[c, *(_f(prof[n]["categories_ms"].get(c), 1) for n in names)] for c in cats]
             rows.append(["total", *(_f(prof[n]["total_ms"], 1) for n in names)])
-            lines += ["", PAGE("profile"), "", *_table(["category", *names], rows)]
-    growth = data.get("growth")
-    if growth:
+            lines += ["", PAGE("profile"), *_table(["category", *names], rows)]
+    if growth := data.get("growth"):
         header = ["batch", "labels", "EATTA ms", "TENT ms", "EATTA ms / image", "EATTA / TENT"]
         rows = [
             [
@@ -125,7 +131,7 @@ def _step_section(data: dict[str, Any]) -> list[str]:
             ]
             for row in growth["batch_size"] + growth["labels"]
         ]
-        lines += ["", f"### Growth ({growth['model']})", "", *_table(header, rows)]
+        lines += ["", f"### Growth ({growth['model']})", *_table(header, rows)]
     return lines
 
 
@@ -142,21 +148,25 @@ def _loader_section(data: dict[str, Any]) -> list[str]:
         [r["name"], f"{r['images_per_s']:.0f}", f"{r['first_epoch_images_per_s']:.0f}"]
         for r in data["loaders"]
     ]
-    lines = [*head.split("\n"), "", *_table(["loader", "images/s", "first epoch images/s"], rows)]
+    lines = [*head.split("\n"), *_table(["loader", "images/s", "first epoch images/s"], rows)]
     steps = [[r["name"], f"{r['images_per_s']:.1f}"] for r in data["steps"]]
-    lines += ["", *_table(["step", "images/s"], steps)]
+    lines += _table(["step", "images/s"], steps)
     return lines + (["", *data["notes"]] if data.get("notes") else [])
 
 
-def render(folder: Path) -> Path:
-    """Write ``folder/summary.md`` from ``step_benchmark_*.json`` and ``loader_benchmark*.json``."""
+def page(folder: Path) -> str:
+    """``summary.md`` of ``folder``'s ``step_benchmark_*.json`` and ``loader_benchmark*.json``."""
     lines = PAGE().split("\n")
     sections = {"step_benchmark_*.json": _step_section, "loader_benchmark*.json": _loader_section}
     for pattern, section in sections.items():
         for path in sorted(folder.glob(pattern)):
-            data = _common.load_json(path)
-            if data:
+            if data := _common.load_json(path):
                 lines += [*section(data), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render(folder: Path) -> Path:
+    """Write ``folder/summary.md`` (:func:`page`)."""
     out = folder / "summary.md"
-    out.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    out.write_text(page(folder), encoding="utf-8")
     return out

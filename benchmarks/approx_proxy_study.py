@@ -23,23 +23,19 @@ import argparse
 import copy
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import _common
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common
-
 from eatta._compat import import_torchvision
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.configure import configure_model
-from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains
+from eatta.data.digits import digits_c_domains
 from eatta.data.stream import TestStream
 from eatta.methods._approx import last_norm_params, proxy_norms
 from eatta.methods.eatta import EATTA
@@ -48,6 +44,7 @@ from eatta.methods.update import ExactUpdate
 from eatta.models.digits_cnn import packaged_digits_source
 
 OUT = _common.RESULTS / "approx_proxy_study.json"
+MODELS = ("digits-32", "resnet18-64")
 REFRESH = (4, 16, 64)
 ALPHA = 0.8
 
@@ -71,6 +68,7 @@ class Recorder(ExactUpdate):
 
 
 def _model(kind: str, x0: Tensor) -> nn.Module:
+    """A copy of the packaged digits CNN, or a seeded ResNet-18 whose head is scaled on ``x0``."""
     if kind == "digits-32":
         return copy.deepcopy(packaged_digits_source()[0])
     torch.manual_seed(0)
@@ -83,17 +81,17 @@ def trajectory(kind: str, rounds: int, limit: int | None) -> np.ndarray:
     """Exact and estimated norms at each step of ``rounds`` rounds (round ``r`` a
     ``TestStream`` shuffled with seed ``r``): columns exact sup/unsup, last-norm sup/unsup,
     head sup/unsup."""
-    domains = digits_c_domains(list(DIGITS_C_CORRUPTIONS), severity=5)
+    domains = digits_c_domains(severity=5)
     batches = [(x, y) for r in range(rounds) for x, y, _ in TestStream(domains, 64, seed=r)]
     if limit is not None:
         step = max(1, len(batches) // limit)
         batches = batches[::step][:limit]
-    size = 64 if kind == "resnet18-64" else 32
 
     def prep(x: Tensor) -> Tensor:
-        return (
-            F.interpolate(x, size=size, mode="bilinear", align_corners=False) if size != 32 else x
-        )
+        """The batch at the model's input size."""
+        if kind == "digits-32":
+            return x
+        return F.interpolate(x, size=64, mode="bilinear", align_corners=False)
 
     model = _model(kind, prep(batches[0][0]))
     oracle = GroundTruthOracle()
@@ -161,31 +159,26 @@ def agreement(rows: np.ndarray) -> dict[str, dict[str, float]]:
     return out
 
 
-def markdown(results: dict[str, Any]) -> str:
-    """One table per model: each candidate's agreement with the exact ratio."""
-    parts = []
-    keys = ("corr", "bias", "mae", "gamma_corr", "gamma_bias", "gamma_mae")
-    head = ["estimate", "corr r", "bias r", "MAE r", "corr EMA γ_sup", "bias γ", "MAE γ"]
-    for model, res in results["models"].items():
-        steps = res["agreement"]["_steps"]
-        ex = res["agreement"]["_exact_ratio"]
-        parts.append(
-            f"**{model}** ({int(steps['with_confident_set'])} steps with a confident set; exact "
-            f"ratio {ex['mean']:.3f} ± {ex['std']:.3f})\n"
-        )
-        rows = [
-            [name, *(f"{v[k]:+.3f}" if "bias" in k else f"{v[k]:.3f}" for k in keys)]
-            for name, v in res["agreement"].items()
-            if not name.startswith("_") and name != "exact"
-        ]
-        parts.append(_common.markdown_table(head, rows, left=True) + "\n")
-    return "\n".join(parts)
+def fidelity_table(agreement: dict[str, Any], names: Sequence[str]) -> str:
+    """Markdown: the named candidates' :func:`agreement` with the exact ratio and EMA weight."""
+    keys = ("corr", "bias", "mae", "gamma_corr", "gamma_bias")
+    rows = []
+    for name in names:
+        v = agreement[name]
+        rows.append([name, *(f"{v[k]:+.3f}" if "bias" in k else f"{v[k]:.3f}" for k in keys)])
+    head = ["estimate", "corr(r)", "bias(r)", "MAE(r)", "corr(EMA γ_sup)", "bias(EMA γ_sup)"]
+    return _common.markdown_table(head, rows)
+
+
+def estimates(agreement: dict[str, Any]) -> list[str]:
+    """The candidates of an :func:`agreement`: the exact ratio and the summaries aside."""
+    return [k for k in agreement if k != "exact" and not k.startswith("_")]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--models", nargs="+", default=["digits-32", "resnet18-64"])
+    p.add_argument("--quick", action="store_true", help="60 batches per model, not written")
+    p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     p.add_argument("--rounds", type=int, default=4, help="digits-32 rounds (resnet18-64: 1)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
@@ -195,13 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         rounds = args.rounds if kind == "digits-32" else 1
         rows = trajectory(kind, rounds, 60 if args.quick else None)
-        results["models"][kind] = {
-            "rounds": rounds,
-            "agreement": agreement(rows),
-            "seconds": time.perf_counter() - t0,
-        }
-        print(f"[{kind}] {len(rows)} steps in {time.perf_counter() - t0:.0f} s", flush=True)
-    print(markdown(results))
+        agree = agreement(rows)
+        seconds = time.perf_counter() - t0
+        results["models"][kind] = {"rounds": rounds, "agreement": agree, "seconds": seconds}
+        print(f"[{kind}] {len(rows)} steps in {seconds:.0f} s", flush=True)
+        print(fidelity_table(agree, estimates(agree)) + "\n", flush=True)
     if not args.quick:
         _common.write_json(OUT, results)
         print(f"wrote {OUT}")

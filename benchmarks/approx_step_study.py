@@ -1,23 +1,20 @@
 #!/usr/bin/env python
 """The approximate EATTA step against the exact one (issue 32): accuracy study, docs page.
 
-``eatta`` and ``eatta-stable`` run with ``grad_mode="auto"`` (exact) and ``"approx"`` (one
-backward pass, :data:`APPROX`) on four digits-C streams, one label per batch: ``recurring`` (3
-of the main job's 10 rounds; the tuning stream, where ``approx_proxy_study.py`` chose the
-estimate), ``mixed`` (2 rounds), ``ccc`` (slow, 5 rounds) and ``dirichlet`` (δ = 0.1, 2 rounds).
-Per stream and method the approximate step is "within" when its average error differs from the
-exact one's by at most the larger of the seed standard deviations and 0.5 points. Every run is
-a cell under ``--out`` (read back when finished). ``docs/approx-step.md`` is rendered from the
-runs, ``approx_proxy_study.json`` (fidelity) and ``step_benchmark_cpu.json`` (cost).
+``eatta`` and ``eatta-stable`` with the exact step and the approximate one (:data:`APPROX`) on
+four digits-C streams, one label per batch: ``recurring`` (3 rounds; the tuning stream, where
+``approx_proxy_study.py`` chose the estimate), ``mixed``, ``ccc`` and ``dirichlet``. The
+approximate step is "within" where the average errors differ by at most the larger of the seed
+standard deviations and 0.5 points. ``docs/approx-step.md`` is rendered from the runs (cells
+under ``--out``), ``approx_proxy_study.json`` (fidelity) and ``step_benchmark_cpu.json`` (cost).
 
     python benchmarks/approx_step_study.py --out runs/approx-step        # runs, then the page
-    python benchmarks/approx_step_study.py --out runs/approx-step --report-only
+    python benchmarks/approx_step_study.py --report-only  # from --out, else the committed JSON
     python benchmarks/approx_step_study.py --quick --out runs/approx-quick  # smoke run, no page
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -26,25 +23,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import RESULTS, Template, run_part, save_study, streams
+from _common import (
+    RESULTS,
+    Template,
+    load_json,
+    run_part,
+    save_study,
+    streams,
+    study_parser,
+    write_json,
+)
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _study import saved, verdict
+from approx_proxy_study import estimates, fidelity_table
 
 from eatta.bench import StreamProtocol
-from eatta.bench.flags import seed_list
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "approx-step.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "approx-step.md"
 DATA = RESULTS / "approx_step_study.json"
 METHODS = ("eatta", "eatta-stable")
 #: The approximate step's settings, chosen on the tuning stream (see the module docstring).
-APPROX: dict[str, Any] = {
-    "grad_mode": "approx",
-    "approx_proxy": "last-norm",
-    "approx_refresh": None,
-}
+APPROX = {"grad_mode": "approx", "approx_proxy": "last-norm", "approx_refresh": None}
 #: Each mode's hyperparameters, in the order the study runs them.
 MODES: dict[str, dict[str, Any]] = {"exact": {"grad_mode": "auto"}, "approx": APPROX}
 TUNE_STREAM = "recurring"
@@ -62,21 +62,19 @@ FIDELITY_ROWS += ("last-norm+refresh-64",)
 #: The streams, the short ones first (the 10-round tuning stream takes as long as the three
 #: others together, so on a shared machine it runs last, seed by seed).
 STREAM_NAMES = ("ccc", "mixed", "dirichlet", "recurring")
-
-
-def study_streams(quick: bool) -> dict[str, StreamProtocol]:
-    """The study's streams (``quick``: CCC and recurring, short)."""
-    if quick:
-        return streams("ccc", "recurring", quick=True)
-    return streams(*STREAM_NAMES, recurring=StreamProtocol(rounds=RECURRING_ROUNDS))
+TEMPLATE = Template("approx_step")
 
 
 def study(out: Path, seeds: list[int], quick: bool, only: Sequence[str] = ()) -> dict[str, Any]:
-    """Every stream, seed by seed (exact, then approximate), saved after each pair, so a cut
-    study still pairs its seeds."""
+    """Every stream (``quick``: CCC and recurring, short), seed by seed (exact, then
+    approximate), saved after each pair, so a cut study still pairs its seeds."""
+    if quick:
+        protocols = streams("ccc", "recurring", quick=True)
+    else:
+        protocols = streams(*STREAM_NAMES, recurring=StreamProtocol(rounds=RECURRING_ROUNDS))
     data: dict[str, Any] = {"seeds": seeds, "approx": APPROX, "tune_stream": TUNE_STREAM}
     data["streams"] = {}
-    for name, proto in study_streams(quick).items():
+    for name, proto in protocols.items():
         if only and name not in only:
             continue
         print(f"stream {name}: {proto.describe()}", flush=True)
@@ -88,11 +86,11 @@ def study(out: Path, seeds: list[int], quick: bool, only: Sequence[str] = ()) ->
             for mode, hp in MODES.items():
                 hparams = {m: dict(hp) for m in METHODS}
                 res = run_part(out / name, mode, proto, METHODS, [seed], hparams=hparams)
-                for m in METHODS:
-                    mine = sorted((r for r in res if r.spec.method == m), key=lambda r: r.seed)
-                    s[mode][m]["average"] += [float(r.average_error) for r in mine]
-                    s[mode][m]["last"] += [r.round_errors[-1] for r in mine]
-                    s[mode][m]["cpu_s"] += [float(r.cpu_time_s) for r in mine]
+                for r in res:
+                    got = s[mode][r.spec.method]
+                    got["average"].append(float(r.average_error))
+                    got["last"].append(r.round_errors[-1])
+                    got["cpu_s"].append(float(r.cpu_time_s))
             s["seeds"].append(seed)
             save_study(out, data)
     return data
@@ -114,18 +112,9 @@ def verdicts(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
             diff = statistics.fmean(a) - statistics.fmean(e)
             tol = max(_sd(e), _sd(a), MIN_TOLERANCE)
             paired = [x - y for x, y in zip(a, e, strict=True)]
-            out[name][m] = {
-                "diff": diff,
-                "tolerance": tol,
-                "within": abs(diff) <= tol,
-                "paired": paired,
-            }
+            within = abs(diff) <= tol
+            out[name][m] = {"diff": diff, "tolerance": tol, "within": within, "paired": paired}
     return out
-
-
-def _ratio(ratios: dict[str, Any], key: str) -> str:
-    r = ratios.get(key)
-    return "-" if r is None else f"{r['median']:.2f}x"
 
 
 def cost_table(bench: dict[str, Any]) -> str:
@@ -135,21 +124,21 @@ def cost_table(bench: dict[str, Any]) -> str:
     for model, res in bench["models"].items():
         t, mem = res["time_ratios"], res.get("memory_ratios", {})
         lat = res.get("latency", {}).get("eatta-approx", {})
+        times = [t.get(f"{k}/tent") for k in ("eatta", "eatta-approx", "eatta-no-gnd")]
         rows.append(
-            [model, *(_ratio(t, f"{k}/tent") for k in ("eatta", "eatta-approx", "eatta-no-gnd"))]
+            [model, *("-" if r is None else f"{r['median']:.2f}x" for r in times)]
             + [f"{mem.get(f'{k}/tent', nan):.3f}" for k in ("eatta", "eatta-approx")]
             + [f"{lat.get('p50_ms', nan):.1f} / {lat.get('p99_ms', nan):.1f}"]
         )
         ta, ma = t.get("eatta-approx/tent"), mem.get("eatta-approx/tent")
         if ta is not None and ma is not None:
-            time_met, memory_met = ta["median"] <= TIME_BAR, ma <= MEMORY_BAR
             verdicts.append(
                 TEMPLATE(
                     "cost-verdict",
                     model=model,
-                    time="met" if time_met else "missed",
+                    time=verdict(ta["median"] <= TIME_BAR),
                     time_ratio=f"{ta['median']:.2f}",
-                    memory="met" if memory_met else "missed",
+                    memory=verdict(ma <= MEMORY_BAR),
                     memory_ratio=f"{ma:.3f}",
                 )
             )
@@ -165,18 +154,8 @@ def cost_table(bench: dict[str, Any]) -> str:
     )
 
 
-def fidelity_table(fid: dict[str, Any], model: str, keep: Sequence[str]) -> str:
-    res = fid["models"][model]["agreement"]
-    keys = ("corr", "bias", "mae", "gamma_corr", "gamma_bias")
-    rows = [
-        [name, *(f"{res[name][k]:+.3f}" if "bias" in k else f"{res[name][k]:.3f}" for k in keys)]
-        for name in keep
-    ]
-    head = ["estimate", "corr(r)", "bias(r)", "MAE(r)", "corr(EMA γ_sup)", "bias(EMA γ_sup)"]
-    return table(head, rows)
-
-
 def accuracy_table(data: dict[str, Any], ver: dict[str, Any]) -> str:
+    """Per stream and method: each mode's error, their difference and its verdict."""
     rows = []
     for name, s in data["streams"].items():
         if name not in ver:
@@ -187,15 +166,16 @@ def accuracy_table(data: dict[str, Any], ver: dict[str, Any]) -> str:
             v = ver[name][m]
             errors = [fmt(s[mode][m]["average"]) for mode in MODES]
             per_seed = " / ".join(f"{d:+.2f}" for d in v["paired"])
-            verdict = "within" if v["within"] else "**outside**"
-            cells = [*errors, f"{v['diff']:+.2f}", per_seed, f"{v['tolerance']:.2f}", verdict]
+            within = "within" if v["within"] else "**outside**"
+            cells = [*errors, f"{v['diff']:+.2f}", per_seed, f"{v['tolerance']:.2f}", within]
             rows.append([f"{label}: `{m}`", *cells])
     head = ["stream: method", "exact", "approx", "approx - exact", "per seed", "tolerance"]
     return table([*head, "verdict"], rows)
 
 
-def history_table(hist: dict[str, Any]) -> str:
-    """``step_history.py``'s exact-step/TENT medians per revision, threads and kernels."""
+def history_section(hist: dict[str, Any]) -> str:
+    """``step_history.py``'s exact-step/TENT medians per revision, threads and kernels, and
+    what they say: the newest revision's ratios against the oldest's."""
     rows = []
     names = {v: k for k, v in hist["revs"].items()}
     for key, v in hist["summary"].items():
@@ -204,108 +184,98 @@ def history_table(hist: dict[str, Any]) -> str:
             [f"{rev} ({names.get(rev, rev)})", threads.removeprefix("t"), kernels]
             + [f"{v[m]['ratio_median']:.2f}x" for m in ("digits-32", "resnet18-64")]
         )
-    return table(["revision", "threads", "kernels", "digits-32", "resnet18-64"], rows)
-
-
-def _best(fid: dict[str, Any], model: str) -> str:
-    """The candidate whose EMA weight correlates best with the exact one (exact itself aside)."""
-    res = {k: v for k, v in fid["models"][model]["agreement"].items() if not k.startswith("_")}
-    res.pop("exact", None)
-    name = max(res, key=lambda k: -1 if math.isnan(res[k]["gamma_corr"]) else res[k]["gamma_corr"])
-    return f"`{name}` ({res[name]['gamma_corr']:.3f})"
-
-
-def _history_section(hist: dict[str, Any]) -> str:
-    """The revisions' table and what it says: the newest revision's ratios against the oldest's."""
     keys = list(hist["summary"])
     old, new = hist["summary"][keys[0]], hist["summary"][keys[-1]]
     diffs = ", ".join(
         f"{m} {new[m]['ratio_median']:.2f}x against {old[m]['ratio_median']:.2f}x" for m in old
     )
-    worse = any(new[m]["ratio_median"] > old[m]["ratio_median"] for m in old)
-    old_ratio = f"{old['resnet18-64']['ratio_median']:.2f}"
-    verdict = TEMPLATE("slower") if worse else TEMPLATE("not-slower", old_ratio=old_ratio)
+    if any(new[m]["ratio_median"] > old[m]["ratio_median"] for m in old):
+        said = TEMPLATE("slower")
+    else:
+        said = TEMPLATE("not-slower", old_ratio=f"{old['resnet18-64']['ratio_median']:.2f}")
     finding = TEMPLATE(
-        "finding", new=keys[-1].split()[0], old=keys[0].split()[0], diffs=diffs, verdict=verdict
+        "finding", new=keys[-1].split()[0], old=keys[0].split()[0], diffs=diffs, verdict=said
     )
-    rounds, repeats = hist["rounds"], hist["repeats"]
-    return (
-        TEMPLATE(
-            "history", table=history_table(hist), rounds=rounds, repeats=repeats, finding=finding
-        )
-        + "\n"
+    head = ["revision", "threads", "kernels", "digits-32", "resnet18-64"]
+    section = TEMPLATE(
+        "history",
+        table=table(head, rows),
+        rounds=hist["rounds"],
+        repeats=hist["repeats"],
+        finding=finding,
     )
+    return section + "\n"
+
+
+def _best(agreement: dict[str, Any]) -> str:
+    """The candidate whose EMA weight correlates best with the exact one (exact itself aside)."""
+    corr = {k: agreement[k]["gamma_corr"] for k in estimates(agreement)}
+    name = max(corr, key=lambda k: -1 if math.isnan(corr[k]) else corr[k])
+    return f"`{name}` ({corr[name]:.3f})"
 
 
 def render(data: dict[str, Any]) -> str:
-    fid = json.loads((RESULTS / "approx_proxy_study.json").read_text())
-    bench = json.loads((RESULTS / "step_benchmark_cpu.json").read_text())
+    """The page from the study and the committed fidelity, cost and history results."""
+    fid = {
+        k: v["agreement"]
+        for k, v in load_json(RESULTS / "approx_proxy_study.json")["models"].items()
+    }
     ver = verdicts(data)
     complete = set(ver) == set(STREAM_NAMES) and all(
         s["seeds"] == data["seeds"] for s in data["streams"].values()
     )
-    everywhere = complete and all(v["within"] for s in ver.values() for v in s.values())
+    if not complete:
+        decision = TEMPLATE("incomplete")
+    elif all(v["within"] for s in ver.values() for v in s.values()):
+        decision = TEMPLATE("everywhere")
+    else:
+        cases = [
+            TEMPLATE(
+                "case",
+                method=m,
+                stream=name,
+                diff=f"{v['diff']:+.2f}",
+                direction="lower error" if v["diff"] < 0 else "higher error",
+                tolerance=f"{v['tolerance']:.2f}",
+            )
+            for name, rows in ver.items()
+            for m, v in rows.items()
+            if not v["within"]
+        ]
+        decision = TEMPLATE("outside", cases="; ".join(cases))
     seeds = data["seeds"]
-    cases = "; ".join(
-        TEMPLATE(
-            "case",
-            method=m,
-            stream=name,
-            diff=f"{v['diff']:+.2f}",
-            direction="lower error" if v["diff"] < 0 else "higher error",
-            tolerance=f"{v['tolerance']:.2f}",
-        )
-        for name, rows in ver.items()
-        for m, v in rows.items()
-        if not v["within"]
-    )
-    decision = (
-        TEMPLATE("everywhere")
-        if everywhere
-        else TEMPLATE("outside", cases=cases)
-        if complete
-        else TEMPLATE("incomplete")
-    )
-    approx_hp = ", ".join(f"{k}={v!r}" for k, v in APPROX.items())
-    hist_path = RESULTS / "step_history.json"
-    hist = json.loads(hist_path.read_text()) if hist_path.is_file() else None
+    hist = load_json(RESULTS / "step_history.json")
     return TEMPLATE(
-        cost=cost_table(bench),
-        fid_digits=fidelity_table(fid, "digits-32", FIDELITY_ROWS),
-        fid_resnet=fidelity_table(fid, "resnet18-64", FIDELITY_ROWS),
-        digits_steps=int(fid["models"]["digits-32"]["agreement"]["_steps"]["with_confident_set"]),
-        resnet_steps=int(fid["models"]["resnet18-64"]["agreement"]["_steps"]["with_confident_set"]),
+        cost=cost_table(load_json(RESULTS / "step_benchmark_cpu.json")),
+        fid_digits=fidelity_table(fid["digits-32"], FIDELITY_ROWS),
+        fid_resnet=fidelity_table(fid["resnet18-64"], FIDELITY_ROWS),
+        digits_steps=int(fid["digits-32"]["_steps"]["with_confident_set"]),
+        resnet_steps=int(fid["resnet18-64"]["_steps"]["with_confident_set"]),
         accuracy=accuracy_table(data, ver),
         seeds=f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0]),
         decision=decision,
-        approx_hp=approx_hp,
+        approx_hp=", ".join(f"{k}={v!r}" for k, v in APPROX.items()),
         tune=data["tune_stream"],
-        best_digits=_best(fid, "digits-32"),
-        best_resnet=_best(fid, "resnet18-64"),
-        history="" if hist is None else _history_section(hist),
+        best_digits=_best(fid["digits-32"]),
+        best_resnet=_best(fid["resnet18-64"]),
+        history="" if hist is None else history_section(hist),
     )
 
 
-TEMPLATE = Template("approx_step")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "approx-step")
-    p.add_argument("--seeds", type=seed_list, default="0,1,2")
+    p = study_parser(__doc__, "runs/approx-step")
     p.add_argument("--quick", action="store_true", help="short streams, 2 seeds, no page")
-    p.add_argument("--report-only", action="store_true", help="render from --out/study.json")
     p.add_argument("--streams", nargs="+", default=(), help="run only these streams")
     args = p.parse_args(argv)
-    seeds = args.seeds[:2] if args.quick else args.seeds
     if args.report_only:
-        data = json.loads((args.out / "study.json").read_text())
+        data = saved(args.out, STREAM_NAMES, DATA)
     else:
-        data = study(args.out, seeds, args.quick, args.streams)
+        seeds = args.seeds[:2] if args.quick else args.seeds
+        data = study(Path(args.out), seeds, args.quick, args.streams)
     if args.quick:
         print(json.dumps(verdicts(data), indent=1))
         return 0
-    DATA.write_text(json.dumps({**data, "verdicts": verdicts(data)}, indent=1) + "\n")
+    write_json(DATA, {**data, "verdicts": verdicts(data)})
     PAGE.write_text(render(data), encoding="utf-8")
     print(f"wrote {DATA} and {PAGE}")
     return 0

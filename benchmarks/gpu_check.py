@@ -1,27 +1,19 @@
 #!/usr/bin/env python
 """The GPU path in one prepared call: step cost, peak memory and host syncs against TENT.
 
-Per model (torchvision ResNet-50 and ViT-B/16, random init, 224 px, batch 64; ``--tiny``: small
-ones at 32 px, batch 8, the same path) and precision (fp32, bf16 autocast), five variants, each
-on its own copy of one initial model: ``inference`` (eval, ``no_grad``), ``tent``, ``eatta``
-(exact gradient norms), ``eatta-approx`` (``grad_mode="approx"``) and ``eatta-safe``; the active
-methods get random labels through ``method(x, labels=y)``. Phases:
+Per model (ResNet-50 and ViT-B/16, random init, 224 px, batch 64; ``--tiny``: small ones at
+32 px, batch 8, the same path) and precision (fp32, bf16), five variants on copies of one initial
+model: ``inference``, ``tent``, ``eatta`` (exact norms), ``eatta-approx`` and ``eatta-safe``, the
+active ones given random labels. Phases: 1. interleaved timing rounds until ``--rounds`` or the
+job's share of ``--budget-s`` is spent; 2. after all timing, per variant: the peak memory while it
+is built and stepped ``--memory-steps`` times, and the host syncs of one step (CUDA's sync debug
+mode; ``torch.profiler``'s blocking runtime calls); 3. ``pytest -m gpu``, unless ``--skip-tests``.
 
-1. timing: interleaved rounds (``_common.time_interleaved``) after ``--warmup`` steps, until
-   ``--rounds`` or this job's share of ``--budget-s`` is spent (at least one round);
-2. memory and syncs, one variant at a time, after all the timing (the profiler stays out of it):
-   the peak while the method is built and stepped ``--memory-steps`` times
-   (``torch.cuda.max_memory_allocated``; on the CPU the profiler's allocation events), then the
-   host syncs of one step under ``torch.cuda.set_sync_debug_mode("warn")`` and of another under
-   ``torch.profiler`` (the runtime's blocking calls, less the profiler's own);
-3. the ``gpu``-marked tests (``pytest -m gpu``), unless ``--skip-tests``.
-
-bf16: a method with an ``autocast`` option is built with ``autocast=True``, the others run inside
-``torch.autocast``; each variant's entry says which. The JSON (rewritten after every phase of
-every job, ``"complete": false`` until the end; a failed job is recorded with its traceback and
-the exit status is 1) holds the machine's facts, every measurement, the ratios to TENT and the
-issue's targets (EATTA <= 1.3x TENT's time, approx and eatta-safe <= 1.1x, peak memory <= 1.05x,
-at most one host sync a step), each marked ``met`` or ``missed``.
+bf16: a method with an ``autocast`` option is built with it, the others run inside
+``torch.autocast``. The JSON, rewritten after every phase of every job (``"complete": false``
+until the end; a failed job keeps its traceback and makes the exit status 1), holds the
+machine's facts, the measurements, the ratios to TENT and the issue's targets, each ``met`` or
+``missed``.
 
     timeout 480 python benchmarks/gpu_check.py --device cuda   # benchmarks/results/gpu_check.json
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/dry.json   # CPU dry run
@@ -34,9 +26,7 @@ import copy
 import gc
 import importlib.util
 import os
-import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -45,8 +35,9 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -54,12 +45,14 @@ from torch import Tensor, nn
 ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("eatta") is None:  # not installed: the checkout's source
     sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _common  # noqa: E402  (after the path fallback above)
+import _timing  # noqa: E402
+from _timing import ModelCase  # noqa: E402
 
 import eatta  # noqa: E402
 from eatta._compat import TorchvisionOpsWarning, import_torchvision  # noqa: E402
+from eatta.methods.registry import get_spec  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
 VARIANTS = ("inference", "tent", "eatta", "eatta-approx", "eatta-safe")
@@ -73,55 +66,24 @@ SYNC_RUNTIME_CALLS = (
     "cudaMemcpy",  # the blocking copy; cudaMemcpyAsync is not a sync by itself
 )
 AUTOCAST_OUTSIDE = "torch.autocast around the call"
+INIT = "random (torch.manual_seed(seed)), head scaled"
+#: How the numbers are taken, recorded with the settings.
+HOW = {
+    "timing_how": "wall time of one step with the device synchronised before and after "
+    "(time.perf_counter), median over interleaved rounds",
+    "ratio_how": "time: median(variant) / median(tent); time_paired: median of the per-round "
+    "ratios; memory: peak_bytes(variant) / peak_bytes(tent)",
+}
+#: ``--models``: family -> (the step benchmark's model at 224 px, the ``--tiny`` one)
+CASES = {"resnet50": ("resnet50-224", "resnet-tiny"), "vit_b_16": ("vit_b_16-224", "vit-tiny")}
 
 Step = Callable[[], object]
 
 
-class ModelCase(NamedTuple):
-    """A model to measure: how to build it, its input size, classes and batch (a tiny one's
-    defaults)."""
-
-    name: str
-    arch: str
-    build: Callable[[], nn.Module]
-    image_size: int = 32
-    num_classes: int = 10
-    batch: int = 8
-
-
-def _full(arch: str) -> ModelCase:
-    """A torchvision model at 224 px, 1000 classes, batch 64."""
-
-    def build() -> nn.Module:
-        return getattr(import_torchvision().models, arch)()
-
-    return ModelCase(arch, f"torchvision {arch}", build, 224, 1000, 64)
-
-
-def _resnet_tiny() -> nn.Module:
-    resnet = import_torchvision().models.resnet
-    return resnet.ResNet(resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
-
-
-def _vit_tiny() -> nn.Module:
-    return import_torchvision().models.vision_transformer.VisionTransformer(
-        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
-        num_classes=10,
-    )  # fmt: skip
-
-
-CASES: dict[str, tuple[ModelCase, ModelCase]] = {  # family: (full, tiny)
-    "resnet50": (
-        _full("resnet50"),
-        ModelCase("resnet-tiny", "torchvision ResNet(BasicBlock, [1,1,1,1])", _resnet_tiny),
-    ),
-    "vit_b_16": (
-        _full("vit_b_16"),
-        ModelCase(
-            "vit-tiny", "torchvision VisionTransformer(32 px, patch 8, 2 layers, dim 32)", _vit_tiny
-        ),
-    ),
-}
+def model_case(family: str, tiny: bool) -> ModelCase:
+    """The model of a ``--models`` family (the full one named by the family)."""
+    full, small = CASES[family]
+    return _timing.MODELS[small] if tiny else replace(_timing.MODELS[full], name=family)
 
 
 # -- machine facts ---------------------------------------------------------------------------------
@@ -134,7 +96,7 @@ def _run_text(cmd: list[str], timeout: float = 10.0) -> str | None:
 
 
 def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
-    """Versions, CPU, GPU and the checkout: what makes the numbers comparable."""
+    """:func:`_common.host`'s facts, the libraries, the checkout and the GPU."""
     try:
         tv_version: str | None = import_torchvision().__version__
     except Exception:  # a fact, not a requirement: recorded as missing
@@ -142,24 +104,16 @@ def machine(device: torch.device, commit: str | None = None) -> dict[str, Any]:
     from_git = _run_text(["git", "rev-parse", "HEAD"])
     dirty = from_git and _run_text(["git", "status", "--porcelain", "--untracked-files=no"])
     cudnn = torch.backends.cudnn
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
+    info = _common.host(device) | {
         "torchvision": tv_version,
         "eatta": eatta.__version__,
         "cuda_runtime": torch.version.cuda,
         "cudnn": cudnn.version() if cudnn.is_available() else None,
-        "platform": platform.platform(),
-        "cpu": _common.cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         # an explicit --commit wins: a copied tree's .git may be older than the files measured
         "git_commit": commit or from_git,
         "git_commit_from": "--commit" if commit else ("git" if from_git else None),
         "git_dirty": bool(dirty) if from_git else None,
-        "device": str(device),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
     }
     if device.type == "cuda":
@@ -201,51 +155,32 @@ def initial_model(case: ModelCase, x: Tensor, seed: int = 0) -> tuple[nn.Module,
     torch.manual_seed(seed)
     model = case.build().to(x.device)
     probe = copy.deepcopy(model).train()
-    scale = _common.scale_head(probe, _head(probe), x, case.num_classes, tries=16)
-    _head(model).load_state_dict(_head(probe).state_dict())
+    scale = _common.scale_head(probe, _timing.head_of(probe), x, case.num_classes, tries=16)
+    _timing.head_of(model).load_state_dict(_timing.head_of(probe).state_dict())
     return model.cpu(), scale
 
 
-def _head(model: nn.Module) -> nn.Linear:
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        raise ValueError("the model has no nn.Linear head")
-    return linears[-1]
-
-
 class Variant:
-    """One step of a variant on a fresh copy of ``initial`` (labels for the active methods'
-    oracle); ``via``: how bf16 is applied to it; ``built``: the model or method."""
+    """One step of a variant on a fresh copy of ``initial`` (``y``: the active methods' labels);
+    ``via``: how bf16 is applied to it; ``step.func``: the method."""
 
     def __init__(self, name: str, initial: nn.Module, x: Tensor, y: Tensor, bf16: bool) -> None:
-        self.name, self.x, self.y = name, x, y
-        model = copy.deepcopy(initial).to(x.device)
-        self.built: Any = model.eval()
+        model = copy.deepcopy(initial).to(x.device).eval()
+        self.device_type = x.device.type
         self.via = AUTOCAST_OUTSIDE if bf16 else "none"
         if name == "inference":
+            self.step: Step = _timing.inference(model, x)
             return
-        kw: dict[str, Any] = {} if name == "tent" else {"oracle": eatta.GroundTruthOracle()}
-        if name == "eatta-approx":
-            kw["grad_mode"] = "approx"
         method = name.removesuffix("-approx")
-        if bf16:
-            try:
-                self.built = eatta.create(method, model, autocast=True, **kw)
-                self.via = "autocast=True"
-                return
-            except TypeError:  # no autocast option (TENT): autocast around the call
-                pass
-        self.built = eatta.create(method, model, **kw)
+        kw: dict[str, Any] = {"grad_mode": "approx"} if name == "eatta-approx" else {}
+        if bf16 and "autocast" in get_spec(method).keys:  # TENT has none: autocast around it
+            kw["autocast"], self.via = True, "autocast=True"
+        self.step = _timing.method_step(method, model, x, y, **kw)
 
     def __call__(self) -> object:
-        dev = self.x.device.type
-        outer = (
-            torch.autocast(dev, torch.bfloat16) if self.via == AUTOCAST_OUTSIDE else nullcontext()
-        )
-        with outer, torch.no_grad() if self.name == "inference" else nullcontext():
-            if self.name in ("inference", "tent"):
-                return self.built(self.x)
-            return self.built(self.x, labels=self.y)
+        outside = self.via == AUTOCAST_OUTSIDE
+        with torch.autocast(self.device_type, torch.bfloat16) if outside else nullcontext():
+            return self.step()
 
 
 # -- memory and syncs ------------------------------------------------------------------------------
@@ -259,7 +194,7 @@ def _short(path: str) -> str:
 
 def count_syncs_debug(step: Step, device: torch.device) -> dict[str, Any]:
     """Synchronising operations in one step, as ``set_sync_debug_mode("warn")`` reports them."""
-    sync = _common.synchronizer(device)
+    sync = _timing.synchronizer(device)
     sync()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -280,7 +215,7 @@ def count_syncs_profiler(step: Step, device: torch.device) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     def calls(fn: Callable[[], object]) -> Counter[str]:
-        _common.synchronizer(device)()
+        _timing.synchronizer(device)()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
         return Counter(e.name for e in prof.events() if e.name.split("_v")[0] in SYNC_RUNTIME_CALLS)
@@ -295,23 +230,22 @@ def memory_and_syncs(
 ) -> dict[str, Any]:
     """Build one variant alone, step it, and read its peak memory and its host syncs."""
     device = x.device
-    gc.collect()
+    built: list[Variant] = []
 
-    def build_and_step() -> Variant:
-        step = Variant(name, initial, x, y, bf16)
+    def build_and_step() -> None:
+        built.append(Variant(name, initial, x, y, bf16))
         for _ in range(steps):
-            step()
-        return step
+            built[0]()
 
-    if device.type == "cuda":
+    gc.collect()
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.empty_cache()
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        step = build_and_step()
-        torch.cuda.synchronize(device)
-        peak: int | None = torch.cuda.max_memory_allocated(device)
-        above: int | None = torch.cuda.max_memory_allocated(device) - base
+    batch_bytes = x.numel() * x.element_size() + y.numel() * y.element_size()
+    base = torch.cuda.memory_allocated(device) if cuda else batch_bytes
+    above = _timing.peak_bytes(build_and_step, device)
+    step = built.pop()
+    if cuda:
         memory_how = (
             "torch.cuda.max_memory_allocated after reset_peak_memory_stats; the method built "
             f"and stepped {steps} times with only the batch on the device"
@@ -325,21 +259,14 @@ def memory_and_syncs(
             "profiler": prof,
         }
     else:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
-            step = build_and_step()
-        above = _common.profiler_peak(p)
-        batch_bytes = x.numel() * x.element_size() + y.numel() * y.element_size()
-        peak = None if above is None else above + batch_bytes
         memory_how = (
             "CPU: peak of the running sum of torch.profiler's allocation events while the "
             f"method is built and stepped {steps} times, plus the batch's bytes"
         )
         syncs, sync_how = None, {"how": None, "reason": "host syncs are counted on CUDA only"}
     row = {
-        "peak_bytes": None if peak is None else int(peak),
-        "peak_bytes_above_batch": None if above is None else int(above),
+        "peak_bytes": None if above is None else above + base,
+        "peak_bytes_above_batch": above,
         "memory_how": memory_how,
         "host_syncs_per_step": syncs,
         "host_syncs": sync_how,
@@ -351,19 +278,6 @@ def memory_and_syncs(
 
 
 # -- timing ----------------------------------------------------------------------------------------
-def _stats_ms(seconds: list[float]) -> dict[str, Any]:
-    ms = [1e3 * s for s in seconds]
-    q = statistics.quantiles(ms, n=4, method="inclusive") if len(ms) > 1 else [ms[0]] * 3
-    return {
-        "median_ms": statistics.median(ms),
-        "min_ms": min(ms),
-        "q1_ms": q[0],
-        "q3_ms": q[2],
-        "n": len(ms),
-        "samples_ms": ms,  # in round order
-    }
-
-
 def _verdict(value: float | None, target: float) -> dict[str, Any]:
     status = None if value is None else ("met" if value <= target else "missed")
     return {"value": value, "target": target, "status": status}
@@ -379,7 +293,7 @@ def ratios_and_targets(
     targets: dict[str, Any] = {}
     for name in VARIANTS:
         if name != "tent":
-            r, mem = _common.ratio(samples, name, "tent"), rows[name]["peak_bytes"]
+            r, mem = _timing.ratio(samples, name, "tent"), rows[name]["peak_bytes"]
             ratios[name] = {
                 "time": r["median"],
                 "time_paired": r["paired"],
@@ -406,11 +320,13 @@ def time_job(
     """Interleaved timing of all variants of one (model, precision), each on a fresh copy."""
     started = time.perf_counter()
     steps = {n: Variant(n, initial, x, y, precision == "bf16") for n in VARIANTS}
-    samples = _common.time_interleaved(
+    samples = _timing.time_interleaved(
         steps, repeats=args.rounds, warmup=args.warmup, device=x.device, deadline=deadline
     )
-    rows = {n: {"bf16_via": steps[n].via, **_stats_ms(samples[n])} for n in VARIANTS}
-    safe = steps["eatta-safe"].built
+    rows = {
+        n: {"bf16_via": steps[n].via, **_timing.stats_ms(samples[n], raw=True)} for n in VARIANTS
+    }
+    safe = steps["eatta-safe"].step.func
     rows["eatta-safe"]["served_at_end"] = getattr(getattr(safe, "fallback", None), "serving", None)
     del steps, safe
     _release(x.device)
@@ -509,9 +425,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--commit", help="the measured tree's commit (recorded instead of git's)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    for name, full, tiny in (("rounds", 30, 2), ("warmup", 3, 1), ("memory_steps", 3, 2)):
-        if getattr(args, name) is None:
-            setattr(args, name, tiny if args.tiny else full)
+    _timing.fill_defaults(args, args.tiny, rounds=(30, 2), warmup=(3, 1), memory_steps=(3, 2))
     if args.rounds < 1 or args.warmup < 0 or args.memory_steps < 1 or args.budget_s <= 0:
         ap.error("--rounds and --memory-steps must be >= 1, --warmup >= 0, --budget-s > 0")
     return args
@@ -519,33 +433,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TorchvisionOpsWarning)
-        if args.tiny:  # batches of 8 on BatchNorm models: the method's advice is known here
-            warnings.simplefilter("ignore", eatta.SmallBatchWarning)
-        return _main(args)
-
-
-def _main(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
     if args.device == "cuda" and not torch.cuda.is_available():
         msg = "--device cuda: no CUDA device here (use --device cpu for a dry run)"
         print(msg, file=sys.stderr)
         return 2
-    device = torch.device(args.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TorchvisionOpsWarning)
+        if args.tiny:  # batches of 8 on BatchNorm models: the method's advice is known here
+            warnings.simplefilter("ignore", eatta.SmallBatchWarning)
+        return measure(args, torch.device(args.device))
+
+
+def measure(args: argparse.Namespace, device: torch.device) -> int:
+    """Every phase of every job, the JSON rewritten after each; 1 if a job failed."""
+    started = time.perf_counter()
     bf16_ok, bf16_why = bf16_support(device)
+    settings = ("tiny", "rounds", "warmup", "memory_steps", "budget_s", "seed", "precisions")
     out: dict[str, Any] = {
         "machine": machine(device, args.commit),
-        "settings": {
-            **{k: getattr(args, k) for k in ("tiny", "rounds", "warmup", "memory_steps")},
-            **{k: getattr(args, k) for k in ("budget_s", "seed", "precisions")},
-            "bf16_supported": bf16_ok,
-            "bf16_check": bf16_why,
-            "timing_how": "wall time of one step with the device synchronised before and "
-            "after (time.perf_counter), median over interleaved rounds",
-            "ratio_how": "time: median(variant) / median(tent); time_paired: median of the "
-            "per-round ratios; memory: peak_bytes(variant) / peak_bytes(tent)",
-        },
+        "settings": {k: getattr(args, k) for k in settings},
         "targets": {
             "time_ratio_to_tent": TIME_TARGETS,
             "memory_ratio_to_tent": MEMORY_TARGET,
@@ -553,12 +459,13 @@ def _main(args: argparse.Namespace) -> int:
         },
         "models": {},
     }
+    out["settings"].update(bf16_supported=bf16_ok, bf16_check=bf16_why, **HOW)
     jobs: list[tuple[ModelCase, str, dict[str, Any]]] = []
     for family in args.models:
-        case = CASES[family][1 if args.tiny else 0]
-        facts = {k: getattr(case, k) for k in ("arch", "image_size", "batch", "num_classes")}
-        init = "random (torch.manual_seed(seed)), head scaled"
-        entry = out["models"].setdefault(case.name, {**facts, "init": init, "precisions": {}})
+        case = model_case(family, args.tiny)
+        facts = {"arch": case.arch, "image_size": case.resolution, "batch": case.batch}
+        facts |= {"num_classes": case.num_classes, "init": INIT, "precisions": {}}
+        entry = out["models"].setdefault(case.name, facts)
         for precision in args.precisions:
             if precision == "fp32" or bf16_ok:
                 jobs.append((case, precision, entry))
@@ -566,7 +473,6 @@ def _main(args: argparse.Namespace) -> int:
                 entry["precisions"][precision] = {"skipped": f"bf16 not supported: {bf16_why}"}
     initials: dict[str, tuple[nn.Module, float]] = {}
     samples: dict[tuple[str, str], dict[str, list[float]]] = {}
-    failed = 0
 
     def timing(case: ModelCase, precision: str, entry: dict[str, Any], deadline: float) -> None:
         x, y = _batch(case, args.seed, device)
@@ -591,7 +497,7 @@ def _main(args: argparse.Namespace) -> int:
         _print(res)
 
     # timing first, for every job: the profiler of the memory phase stays out of the timings
-    deadline = started + args.budget_s
+    deadline, failed = started + args.budget_s, 0
     for phase, fn in (("timing", timing), ("memory", memory)):
         for i, (case, precision, entry) in enumerate(jobs):
             if phase == "memory" and (case.name, precision) not in samples:
@@ -622,9 +528,7 @@ def _main(args: argparse.Namespace) -> int:
 
 def _batch(case: ModelCase, seed: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """The job's batch and labels: the same for every phase (seeded)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(case.batch, 3, case.image_size, case.image_size, generator=g)
-    y = torch.randint(0, case.num_classes, (case.batch,), generator=g)
+    x, y = _timing.random_batch(case, case.batch, seed)
     return x.to(device), y.to(device)
 
 

@@ -1,39 +1,38 @@
 """The guard study: audited accuracy, its intervals, and the guard that resets on evidence.
 
 Regenerates ``docs/guard.md`` (and ``benchmarks/results/guard_study.json``) from runs of
-:func:`eatta.bench.run` on the recurring (10 rounds), mixed (2) and CCC (slow, 5) digits-C
-streams, mean ± std over seeds. Parts: ``tune`` (audit share, guard level and block chosen on the
-recurring stream with ``TUNE_SEED`` only: the last rounds of TENT and the faithful EATTA closest
-to their first, the cheaper on a tie); ``audit`` and ``guard`` (TENT, ``eatta``, ``eatta-stable``
-audited without and with the guard); ``delay`` (the guard with every answer 16 batches late, on
-mixed and CCC); then coverage of the true error by each round's 95 % interval, resets where the
-method does not degrade, the audits' annotator time. Every run is a cell under ``--out`` (read
-back when finished, so the study resumes); ``--render-only`` rewrites the page from them.
+:func:`eatta.bench.run` on the recurring, mixed and CCC digits-C streams, mean ± std over seeds.
+Parts: ``tune`` (audit share, guard level and block chosen on the recurring stream with
+``TUNE_SEED`` only: TENT's and the faithful EATTA's last round closest to their first, the
+cheaper on a tie); ``audit`` and ``guard`` (``METHODS`` audited without and with the guard);
+``delay`` (the guard with every answer ``DELAY`` batches late, on mixed and CCC). Every run is a
+cell under ``--out`` (read back when finished, so the study resumes); ``--report-only`` rewrites
+the page from them (from the committed JSON where ``--out`` holds no study).
 
     python benchmarks/guard_study.py --seeds 0-2 --out runs/guard-study
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import RESULTS, Template, run_part, streams
+from _common import RESULTS, Template, load_json, run_part, save_study, streams, study_parser
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _study import verdict
+from _study import saved, verdict
 
 from eatta.bench import AnnotatorOptions
-from eatta.bench.flags import seed_list
 from eatta.bench.monitoring import MonitorOptions
 from eatta.bench.report import covered_rounds, load_results
 from eatta.bench.results import CellResult
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "guard.md"
+JSON = RESULTS / "guard_study.json"
+STREAM_NAMES = ("recurring", "mixed", "ccc")
 METHODS = ("tent", "eatta", "eatta-stable")
 NAMES = {"tent": "TENT", "eatta": "`eatta` (faithful)", "eatta-stable": "`eatta-stable`"}
 TUNE_SEED = 10
@@ -49,27 +48,21 @@ FOLDERS = {"audit": "audit", "guard": "guard", "delay": f"guard-delay-{DELAY}"}
 #: The order the arms run in (most important first).
 ORDER = (
     ("recurring", "guard"),
-    *((name, arm) for name in ("mixed", "ccc") for arm in ("audit", "guard")),
+    *((name, arm) for name in DELAY_STREAMS for arm in ("audit", "guard")),
     ("recurring", "audit"),
     *((name, "delay") for name in DELAY_STREAMS),
 )
 PAGE = Template("guard")
 
 
-def _first_round(r: CellResult) -> list[tuple[str, float]]:
-    """The run's first round: (domain, error) in order."""
-    k = len(r.domains) // max(r.rounds, 1)
-    return list(zip(r.domains[:k], r.domain_errors[:k], strict=True))
-
-
 def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
     """Per method: first/last round, average, resets, audits, annotator hours, coverage."""
     out: dict[str, Any] = {}
     for r in rs:
-        empty: dict[str, list[Any]] = {
+        lists: dict[str, list[Any]] = {
             k: [] for k in ("first", "last", "avg", "resets", "audits", "hours")
         }
-        m = out.setdefault(r.spec.method, {**empty, "covered": [0, 0], "rounds": [], "labels": []})
+        m = out.setdefault(r.spec.method, {**lists, "covered": [0, 0], "rounds": [], "labels": []})
         m["first"].append(r.round_errors[0])
         m["last"].append(r.round_errors[-1])
         m["avg"].append(r.average_error)
@@ -81,13 +74,16 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
             m["resets"].append(len(r.monitor["resets"]))
             m["audits"].append(r.monitor["stats"]["requested"])
             m["hours"].append(r.monitor["seconds"] / 3600)
-            m.setdefault("widths", []).extend(
-                e["high"] - e["low"] for e in r.monitor["rounds"] if e["audits"]
-            )
-            hit, total = covered_rounds(r)
-            m["covered"][0] += hit
-            m["covered"][1] += total
+            rounds = r.monitor["rounds"]
+            m.setdefault("widths", []).extend(e["high"] - e["low"] for e in rounds if e["audits"])
+            m["covered"] = [a + b for a, b in zip(m["covered"], covered_rounds(r), strict=True)]
     return out
+
+
+def _first_round(r: CellResult) -> list[tuple[str, float]]:
+    """The run's first round: (domain, error) in order."""
+    k = len(r.domains) // max(r.rounds, 1)
+    return list(zip(r.domains[:k], r.domain_errors[:k], strict=True))
 
 
 def _tune_names(share: float, level: float, window: int) -> tuple[str, str]:
@@ -99,87 +95,76 @@ def _guarded(share: float, level: float, window: int) -> MonitorOptions:
     return MonitorOptions(audit=share, guard="paired", guard_level=level, block=window)
 
 
-def study(out: Path, seeds: list[int], quick: bool, json_path: Path | None) -> dict[str, Any]:
-    """Run the parts in order of importance, saving after each (a cut-short study renders
-    what finished and says what did not run)."""
-    data: dict[str, Any] = {"seeds": seeds, "tune_seed": TUNE_SEED, "streams": {}}
-    protos = streams("recurring", "mixed", "ccc", quick=quick)
-
-    def save() -> None:
-        if json_path is not None:
-            json_path.write_text(json.dumps(data, indent=1))
-
-    tune: dict[str, Any] = {}  # on the recurring stream with TUNE_SEED only
-    for config in CONFIGS:
-        key, folder = _tune_names(*config)
-        rec = protos["recurring"]
-        res = run_part(
-            out / "tune", folder, rec, TUNE_METHODS, [TUNE_SEED], monitor=_guarded(*config)
+def study(out: Path, seeds: list[int], quick: bool) -> dict[str, Any]:
+    """Run the parts in order of importance (the study saved in ``out`` before the arms, so a
+    cut-short one reports what finished); the numbers are :func:`collect`'s."""
+    protos = streams(*STREAM_NAMES, quick=quick)
+    for config in CONFIGS:  # on the recurring stream with TUNE_SEED only
+        folder, monitor = _tune_names(*config)[1], _guarded(*config)
+        run_part(
+            out / "tune", folder, protos["recurring"], TUNE_METHODS, [TUNE_SEED], monitor=monitor
         )
-        tune[key] = {"config": list(config), **summary(res)}
-
-    def drift(k: str) -> float:
-        return float(
-            np.mean([tune[k][m]["last"][0] - tune[k][m]["first"][0] for m in TUNE_METHODS])
-        )
-
-    chosen_key = min(tune, key=lambda k: (round(drift(k), 1), tune[k]["config"][0]))
-    share, level, window = tune[chosen_key]["config"]
-    data["tune"] = tune
-    data["chosen"] = {"share": share, "level": level, "window": window, "key": chosen_key}
-    print(f"chosen on recurring seed {TUNE_SEED}: {chosen_key}", flush=True)
+    tune = _tuned(out)
+    key = min(tune, key=lambda k: (round(_drift(tune[k]), 1), tune[k]["config"][0]))
+    share, level, window = tune[key]["config"]
+    print(f"chosen on recurring seed {TUNE_SEED}: {key}", flush=True)
+    chosen = {"share": share, "level": level, "window": window, "key": key}
+    data: dict[str, Any] = {"seeds": seeds, "tune_seed": TUNE_SEED, "chosen": chosen, "streams": {}}
     for name, proto in protos.items():
         src = run_part(out / name, "source", proto, ["source"], seeds[:1])
         data["streams"][name] = {"protocol": proto.describe(), "source": src[0].round_errors}
-    save()
-    guarded = _guarded(share, level, window)
-    monitors = {"audit": MonitorOptions(audit=share), "guard": guarded, "delay": guarded}
+    save_study(out, data)
     for name, arm in ORDER:
+        monitor = MonitorOptions(audit=share) if arm == "audit" else _guarded(share, level, window)
         late = AnnotatorOptions(delay=DELAY) if arm == "delay" else None
-        res = run_part(
-            out / name,
-            FOLDERS[arm],
-            protos[name],
-            METHODS,
-            seeds,
-            monitor=monitors[arm],
-            annotator=late,
+        run_part(
+            out / name, FOLDERS[arm], protos[name], METHODS, seeds, monitor=monitor, annotator=late
         )
-        data["streams"][name][arm] = summary(res)
-        save()
-    return data
+    return collect(out, data)
+
+
+def _drift(tuned: dict[str, Any]) -> float:
+    """How far TENT's and the faithful EATTA's last round ended above their first, on average."""
+    return float(np.mean([tuned[m]["last"][0] - tuned[m]["first"][0] for m in TUNE_METHODS]))
+
+
+def _finished(folder: Path) -> list[CellResult]:
+    """The finished cells in ``folder`` (none if it has none)."""
+    return load_results([folder]) if (folder / "cells").is_dir() else []
+
+
+def _tuned(out: Path) -> dict[str, Any]:
+    """The tuning runs finished in ``out``: their configuration and summary, by key."""
+    tune = {}
+    for config in CONFIGS:
+        key, folder = _tune_names(*config)
+        if results := _finished(out / "tune" / folder):
+            tune[key] = {"config": list(config), **summary(results)}
+    return tune
 
 
 def collect(out: Path, old: dict[str, Any]) -> dict[str, Any]:
-    """The study's numbers recomputed from the finished cells in ``out`` (the saved JSON gives
-    the seeds, the chosen configuration and the source rows); an arm whose runs are not all
-    finished is left out (and named under Limits)."""
-    seeds = old["seeds"]
+    """The study's numbers computed from the finished cells in ``out`` (``old`` gives the seeds,
+    the chosen configuration and the source rows); an arm whose runs are not all finished is
+    left out (and named under Limits)."""
+    seeds, expected = old["seeds"], len(METHODS) * len(old["seeds"])
     data = {k: old[k] for k in ("seeds", "tune_seed", "chosen")}
-    data.update(tune={}, streams={}, partial=[])
-    for config in CONFIGS:
-        key, folder = _tune_names(*config)
-        if (out / "tune" / folder / "cells").is_dir():
-            results = load_results([out / "tune" / folder])
-            data["tune"][key] = {"config": list(config), **summary(results)}
+    data.update(tune=_tuned(out), streams={}, partial=[])
     for name, s in old["streams"].items():
         new = data["streams"][name] = {"protocol": s["protocol"], "source": s["source"]}
-        src = load_results([out / name / "source"]) if (out / name / "source").is_dir() else []
-        if src:
+        if src := _finished(out / name / "source"):
             new["source_domains"] = _first_round(src[0])
         for arm, folder in FOLDERS.items():
-            d, rs = out / name / folder, []
-            if (d / "cells").is_dir():
-                rs = [
-                    r
-                    for r in load_results([d])
-                    if r.spec.method in METHODS and r.seed in seeds and r.monitor
-                ]
-            if len(rs) == len(METHODS) * len(seeds):
+            rs = [r for r in _finished(out / name / folder) if r.seed in seeds and r.monitor]
+            rs = [r for r in rs if r.spec.method in METHODS]
+            if len(rs) == expected:
                 new[arm] = summary(rs)
             elif rs:
-                data["partial"].append(f"{name} {arm} ({len(rs)} of {len(METHODS) * len(seeds)})")
+                data["partial"].append(f"{name} {arm} ({len(rs)} of {expected})")
     return data
+
+
+# -- the page ----------------------------------------------------------------------------------
 
 
 def _gaps(before: Sequence[float], after: Sequence[float]) -> list[float]:
@@ -199,15 +184,14 @@ def _stream_block(name: str, s: dict[str, Any]) -> str:
     for m in METHODS:
         for arm in (a for a in ARMS if a in s):
             x, label = s[arm][m], f"{NAMES[m]}{ARMS[arm]}"
-            row = [label, fmt(x["first"]), fmt(x["last"]), fmt(x["avg"]), fmt(x["resets"])]
+            row = [label, *(fmt(x[k]) for k in ("first", "last", "avg", "resets"))]
             row.append(f"{x['covered'][0]}/{x['covered'][1]}")
             if arm == "delay":
                 late.append(row)
                 continue
             rows.append([*row, f"{np.mean(x['audits']):.0f}", f"{np.mean(x['hours']):.0f}"])
             if len(x["rounds"][0]) > 1:
-                means = np.mean(np.array(x["rounds"]), axis=0)
-                per_round.append([label, *(f"{v:.1f}" for v in means)])
+                per_round.append([label, *(f"{v:.1f}" for v in np.mean(x["rounds"], axis=0))])
     count = f"{rounds} round{'s' if rounds > 1 else ''}"
     parts = [PAGE("stream", name=name, rounds=count, source=f"{src:.1f}")]
     parts.append(table([*cols, "audits", "audit hours"], rows))
@@ -234,44 +218,36 @@ def _bar(data: dict[str, Any], hit: int, total: int, widths: list[float]) -> str
     items.append(PAGE("bar-tent", **tent, **_per_seed(tent_gap)))
     ok = all(g <= 2 for g in eatta_gap)
     items.append(PAGE("bar-eatta", verdict=verdict(ok), **_per_seed(eatta_gap)))
-    for name in ("mixed", "ccc"):
+    for name in DELAY_STREAMS:
         s = data["streams"][name]
         if "audit" not in s or "guard" not in s:
             items.append(PAGE("bar-stream-none", name=name))
             continue
         cost = _gaps(s["audit"]["eatta-stable"]["avg"], s["guard"]["eatta-stable"]["avg"])
         ok, resets = all(v <= 0.3 for v in cost), fmt(s["guard"]["eatta-stable"]["resets"])
-        items.append(
-            PAGE("bar-stream", name=name, cost=fmt(cost, 2), verdict=verdict(ok), resets=resets)
-        )
+        stream = {"name": name, "cost": fmt(cost, 2), "resets": resets}
+        items.append(PAGE("bar-stream", **stream, verdict=verdict(ok)))
     wide = "."
     if widths:
         low, high = f"{min(widths):.1f}", f"{max(widths):.1f}"
         wide = PAGE("widths", mean=f"{np.mean(widths):.1f}", low=low, high=high)
     percent = f"{100 * hit / max(total, 1):.1f}"
-    ok = hit >= 0.9 * total
-    cover = {"hit": hit, "total": total, "percent": percent, "verdict": verdict(ok)}
+    cover = {"hit": hit, "total": total, "percent": percent, "verdict": verdict(hit >= 0.9 * total)}
     return "\n".join([*items, PAGE("bar-coverage", **cover, widths=wide)])
 
 
 def _resets(data: dict[str, Any]) -> str:
     """When the guard reset on the recurring stream, and why (empty if it never did)."""
-    steps = [
-        st
-        for s in data["streams"].values()
-        if s["protocol"].get("rounds", 1) == 10 and "guard" in s
-        for m in METHODS
-        for run_steps in s["guard"][m].get("reset_steps", [])
-        for st in run_steps
-    ]
+    rec = data["streams"].get("recurring", {})
+    if rec.get("protocol", {}).get("rounds") != 10 or "guard" not in rec:
+        return ""  # a smoke run's short stream, or the guard did not run
+    steps = [st for m in METHODS for run in rec["guard"][m].get("reset_steps", []) for st in run]
     if not steps:
         return ""
-    rec = data["streams"].get("recurring", {})
     rise = gains = ""
     if "audit" in rec:
-        value = max(
-            float(np.mean([r[1] - r[0] for r in rec["audit"][m]["rounds"]])) for m in METHODS
-        )
+        runs = [rec["audit"][m]["rounds"] for m in METHODS]
+        value = max(float(np.mean([r[1] - r[0] for r in rounds])) for rounds in runs)
         rise = PAGE("resets-rise", rise=f"{value:.1f}")
     if "source_domains" in rec and "guard" in rec:
         per = []
@@ -295,11 +271,11 @@ def _resets(data: dict[str, Any]) -> str:
 
 def _compute() -> str:
     """The step benchmark's cost of audits, if it has been measured."""
-    bench = RESULTS / "step_benchmark_cpu_audit.json"
-    if not bench.is_file():
+    bench = load_json(RESULTS / "step_benchmark_cpu_audit.json")
+    if bench is None:
         return ""
     rows = []
-    for model, r in json.loads(bench.read_text())["models"].items():
+    for model, r in bench["models"].items():
         tr, mr = r.get("time_ratios", {}), r.get("memory_ratios", {})
         for key in (k for k in ("tent+audit/tent", "eatta+audit/eatta") if k in tr):
             mem = mr.get(key)
@@ -320,14 +296,14 @@ def _false_resets(data: dict[str, Any]) -> dict[str, Any]:
         for m in METHODS:
             a, g = s["audit"][m], s["guard"][m]
             deg = 0
-            for i in range(len(a["first"])):
-                if a["last"][i] > a["first"][i] + 1 or a["last"][i] > srcv:
+            for first, last, resets in zip(a["first"], a["last"], g["resets"], strict=True):
+                if last > first + 1 or last > srcv:
                     deg += 1
                     counts["runs_d"] += 1
-                    counts["missed"] += int(g["resets"][i] == 0)
+                    counts["missed"] += int(resets == 0)
                 else:
                     counts["runs_nd"] += 1
-                    counts["false_resets"] += int(g["resets"][i] > 0)
+                    counts["false_resets"] += int(resets > 0)
             rows.append([f"{name}: {NAMES[m]}", f"{deg}/{len(a['first'])}", fmt(g["resets"])])
     cols = ["stream: method", "seeds where it degrades", "resets per guarded run"]
     return {"false_table": table(cols, rows), **counts}
@@ -388,26 +364,22 @@ def render(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", default="0-2")
-    p.add_argument("--out", type=Path, default=Path("runs/guard-study"))
+    p = study_parser(__doc__, "runs/guard-study")
     p.add_argument("--quick", action="store_true", help="smoke run: short streams, no docs")
-    p.add_argument("--render-only", action="store_true", help="rewrite docs from guard_study.json")
     args = p.parse_args(argv)
-    json_path = RESULTS / "guard_study.json"
-    if args.render_only:
-        data = json.loads(json_path.read_text())
-        if args.out.is_dir():
-            data = collect(args.out, data)
+    out = Path(args.out)
+    if args.report_only:
+        data = saved(args.out, STREAM_NAMES, JSON)
+        data = collect(out, data) if out.is_dir() else data
     else:
-        data = study(args.out, seed_list(args.seeds), args.quick, None if args.quick else json_path)
+        data = study(out, args.seeds, args.quick)
     text = render(data)
     if args.quick:
         print(text)
         return 0
-    json_path.write_text(json.dumps(data, indent=1))
+    JSON.write_text(json.dumps(data, indent=1))
     DOC.write_text(text)
-    print(f"wrote {json_path} and docs/guard.md", flush=True)
+    print(f"wrote {JSON} and {DOC}", flush=True)
     return 0
 
 

@@ -1,107 +1,92 @@
 """HILTTA on digits-C beside EATTA, and what its label-driven choice of a learning rate is worth.
 
 Regenerates the section of ``docs/hiltta.md`` between ``<!-- hiltta:begin -->`` and
-``<!-- hiltta:end -->`` and ``benchmarks/results/hiltta_study.json``. Every run is one
-``eatta-bench run`` (its folder under ``--out``; ``--rerun`` is not passed, so finished cells
-are read back and an interrupted study resumes). Parts, per stream (recurring, mixed, CCC):
+``<!-- hiltta:end -->`` and ``benchmarks/results/hiltta_study.json`` (``--report-only``: from
+that file). Every run is a cell of :func:`eatta.bench.run` under ``--out`` (finished cells are
+read back, so an interrupted study resumes). Parts, per stream (recurring, mixed, CCC):
+``main`` (``hiltta``, ``eatta``, ``eatta-stable`` at 1 and 3 labels a batch, TENT beside them)
+and ``select`` (HILTTA's choice of TENT's and ETA's learning rate alone, ``active_lr=0``,
+against their fixed rate); CPU seconds per batch over TENT's on the same cells.
 
-* ``main``: ``hiltta`` (TENT base, the authors' lr grid), ``eatta`` and ``eatta-stable`` at
-  1 and 3 labels a batch, over ``--seeds``; TENT beside them (no labels);
-* ``select``: the selection alone (``active_lr=0``: no supervised step) over TENT's and ETA's
-  learning rate, against TENT and ETA at their fixed digits-C rate (SGD 5e-3): does choosing
-  the rate with the labels help the label-free method?
-* ``cost``: CPU seconds per batch of each method over TENT's, on the same cells.
-
-    python benchmarks/hiltta_study.py --seeds 0-2 --out runs/hiltta
-    python benchmarks/hiltta_study.py --report-only --out runs/hiltta
+    python benchmarks/hiltta_study.py --seeds 0-2 --rounds 1 --limit 128 --out runs/hiltta
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, Template, replace_section
+from _common import RESULTS, Template, replace_section, run_part, study_parser
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 
+from eatta.bench import StreamProtocol
+from eatta.bench.results import CellResult
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hiltta.md"
-STREAMS: dict[str, list[str]] = {"recurring": [], "mixed": ["--mixed"], "ccc": ["--ccc", "medium"]}
-MAIN = "hiltta,eatta,eatta-stable"
-#: select part: run name -> (methods, --hp overrides)
-SELECT: dict[str, tuple[str, list[str]]] = {
-    "select-tent": ("tent,hiltta", ["hiltta.active_lr=0.0"]),
-    "select-eta": ("eta,hiltta", ["hiltta.active_lr=0.0", "hiltta.base='eta'", "hiltta.tune='lr'"]),
+JSON = RESULTS / "hiltta_study.json"
+#: The streams (their rounds: ``--rounds``).
+STREAMS = {
+    "recurring": StreamProtocol(),
+    "mixed": StreamProtocol(mixed=True),
+    "ccc": StreamProtocol(ccc="medium"),
+}
+MAIN = ("hiltta", "eatta", "eatta-stable")
+#: select part: run name -> (methods, HILTTA's overrides)
+SELECT: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "select-tent": (("tent", "hiltta"), {"active_lr": 0.0}),
+    "select-eta": (("eta", "hiltta"), {"active_lr": 0.0, "base": "eta", "tune": "lr"}),
 }
 PAGE = Template("hiltta")
 
 
-def bench(
-    out: Path, methods: str, extra: list[str], args: argparse.Namespace
-) -> list[dict[str, Any]]:
-    """One ``eatta-bench run`` into ``out`` (skipped when its results exist); its cells."""
-    results = out / "results.json"
-    if not results.is_file() and not args.report_only:
-        cmd = [
-            sys.executable, "-m", "eatta.bench.cli", "run", "--methods", methods,
-            "--rounds", str(args.rounds), "--seeds", args.seeds, "--no-plot", "--out", str(out),
-            *(["--limit", str(args.limit)] if args.limit else []), *extra,
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, env=env)
-    if not results.is_file():
-        return []
-    return list(json.loads(results.read_text())["results"])
-
-
-def per_label(cells: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+def per_label(results: Sequence[CellResult]) -> dict[str, dict[str, list[float]]]:
     """label -> {"error": per seed, "cpu_per_batch": per seed}."""
     out: dict[str, dict[str, list[float]]] = {}
-    for c in cells:
-        row = out.setdefault(c["label"], {"error": [], "cpu_per_batch": []})
-        row["error"].append(float(c["average_error"]))
-        batches = len(c.get("online") or [])
-        row["cpu_per_batch"].append(float(c["cpu_time_s"]) / max(batches, 1))
+    for r in results:
+        row = out.setdefault(r.label, {"error": [], "cpu_per_batch": []})
+        row["error"].append(float(r.average_error))
+        row["cpu_per_batch"].append(float(r.cpu_time_s or 0.0) / max(len(r.online), 1))
     return out
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/hiltta")
-    p.add_argument("--seeds", default="0-2")
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--limit", type=int, default=None, help="images per domain (reduced runs)")
-    p.add_argument("--parts", default="main,select")
-    p.add_argument("--report-only", action="store_true")
-    args = p.parse_args()
-    out = Path(args.out)
+def study(out: Path, seeds: list[int], rounds: int, limit: int | None, jobs: int) -> dict[str, Any]:
+    """Run the parts into ``out``."""
     data: dict[str, Any] = {
-        "protocol": {"rounds": args.rounds, "limit": args.limit, "seeds": args.seeds},
+        "protocol": {"rounds": rounds, "limit": limit, "seeds": seeds},
         "main": {},
         "select": {},
     }
-    for stream, flags in STREAMS.items():
-        if "main" in args.parts:
-            rows: dict[str, Any] = {}
-            rows.update(per_label(bench(out / stream / "tent", "tent", flags, args)))
-            for k in (1, 3):
-                cells = bench(out / stream / f"k{k}", MAIN, [*flags, "--labels", str(k)], args)
-                rows.update(per_label(cells))
-            data["main"][stream] = rows
-        if "select" in args.parts and stream != "recurring":
-            for name, (methods, hps) in SELECT.items():
-                hp = [a for h in hps for a in ("--hp", h)]
-                cells = bench(out / stream / name, methods, [*flags, "--labels", "3", *hp], args)
-                data["select"].setdefault(stream, {})[name] = per_label(cells)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "hiltta_study.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    for stream, protocol in STREAMS.items():
+        proto = replace(protocol, rounds=rounds)
+        run = partial(run_part, out / stream, protocol=proto, seeds=seeds, jobs=jobs, limit=limit)
+        rows = data["main"][stream] = per_label(run("tent", methods=["tent"]))
+        for k in (1, 3):
+            rows.update(per_label(run(f"k{k}", methods=MAIN, labels=k)))
+        if stream != "recurring":
+            data["select"][stream] = {
+                name: per_label(run(name, methods=methods, labels=3, hparams={"hiltta": hp}))
+                for name, (methods, hp) in SELECT.items()
+            }
+    return data
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = study_parser(__doc__, "runs/hiltta")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--limit", type=int, default=None, help="images per domain (reduced runs)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    args = p.parse_args(argv)
+    if args.report_only:
+        data = json.loads(JSON.read_text(encoding="utf-8"))
+    else:
+        data = study(Path(args.out), args.seeds, args.rounds, args.limit, args.jobs)
+    JSON.write_text(json.dumps(data, indent=1), encoding="utf-8")
     replace_section(DOC, "<!-- hiltta:begin -->", "<!-- hiltta:end -->", "\n" + report(data) + "\n")
     print(report(data))
     return 0
@@ -109,17 +94,11 @@ def main() -> int:
 
 def report(data: dict[str, Any]) -> str:
     """The section of docs/hiltta.md: ``templates/hiltta.md`` filled."""
-    streams = list(data["main"])
-    labels = sorted({lab for s in streams for lab in data["main"][s]}, key=_order)
+    main = data["main"]
     rows = []
-    for lab in labels:
-        cells = [data["main"][s].get(lab) for s in streams]
-        ratios = [
-            statistics.fmean(data["main"][s][lab]["cpu_per_batch"])
-            / statistics.fmean(data["main"][s]["tent"]["cpu_per_batch"])
-            for s in streams
-            if "tent" in data["main"][s] and lab in data["main"][s]
-        ]
+    for lab in sorted({lab for labels in main.values() for lab in labels}, key=_order):
+        cells = [by_label.get(lab) for by_label in main.values()]
+        ratios = [_cpu(s[lab]) / _cpu(s["tent"]) for s in main.values() if "tent" in s and lab in s]
         ratio = f"{statistics.fmean(ratios):.1f}×" if ratios else "-"
         rows.append([lab, *(fmt(c["error"]) if c else "-" for c in cells), ratio])
     select = ""
@@ -134,14 +113,19 @@ def report(data: dict[str, Any]) -> str:
         head = ["label-free method", "fixed lr 5e-3", "lr chosen by HILTTA"]
         select = PAGE("select", table=table(head, srows))
     proto = data["protocol"]
+    seeds = proto["seeds"]  # "0-2" as committed; a list from a fresh run
     text = PAGE(
         rounds=proto["rounds"],
         images=proto["limit"] or "all",
-        seeds=proto["seeds"],
-        table=table(["method", *streams, "CPU/batch vs TENT"], rows),
+        seeds=seeds if isinstance(seeds, str) else ",".join(map(str, seeds)),
+        table=table(["method", *main, "CPU/batch vs TENT"], rows),
         select=select,
     )
     return text.removesuffix("\n")
+
+
+def _cpu(row: dict[str, list[float]]) -> float:
+    return statistics.fmean(row["cpu_per_batch"])
 
 
 def _order(label: str) -> tuple[int, str]:

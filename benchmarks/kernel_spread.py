@@ -21,17 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from _common import RESULTS, markdown_table, write_json
 
 METHODS = "tent,baseline,eatta"
-#: (label, ATEN_CPU_CAPABILITY or None for the CPU's own, seed)
-RUNS = (
-    ("native", None, 0),
-    ("avx2", "avx2", 0),
-    ("default", "default", 0),
-    ("native", None, 1),
-    ("native", None, 2),
-)
+#: (ATEN_CPU_CAPABILITY, or None for the CPU's own kernels; seed)
+RUNS = ((None, 0), ("avx2", 0), ("default", 0), (None, 1), (None, 2))
 
 
 def _run(folder: Path, capability: str | None, seed: int, methods: str) -> dict[str, Any]:
@@ -46,38 +41,32 @@ def _run(folder: Path, capability: str | None, seed: int, methods: str) -> dict[
     return json.loads((folder / "results.json").read_text())
 
 
-def _own_kernels(label: str) -> str:
-    """A run made before results recorded their kernels: the CPU's own, read here (same machine)."""
-    if label != "native":
-        return "?"
-    import torch
-
-    return torch.backends.cpu.get_cpu_capability()
-
-
 def _cell(r: dict[str, Any]) -> str:
     rounds = r["round_errors"]
     return f"{r['average_error']:.1f} ({rounds[0]:.1f} → {rounds[-1]:.1f})"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/kernel-spread"))
     p.add_argument("--methods", default=METHODS)
     p.add_argument("--table-only", action="store_true", help="only read finished runs")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    wanted = args.methods.split(",")
     columns: list[str] = []
     rows: dict[str, list[str]] = {}
     record: list[dict[str, Any]] = []
-    for label, capability, seed in RUNS:
+    for capability, seed in RUNS:
+        own = capability is None
         folder = args.out / f"{capability or 'native'}-s{seed}"
         if args.table_only and not (folder / "results.json").exists():
             print(f"missing: {folder}", file=sys.stderr)
             return 1
         doc = _run(folder, capability, seed, args.methods)
-        kernels = doc["meta"].get("cpu_capability") or _own_kernels(label)
-        columns.append(f"seed {seed}, {kernels}" + (" (own)" if label == "native" else ""))
-        wanted = args.methods.split(",")
+        # a run made before results recorded its kernels: the CPU's own, read here (same machine)
+        own_kernels = torch.backends.cpu.get_cpu_capability() if own else "?"
+        kernels = doc["meta"].get("cpu_capability") or own_kernels
+        columns.append(f"seed {seed}, {kernels}" + (" (own)" if own else ""))
         for r in (r for r in doc["results"] if r["spec"]["method"] in wanted):
             rows.setdefault(r["label"], []).append(_cell(r))
             record.append(

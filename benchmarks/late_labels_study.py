@@ -2,28 +2,20 @@
 
 Regenerates the section of ``docs/real-annotators.md`` between ``<!-- late-labels:begin -->`` and
 ``<!-- late-labels:end -->`` (and ``benchmarks/results/late_labels.md``, ``.json``) on the digits-C
-streams of ``benchmarks/real_annotators.py``. Parts, in the order they run (each resumable: every
-run is a cell of :func:`eatta.bench.run` under ``--out``; finished cells are read back):
-
-* ``mechanisms``: every late-label mechanism of ``eatta-stable`` (full weight as before, by age,
-  by drift, IWMS-like nearest replay, the ETA-style fallback, and the chosen default) on
-  ``TUNE_STREAM`` (where the defaults were chosen) at delays 4, 16 and never, and on the
-  other streams at delay 16 (untouched while choosing);
-* ``paced``: a person at 11.7 s a label or 1.6 s a yes/no against streams of 1, 4 and 16 batches
-  a second, newest first against oldest first (the default ``eatta-stable``);
-* ``delay``: the default ``eatta-stable`` at delays 0, 1, 4, 16, 64 and never, with TENT and ETA
-  (no labels) as references, over ``--seeds``.
+streams. Parts: ``mechanisms`` (every late-label rule of ``eatta-stable``, on ``TUNE_STREAM`` at
+delays 4, 16 and never, elsewhere at 16), ``paced`` (a person at 11.7 s a label or 1.6 s a yes/no
+against streams of 1, 4 and 16 batches a second, newest against oldest request first) and
+``delay`` (the default ``eatta-stable`` at every delay, TENT and ETA beside it, over
+``--seeds``). Every run is a cell of :func:`eatta.bench.run` under ``--out`` (finished cells are
+read back, so a study resumes).
 
     python benchmarks/late_labels_study.py --seeds 0-2 --out runs/late-labels
-    python benchmarks/late_labels_study.py --report-only --out runs/late-labels
-    # two processes, each on part of the plan, then one report from both folders:
     python benchmarks/late_labels_study.py --plan delay:mixed --out runs/late-labels-b
     python benchmarks/late_labels_study.py --report-only --out runs/late-labels,runs/late-labels-b
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from functools import partial
@@ -32,23 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import (
-    Template,
-    load_study,
-    parse_plan,
-    replace_section,
-    run_part,
-    save_study,
-    streams,
-    study_parser,
-    write_tables,
-)
+from _common import Template, load_study, parse_plan, run_part, save_study, streams, study_parser
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _study import each_part, merged, verdict, with_streams
+from _study import chosen, each_part, errors, publish, saved, verdict, with_streams
 
+from eatta.annotate import Feedback
 from eatta.bench import AnnotatorOptions
-from eatta.bench.results import CellResult
 
 METHOD = "eatta-stable"
 REFERENCES = ("tent", "eta")
@@ -81,18 +63,14 @@ MECH_DELAYS_OTHER: tuple[int | str, ...] = (16,)
 RATES = (1, 4, 16)
 ORDERS = ("newest", "oldest")
 #: Feedback kinds of the paced part: (name, seconds per answer, how the table calls it).
-FEEDBACK = (("label", 11.7, "label"), ("binary", 1.6, "yes/no"))
+FEEDBACK: tuple[tuple[Feedback, float, str], ...] = (
+    ("label", 11.7, "label"),
+    ("binary", 1.6, "yes/no"),
+)
 PACED_STREAMS = ("ccc",)
 PARTS = ("mechanisms", "paced", "delay")
 #: The order the study runs in (most informative first: an interrupted study still reports).
-PLAN = (
-    "mechanisms:ccc",
-    "paced:ccc",
-    "delay:ccc",
-    "mechanisms:mixed",
-    "delay:mixed",
-    "delay:recurring",
-)
+PLAN = "mechanisms:ccc,paced:ccc,delay:ccc,mechanisms:mixed,delay:mixed,delay:recurring".split(",")
 #: Seeds per part (the delay part takes --seeds; the others seed 0 only, for time).
 ONE_SEED = [0]
 #: The streams, in the order the study runs them.
@@ -100,11 +78,6 @@ STREAM_NAMES = ("ccc", "mixed", "recurring")
 #: The streams where the bar asks for half the delay-0 gain over ETA at delays 1 and 4.
 HALF_GAIN_STREAMS = ("recurring", "mixed")
 PAGE = Template("late_labels")
-BEGIN, END = "<!-- late-labels:begin -->", "<!-- late-labels:end -->"
-
-
-def errors(results: Sequence[CellResult], method: str) -> list[float]:
-    return [float(r.average_error) for r in results if r.spec.method == method]
 
 
 def study(
@@ -130,11 +103,7 @@ def study(
                 save_study(out, data)
         elif part == "paced" and name in PACED_STREAMS:
             for (feedback, _, _), rate, order in product(FEEDBACK, RATES, ORDERS):
-                opts = AnnotatorOptions(
-                    feedback=feedback,  # type: ignore[arg-type]  # a literal
-                    stream_rate=rate,
-                    order=order,
-                )
+                opts = AnnotatorOptions(feedback=feedback, stream_rate=rate, order=order)
                 res = run(f"paced-{feedback}-{rate}-{order}", annotator=opts)
                 ann = [r.annotation for r in res]
                 s.setdefault("paced", {})[f"{feedback}/{rate}/{order}"] = {
@@ -182,8 +151,7 @@ def bar(s: dict[str, Any], keys: Sequence[str], half_gain: bool = True) -> list[
 
 def report(data: dict[str, Any]) -> str:
     """The section of docs/real-annotators.md: ``templates/late_labels.md`` filled."""
-    blocks = [_stream_report(n, s) for n, s in data["streams"].items()]
-    return with_streams(PAGE, blocks, tune=TUNE_STREAM)
+    return with_streams(PAGE, data["streams"], _stream_report, tune=TUNE_STREAM)
 
 
 def _stream_report(name: str, s: dict[str, Any]) -> str:
@@ -195,7 +163,7 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
     def references(n: int) -> list[list[str]]:
         return [[f"{m} (no labels)", *[fmt(refs[m])] * n] for m in REFERENCES if refs.get(m)]
 
-    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
+    out = []
     if "delay" in s:
         keys = [k for k in DELAY_KEYS if k in s["delay"]]
         rows = [
@@ -225,26 +193,17 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = study_parser(__doc__, "runs/late-labels", plan=PLAN, parts=PARTS)
-    p.add_argument(
-        "--delays",
-        default=",".join(DELAY_KEYS),
-        help="delays of the delay part (a subset, e.g. 16,never, when time is short)",
-    )
+    p.add_argument("--delays", default=",".join(DELAY_KEYS), help="of the delay part (a subset)")
     p.add_argument("--tables", default="benchmarks/results/late_labels.md")
     p.add_argument("--doc", default="docs/real-annotators.md")
     args = p.parse_args(argv)
     plan = parse_plan(args.plan, PARTS, STREAM_NAMES)
     if args.report_only:
-        data = merged(args.out, STREAM_NAMES)
+        data = saved(args.out, STREAM_NAMES, Path(args.tables).with_suffix(".json"))
     else:
-        delays = [d if d == "never" else int(d) for d in args.delays.split(",") if d]
-        if any(d not in DELAYS for d in delays):
-            raise SystemExit(f"--delays must be among {DELAYS}, got {args.delays!r}")
+        delays = chosen("--delays", args.delays, DELAYS)
         data = study(Path(args.out), args.seeds, plan, delays)
-    text = report(data)
-    write_tables(text, data, args.tables)
-    replace_section(Path(args.doc), BEGIN, END, text)
-    print(f"tables: {args.tables}; section of {args.doc} regenerated")
+    publish(report(data), data, args.tables, args.doc, "late-labels")
     return 0
 
 

@@ -14,7 +14,6 @@ of inference, TENT and EATTA (budget 1) on ResNet-50 at 224 px (``--quick``: Res
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -22,12 +21,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import _common
+import _summary
+import _timing
 import torch
 from torch import Tensor
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common
 
 import eatta
 from eatta._compat import import_torchvision
@@ -79,7 +77,7 @@ def time_loader(
         persistent_workers=workers > 0,
     )
     loader = stream.loader()
-    sync = _common.synchronizer(device)
+    sync = _timing.synchronizer(device)
     epochs = []
     for _ in range(2):
         n = 0
@@ -109,7 +107,7 @@ def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str,
     """images/s of inference, TENT and EATTA on the ImageNet-C model at 224 px."""
     tv = import_torchvision()
     arch = "resnet18" if args.quick else "resnet50"
-    batch = args.step_batch or (16 if args.quick else args.batch)
+    batch = 16 if args.quick else args.batch
     g = torch.Generator().manual_seed(0)
     x = torch.rand(batch, 3, 224, 224, generator=g).to(device)
     y = torch.randint(0, 1000, (batch,), generator=g)
@@ -119,36 +117,41 @@ def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str,
         model = getattr(tv.models, arch)(num_classes=1000).to(device)
         return model, torch.optim.SGD(eatta.configure(model), lr=2.5e-4, momentum=0.9)
 
-    model, _ = build()
-
-    def inference() -> object:
-        with torch.no_grad():
-            return model(x)
-
     tent = Tent(*build())
     method = eatta.EATTA(*build(), oracle=eatta.GroundTruthOracle())
-    fns = {"inference": inference, "tent": partial(tent, x), "eatta": partial(method, x, labels=y)}
-    samples = _common.time_interleaved(fns, repeats=args.step_repeats, warmup=1, device=device)
+    fns = {
+        "inference": _timing.inference(build()[0], x),
+        "tent": partial(tent, x),
+        "eatta": partial(method, x, labels=y),
+    }
+    repeats = 2 if args.quick else 3
+    samples = _timing.time_interleaved(fns, repeats=repeats, warmup=1, device=device)
     rows = []
     for name, s in samples.items():
-        ms = _common.stats_ms(s)["median_ms"]
+        ms = _timing.stats_ms(s)["median_ms"]
         label = f"{name} ({arch}, 224 px, batch {batch})"
         rows.append({"name": label, "median_ms": ms, "images_per_s": batch / (ms / 1e3)})
     return rows
 
 
+def note(result: dict[str, Any]) -> str:
+    """The page's note: the best loader's images/s against the EATTA step's."""
+    best = max(result["loaders"], key=lambda r: r["images_per_s"])
+    step = next(r for r in result["steps"] if r["name"].startswith("eatta"))
+    ratio = f"{best['images_per_s'] / step['images_per_s']:.1f}"
+    cores = result["meta"]["cpu_count"]
+    return _summary.PAGE("loader-note", best=best["name"], ratio=ratio, cores=cores)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = _common.timing_parser(__doc__)
+    p = _timing.timing_parser(__doc__)
     p.add_argument("--images", type=int, help="JPEGs to generate (default 320, quick 96)")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--step-batch", type=int)
-    p.add_argument("--step-repeats", type=int)
-    p.add_argument("--workers", type=int, nargs="+")
+    p.add_argument("--workers", type=int, nargs="+", help="(default 0 1 2, quick 0 2)")
     args = p.parse_args(argv)
-    args.images = args.images or (96 if args.quick else 320)
-    args.step_repeats = args.step_repeats or (2 if args.quick else 3)
+    _timing.fill_defaults(args, args.quick, images=(320, 96))
     args.workers = args.workers or ([0, 2] if args.quick else [0, 1, 2])
-    device = _common.timing_device(args)
+    device = _timing.timing_device(args)
     if device is None:
         return 2
     started = time.perf_counter()
@@ -168,16 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     result["steps"] = time_steps(args, device)
     for row in result["steps"]:
         print(f"  {row['name']}: {row['images_per_s']:.1f} images/s", flush=True)
-    best = max(result["loaders"], key=lambda r: r["images_per_s"])
-    eatta_row = next(r for r in result["steps"] if r["name"].startswith("eatta"))
-    ratio = best["images_per_s"] / eatta_row["images_per_s"]
-    result["notes"] = [
-        f"Best loader ({best['name']}) delivers {ratio:.1f}× the images/s the EATTA step consumes "
-        f"on this device; with {os.cpu_count()} cores the workers compete with the step's "
-        "threads for the same CPUs, so on a CPU-only machine the loader's share adds to the "
-        "step time rather than overlapping it.",
-    ]
-    _common.write_results(args.out / "loader_benchmark.json", result, started)
+    result["notes"] = [note(result)]
+    _timing.write_results(args.out / "loader_benchmark.json", result, started)
     return 0
 
 

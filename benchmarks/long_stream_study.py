@@ -1,22 +1,15 @@
 """EATTA over long streams (issue 9): diagnosis, the Table-3 ablation, and the stable variant.
 
 Every run adapts a fresh copy of a digits source model (``eatta.create``, one label per batch,
-digits-c defaults) over ``R`` rounds of a digits-C stream (the 15 corruptions, reshuffled with
-seed ``100 s + r``) and records per round the online error, the applied weights, both gradient
-norms, the share of mispredicted labelled samples, the confident set, labels per class and the
-drift ``||θ - θ0||``; per step ``γ_sup`` and the norm ratio (for plots). Streams: ``embedded``
-(severity 5), ``sev3``, ``reversed`` (the corruption order), ``resnet`` (a small residual
-network trained here, cached) and ``label-shift`` (Dirichlet δ = 0.1 class order per domain).
-Runs are stored as JSON under ``--out`` (default ``runs/long-stream`` or ``$EATTA_STUDY_OUT``)
-and reused, so the commands resume; ``report`` writes ``benchmarks/results/long_stream_study.md``.
+digits-c defaults) over ``R`` rounds of a digits-C stream (reshuffled with seed ``100 s + r``) and
+records per round the online error, the applied weights, both gradient norms, the share of
+mispredicted labelled samples, the confident set, labels per class and the drift ``||θ - θ0||``;
+per step ``γ_sup`` and the norm ratio (for plots). Streams: :data:`STREAMS`. Runs are stored as
+JSON under ``--out`` (default ``runs/long-stream`` or ``$EATTA_STUDY_OUT``) and reused, so the
+commands resume; ``report`` writes ``benchmarks/results/long_stream_study.md`` and the plots.
 
-Commands (CPU, single-threaded; each part's grid is :data:`PLAN`)::
-
-    python benchmarks/long_stream_study.py all        # every part below, then the report
-    python benchmarks/long_stream_study.py diagnose   # embedded, seed 0, 10 rounds
-    python benchmarks/long_stream_study.py tuning     # embedded, seeds 0 1 (variant's choice)
-    python benchmarks/long_stream_study.py compare    # report streams: Baseline / EATTA / variant
-    python benchmarks/long_stream_study.py ablation   # the paper's Table 3 rows
+    python benchmarks/long_stream_study.py all        # every part of PLAN, then the report
+    python benchmarks/long_stream_study.py diagnose   # or tuning, compare, ablation: one part
     python benchmarks/long_stream_study.py report     # markdown tables + plots from stored runs
     python benchmarks/long_stream_study.py check      # aliased Table-3 rows == their named runs
     python benchmarks/long_stream_study.py one --streams sev3 --configs baseline eatta \\
@@ -41,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _common import RESULTS, Template, write_json
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
 from torch import Tensor, nn
@@ -54,7 +48,9 @@ from eatta.models.digits_cnn import fit_digits_source, packaged_digits_source
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(os.environ.get("EATTA_STUDY_OUT", ROOT / "runs" / "long-stream"))
 IMG = ROOT / "docs" / "img"
+PAGE = Template("long_stream")
 
+#: The streams: corruption severity and order, source model, Dirichlet label shift (None: none).
 STREAMS: dict[str, dict[str, Any]] = {
     "embedded": {"severity": 5, "order": "standard", "model": "cnn", "label_shift": None},
     "sev3": {"severity": 3, "order": "standard", "model": "cnn", "label_shift": None},
@@ -91,7 +87,16 @@ ALIASES = {"none": "baseline", "PD+CB": "no-gnd", "all": "eatta"}
 
 ABLATION = ["none", "PD", "PD+CB", "PD+GND", "PD+GND+EMA", "GND", "GND+EMA", "PD+CB+GND", "all"]
 COMPARE = ["baseline", "eatta", "eatta-stable"]
-TUNING = ["stable-cap0.5"]
+
+#: The study as run for docs/when-eatta-helps.md: (part, streams, configs, seeds, rounds).
+#: Rounds and seeds are what two shared CPU cores allowed; raise them with the flags of ``one``.
+PLAN: list[tuple[str, list[str], list[str], list[int], int]] = [
+    ("diagnose", ["embedded"], ["baseline", "eatta", "no-gnd", "eatta-stable"], [0], 10),
+    ("tuning", ["embedded"], [*COMPARE, "stable-cap0.5"], [0, 1], 5),
+    ("compare", ["embedded"], COMPARE, [2, 3], 5),
+    ("compare", ["sev3", "resnet", "label-shift", "reversed"], COMPARE, [0, 1], 3),
+    ("ablation", ["embedded"], [*ABLATION[:5], "all"], [2, 3], 3),  # the issue's six rows
+]
 
 
 class _ResidualBlock(nn.Module):
@@ -156,7 +161,7 @@ def source_model(kind: str, cache: Path) -> nn.Module:
 
 
 def round_batches(
-    domains: Sequence[Any], label_shift: float | None, seed: int
+    domains: Sequence[Any], seed: int, label_shift: float | None = None
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """One pass over the domains: TestStream's shuffle, or each domain in a Dirichlet(δ)
     class order (:func:`~eatta.data.stream.dirichlet_order`, one time slot per batch)."""
@@ -184,7 +189,9 @@ GND_KEYS = ("gamma_sup", "gamma_unsup", "grad_norm_sup", "grad_norm_unsup", "nor
 STEP_KEYS = (*GND_KEYS, "mispredicted_selected", "confident")
 
 
-def _record(rec: Any, acc: dict[str, list[float]], counts: np.ndarray, traces: dict) -> None:
+def _record(
+    rec: Any, acc: dict[str, list[float]], counts: np.ndarray, traces: dict[str, Any]
+) -> None:
     """One step's record (``last_step``) into the round's diagnostics ``acc``, its labels per
     class ``counts`` and the run's per-step ``traces``."""
     if rec.num_unsup is not None:
@@ -209,62 +216,43 @@ def _record(rec: Any, acc: dict[str, list[float]], counts: np.ndarray, traces: d
 def run(stream: str, config: str, seed: int, rounds: int, out: Path) -> dict[str, Any]:
     """Adapt over ``rounds`` rounds of ``stream`` with ``config``; stored as JSON (cached)."""
     config = ALIASES.get(config, config)
-    stored = _load(out, stream, config, [seed], rounds)
-    if stored:
+    if stored := _load(out, stream, config, [seed], rounds):
         return stored[0]
     spec = STREAMS[stream]
-    corruptions = list(DIGITS_C_CORRUPTIONS)
-    if spec["order"] == "reversed":
-        corruptions.reverse()
-    domains = digits_c_domains(corruptions, severity=spec["severity"])
+    step = -1 if spec["order"] == "reversed" else 1
+    domains = digits_c_domains(list(DIGITS_C_CORRUPTIONS)[::step], severity=spec["severity"])
     torch.manual_seed(seed)
     model = copy.deepcopy(source_model(spec["model"], out / "cache"))
     oracle = GroundTruthOracle()
     method = _create(config, model, oracle, seed, budget=1)
-    params = list(method.params)
-    start_params = [p.detach().clone() for p in params]
-    per_round: list[dict[str, Any]] = []
-    traces: dict[str, list[float]] = {"gamma_trace": [], "ratio_trace": [], "error_trace": []}
+    start = [p.detach().clone() for p in method.params]
+    name, overrides = CONFIGS[config]
+    result: dict[str, Any] = {"stream": stream, "config": config, "method": name}
+    result.update(overrides=dict(overrides), seed=seed, rounds=rounds, per_round=[])
+    result.update(gamma_trace=[], ratio_trace=[], error_trace=[])
     t0 = time.perf_counter()
     for r in range(rounds):
         wrong = total = 0
         acc: dict[str, list[float]] = {k: [] for k in STEP_KEYS}
         counts = np.zeros(10, dtype=np.int64)
-        for x, y in round_batches(domains, spec["label_shift"], 100 * seed + r):
+        for x, y in round_batches(domains, 100 * seed + r, spec["label_shift"]):
             with oracle.labels(y):
-                logits = method(x)
-            miss = int((logits.argmax(1) != y).sum())
+                miss = int((method(x).argmax(1) != y).sum())
             wrong, total = wrong + miss, total + len(y)
-            traces["error_trace"].append(miss / len(y))
+            result["error_trace"].append(miss / len(y))
             if (rec := getattr(method, "last_step", None)) is not None:
-                _record(rec, acc, counts, traces)
-        pairs = zip(params, start_params, strict=True)
+                _record(rec, acc, counts, result)
+        pairs = zip(method.params, start, strict=True)
         drift = math.sqrt(sum(float((p.detach() - p0).pow(2).sum()) for p, p0 in pairs))
         means = {k: statistics.fmean(v) if v else None for k, v in acc.items()}
         error = 100 * wrong / total
-        per_round.append(
-            {"error": error, **means, "labels_per_class": counts.tolist(), "drift": drift}
-        )
+        per_round = {"error": error, **means, "labels_per_class": counts.tolist(), "drift": drift}
+        result["per_round"].append(per_round)
         print(
             f"  {stream:12s} {config:12s} seed {seed} round {r + 1}: error {error:.1f}", flush=True
         )
-    name, overrides = CONFIGS[config]
-    result = {
-        "stream": stream,
-        "config": config,
-        "method": name,
-        "overrides": dict(overrides),
-        "seed": seed,
-        "rounds": rounds,
-        "per_round": per_round,
-        **traces,
-        "seconds": time.perf_counter() - t0,
-    }
-    path = out / "runs" / f"{stream}__{config}__s{seed}__r{rounds}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, path)
+    result["seconds"] = time.perf_counter() - t0
+    write_json(out / "runs" / f"{stream}__{config}__s{seed}__r{rounds}.json", result)
     return result
 
 
@@ -283,9 +271,9 @@ def _load(
         found = (out / "runs").glob(f"{stream}__{config}__s{s}__r*.json")
         longer = sorted((p for p in found if _rounds(p) >= rounds), key=_rounds)
         if longer:
-            run = json.loads(longer[0].read_text())
-            run["per_round"] = run["per_round"][:rounds]
-            runs.append(run)
+            stored = json.loads(longer[0].read_text())
+            stored["per_round"] = stored["per_round"][:rounds]
+            runs.append(stored)
     return runs
 
 
@@ -295,15 +283,14 @@ def error_table(
     """Markdown: per-round error (mean ± std over seeds) and the mean over rounds."""
     rows = []
     for c in configs:
-        runs = _load(out, stream, c, seeds, rounds)
-        if runs:
+        if runs := _load(out, stream, c, seeds, rounds):
             cells = [fmt([run["per_round"][r]["error"] for run in runs]) for r in range(rounds)]
             avg = fmt([statistics.fmean(p["error"] for p in run["per_round"]) for run in runs])
             rows.append([c, *cells, avg])
     head = ["configuration", *(f"r{r + 1}" for r in range(rounds)), "mean"]
     n = len(_load(out, stream, configs[0], seeds, rounds))
     listed = ", ".join(map(str, seeds))
-    return table(head, rows, left=True) + f"\n\n(runs found for {n} of the seeds {listed})\n"
+    return PAGE("errors", table=table(head, rows, left=True), found=n, seeds=listed)
 
 
 #: The diagnostics of ``diagnosis_table``: key, column, digits.
@@ -322,18 +309,16 @@ def diagnosis_table(out: Path, stream: str, configs: Sequence[str], seed: int, r
     """Markdown: per configuration, first / last round of each diagnostic."""
     rows = []
     for c in configs:
-        runs = _load(out, stream, c, [seed], rounds)
-        if not runs:
-            continue
-        pr = runs[0]["per_round"]
-        cells = [
-            "–" if pr[0][k] is None else f"{pr[0][k]:.{d}f} → {pr[-1][k]:.{d}f}"
-            for k, _, d in DIAGNOSTICS
-        ]
-        counts = pr[-1]["labels_per_class"]
-        rows.append([c, *cells, f"{min(counts)}–{max(counts)}"])
+        for found in _load(out, stream, c, [seed], rounds):
+            first, last = found["per_round"][0], found["per_round"][-1]
+            cells = [
+                "–" if first[k] is None else f"{first[k]:.{d}f} → {last[k]:.{d}f}"
+                for k, _, d in DIAGNOSTICS
+            ]
+            counts = last["labels_per_class"]
+            rows.append([c, *cells, f"{min(counts)}–{max(counts)}"])
     head = ["configuration", *(k[1] for k in DIAGNOSTICS), "labels/class (last round)"]
-    return table(head, rows, left=True) + "\n"
+    return table(head, rows, left=True)
 
 
 def _trace(runs: list[dict[str, Any]], key: str) -> np.ndarray:
@@ -353,7 +338,7 @@ def clamp_table(out: Path, seeds: Sequence[int], rounds: int) -> str:
             applied = 100 * float((_trace(stable, "gamma_trace") > 1).mean())
             rows.append([stream, *ratios, f"{applied:.1f}%"])
     head = ["stream", "median g_s/g_u (eatta)", "median g_s/g_u (stable)", "steps with γ_sup > 1"]
-    return table(head, rows, left=True) + "\n"
+    return table(head, rows, left=True)
 
 
 #: Each configuration's colour in the plots.
@@ -366,7 +351,7 @@ COLORS = {
 
 
 def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> list[Path]:
-    """γ_sup over the stream (diagnosis run) and per-round error (embedded stream)."""
+    """γ_sup and the norm ratio over the stream (diagnosis run); per-round error per stream."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -385,10 +370,9 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
             x = np.arange(len(smooth)) / 225 + k / 450
             axis.plot(x, smooth, color=COLORS[c], lw=1, label=c)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--", label="Baseline (γ = 1)")
-    ax.set_ylabel("applied γ_sup (moving avg.)")
+    ax.set(ylabel="applied γ_sup (moving avg.)")
     ax.set_title("Weight of the labelled loss", fontsize=9)
-    bx.set_yscale("log")
-    bx.set_ylabel("g_s / g_u (moving avg.)")
+    bx.set(yscale="log", ylabel="g_s / g_u (moving avg.)")
     bx.set_title("Labelled / entropy gradient norm", fontsize=9)
     for axis in (ax, bx):
         axis.set_xlabel("round (15 corruptions, 225 batches)")
@@ -403,9 +387,8 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.2), dpi=100)
     for ax, (stream, seeds_here, n, title) in zip(axes, panels, strict=True):
-        for c in ("baseline", "eatta", "eatta-stable"):
-            runs = _load(out, stream, c, seeds_here, n)
-            if not runs:
+        for c in COMPARE:
+            if not (runs := _load(out, stream, c, seeds_here, n)):
                 continue
             e = np.asarray([[p["error"] for p in run["per_round"]] for run in runs])
             x = np.arange(1, e.shape[1] + 1)
@@ -414,8 +397,7 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
                 lo, hi = e.mean(0) - e.std(0), e.mean(0) + e.std(0)
                 ax.fill_between(x, lo, hi, color=COLORS[c], alpha=0.15)
         ax.set_title(title + (" (mean ± std)" if len(seeds_here) > 1 else ""), fontsize=9)
-        ax.set_xlabel("round")
-        ax.set_ylabel("online error %")
+        ax.set(xlabel="round", ylabel="online error %")
         ax.legend(fontsize=8)
     return [*made, _save(plt, fig, "long-stream-error.png")]
 
@@ -423,65 +405,54 @@ def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> lis
 def _save(plt: Any, fig: Any, name: str) -> Path:
     """``fig`` laid out, written to ``docs/img/<name>`` and closed."""
     fig.tight_layout()
-    path = IMG / name
-    fig.savefig(path)
+    fig.savefig(IMG / name)
     plt.close(fig)
-    return path
-
-
-def _predictions(config: str, base: nn.Module, domains: Sequence[Any], batches: int) -> Tensor:
-    """``config``'s logits over the first ``batches`` batches of round 0 (seed 0)."""
-    torch.manual_seed(0)
-    oracle = GroundTruthOracle()
-    method = _create(config, copy.deepcopy(base), oracle, 0)
-    logits = []
-    for x, y in itertools.islice(round_batches(domains, None, 0), batches):
-        with oracle.labels(y):
-            logits.append(method(x))
-    return torch.cat(logits)
+    return IMG / name
 
 
 def check_aliases(batches: int = 40) -> bool:
     """Whether each aliased Table-3 row gives bit-identical predictions to its named config."""
     domains = digits_c_domains(severity=5)
     base = source_model("cnn", DEFAULT_OUT / "cache")
+
+    def predictions(config: str) -> Tensor:
+        """``config``'s logits over the first ``batches`` batches of round 0 (seed 0)."""
+        torch.manual_seed(0)
+        oracle = GroundTruthOracle()
+        method = _create(config, copy.deepcopy(base), oracle, 0)
+        logits = []
+        for x, y in itertools.islice(round_batches(domains, 0), batches):
+            with oracle.labels(y):
+                logits.append(method(x))
+        return torch.cat(logits)
+
     ok = True
     for row, named in ALIASES.items():
-        same = torch.equal(*(_predictions(c, base, domains, batches) for c in (row, named)))
+        same = torch.equal(predictions(row), predictions(named))
         ok &= same
         print(f"{row} == {named} over {batches} batches: {same}")
     return ok
 
 
-#: The study as run for docs/when-eatta-helps.md: (part, streams, configs, seeds, rounds).
-#: Rounds and seeds are what two shared CPU cores allowed; raise them with the flags of ``one``.
-OTHER_STREAMS = ["sev3", "resnet", "label-shift", "reversed"]
-PLAN: list[tuple[str, list[str], list[str], list[int], int]] = [
-    ("diagnose", ["embedded"], ["baseline", "eatta", "no-gnd", "eatta-stable"], [0], 10),
-    ("tuning", ["embedded"], COMPARE + TUNING, [0, 1], 5),
-    ("compare", ["embedded"], COMPARE, [2, 3], 5),
-    ("compare", OTHER_STREAMS, COMPARE, [0, 1], 3),
-    ("ablation", ["embedded"], [*ABLATION[:5], "all"], [2, 3], 3),  # the issue's six rows
-]
-
-
 def report(out: Path) -> str:
-    """The markdown tables of :data:`PLAN` from the stored runs; also draws the plots."""
-    lines: list[str] = ["# Long-stream study (benchmarks/long_stream_study.py)\n"]
-    emit = lines.append
+    """The page of :data:`PLAN`'s tables from the stored runs; also draws the plots."""
+    blocks = []
     for part, streams, configs, seeds, rounds in PLAN:
         what = {"tuning": "tuning streams", "diagnose": "diagnosis"}.get(part, "report streams")
         for stream in streams:
-            emit(f"## {part}: {stream}, {rounds} rounds, seeds {seeds} ({what})\n")
+            blocks.append(
+                PAGE("heading", part=part, stream=stream, rounds=rounds, seeds=seeds, what=what)
+            )
             if part == "diagnose":
-                emit("First → last round:\n")
-                emit(diagnosis_table(out, stream, configs, seeds[0], rounds))
-            emit(error_table(out, stream, configs, seeds, rounds))
-    emit("## Where the variant differs from `gnd=False`\n")
-    emit(clamp_table(out, [0, 1, 2, 3, 4], 3))
-    for p in plots(out, 10, [0, 1], 3):
-        emit(f"plot: {p.relative_to(ROOT)} ({p.stat().st_size // 1024} KiB)\n")
-    return "\n".join(lines)
+                diagnosis = diagnosis_table(out, stream, configs, seeds[0], rounds)
+                blocks.append(PAGE("diagnosis", table=diagnosis))
+            blocks.append(error_table(out, stream, configs, seeds, rounds))
+    drawn = [
+        PAGE("plot", path=p.relative_to(ROOT), kib=p.stat().st_size // 1024)
+        for p in plots(out, 10, [0, 1], 3)
+    ]
+    clamp = clamp_table(out, [0, 1, 2, 3, 4], 3)
+    return PAGE(parts="\n\n".join(blocks), clamp=clamp, plots="\n\n".join(drawn))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -512,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(error_table(args.out, stream, args.configs, args.seeds, args.rounds))
     if args.part in ("report", "all"):
         text = report(args.out)
-        (ROOT / "benchmarks" / "results" / "long_stream_study.md").write_text(text)
+        (RESULTS / "long_stream_study.md").write_text(text)
         sys.stdout.write(text)
     return 0
 

@@ -1,20 +1,12 @@
 """Would a per-sample choice close the easy domains' gap on mixed batches? Measured, not adopted.
 
-``eatta-safe`` chooses which model serves per batch. On the mixed stream its easy domains (the
-source model under 10 % error) end far above the source model's error: the batch's statistics
-are the hard corruptions'. A label-free per-sample rule: serve the source model's prediction
-for each sample whose features look like the source data, at the source model's last
-BatchNorm layer,
-
-    d(x) = mean_c (μ_c(x) − μ_c)² / σ²_c   (μ_c(x): the sample's channel mean; μ_c, σ²_c: the
-                                            layer's running statistics),
-
-when ``d(x) < τ``, everywhere or (gated) only in batches where at most a share ``g`` of the
-samples are that near (a mixed batch). Every run of ``eatta-safe`` (answers at once, requests
-of 64) is recorded per sample: its served prediction, the source model's prediction and ``d``;
-the rule is applied to the records afterwards, so one run per stream and seed serves every
-``τ`` and ``g``. Also the median ``d`` of each digits-C corruption. Writes
-``benchmarks/results/per_sample_choice.json`` and prints the table that docs/safety.md quotes.
+The rule: serve the source model's prediction for each sample whose channel means at the source
+model's last BatchNorm layer lie near its running statistics, ``d(x) = mean_c (μ_c(x) − μ_c)² /
+σ²_c < τ``, everywhere or (gated) only in batches where at most a share ``g`` of the samples are
+that near (docs/safety.md, *A per-sample choice*). Every ``eatta-safe`` run is recorded per sample
+and the rule applied afterwards, so one run per stream and seed serves every ``τ`` and ``g``.
+Writes ``benchmarks/results/per_sample_choice.json`` (with the median ``d`` of each digits-C
+corruption) and prints the table docs/safety.md quotes (``--report-only``: from that file).
 
     python benchmarks/per_sample_choice.py --seeds 0-2 --out runs/per-sample
 """
@@ -22,13 +14,17 @@ the rule is applied to the records afterwards, so one run per stream and seed se
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 import torch
-from _common import seed_list
+from _common import load_json, markdown_table, run_part, study_parser
+from _study import chosen
 from safety_study import DATASETS, EASY, STREAMS
+from torch import Tensor
 
 import eatta.bench
 from eatta.bench import runner
@@ -36,14 +32,19 @@ from eatta.monitor.fallback import SourceFallback
 
 THRESHOLDS = (0.1, 0.2, 0.25, 0.3)
 GATES = (None, 0.2)
+#: The rules, (τ, gate): as served (None, None), then every threshold with and without the gate.
+RULES = ((None, None), *((t, g) for g in GATES for t in THRESHOLDS))
+#: The rules docs/safety.md quotes, and its names of the streams.
+QUOTED = ((None, None), (0.25, None), (0.3, None), (0.25, 0.2), (0.3, 0.2))
+NAMES = {"ccc": "CCC", "deployed-mixed": "deployed, mixed"}
 
 
-def _near(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _near(model: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
     """The source model's predictions and ``d(x)`` at its last BatchNorm layer."""
     bn = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)][-1]
-    got: list[torch.Tensor] = []
+    got: list[Tensor] = []
 
-    def hook(m: Any, inputs: tuple[torch.Tensor, ...], _out: Any) -> None:
+    def hook(m: Any, inputs: tuple[Tensor, ...], _out: Any) -> None:
         mu = inputs[0].mean(tuple(range(2, inputs[0].dim())))
         got.append(((mu - m.running_mean) ** 2 / m.running_var).mean(1))
 
@@ -74,29 +75,18 @@ def record(stream: str, seed: int, out: Path) -> dict[str, np.ndarray]:
     records are read beside it)."""
     keys = ("y", "batch", "served", "source", "d", "domain", "mixed")
     rec: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    after, serve, show, count = (
-        SourceFallback.after,
-        runner._serve,
-        runner._show,
-        runner._count_domains,
-    )
+    after, serve = SourceFallback.after, runner._serve
+    show, count = runner._show, runner._count_domains
 
-    def after_(
-        self: SourceFallback,
-        method: Any,
-        x: torch.Tensor,
-        logits: torch.Tensor,
-        *args: Any,
-        **kw: Any,
-    ) -> torch.Tensor:
+    def after_(self: SourceFallback, method: Any, x: Tensor, *args: Any, **kw: Any) -> Tensor:
         pred, d = _near(self.given, x)
-        out = after(self, method, x, logits, *args, **kw)
+        out = after(self, method, x, *args, **kw)
         rec["served"].append(out.argmax(1).numpy())
         rec["source"].append(pred.numpy())
         rec["d"].append(d.numpy())
         return out
 
-    def serve_(method: Any, x: torch.Tensor, y: torch.Tensor, *args: Any) -> Any:
+    def serve_(method: Any, x: Tensor, y: Tensor, *args: Any) -> Any:
         rec["batch"].append(np.full(len(y), len(rec["y"])))  # which batch each sample is in
         rec["y"].append(y.numpy())
         return serve(method, x, y, *args)
@@ -109,28 +99,14 @@ def record(stream: str, seed: int, out: Path) -> dict[str, np.ndarray]:
         rec["mixed"].append(np.array([stream.domains[k].name for k in stream.sample_domains(t)]))
         count(stream, t, *args)
 
-    patched = (after_, serve_, show_, count_)
-    SourceFallback.after, runner._serve, runner._show, runner._count_domains = patched  # type: ignore
-    try:
-        eatta.bench.run(
-            DATASETS.get(stream, "digits-c"),
-            ["eatta-safe"],
-            protocol=STREAMS[stream],
-            seeds=[seed],
-            out=out / stream,
-            jobs=1,
-            threads=1,
-            progress=False,
-            plot=False,
-            reuse=False,
-        )
-    finally:
-        SourceFallback.after, runner._serve, runner._show, runner._count_domains = (  # type: ignore
-            after,
-            serve,
-            show,
-            count,
-        )
+    with (
+        patch.object(SourceFallback, "after", after_),
+        patch.object(runner, "_serve", serve_),
+        patch.object(runner, "_show", show_),
+        patch.object(runner, "_count_domains", count_),
+    ):
+        dataset = DATASETS.get(stream, "digits-c")
+        run_part(out, stream, STREAMS[stream], ["eatta-safe"], [seed], dataset=dataset, reuse=False)
     if rec["mixed"]:
         rec["domain"] = rec.pop("mixed")
     return {k: np.concatenate(v) for k, v in rec.items() if v}
@@ -155,38 +131,51 @@ def evaluate(
     return 100 * float(wrong.mean()), 100 * float(easy_error)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+def table(data: dict[str, Any], rules: Sequence[tuple[float | None, float | None]] = RULES) -> str:
+    """Error % (easy domains) per stream and rule, mean over seeds: the table docs/safety.md
+    quotes (its ``QUOTED`` rules)."""
+    head = ["stream", *(_rule(tau, gate) for tau, gate in rules)]
+    rows = [
+        [NAMES.get(stream, stream), *(_cell(results[f"tau={t} gate={g}"]) for t, g in rules)]
+        for stream, results in data["streams"].items()
+    ]
+    return markdown_table(head, rows)
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", type=seed_list, default="0-2")
+
+def _rule(tau: float | None, gate: float | None) -> str:
+    if tau is None:
+        return "as served"
+    return f"`τ = {tau:g}`" + ("" if gate is None else ", gated")
+
+
+def _cell(values: Sequence[Sequence[float]]) -> str:
+    """Error % (on the easy domains) over seeds: ``"64.09 (14.2)"``."""
+    easy = [v[1] for v in values if not np.isnan(v[1])]  # mnist: no easy domain
+    return f"{np.mean([v[0] for v in values]):.2f}" + (f" ({np.mean(easy):.1f})" if easy else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = study_parser(__doc__, "runs/per-sample")
     p.add_argument("--streams", default=",".join(STREAMS), help="'': only the medians")
-    p.add_argument("--out", default="runs/per-sample")
     p.add_argument("--json", default="benchmarks/results/per_sample_choice.json")
     args = p.parse_args(argv)
-    streams = [x for x in args.streams.split(",") if x]
-    unknown = [x for x in streams if x not in STREAMS]
-    if unknown:
-        raise SystemExit(f"--streams: unknown {unknown}; choose from {', '.join(STREAMS)}")
     path = Path(args.json)
-    saved = json.loads(path.read_text()) if path.is_file() else {}
+    saved = load_json(path) or {}
+    if args.report_only:
+        print(table(saved))
+        return 0
+    streams = chosen("--streams", args.streams, tuple(STREAMS))
     if saved.get("seeds") != args.seeds:  # streams run on other seeds are not kept
         saved = {}
     near = medians()
     print("median d per corruption:", near)
-    rules: list[tuple[float | None, float | None]] = [(None, None)]
-    rules += [(t, g) for g in GATES for t in THRESHOLDS]
-    table: dict[str, Any] = saved.get("streams", {})  # streams not rerun (same seeds) are kept
+    results: dict[str, Any] = saved.get("streams", {})  # streams not rerun (same seeds) are kept
     for stream in streams:
         runs = [record(stream, seed, Path(args.out) / str(seed)) for seed in args.seeds]
-        table[stream] = {f"tau={t} gate={g}": [evaluate(r, t, g) for r in runs] for t, g in rules}
-        print(f"{stream}: (error, easy domains) mean over seeds {args.seeds}")
-        for rule, values in table[stream].items():
-            err = np.mean([v[0] for v in values])
-            easy_values = [v[1] for v in values if not np.isnan(v[1])]  # mnist: no easy domain
-            easy = np.mean(easy_values) if easy_values else np.nan
-            print(f"  {rule:22s} {err:6.2f} {easy:6.2f}")
-    path.write_text(json.dumps({"seeds": args.seeds, "medians": near, "streams": table}, indent=1))
+        results[stream] = {f"tau={t} gate={g}": [evaluate(r, t, g) for r in runs] for t, g in RULES}
+    data = {"seeds": args.seeds, "medians": near, "streams": results}
+    path.write_text(json.dumps(data, indent=1))
+    print(f"error % (easy domains), mean over seeds {args.seeds}:\n{table(data)}")
     return 0
 
 

@@ -1,27 +1,20 @@
 """The real-annotators study: EATTA and the Baseline with late, wrong and yes/no labels.
 
-Regenerates the tables and plot of ``docs/real-annotators.md`` (mean ± std over seeds) on three
-long digits-C streams:
-
-* ``recurring``: the embedded benchmark, 15 corruptions × 10 rounds (2,250 batches);
-* ``mixed``: every batch drawn across the 15 corruptions, 2 rounds (422 batches);
-* ``ccc``: the CCC-style stream at its slow speed, 5 rounds (280 batches).
-
-Parts: error against label delay (``--label-delay``) for eatta, eatta-stable and the Baseline,
-with TENT and ETA as label-free references; error against label noise; yes/no feedback against
-full labels at equal annotator time; a replay buffer as a way to recover what delay costs (its
-size tuned on ``ccc`` only, reported on the other two). Every run is a cell of
-:func:`eatta.bench.run` in ``--out`` (finished cells are read back, so an interrupted study
-resumes). A delay of 0 is not run again: it is bit-identical to the default synchronous annotator
-(tests/methods/test_async_annotation.py), so the default cells stand for it.
+Regenerates the tables and plot of ``docs/real-annotators.md`` (mean ± std over seeds) on the
+recurring, mixed and CCC digits-C streams. Parts: error against label delay for eatta,
+eatta-stable and the Baseline, with TENT and ETA as label-free references; error against label
+noise; yes/no feedback against full labels at equal annotator time; a replay buffer as a way to
+recover what delay costs (its size tuned on ``ccc`` only, reported on the other two). Every run
+is a cell of :func:`eatta.bench.run` in ``--out`` (finished cells are read back, so an
+interrupted study resumes). A delay of 0 is not run again: it is bit-identical to the default
+synchronous annotator (tests/methods/test_async_annotation.py), so the default cells stand for it.
 
     python benchmarks/real_annotators.py --seeds 0-2 --out runs/real-annotators
-    python benchmarks/real_annotators.py --quick      # a smoke run (2 seeds, short streams)
+    python benchmarks/real_annotators.py --quick --seeds 0     # a smoke run (short streams)
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -29,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import Template, run_part, save_study, streams, study_parser, write_tables
+from _common import Template, run_part, save_study, streams, study_parser
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
-from _study import with_streams
+from _study import errors, publish, saved, with_streams
 
-from eatta.bench import AnnotatorOptions, StreamProtocol
-from eatta.bench.report import load_results
+from eatta.bench import AnnotatorOptions
 from eatta.bench.results import CellResult
 
 ACTIVE = ("baseline", "eatta", "eatta-stable")
@@ -52,80 +44,44 @@ TUNE_STREAM = "ccc"
 BINARY_PER_LABEL = 7
 #: The annotation counts kept per delay.
 COUNTS = ("requested", "received", "expired", "pending")
-#: Parts without late answers: their path is the synchronous one, unchanged by the fix of
-#: late-sample normalization, so finished cells of an earlier code version may stand (--frozen).
-ZERO_DELAY_PARTS = ("default", "noise-", "binary-")
 #: What ran where, for the study to fit in one session on 2 cores: every part on ``ccc``; the
 #: delays and the buffer on ``mixed``; the delays but 64 on the 10-round stream (each of its runs
 #: takes 8x a CCC run).
-NOISE_STREAMS = ("ccc",)
-BINARY_STREAMS = ("ccc",)
+STREAM_NAMES = ("ccc", "recurring", "mixed")
+EVERY_PART = ("ccc",)
 BUFFER_STREAMS = ("ccc", "mixed")
 SKIP_DELAYS = {"recurring": (64,)}
 PAGE = Template("real_annotators")
 
 
-def stats(results: Sequence[CellResult], method: str, field: str = "average_error") -> list[float]:
-    return [
-        r.round_errors[-1] if field == "last" else float(getattr(r, field))
-        for r in results
-        if r.spec.method == method
-    ]
-
-
-def _run(
-    out: Path,
-    frozen: Path | None,
-    seeds: list[int],
-    jobs: int,
-    name: str,
-    proto: StreamProtocol,
-    label: str,
-    methods: Sequence[str] = ACTIVE,
-    **options: Any,
-) -> list[CellResult]:
-    """One part of stream ``name`` (:func:`run_part` with ``options``: ``annotator``,
-    ``labels``, ``buffers``), or a zero-delay part's finished cells read from the ``frozen``
-    study."""
-    old = None if frozen is None else frozen / name / label
-    if old and label.startswith(ZERO_DELAY_PARTS) and (old / "results.json").is_file():
-        results = load_results([old])
-        print(f"  {label}: {len(results)} runs read from {old}", flush=True)
-        return results
-    options = {"annotator": None, "labels": 1, "buffers": None, **options}
-    return run_part(out / name, label, proto, methods, seeds, jobs=jobs, **options)
-
-
 def _of(
-    res: list[CellResult], field: str = "average_error", methods: Sequence[str] = ACTIVE
+    res: list[CellResult], last: bool = False, methods: Sequence[str] = ACTIVE
 ) -> dict[str, list[float]]:
-    return {m: stats(res, m, field) for m in methods}
+    """Each method's errors over the runs (``last``: of the last round)."""
+    return {m: errors(res, m, last) for m in methods}
 
 
-def study(
-    out: Path, seeds: list[int], jobs: int, quick: bool, frozen: Path | None = None
-) -> dict[str, Any]:
-    """Run every part into ``out``, saving the study after each (``frozen``: an earlier study
-    whose finished zero-delay parts are read instead of run)."""
+def study(out: Path, seeds: list[int], jobs: int, quick: bool) -> dict[str, Any]:
+    """Run every part into ``out``, saving the study after each run."""
     data: dict[str, Any] = {"seeds": seeds, "streams": {}}
     chosen_buffer: int | None = None
-    for name, proto in streams("ccc", "recurring", "mixed", quick=quick).items():
+    for name, proto in streams(*STREAM_NAMES, quick=quick).items():
+        save_study(out, data)  # the streams before this one
         print(f"stream {name}: {proto}", flush=True)
         s: dict[str, Any] = {"protocol": proto.describe()}
-        data["streams"][name] = s  # filled part by part, saved after each (save_study())
-        part = partial(_run, out, frozen, seeds, jobs, name, proto)
-        base = part("default", REFERENCES + ACTIVE)
+        data["streams"][name] = s  # filled part by part
+        part = partial(run_part, out / name, protocol=proto, methods=ACTIVE, seeds=seeds, jobs=jobs)
+        base = part("default", methods=REFERENCES + ACTIVE)
         s["default"] = _of(base, methods=REFERENCES + ACTIVE)
-        s["default_last"] = _of(base, "last", REFERENCES + ACTIVE)
-        s["delay"], s["delay_last"] = {"0": _of(base)}, {"0": _of(base, "last")}
+        s["default_last"] = _of(base, last=True, methods=REFERENCES + ACTIVE)
+        s["delay"], s["delay_last"] = {"0": _of(base)}, {"0": _of(base, last=True)}
         s["delay_counts"] = {}
         for d in (d for d in DELAYS if d not in SKIP_DELAYS.get(name, ())):
             res = part(f"delay-{d}", annotator=AnnotatorOptions(delay=d))
-            s["delay"][str(d)], s["delay_last"][str(d)] = _of(res), _of(res, "last")
-            save_study(out, data)
+            s["delay"][str(d)], s["delay_last"][str(d)] = _of(res), _of(res, last=True)
             s["delay_counts"][str(d)] = {m: _counts(res, m) for m in ACTIVE}
-        if name not in BUFFER_STREAMS:
             save_study(out, data)
+        if name not in BUFFER_STREAMS:
             continue
         s["buffer"] = {}
         late = AnnotatorOptions(delay=TUNE_DELAY)
@@ -134,24 +90,24 @@ def study(
             s["buffer"][str(b)] = _of(res)
             save_study(out, data)
         if name == TUNE_STREAM:  # the size with the lowest error, averaged over the methods
-            errors = {
-                b: np.mean([np.mean(v) for v in s["buffer"][str(b)].values()]) for b in BUFFERS
-            }
-            chosen_buffer = data["chosen_buffer"] = min(BUFFERS, key=lambda b: float(errors[b]))
+            mean = {b: np.mean([np.mean(v) for v in s["buffer"][str(b)].values()]) for b in BUFFERS}
+            chosen_buffer = data["chosen_buffer"] = min(BUFFERS, key=lambda b: float(mean[b]))
             print(f"  buffer size chosen on {name}: {chosen_buffer}", flush=True)
         s["binary"] = {}
-        for k in (1, BINARY_PER_LABEL) if name in BINARY_STREAMS else ():
+        if name in EVERY_PART:
+            s["label_minutes"] = _minutes([r for r in base if r.annotation])
+        s["noise"] = {"0": _of(base)}
+        if name not in EVERY_PART:
+            continue
+        for k in (1, BINARY_PER_LABEL):
             res = part(f"binary-{k}", annotator=AnnotatorOptions(feedback="binary"), labels=k)
             s["binary"][str(k)] = _of(res)
             s["binary"][f"{k}_minutes"] = _minutes(res)
             save_study(out, data)
-        if name in BINARY_STREAMS:
-            s["label_minutes"] = _minutes([r for r in base if r.annotation])
-        s["noise"] = {"0": _of(base)}
-        for p in NOISE if name in NOISE_STREAMS else ():
+        for p in NOISE:
             s["noise"][f"{p:g}"] = _of(part(f"noise-{p:g}", annotator=AnnotatorOptions(noise=p)))
             save_study(out, data)
-        save_study(out, data)
+    save_study(out, data)
     return data
 
 
@@ -199,8 +155,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def report(data: dict[str, Any]) -> str:
     """benchmarks/results/real_annotators.md: ``templates/real_annotators.md`` filled."""
     seeds = data["seeds"]
-    blocks = [_stream_report(n, s) for n, s in data["streams"].items()]
-    return with_streams(PAGE, blocks, first=seeds[0], last=seeds[-1])
+    return with_streams(PAGE, data["streams"], _stream_report, first=seeds[0], last=seeds[-1])
 
 
 def _stream_report(name: str, s: dict[str, Any]) -> str:
@@ -209,38 +164,33 @@ def _stream_report(name: str, s: dict[str, Any]) -> str:
     if len(keys) < 2 or not all(k in s.get("delay_counts", {}) for k in keys[1:]):
         return ""
 
-    def by_method(part: dict[str, Any], columns: Sequence[str], *first: str) -> list[list[str]]:
-        """A row per active method: its ``first`` cells, then ``part``'s at ``columns``."""
-        return [[m, *first, *[fmt(part[c][m]) for c in columns]] for m in ACTIVE]
+    def rows(*cells: tuple[dict[str, Any], str]) -> list[list[str]]:
+        """A row per active method: its errors in each ``(part, column)`` of ``cells``."""
+        return [[m, *(fmt(part[c][m]) for part, c in cells)] for m in ACTIVE]
 
-    out = [PAGE("stream", name=name, protocol=json.dumps(s["protocol"]))]
-    rows = by_method(s["delay"], keys)
-    rows += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
-    out += [PAGE("delay"), table(["method", *keys], rows)]
-    out += [PAGE("last"), table(["method", *keys], by_method(s["delay_last"], keys))]
+    delay = rows(*((s["delay"], k) for k in keys))
+    delay += [[m + " (no labels)", *[fmt(s["default"][m])] * len(keys)] for m in ("tent", "eta")]
+    out = [PAGE("delay"), table(["method", *keys], delay)]
+    out += [PAGE("last"), table(["method", *keys], rows(*((s["delay_last"], k) for k in keys)))]
     counts = s["delay_counts"]
-    rows = [[k, *[f"{counts[k]['eatta'][c]:.0f}" for c in COUNTS]] for k in counts]
-    out += [PAGE("counts"), table(["delay", "asked", "received", "expired", "pending"], rows)]
+    per_delay = [[k, *[f"{counts[k]['eatta'][c]:.0f}" for c in COUNTS]] for k in counts]
+    out += [PAGE("counts"), table(["delay", "asked", "received", "expired", "pending"], per_delay)]
     ps = [p for p in ["0", *[f"{p:g}" for p in NOISE]] if p in s.get("noise", {})]
     if len(ps) > 1:
-        out += [PAGE("noise"), table(["method", *ps], by_method(s["noise"], ps))]
+        out += [PAGE("noise"), table(["method", *ps], rows(*((s["noise"], p) for p in ps)))]
     ks = [k for k in ("1", str(BINARY_PER_LABEL)) if k in s.get("binary", {})]
     if ks and "label_minutes" in s:
-        rows = [[m, fmt(s["delay"]["0"][m]), *[fmt(s["binary"][k][m]) for k in ks]] for m in ACTIVE]
         head = [
             "method",
             f"1 label/batch ({s['label_minutes']:.0f} min)",
             *[f"{k} yes/no/batch ({s['binary'][k + '_minutes']:.0f} min)" for k in ks],
         ]
-        out += [PAGE("binary"), table(head, rows)]
+        binary = rows((s["delay"], "0"), *((s["binary"], k) for k in ks))
+        out += [PAGE("binary"), table(head, binary)]
     if s.get("buffer"):
-        sizes = list(s["buffer"])
-        rows = [
-            [m, fmt(s["delay"][str(TUNE_DELAY)][m]), *[fmt(s["buffer"][b][m]) for b in sizes]]
-            for m in ACTIVE
-        ]
-        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in sizes]]
-        out += [PAGE("buffer", delay=TUNE_DELAY), table(head, rows)]
+        head = ["method", f"delay {TUNE_DELAY}", *[f"+ buffer {b}" for b in s["buffer"]]]
+        buffer = rows((s["delay"], str(TUNE_DELAY)), *((s["buffer"], b) for b in s["buffer"]))
+        out += [PAGE("buffer", delay=TUNE_DELAY), table(head, buffer)]
     return "\n\n".join(out)
 
 
@@ -248,24 +198,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = study_parser(__doc__, "runs/real-annotators")
     p.add_argument("--jobs", type=int, default=2, help="cells run in parallel")
     p.add_argument("--quick", action="store_true", help="short streams (a smoke run)")
-    p.add_argument(
-        "--frozen",
-        default=None,
-        help="an earlier study folder whose zero-delay parts (default, noise, binary) are read "
-        "instead of run",
-    )
     p.add_argument("--plot", default="docs/img/real-annotators-delay.png")
     p.add_argument("--tables", default="benchmarks/results/real_annotators.md")
     args = p.parse_args(argv)
     started = time.perf_counter()
     if args.report_only:
-        data = json.loads((Path(args.out) / "study.json").read_text(encoding="utf-8"))
+        data = saved(args.out, STREAM_NAMES, Path(args.tables).with_suffix(".json"))
     else:
-        frozen = None if args.frozen is None else Path(args.frozen)
-        data = study(Path(args.out), args.seeds, args.jobs, args.quick, frozen)
-    write_tables(report(data), data, args.tables)
+        data = study(Path(args.out), args.seeds, args.jobs, args.quick)
+    publish(report(data), data, args.tables)
     plot(data, Path(args.plot))
-    print(f"tables: {args.tables}; plot: {args.plot}; {time.perf_counter() - started:.0f} s")
+    print(f"plot: {args.plot}; {time.perf_counter() - started:.0f} s")
     return 0
 
 

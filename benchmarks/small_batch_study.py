@@ -1,24 +1,16 @@
 """The small-batch study: batches of 1 to 64 samples at equal labels per sample.
 
-Regenerates the section of ``docs/small-batches.md`` between ``<!-- small-batches:begin -->``
-and ``<!-- small-batches:end -->`` (and ``benchmarks/results/small_batches.json``). Every run is
-the packaged digits CNN (BatchNorm) on a digits-C stream, served in batches of ``B`` samples with
-one label per 64 samples (``Budget(1, every=64/B)`` without a window, one label per window step
-with one: a step every 64 samples). Rows:
-
-* ``source``: the source model;
-* ``tent`` and ``eatta-stable`` adapting on each batch as given (no window: today's behaviour);
-* ``tent+w`` and ``eatta-stable+w``: the same methods with a window of 64 samples (``eatta.create(
-  ..., window=64)``) for ``B < 64``; at ``B = 64`` they are the plain method. ``eatta-stable+w`` is
-  the recommended configuration (``eatta-bench --window auto``, the default).
-
-Streams: ``recurring`` (the 15 digits-C corruptions, ``--rounds`` rounds, reshuffled per round and
-seed) and ``ccc`` (digits CCC, ``slow``, walked once per seed). Error % per round; tables give the
-mean over rounds, mean ± std over seeds. ``TUNE_SEED`` is the seed the window's EMA rate was
-chosen on (``--tune``); it is not among the reported seeds.
+Regenerates the section between the ``small-batches`` markers of ``docs/small-batches.md`` from
+``benchmarks/results/small_batches.json``. Every run is the packaged digits CNN on a digits-C
+stream (``recurring``: ``--rounds`` rounds; ``ccc``: slow, one walk) in batches of ``B`` samples,
+one label per 64 samples. Rows: ``source``; ``tent`` and ``eatta-stable`` adapting on each batch
+as given; ``tent+w`` and ``eatta-stable+w``, the same with a window of 64 samples
+(``eatta.create(..., window=64)``, the plain method at ``B = 64``); ``eatta-stable+w`` is the
+recommended configuration. ``--tune`` runs the window's EMA-rate choice on ``TUNE_SEED``, which is
+not among the reported seeds.
 
     python benchmarks/small_batch_study.py --seeds 0-2 --rounds 10          # runs, then writes
-    python benchmarks/small_batch_study.py --report-only                     # rewrite from json
+    python benchmarks/small_batch_study.py --report-only --rounds 3          # the committed page
     python benchmarks/small_batch_study.py --tune                            # the EMA-rate choice
 """
 
@@ -38,6 +30,7 @@ import torch
 from _common import RESULTS, Template, replace_section
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _study import verdict
 from torch import Tensor
 
 import eatta
@@ -47,8 +40,7 @@ from eatta.data import TestStream, digits_c_domains
 from eatta.data.ccc import digits_ccc
 from eatta.models.digits_cnn import packaged_digits_source
 
-ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "small-batches.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "small-batches.md"
 JSON = RESULTS / "small_batches.json"
 BATCH_SIZES = (1, 2, 4, 8, 16, 64)
 METHODS = ("source", "tent", "tent+w", "eatta-stable", "eatta-stable+w")
@@ -68,6 +60,7 @@ WINDOW = 64
 LABELS_EVERY = 64  # samples per label, at every batch size
 TUNE_SEED = 100
 TUNE_MOMENTA = (1.0, 0.5, 0.2, 0.05)
+PAGE = Template("small_batches")
 
 
 @dataclass(frozen=True)
@@ -101,31 +94,28 @@ class Run:
         return f"{self.kind}/r{self.rounds}/{method}/B{self.batch_size}/s{self.seed}/{rate}"
 
 
-def load_stream(
-    kind: str, seed: int, batch_size: int, rounds: int
-) -> tuple[TestStream, Tensor, Tensor]:
+def load_stream(spec: Run) -> tuple[TestStream, Tensor, Tensor]:
     """The stream's batch order and all its images and labels, concatenated (in memory: the
     study indexes them directly instead of going through a DataLoader per batch of 1)."""
-    if kind == "recurring":
+    if spec.kind == "recurring":
         domains = digits_c_domains()
-        stream = TestStream(domains, batch_size, seed=seed, rounds=rounds)
-    elif kind == "ccc":
+        stream = TestStream(domains, spec.batch_size, seed=spec.seed, rounds=spec.rounds)
+    elif spec.kind == "ccc":
         domains = digits_ccc("slow").domains
-        stream = TestStream(domains, batch_size, seed=seed, rounds=1, shuffle=False)
+        stream = TestStream(domains, spec.batch_size, seed=spec.seed, rounds=1, shuffle=False)
     else:
-        raise ValueError(f"unknown stream {kind!r}")
+        raise ValueError(f"unknown stream {spec.kind!r}")
     xs, ys = zip(*(d.dataset.tensors for d in domains), strict=True)  # type: ignore[attr-defined]
     return stream, torch.cat(xs), torch.cat(ys).long()
 
 
 def build(spec: Run) -> eatta.AdaptiveMethod:
     """The run's method on a fresh copy of the packaged digits CNN."""
-    source, _ = packaged_digits_source()
-    model = copy.deepcopy(source)
+    model = copy.deepcopy(packaged_digits_source()[0])
     name = spec.method.removesuffix("+w")
-    kw: dict[str, Any] = {"dataset": "digits-c"}
     if name == "source":
         return eatta.create("source", model)
+    kw: dict[str, Any] = {"dataset": "digits-c"}
     if spec.windowed:
         kw.update(window=WINDOW, window_every=spec.every, window_momentum=spec.momentum)
         kw["window_refresh"] = spec.refresh  # always explicit: None is no refresh
@@ -133,50 +123,42 @@ def build(spec: Run) -> eatta.AdaptiveMethod:
         kw["window"] = False  # today's behaviour, on purpose: no warning
     if name != "tent":
         per_step = spec.every if spec.windowed else spec.batch_size
-        kw.update(
-            oracle=eatta.GroundTruthOracle(),
-            budget=eatta.Budget(1, every=max(1, LABELS_EVERY // per_step)),
-        )
+        kw["oracle"] = eatta.GroundTruthOracle()
+        kw["budget"] = eatta.Budget(1, every=max(1, LABELS_EVERY // per_step))
     return eatta.create(name, model, **kw)
 
 
 def run(spec: Run) -> dict[str, Any]:
     """Per-round error % of one run, its labels and CPU seconds."""
     torch.manual_seed(spec.seed)
-    stream, X, Y = load_stream(spec.kind, spec.seed, spec.batch_size, spec.rounds)
+    stream, X, Y = load_stream(spec)
     m = build(spec)
-    wrong = np.zeros(stream.rounds)
-    seen = np.zeros(stream.rounds)
-    gt = getattr(m, "oracle", None)
+    oracle = getattr(m, "oracle", None)
+    wrong, seen = np.zeros(stream.rounds), np.zeros(stream.rounds)
     c0 = time.thread_time()
-    if spec.method == "source":  # predictions do not depend on the stream: each image once
+    missed = None
+    if spec.method == "source":  # its predictions do not depend on the stream: each image once
         with torch.no_grad():
             pred = torch.cat([m(X[i : i + 1024]).argmax(1) for i in range(0, len(X), 1024)])
-        miss = (pred != Y).numpy()
-        for t in range(len(stream)):
-            r = stream.round_of_batch(t)
-            idx = stream.batch_indices(t)[1]
-            wrong[r] += miss[idx].sum()
-            seen[r] += len(idx)
-    else:
-        for t in range(len(stream)):
-            idx = torch.as_tensor(stream.batch_indices(t)[1])
-            x, y = X[idx], Y[idx]
-            if gt is not None:
-                gt.set_labels(y)
-            out = m(x)
-            r = stream.round_of_batch(t)
-            wrong[r] += int((out.argmax(1) != y).sum())
-            seen[r] += len(y)
+        missed = pred != Y
+    for t in range(len(stream)):
+        idx = torch.as_tensor(stream.batch_indices(t)[1])
+        y = Y[idx]
+        if missed is not None:
+            miss = missed[idx]
+        else:
+            if oracle is not None:
+                oracle.set_labels(y)
+            miss = m(X[idx]).argmax(1) != y
+        r = stream.round_of_batch(t)
+        wrong[r] += int(miss.sum())
+        seen[r] += len(y)
     return {
         "errors": (100 * wrong / seen).tolist(),
         "labels": int(getattr(m, "labels_used", 0)),
         "samples": int(seen.sum()),
         "cpu_s": time.thread_time() - c0,
     }
-
-
-PAGE = Template("small_batches")
 
 
 def _mean_error(run: dict[str, Any]) -> float:
@@ -209,9 +191,9 @@ def _bar_row(b: int, runs: list[tuple[dict[str, Any], ...]]) -> list[str]:
     per_round = np.mean([g["errors"] for g, _, _ in runs], axis=0)
     src_round = np.mean([s0["errors"] for _, _, s0 in runs], axis=0)
     worst = float(np.max(per_round - src_round))
+    ok = verdict(mean_b - mean_64 <= 2 and worst <= 0)
     versus = f"{mean_b:.1f} vs {mean_64:.1f}"
-    verdict = "met" if mean_b - mean_64 <= 2 and worst <= 0 else "missed"
-    return [f"B={b}", str(len(runs)), versus, f"{mean_b - mean_64:+.1f}", f"{worst:+.1f}", verdict]
+    return [f"B={b}", str(len(runs)), versus, f"{mean_b - mean_64:+.1f}", f"{worst:+.1f}", ok]
 
 
 def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: float) -> str:
@@ -261,43 +243,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
     p.add_argument("--momentum", type=float, default=eatta.window.WINDOW_MOMENTUM)
     p.add_argument("--refresh", type=int, default=None, help="window_refresh (samples)")
-    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--report-only", action="store_true", help="rewrite the section from --json")
     p.add_argument("--tune", action="store_true", help="the EMA-rate choice on TUNE_SEED")
-    p.add_argument("--json", type=Path, default=JSON)
+    p.add_argument("--json", type=Path, default=JSON, help="the runs (read back, then added to)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     data: dict[str, Any] = json.loads(args.json.read_text()) if args.json.is_file() else {}
-
-    def measure(spec: Run) -> bool:
-        """Run ``spec`` unless stored, saving the JSON after it; whether it ran."""
-        if spec.key in data:
-            return False
-        data[spec.key] = run(spec)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        return True
-
+    specs: list[Run] = []
     if args.tune:  # batches of 8: EMA rates, then a step every 32 samples, then batch 64
         plan = [(8, mom, WINDOW) for mom in TUNE_MOMENTA] + [(8, 1.0, 32), (64, 1.0, WINDOW)]
         if args.refresh is not None:  # --refresh N --tune: the refresh at the chosen rate only
             plan = [(8, 1.0, WINDOW)]
-        for b, mom, every in plan:
-            for method in ("tent+w", "eatta-stable+w"):
-                spec = Run(method, "recurring", b, TUNE_SEED, 1, mom, every, args.refresh)
-                measure(spec)
-                print(spec.key, f"{_mean_error(data[spec.key]):.2f}", flush=True)
+        specs = [
+            Run(method, "recurring", b, TUNE_SEED, 1, mom, every, args.refresh)
+            for b, mom, every in plan
+            for method in ("tent+w", "eatta-stable+w")
+        ]
+    elif not args.report_only:
+        rounds = {"recurring": args.rounds}  # ccc: one walk
+        specs = [
+            Run(method, kind, b, seed, rounds.get(kind, 1), args.momentum, refresh=args.refresh)
+            for kind in args.streams.split(",")
+            for seed in args.seeds
+            for b in map(int, args.batch_sizes.split(","))
+            for method in args.methods.split(",")
+        ]
+    for spec in specs:
+        ran = spec.key not in data
+        if ran:  # the JSON saved after each run, so a cut study resumes
+            data[spec.key] = run(spec)
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        cpu = f"{data[spec.key]['cpu_s']:.0f}s" if ran else "(stored)"
+        print(spec.key, f"{_mean_error(data[spec.key]):.2f}", cpu, flush=True)
+    if args.tune:
         return 0
-    if not args.report_only:
-        for kind in args.streams.split(","):
-            r = args.rounds if kind == "recurring" else 1
-            for seed in args.seeds:
-                for b in [int(b) for b in args.batch_sizes.split(",")]:
-                    for method in args.methods.split(","):
-                        spec = Run(method, kind, b, seed, r, args.momentum, refresh=args.refresh)
-                        if measure(spec):
-                            done = data[spec.key]
-                            cpu = f"{done['cpu_s']:.0f}s"
-                            print(spec.key, f"{_mean_error(done):.2f}", cpu, flush=True)
     section = report(data, args.rounds, args.seeds, args.momentum)
     replace_section(DOC, "<!-- small-batches:begin -->", "<!-- small-batches:end -->", section)
     return 0

@@ -1,28 +1,19 @@
 #!/usr/bin/env python
 """What one adaptation step costs over plain inference: TENT, EATTA, reference-style EATTA.
 
-Per model, on one batch, the variants are timed interleaved (median of ``--repeats`` after
-``--warmup``; ``_common.time_interleaved``) and their peak memory read in a separate, untimed
-call (``_common.peak_bytes``; ``eatta-approx``: the largest over its refresh period):
+Per model, on one batch, the variants are timed interleaved and their peak memory read in a
+separate call (``eatta-approx``: the largest over its refresh period): ``inference``, ``tent``;
+``eatta`` (:class:`eatta.EATTA`, budget 1, a ground-truth oracle, defaults) and by ``grad_mode``
+``eatta-two-pass``, ``eatta-batched`` (full runs only), ``eatta-approx`` (one backward pass,
+estimated norms); ``eatta-no-gnd`` (no gradient-norm debiasing); ``eatta-async-0`` (a zero-delay
+annotator) and ``eatta-async-0-late`` (with late-label handling); ``reference-style``
+(:class:`ReferenceStyleStep`, three backward passes); ``two-backward floor``; ``tent+audit`` and
+``eatta+audit`` (a monitor at ``--audit-share``, the paired guard); ``hiltta``.
 
-* ``inference`` (``no_grad``, batch statistics); ``tent`` (one backward pass);
-* ``eatta``: :class:`eatta.EATTA`, budget 1, a ground-truth oracle, defaults (segmented two-pass
-  gradients); ``eatta-two-pass``, ``eatta-batched`` (full runs only) and ``eatta-approx`` (issue
-  32: one backward pass, estimated norms; not exact, so not in the parity check) by
-  ``grad_mode``; ``eatta-no-gnd``: no gradient-norm debiasing (the floor of a one-backward step);
-* ``eatta-async-0``: a zero-delay :class:`~eatta.annotate.SimulatedAnnotator` (should cost what
-  the oracle does); ``eatta-async-0-late``: with ``eatta-stable``'s late-label handling;
-* ``reference-style``: :class:`ReferenceStyleStep`, the authors' three backward passes;
-  ``two-backward floor``: forward, both losses, two ``autograd.grad`` passes, the update;
-* ``tent+audit``, ``eatta+audit``: with an :class:`eatta.monitor.AccuracyMonitor` (share
-  ``--audit-share``, the paired guard); ``hiltta``: one step per candidate, then its own.
-
-Also: p50/p99 latency of ``tent``, ``eatta`` and ``eatta-approx``; the first update's parity of
-the exact variants; the growth of the EATTA and TENT steps with the batch size (16-128) and the
-labels per batch (1, 3, 5); a ``torch.profiler`` breakdown by op category. Models:
-``resnet18-64`` (torchvision, random init, 64 px) and ``digits-32`` (the digits-C CNN);
-``resnet50-224`` and ``vit_b_16-224`` too on CUDA. The heads are scaled until half the batch
-passes EATTA's entropy margin (a random network is uniformly unsure).
+Also: p50/p99 latency, the first update's parity of the exact variants, the growth with the batch
+size and the labels per batch, a ``torch.profiler`` breakdown by op category. Models:
+``resnet18-64`` and ``digits-32`` (random init, the heads scaled until half the batch is
+confident); ``resnet50-224`` and ``vit_b_16-224`` too on CUDA.
 
     python benchmarks/step_benchmark.py                 # CPU, writes benchmarks/results/
     python benchmarks/step_benchmark.py --quick         # smoke run, benchmarks/results/quick/
@@ -37,22 +28,18 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
+import _common
+import _timing
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _timing import ModelCase
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common
-
 import eatta
-from eatta._compat import import_torchvision
 from eatta.annotate import SimulatedAnnotator
 from eatta.configure import configure_model
 from eatta.debias import GradNormDebiaser
@@ -62,53 +49,16 @@ from eatta.methods.tent import Tent
 from eatta.monitor import attach
 
 LR = 2.5e-4
-#: Audit share of the ``+audit`` variants (``--audit-share``).
-AUDIT_SHARE = 0.1
+#: ``--models``: the first two are the default on the CPU and in a quick run, all four on CUDA.
+MODELS = ("resnet18-64", "digits-32", "resnet50-224", "vit_b_16-224")
 
 
 # -- models ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ModelCase:
-    name: str
-    build: Callable[[], nn.Module]
-    resolution: int
-    num_classes: int
-
-
-def _torchvision(arch: str) -> Callable[[], nn.Module]:
-    return lambda: getattr(import_torchvision().models, arch)(num_classes=1000)
-
-
-def _digits() -> nn.Module:
-    from eatta.models.digits_cnn import digits_cnn
-
-    return digits_cnn()
-
-
-#: By name; the first two are the default on the CPU and in a quick run, all four on CUDA.
-MODELS: dict[str, ModelCase] = {
-    case.name: case
-    for case in (
-        ModelCase("resnet18-64", _torchvision("resnet18"), 64, 1000),
-        ModelCase("digits-32", _digits, 32, 10),
-        ModelCase("resnet50-224", _torchvision("resnet50"), 224, 1000),
-        ModelCase("vit_b_16-224", _torchvision("vit_b_16"), 224, 1000),
-    )
-}
-
-
-def _head(model: nn.Module) -> nn.Linear:
-    head = eatta.split_model(model).head
-    while not isinstance(head, nn.Linear):  # torchvision ViT: heads = Sequential(head=Linear)
-        head = list(head.children())[-1]
-    return head
-
-
 def make_source(case: ModelCase, x: Tensor, seed: int = 0) -> dict[str, Tensor]:
     """Initial weights: random init, the head scaled until half the batch is confident."""
     torch.manual_seed(seed)
     model = configure_model(case.build().to(x.device))
-    _common.scale_head(model, _head(model), x, case.num_classes, tries=12)
+    _common.scale_head(model, _timing.head_of(model), x, case.num_classes, tries=12)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -227,7 +177,7 @@ def build_variants(
     *,
     channels_last: bool,
     batched: bool,
-    budget: int = 1,
+    audit_share: float,
 ) -> dict[str, Callable[[], object]]:
     """One callable per variant, each with its own copy of the model and optimizer; a method's
     step is ``partial(method, x, ...)``, so ``.func`` is the method."""
@@ -242,8 +192,7 @@ def build_variants(
     def active(oracle: Any = None, **kw: Any) -> Callable[[], object]:
         model, params = new()
         oracle = oracle or eatta.GroundTruthOracle()
-        method = eatta.EATTA(model, sgd(params), oracle=oracle, budget=budget, **kw)
-        return partial(method, x, labels=y)
+        return partial(eatta.EATTA(model, sgd(params), oracle=oracle, **kw), x, labels=y)
 
     def audited(step: partial[object]) -> partial[object]:
         # the monitor's source model: the same weights in eval mode with (default) running
@@ -251,18 +200,12 @@ def build_variants(
         source = case.build()
         source.load_state_dict(state, strict=False)
         source = source.to(device).eval()
-        attach(
-            step.func, eatta.GroundTruthOracle(), source=source, share=AUDIT_SHARE, guard="paired"
-        )
+        oracle = eatta.GroundTruthOracle()
+        attach(step.func, oracle, source=source, share=audit_share, guard="paired")
         return step
 
-    model, _ = new()
-
-    def inference(m: nn.Module = model) -> object:
-        with torch.no_grad():
-            return m(x)
-
-    variants: dict[str, Callable[[], object]] = {"inference": inference, "tent": partial(tent(), x)}
+    variants: dict[str, Callable[[], object]] = {"inference": _timing.inference(new()[0], x)}
+    variants["tent"] = partial(tent(), x)
     for mode in ["auto", "two-pass", "approx"] + (["batched"] if batched else []):
         variants["eatta" if mode == "auto" else f"eatta-{mode}"] = active(grad_mode=mode)
     variants["eatta-no-gnd"] = active(debiaser=GradNormDebiaser(normalize=False))
@@ -272,10 +215,9 @@ def build_variants(
     # eatta-stable's late-label handling; a step without late labels
     variants["eatta-async-0-late"] = active(SimulatedAnnotator(delay=0), late_labels=LateLabels())
     model, params = new()
-    variants["reference-style"] = partial(ReferenceStyleStep(model, sgd(params), y, budget), x)
-    model, _ = new()  # one step per candidate, then its own
-    hiltta = eatta.create("hiltta", model, oracle=eatta.GroundTruthOracle(), budget=budget)
-    variants["hiltta"] = partial(hiltta, x, labels=y)
+    variants["reference-style"] = partial(ReferenceStyleStep(model, sgd(params), y), x)
+    # one step per candidate, then its own
+    variants["hiltta"] = _timing.method_step("hiltta", new()[0], x, y)
     model, params = new()
     variants["two-backward floor"] = partial(_floor_step, model, sgd(params), x, y.to(device))
     return variants
@@ -334,17 +276,12 @@ CATEGORIES = (
     ("copies / fills", ("copy_", "fill_", "zero_", "cat", "stack", "empty", "clone", "index")),
     ("elementwise", ("add", "mul", "div", "sub", "where", "sum", "mean", "norm", "exp", "log")),
 )
-
-
 #: Profiler entries that are not ops (their time is the ops').
 NOT_OPS = ("autograd::", "Optimizer", "ProfilerStep")
 
 
 def _category(name: str) -> str:
-    for cat, keys in CATEGORIES:
-        if any(k in name for k in keys):
-            return cat
-    return "other"
+    return next((cat for cat, keys in CATEGORIES if any(k in name for k in keys)), "other")
 
 
 def profile_steps(
@@ -354,7 +291,7 @@ def profile_steps(
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    sync = _common.synchronizer(device)
+    sync = _timing.synchronizer(device)
     out: dict[str, Any] = {}
     for name, fn in fns.items():
         fn()
@@ -386,53 +323,49 @@ def profile_steps(
 
 # -- the run ---------------------------------------------------------------------------------------
 def batch_for(case: ModelCase, batch: int, device: torch.device, channels_last: bool):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, 3, case.resolution, case.resolution, generator=g).to(device)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, case.num_classes, (batch,), generator=g)
-    return x, y
+    x, y = _timing.random_batch(case, batch, seed=1)
+    memory_format = torch.channels_last if channels_last else torch.preserve_format
+    return x.to(device, memory_format=memory_format), y
 
 
 def bench_model(case: ModelCase, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     x, y = batch_for(case, args.batch, device, args.channels_last)
     state = make_source(case, x)
     variants = build_variants(
-        case, state, x, y, device, channels_last=args.channels_last, batched=not args.quick
-    )
+        case, state, x, y, device,
+        channels_last=args.channels_last, batched=not args.quick, audit_share=args.audit_share,
+    )  # fmt: skip
     print(f"[{case.name}] timing {len(variants)} variants, batch {args.batch}", flush=True)
     faults: dict[str, list[int]] = {}
-    samples = _common.time_interleaved(
+    samples = _timing.time_interleaved(
         variants, repeats=args.repeats, warmup=args.warmup, device=device, faults=faults
     )
+    rows = {n: _timing.stats_ms(s) for n, s in samples.items()}
+    for name, fn in variants.items():
+        f, peak = faults[name], _peak(fn, device)
+        rows[name]["minor_faults_median"] = sorted(f)[len(f) // 2]
+        rows[name]["peak_mb"] = None if peak is None else peak / 2**20
+    pairs = [(n, "tent") for n in samples if n != "tent"]
+    pairs += [("tent", "inference"), ("eatta+audit", "eatta")]
+    ratios = {f"{a}/{b}": _timing.ratio(samples, a, b) for a, b in pairs}
     result: dict[str, Any] = {
         "batch": args.batch,
         "resolution": case.resolution,
         "num_classes": case.num_classes,
-        "variants": {n: _common.stats_ms(s) for n, s in samples.items()},
+        "variants": rows,
+        "time_ratios": ratios,
     }
-    for name, fn in variants.items():
-        f, peak = faults[name], _peak(fn, device)
-        result["variants"][name]["minor_faults_median"] = sorted(f)[len(f) // 2]
-        result["variants"][name]["peak_mb"] = None if peak is None else peak / 2**20
-    pairs = [(n, "tent") for n in samples if n != "tent"] + [("tent", "inference")]
-    pairs += [("eatta+audit", "eatta")] if "eatta+audit" in samples else []
-    ratios = {f"{a}/{b}": _common.ratio(samples, a, b) for a, b in pairs}
-    result["time_ratios"] = ratios
-    peaks = {n: v["peak_mb"] for n, v in result["variants"].items()}
-    if peaks["tent"]:
-        mem = {f"{n}/tent": p / peaks["tent"] for n, p in peaks.items() if p is not None}
-        result["memory_ratios"] = {
-            k: v for k, v in mem.items() if k not in ("tent/tent", "inference/tent")
-        }
+    peaks = {n: v["peak_mb"] for n, v in rows.items() if v["peak_mb"] is not None}
+    if peaks.get("tent"):
+        adapting = {n: p for n, p in peaks.items() if n not in ("tent", "inference")}
+        mem = {f"{n}/tent": p / peaks["tent"] for n, p in adapting.items()}
         if peaks.get("eatta") and peaks.get("eatta+audit"):
-            result["memory_ratios"]["eatta+audit/eatta"] = peaks["eatta+audit"] / peaks["eatta"]
-    result["latency"] = {
-        n: _latency(samples[n]) for n in ("tent", "eatta", "eatta-approx") if n in samples
-    }
+            mem["eatta+audit/eatta"] = peaks["eatta+audit"] / peaks["eatta"]
+        result["memory_ratios"] = mem
+    result["latency"] = {n: _latency(samples[n]) for n in ("tent", "eatta", "eatta-approx")}
     result["parity_max_abs_diff"] = parity(case, state, x, y, device)
     keys = ("eatta/tent", "eatta-approx/tent", "eatta-no-gnd/tent", "two-backward floor/tent")
-    for key in (k for k in (*keys, "eatta+audit/eatta") if k in ratios):
+    for key in (*keys, "eatta+audit/eatta"):
         r, mem = ratios[key], result.get("memory_ratios", {}).get(key)
         extra = "" if mem is None else f"; peak memory {mem:.3f}"
         print(
@@ -452,10 +385,8 @@ def _latency(seconds: list[float]) -> dict[str, float]:
 
 def _peak(fn: Callable[[], object], device: torch.device) -> int | None:
     """Peak bytes of one step; for ``eatta-approx`` the largest over a refresh period."""
-    method = getattr(fn, "func", None)
-    period = getattr(method, "approx_refresh", None) or 1
-    peaks = [_common.peak_bytes(fn, device) for _ in range(period)]
-    known = [p for p in peaks if p is not None]
+    period = getattr(getattr(fn, "func", None), "approx_refresh", None) or 1
+    known = [p for p in (_timing.peak_bytes(fn, device) for _ in range(period)) if p is not None]
     return max(known) if known else None
 
 
@@ -463,6 +394,7 @@ def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> d
     """EATTA and TENT step time against batch size and labels per batch."""
     batches = (16, 32) if args.quick else (16, 32, 64, 128)
     labels = (1, 3) if args.quick else (1, 3, 5)
+    repeats = 2 if args.quick else 11
     out: dict[str, Any] = {"model": case.name, "batch_size": [], "labels": []}
     x, y = batch_for(case, max(batches), device, args.channels_last)
     state = make_source(case, x[:64])
@@ -474,15 +406,15 @@ def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> d
         model, params = fresh(case, state, device, args.channels_last)
         method = eatta.EATTA(model, sgd(params), oracle=eatta.GroundTruthOracle(), budget=k)
         fns["eatta"] = partial(method, xb, labels=yb)
-        s = _common.time_interleaved(fns, repeats=args.growth_repeats, warmup=1, device=device)
-        eatta_ms = _common.stats_ms(s["eatta"])["median_ms"]
-        r = _common.ratio(s, "eatta", "tent")
+        s = _timing.time_interleaved(fns, repeats=repeats, warmup=1, device=device)
+        eatta_ms, tent_ms = (_timing.stats_ms(s[n])["median_ms"] for n in ("eatta", "tent"))
+        r = _timing.ratio(s, "eatta", "tent")
         out[kind].append(
             {
                 "batch": len(xb),
                 "labels": k,
                 "eatta_median_ms": eatta_ms,
-                "tent_median_ms": _common.stats_ms(s["tent"])["median_ms"],
+                "tent_median_ms": tent_ms,
                 "eatta_ms_per_image": eatta_ms / len(xb),
                 "ratio": r["median"],
                 "ratio_paired": r["paired"],
@@ -495,35 +427,30 @@ def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> d
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _common.timing_parser(__doc__)
+    p = _timing.timing_parser(__doc__)
     p.add_argument("--models", nargs="+", choices=sorted(MODELS))
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--audit-share", type=float, default=AUDIT_SHARE, help="of the +audit variants")
+    p.add_argument("--audit-share", type=float, default=0.1, help="of the +audit variants")
     p.add_argument("--repeats", type=int, help="timed rounds (default 25, quick 3)")
     p.add_argument("--warmup", type=int, help="untimed rounds (default 3, quick 1)")
-    p.add_argument("--growth-repeats", type=int)
     p.add_argument("--no-growth", action="store_true")
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--channels-last", action="store_true", help="channels-last model and input")
     p.add_argument("--tag", default="", help="suffix of the JSON file name (e.g. an env setting)")
     args = p.parse_args(argv)
-    args.repeats = args.repeats or (3 if args.quick else 25)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    args.growth_repeats = args.growth_repeats or (2 if args.quick else 11)
+    _timing.fill_defaults(args, args.quick, repeats=(25, 3), warmup=(3, 1))
     args.profile = args.profile and not args.quick
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    global AUDIT_SHARE
-    AUDIT_SHARE = args.audit_share
-    device = _common.timing_device(args)
+    device = _timing.timing_device(args)
     if device is None:
         return 2
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    models = args.models or list(MODELS)[: 4 if device.type == "cuda" and not args.quick else 2]
+    models = args.models or MODELS[: 4 if device.type == "cuda" and not args.quick else 2]
     started = time.perf_counter()
     meta = _common.machine(device)
     meta.update(
@@ -539,11 +466,12 @@ def main(argv: list[str] | None = None) -> int:
             else "torch.profiler profile_memory: running sum of allocator events, max above start"
         ),
     )
-    results = {"meta": meta, "models": {n: bench_model(MODELS[n], args, device) for n in models}}
+    cases = [_timing.MODELS[n] for n in models]
+    results = {"meta": meta, "models": {c.name: bench_model(c, args, device) for c in cases}}
     if not args.no_growth:
-        results["growth"] = growth(MODELS[models[0]], args, device)
+        results["growth"] = growth(cases[0], args, device)
     path = args.out / f"step_benchmark_{device.type}{f'_{args.tag}' if args.tag else ''}.json"
-    _common.write_results(path, results, started, tag=args.tag)
+    _timing.write_results(path, results, started, tag=args.tag)
     return 0
 
 

@@ -26,8 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import _common
+
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "benchmarks" / "results" / "step_history.json"
+OUT = _common.RESULTS / "step_history.json"
 
 CHILD = r"""
 import json, statistics, sys, time, warnings
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     data = {"revs": revs, "rounds": args.rounds, "repeats": args.repeats, "summary": summary}
     data["loadavg"] = list(os.getloadavg())
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    _common.write_json(args.out, data)
     for key, v in summary.items():
         print(key, {m: round(x["ratio_median"], 3) for m, x in v.items()})
     print(f"wrote {args.out}")

@@ -1,8 +1,9 @@
 """``benchmarks/per_sample_choice.py``: the distance it reads at the source model's last
-BatchNorm layer, and the rule applied to a run's records."""
+BatchNorm layer, the rule applied to a run's records, and the table docs/safety.md quotes."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from repo_scripts import benchmark_script
+from repo_scripts import REPO, benchmark_script
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +79,13 @@ def test_the_gate_reads_each_batch_as_it_was_served(psc):
     error, _ = psc.evaluate(r, 0.5, 0.1)  # batch 0 is all near (gated out), batch 1 passes
     wrong = np.where((np.arange(128) >= 4) & (np.arange(128) < 6), r["source"], r["served"]) != 0
     assert error == pytest.approx(100 * wrong.mean())
+
+
+def test_the_committed_results_render_the_table_docs_safety_quotes(psc):
+    """Every line of the table of the quoted rules is in the page (its rows in another order)."""
+    results = REPO / "benchmarks" / "results" / "per_sample_choice.json"
+    table = psc.table(json.loads(results.read_text(encoding="utf-8")), psc.QUOTED)
+    page = (REPO / "docs" / "safety.md").read_text(encoding="utf-8").splitlines()
+    assert table.startswith("| stream | as served | `τ = 0.25` | `τ = 0.3` | `τ = 0.25`, gated |")
+    assert len(table.splitlines()) == 8
+    assert all(line in page for line in table.splitlines())

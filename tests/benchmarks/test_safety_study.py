@@ -1,6 +1,7 @@
 """``benchmarks/safety_study.py``'s plumbing, without running a stream: a study on another source
-model (``--backbone``) reaches every run of every stream, keeps its own section of the page, and
-merged folders keep (or refuse to mix) the settings they were run with."""
+model (``--backbone``) reaches every run of every stream, keeps its own section of the page,
+merged folders keep (or refuse to mix) the settings they were run with, and the committed results
+render the committed tables and page sections byte for byte."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from repo_scripts import benchmark_script
+from repo_scripts import REPO, benchmark_script
+
+RESULTS = REPO / "benchmarks" / "results"
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +89,35 @@ def test_an_unknown_backbone_is_refused_before_anything_runs(safety, tmp_path):
     with pytest.raises(SystemExit, match="--backbone: digits-c has no backbone 'resnet18'"):
         safety.main(["--backbone", "resnet18", "--plan", "references:mixed", "--out", str(out)])
     assert not out.exists()
+
+
+def test_unknown_request_sizes_are_refused(safety, tmp_path):
+    with pytest.raises(SystemExit, match="--sizes must be among 64, 8, 1, got 3"):
+        safety.main(["--sizes", "64,3", "--plan", "references:mixed", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("variant", ["", "_anchor", "_approx", "_source", "_vit"])
+def test_the_committed_results_render_their_committed_tables(safety, variant):
+    data = json.loads((RESULTS / f"safety_study{variant}.json").read_text(encoding="utf-8"))
+    tables = (RESULTS / f"safety_study{variant}.md").read_text(encoding="utf-8")
+    assert safety.report(data) + "\n" == tables
+
+
+@pytest.mark.parametrize(("variant", "marker"), [("", "safety"), ("_vit", "safety-digits-vit")])
+def test_the_committed_results_render_the_pages_sections(safety, variant, marker):
+    data = json.loads((RESULTS / f"safety_study{variant}.json").read_text(encoding="utf-8"))
+    page = (REPO / "docs" / "safety.md").read_text(encoding="utf-8")
+    section = page.split(f"<!-- {marker}:begin -->\n")[1].split(f"\n<!-- {marker}:end -->")[0]
+    assert safety.report(data) == section
+
+
+def test_report_only_without_a_study_renders_the_committed_results(safety, tmp_path):
+    """No study.json under --out: the results beside --tables are rendered (and kept as they
+    were)."""
+    committed = (RESULTS / "safety_study_anchor.json").read_text(encoding="utf-8")
+    (tmp_path / "t.json").write_text(committed, encoding="utf-8")
+    argv = ["--report-only", "--out", str(tmp_path / "none"), "--doc", str(tmp_path / "none.md")]
+    assert safety.main([*argv, "--tables", str(tmp_path / "t.md")]) == 0
+    tables = (RESULTS / "safety_study_anchor.md").read_text(encoding="utf-8")
+    assert (tmp_path / "t.md").read_text(encoding="utf-8") == tables
+    assert (tmp_path / "t.json").read_text(encoding="utf-8") == committed

@@ -1,9 +1,9 @@
 """Benchmark outputs: markdown table, CSV, JSON, online-error plot, and merging of shard folders.
 
 An output folder holds ``results.json`` (all cells, with per-batch online error), ``results.csv``
-(one row per cell), ``results.md`` (the table printed on stdout), ``online_error.png``, and
-``cells/`` (one JSON per finished cell, what :func:`load_results` merges) plus ``checkpoints/``
-while a run is unfinished.
+(one row per cell and seed), ``results.md`` (the table printed on stdout), ``online_error.png``,
+and ``cells/`` (one JSON per finished cell, what :func:`load_results` merges) plus
+``checkpoints/`` while a run is unfinished.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import io
 import json
 import os
 import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +45,43 @@ DOMAIN_SHORT: dict[str, str] = {
     "elastic_transform": "Elastic", "pixelate": "Pixel", "jpeg_compression": "JPEG",
     "photo": "P", "art_painting": "A", "cartoon": "C", "sketch": "S",
 }  # fmt: skip
-_SETTING = {"ctta": "C", "ftta": "F", "-": "-"}
+_SETTING = {"ctta": "C", "ftta": "F"}
 
+#: Without the source model in the run, a method "collapses" when its last round is at least
+#: this many points worse than its first.
+COLLAPSE_POINTS = 10.0
 
-def _short(domain: str) -> str:
-    return DOMAIN_SHORT.get(domain, domain)
+#: A cell whose last round is within this many points of its first (or better) holds.
+HOLD_POINTS = 2.0
+
+#: How far a verdict's number may move with the CPU's vector kernels alone, in points: on the main
+#: job, 0.3 at most for the methods that hold (docs/benchmarks.md, "Same numbers on every
+#: machine"). A verdict closer than this to its line is stated for this machine only.
+KERNEL_SPREAD_POINTS = 1.0
+
+#: The sentence under a table with the ``Worse`` column.
+WORSE_NOTE = (
+    "Worse: domains of the last round (of the stream, with one round) on which the method's "
+    "error is higher than the unadapted source model's on the same domain, same seed; mean "
+    "over seeds / domains compared."
+)
+
+#: Columns of the annotator's counts (shown when an annotator is simulated).
+_ANNOTATION_HEAD = ["Asked", "Got", "Expired", "Pending", "Wrong", "Annot. min"]
+_ANNOTATION_KEYS = ("requested", "received", "expired", "pending", "wrong")
+
+#: Columns of the audits and the guard (shown with ``--audit``).
+_MONITOR_HEAD = ["Audits", "Audit min", "Resets", "Covered"]
+
+#: The CSV's fixed columns, in order (per-round and per-domain columns follow).
+_CSV_FIXED = """
+dataset method setting labels_per_batch every buffer label seed rounds dirichlet gradual
+average_error first_round_error last_round_error overall_error worse_domains
+compared_domains labels_used feedback label_delay label_noise requested received expired
+pending skipped wrong annotator_seconds audit_share audits audit_seconds resets
+covered_rounds images images_per_s wall_time_s cpu_time_s peak_mem_mb max_rss_mb device
+fingerprint model_digest grid_index
+""".split()
 
 
 def _ordered(results: Sequence[CellResult]) -> list[CellResult]:
@@ -55,15 +89,11 @@ def _ordered(results: Sequence[CellResult]) -> list[CellResult]:
 
 
 def _groups(results: Sequence[CellResult]) -> dict[str, list[CellResult]]:
+    """Results by dataset, each in grid order."""
     groups: dict[str, list[CellResult]] = {}
     for r in _ordered(results):
         groups.setdefault(r.spec.dataset, []).append(r)
     return groups
-
-
-#: Without the source model in the run, a method "collapses" when its last round is at least
-#: this many points worse than its first.
-COLLAPSE_POINTS = 10.0
 
 
 def _cells(rows: Sequence[CellResult]) -> list[list[CellResult]]:
@@ -74,26 +104,20 @@ def _cells(rows: Sequence[CellResult]) -> list[list[CellResult]]:
     return [sorted(g, key=lambda r: r.seed) for g in groups.values()]
 
 
-def _stats(values: Sequence[float]) -> tuple[float, float | None]:
+def _mean_std(values: Sequence[float]) -> dict[str, float | None]:
     """Mean and sample standard deviation (None for a single value)."""
     arr = np.asarray(values, dtype=np.float64)
-    return float(arr.mean()), (float(arr.std(ddof=1)) if len(arr) > 1 else None)
-
-
-def _mean(values: Sequence[float]) -> float:
-    return _stats(values)[0]
-
-
-def _mean_std(values: Sequence[float]) -> dict[str, float | None]:
-    mean, std = _stats(values)
-    return {"mean": mean, "std": std}
+    return {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)) if len(arr) > 1 else None}
 
 
 def _fmt(values: Sequence[float], bold: bool = False) -> str:
+    """``mean ± std`` with one decimal (``?`` for no values)."""
     if not values:
         return "?"
-    m, sd = _stats(values)
-    text = f"{m:.1f}" if sd is None else f"{m:.1f} ± {sd:.1f}"
+    stats = _mean_std(values)
+    text = f"{stats['mean']:.1f}"
+    if stats["std"] is not None:
+        text += f" ± {stats['std']:.1f}"
     return f"**{text}**" if bold else text
 
 
@@ -114,60 +138,54 @@ def _seed_text(seeds: Sequence[int]) -> str:
 
 
 def _protocol_text(r: CellResult) -> str:
-    parts = []
-    if r.protocol.get("severity") is not None:
-        parts.append(f"severity {r.protocol['severity']}")
-    if r.rounds > 1:
-        parts.append(f"× {r.rounds} rounds (recurring, reshuffled each round)")
-    if r.protocol.get("gradual"):
-        parts.append("gradual severities 1→5→1")
-    if r.protocol.get("dirichlet") is not None:
-        parts.append(f"label shift Dirichlet(δ={r.protocol['dirichlet']:g})")
-    if r.protocol.get("mixed"):
-        parts.append("mixed domains (every batch across the round's domains)")
-    if r.protocol.get("ccc"):
-        parts.append(f"CCC-style stream, {r.protocol['ccc']}")
-    annotator = r.protocol.get("annotator")
-    if annotator:
-        bits = []
-        if annotator.get("delay") is not None:
-            bits.append(f"labels {annotator['delay']} batches late")
-        if annotator.get("noise"):
-            bits.append(f"{100 * annotator['noise']:g}% wrong")
-        if annotator.get("feedback") == "binary":
-            bits.append("yes/no answers")
-        if annotator.get("pace") is not None:
-            bits.append(f"a person answering {annotator['pace']:g} per batch")
-        if annotator.get("stream_rate") is not None:
-            sec, rate = annotator.get("seconds_per_answer"), annotator["stream_rate"]
-            bits.append(f"a person at {sec:g} s an answer, {rate:g} batches/s")
-        if annotator.get("order") is not None:
-            bits.append(f"{annotator['order']} request first")
-        parts.append("annotator: " + ", ".join(bits or ["simulated, at once"]))
-    monitor = r.protocol.get("monitor")
-    if monitor:
-        text = f"audit {monitor['audit']:g} of the samples"
-        if monitor.get("guard"):
-            text += f", guard {monitor['guard']} at level {monitor['guard_level']:g}"
-        parts.append(text)
-    return ", ".join(parts)
+    """The stream's protocol in words, for a table's title."""
+    p = r.protocol
+    mon = p.get("monitor") or {}
+    guard = f", guard {mon['guard']} at level {mon['guard_level']:g}" if mon.get("guard") else ""
+    parts = [
+        f"severity {p['severity']}" if p.get("severity") is not None else "",
+        f"× {r.rounds} rounds (recurring, reshuffled each round)" if r.rounds > 1 else "",
+        "gradual severities 1→5→1" if p.get("gradual") else "",
+        f"label shift Dirichlet(δ={p['dirichlet']:g})" if p.get("dirichlet") is not None else "",
+        "mixed domains (every batch across the round's domains)" if p.get("mixed") else "",
+        f"CCC-style stream, {p['ccc']}" if p.get("ccc") else "",
+        _annotator_text(p["annotator"]) if p.get("annotator") else "",
+        f"audit {mon['audit']:g} of the samples{guard}" if mon else "",
+    ]
+    return ", ".join(part for part in parts if part)
+
+
+def _annotator_text(a: Mapping[str, Any]) -> str:
+    """``annotator: labels 4 batches late, 10% wrong, ...``"""
+    rate = a.get("stream_rate")
+    bits = [
+        f"labels {a['delay']} batches late" if a.get("delay") is not None else "",
+        f"{100 * a['noise']:g}% wrong" if a.get("noise") else "",
+        "yes/no answers" if a.get("feedback") == "binary" else "",
+        f"a person answering {a['pace']:g} per batch" if a.get("pace") is not None else "",
+        f"a person at {a.get('seconds_per_answer'):g} s an answer, {rate:g} batches/s"
+        if rate is not None
+        else "",
+        f"{a['order']} request first" if a.get("order") is not None else "",
+    ]
+    return "annotator: " + (", ".join(bit for bit in bits if bit) or "simulated, at once")
+
+
+def _source_key(r: CellResult) -> tuple[str, int, str]:
+    return r.spec.dataset, r.seed, json.dumps(r.protocol, sort_keys=True)
+
+
+def _sources(rows: Sequence[CellResult]) -> dict[tuple[str, int, str], CellResult]:
+    """The unadapted source model's results among ``rows``, by dataset, seed and protocol."""
+    return {_source_key(r): r for r in rows if r.spec.method == "source"}
 
 
 def _source_last(rows: Sequence[CellResult]) -> float | None:
     """The unadapted source model's last-round error (mean over seeds), if it is in ``rows``."""
     for cell in _cells(rows):
         if cell[0].spec.method == "source":
-            return _mean([c.round_errors[-1] for c in cell])
+            return float(np.mean([c.round_errors[-1] for c in cell]))
     return None
-
-
-def _protocol_key(r: CellResult) -> tuple[str, int, str]:
-    return r.spec.dataset, r.seed, json.dumps(r.protocol, sort_keys=True)
-
-
-def _sources(rows: Sequence[CellResult]) -> dict[tuple[str, int, str], CellResult]:
-    """The unadapted source model's results among ``rows``, by dataset, seed and protocol."""
-    return {_protocol_key(r): r for r in rows if r.spec.method == "source"}
 
 
 def worse_than_source(r: CellResult, source: CellResult) -> tuple[int, int]:
@@ -193,7 +211,7 @@ def _worse_counts(
     when a seed has no source result to compare with."""
     if cell[0].spec.method == "source":
         return None
-    found = [sources.get(_protocol_key(c)) for c in cell]
+    found = [sources.get(_source_key(c)) for c in cell]
     if any(s is None for s in found):
         return None
     return [worse_than_source(c, s) for c, s in zip(cell, found, strict=True) if s is not None]
@@ -209,20 +227,15 @@ def _worse_cell(counts: list[tuple[int, int]] | None) -> str:
     return f"{shown}/{counts[0][1]}"
 
 
-#: The sentence under a table with the ``Worse`` column.
-WORSE_NOTE = (
-    "Worse: domains of the last round (of the stream, with one round) on which the method's "
-    "error is higher than the unadapted source model's on the same domain, same seed; mean "
-    "over seeds / domains compared."
-)
-
-
 def _first_last(cell: Sequence[CellResult]) -> tuple[float, float] | None:
     """Mean first- and last-round error of a long-stream cell (None for one round)."""
     r = cell[0]
     if r.rounds < 2 or any(len(c.round_errors) != r.rounds for c in cell):
         return None
-    return _mean([c.round_errors[0] for c in cell]), _mean([c.round_errors[-1] for c in cell])
+    return (
+        float(np.mean([c.round_errors[0] for c in cell])),
+        float(np.mean([c.round_errors[-1] for c in cell])),
+    )
 
 
 def collapse_notes(results: Sequence[CellResult]) -> list[str]:
@@ -250,27 +263,15 @@ def collapse_notes(results: Sequence[CellResult]) -> list[str]:
     return notes
 
 
-#: A cell whose last round is within this many points of its first (or better) holds.
-HOLD_POINTS = 2.0
-
-#: How far a verdict's number may move with the CPU's vector kernels alone, in points. Measured on
-#: the main job (seed 0, ``ATEN_CPU_CAPABILITY`` avx2, default and AVX-512): the last round of
-#: TENT and the Baseline moved by 0.3 at most; the faithful EATTA's, which drifts, by 5.5 (46.1 to
-#: 51.6), 4.5 points or more above the hold line every time (docs/benchmarks.md, "Same numbers
-#: on every machine"). A verdict closer than this to its line is stated for this machine only.
-KERNEL_SPREAD_POINTS = 1.0
-
-
 def stability_sentence(rows: Sequence[CellResult]) -> str | None:
-    """One sentence over a dataset's long-stream cells: which collapse (end worse than the
-    unadapted source model), which degrade (last round more than :data:`HOLD_POINTS` worse than
-    the first) and which hold or improve. A verdict within :data:`KERNEL_SPREAD_POINTS` of its
-    line could flip on a CPU with other vector kernels, so it says "on this machine". None for
-    one-round runs."""
-    collapsed: list[str] = []
-    degraded: list[str] = []
-    held: list[str] = []
+    """One sentence over a dataset's long-stream cells: which collapse (end worse than the source
+    model), degrade (last round over :data:`HOLD_POINTS` worse than the first) or hold; "on this
+    machine" within :data:`KERNEL_SPREAD_POINTS` of a line. None for one-round runs."""
     source = _source_last(rows)
+    collapse = "collapse"
+    if source is not None:
+        collapse += f", ending worse than the unadapted source model ({source:.1f})"
+    verdicts: dict[str, list[str]] = {collapse: [], "degrade": [], "hold or improve": []}
     for cell in _cells(rows):
         pair = _first_last(cell)
         if pair is None:
@@ -282,21 +283,14 @@ def stability_sentence(rows: Sequence[CellResult]) -> str | None:
         if source is not None:
             near = near or abs(last - source) < KERNEL_SPREAD_POINTS
         where = ", on this machine" if near else ""
-        text = f"{cell[0].label} ({first:.1f} → {last:.1f}{where})"
         if source is not None and last > source:
-            collapsed.append(text)
+            verdict = collapse
         elif last - first > HOLD_POINTS:
-            degraded.append(text)
+            verdict = "degrade"
         else:
-            held.append(text)
-    parts = []
-    if collapsed:
-        parts.append(f"collapse, ending worse than the unadapted source model ({source:.1f}): ")
-        parts[-1] += ", ".join(collapsed)
-    if degraded:
-        parts.append("degrade: " + ", ".join(degraded))
-    if held:
-        parts.append("hold or improve: " + ", ".join(held))
+            verdict = "hold or improve"
+        verdicts[verdict].append(f"{cell[0].label} ({first:.1f} → {last:.1f}{where})")
+    parts = [f"{verdict}: {', '.join(texts)}" for verdict, texts in verdicts.items() if texts]
     if not parts:
         return None
     return "Over the rounds (error % in round 1 → last round), " + "; ".join(parts) + "."
@@ -304,23 +298,18 @@ def stability_sentence(rows: Sequence[CellResult]) -> str | None:
 
 def _kernels_text(rows: Sequence[CellResult]) -> str:
     """``"; torch CPU kernels AVX512 (x86_64)"``: what computed the rows (empty if unrecorded)."""
-    seen = sorted(
-        {
-            f"{r.provenance['cpu_capability']} ({r.provenance.get('machine', '?')})"
-            for r in rows
-            if r.provenance.get("cpu_capability")
-        }
-    )
-    return f"; torch CPU kernels {' and '.join(seen)}" if seen else ""
+    seen = {
+        f"{p['cpu_capability']} ({p.get('machine', '?')})"
+        for p in (r.provenance for r in rows)
+        if p.get("cpu_capability")
+    }
+    return f"; torch CPU kernels {' and '.join(sorted(seen))}" if seen else ""
 
 
 def markdown_table(results: Sequence[CellResult]) -> str:
-    """One markdown table per dataset. One round: error % per domain; several rounds: error %
-    per round; then the average, the domains that end worse than the source model (``Worse``,
-    with the source model in the run: :func:`worse_than_source`), labels used, images/s, wall
-    time and peak memory (MB; CPU: the run's peak RSS over its RSS at its start, GPU: peak
-    allocated). With several seeds a row is one cell's mean ± sample std over the seeds.
-    Collapses are stated under the table."""
+    """One markdown table per dataset: error % per domain (one round) or per round, the average,
+    ``Worse`` (:func:`worse_than_source`), labels, speed and peak memory (MB; CPU: peak RSS over
+    the RSS at the start, GPU: peak allocated); mean ± std over seeds; collapses under it."""
     blocks = [_dataset_table(dataset, rows) for dataset, rows in _groups(results).items()]
     return "\n\n".join(blocks) + "\n"
 
@@ -331,7 +320,6 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
     ref = cells[0][0]
     rounds = max(r.rounds for r in rows)
     domains = list(_pooled(ref, base_domain_name))
-    seeds = sorted({r.seed for r in rows})
     many = any(len(c) > 1 for c in cells)
     annotated = any(r.protocol.get("annotator") for r in rows)
     monitored = any(r.monitor for r in rows)
@@ -347,7 +335,7 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
             ]
         else:
             per = [_pooled(c, base_domain_name) for c in cell]
-            errs = [(_short(d), _fmt([p[d] for p in per if d in p])) for d in domains]
+            errs = [(DOMAIN_SHORT.get(d, d), _fmt([p[d] for p in per if d in p])) for d in domains]
         r = cell[0]
         out = [("Method", r.label), ("Set.", _SETTING.get(r.spec.setting, r.spec.setting)), *errs]
         out.append(("Avg. Err.", _fmt([c.average_error for c in cell], bold=True)))
@@ -372,11 +360,12 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
 
     table = [row(cell) for cell in cells]
     proto = _protocol_text(ref)
+    seeds = _seed_text(sorted({r.seed for r in rows}))
     title = (
         f"**{dataset}**: error % (lower is better), {ref.images // max(1, ref.rounds)} images in "
         f"{len(domains)} domains" + (f", {proto}" if proto else "")
     )
-    title += f"; mean ± std over {_seed_text(seeds)}" if many else f"; {_seed_text(seeds)}"
+    title += f"; mean ± std over {seeds}" if many else f"; {seeds}"
     head = [column for column, _ in table[0]]
     lines = [
         title + _kernels_text(rows),
@@ -397,23 +386,21 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
     return "\n".join(lines)
 
 
-#: Columns of the annotator's counts (shown when an annotator is simulated).
-_ANNOTATION_HEAD = ["Asked", "Got", "Expired", "Pending", "Wrong", "Annot. min"]
-_ANNOTATION_KEYS = ("requested", "received", "expired", "pending", "wrong")
+def _annotation_means(cell: Sequence[CellResult]) -> dict[str, float] | None:
+    """What the annotator did, mean over a cell's seeds (None for a method that asks nobody)."""
+    notes = [c.annotation for c in cell if c.annotation]
+    if not notes:
+        return None
+    keys = (*_ANNOTATION_KEYS, "skipped", "seconds")
+    return {k: float(np.mean([n.get(k, 0) for n in notes])) for k in keys}
 
 
 def _annotation_cells(cell: Sequence[CellResult]) -> list[str]:
-    """Mean counts of the annotator over a cell's seeds ("-" for a method that asks nobody)."""
-    notes = [c.annotation for c in cell if c.annotation]
-    if not notes:
+    """The annotator's columns of a cell's row ("-" for a method that asks nobody)."""
+    means = _annotation_means(cell)
+    if means is None:
         return ["-"] * len(_ANNOTATION_HEAD)
-    out = [f"{np.mean([n.get(k, 0) for n in notes]):.0f}" for k in _ANNOTATION_KEYS]
-    out.append(f"{np.mean([n.get('seconds', 0.0) for n in notes]) / 60:.1f}")
-    return out
-
-
-#: Columns of the audits and the guard (shown with ``--audit``).
-_MONITOR_HEAD = ["Audits", "Audit min", "Resets", "Covered"]
+    return [f"{means[k]:.0f}" for k in _ANNOTATION_KEYS] + [f"{means['seconds'] / 60:.1f}"]
 
 
 def covered_rounds(r: CellResult) -> tuple[int, int]:
@@ -470,15 +457,8 @@ def monitor_table(cells: Sequence[Sequence[CellResult]], rounds: int) -> list[st
     return lines
 
 
-#: The CSV's fixed columns, in order (per-round and per-domain columns follow).
-_CSV_FIXED = """
-dataset method setting labels_per_batch every buffer label seed rounds dirichlet gradual
-average_error first_round_error last_round_error overall_error worse_domains
-compared_domains labels_used feedback label_delay label_noise requested received expired
-pending skipped wrong annotator_seconds audit_share audits audit_seconds resets
-covered_rounds images images_per_s wall_time_s cpu_time_s peak_mem_mb max_rss_mb device
-fingerprint model_digest grid_index
-""".split()
+def _number(value: float | None, spec: str) -> str | None:
+    return None if value is None else format(value, spec)
 
 
 def _annotation_csv(r: CellResult) -> dict[str, Any]:
@@ -486,8 +466,7 @@ def _annotation_csv(r: CellResult) -> dict[str, Any]:
     proto, note = r.protocol.get("annotator") or {}, r.annotation or {}
     row = {k: note.get(k) for k in ("feedback", *_ANNOTATION_KEYS, "skipped")}
     row |= {"label_delay": proto.get("delay"), "label_noise": proto.get("noise")}
-    if "seconds" in note:
-        row["annotator_seconds"] = f"{note['seconds']:.1f}"
+    row["annotator_seconds"] = _number(note.get("seconds"), ".1f")
     return row
 
 
@@ -509,10 +488,6 @@ def _monitor_csv(r: CellResult) -> dict[str, Any]:
             for column, key in (("est", "error"), ("est_low", "low"), ("est_high", "high")):
                 row[f"{column}_round:{i + 1}"] = f"{est[key]:.4f}"
     return row
-
-
-def _number(value: float | None, spec: str) -> str | None:
-    return None if value is None else format(value, spec)
 
 
 def csv_text(results: Sequence[CellResult]) -> str:
@@ -576,6 +551,7 @@ def csv_text(results: Sequence[CellResult]) -> str:
 
 
 def _moving_average(online: Sequence[Sequence[int]], span: int) -> tuple[np.ndarray, np.ndarray]:
+    """Images seen after each batch, and the error % over the last ``span`` batches."""
     arr = np.asarray(online, dtype=np.float64).reshape(-1, 3)
     n, wrong = arr[:, 0], arr[:, 1]
     cn, cw = np.cumsum(n), np.cumsum(wrong)
@@ -586,9 +562,8 @@ def _moving_average(online: Sequence[Sequence[int]], span: int) -> tuple[np.ndar
 
 
 def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str]) -> Path:
-    """PNG of the error along the stream (moving window of ~1/40 of the stream, or ~1/10 of a
-    round with several rounds), one panel per dataset, a line per cell (the mean over seeds),
-    dotted lines at domain boundaries (one round) or solid lines at round boundaries."""
+    """PNG of the error along the stream (moving window of ~1/40 of it, or ~1/10 of a round), a
+    panel per dataset, a line per cell (mean over seeds), lines at domain or round boundaries."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -606,34 +581,28 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
             r = cell[0]
             same = [c for c in cell if len(c.online) == len(r.online)]
             curves = [_moving_average(c.online, span) for c in same]
-            x = curves[0][0]
             y = np.mean([c[1] for c in curves], axis=0)
             setting = "" if r.spec.setting == "-" else f" [{r.spec.setting.upper()}]"
             seeds = f" ({len(same)} seeds)" if len(same) > 1 else ""
             avg = float(np.mean([c.average_error for c in cell]))
-            ax.plot(x, y, linewidth=1.3, label=f"{r.label}{setting}: {avg:.1f}{seeds}")
+            ax.plot(curves[0][0], y, linewidth=1.3, label=f"{r.label}{setting}: {avg:.1f}{seeds}")
+        # boundaries (images seen) of the domain visits, then of the rounds with several
         cum = np.cumsum([b[0] for b in ref.online])
-        starts = [0] + [int(cum[b - 1]) for b in ref.domain_first_batch[1:]]
-        ends = [*starts[1:], int(cum[-1])]
-        k = len(ref.domains) // max(1, ref.rounds)
-        if ref.rounds == 1:
-            marks = [
-                (s, e, _short(d), False) for s, e, d in zip(starts, ends, ref.domains, strict=True)
-            ]
-        else:
-            marks = [
-                (starts[r * k], ends[(r + 1) * k - 1], f"round {r + 1}", True)
-                for r in range(ref.rounds)
-            ]
+        bounds = [0] + [int(cum[b - 1]) for b in ref.domain_first_batch[1:]] + [int(cum[-1])]
+        names = [DOMAIN_SHORT.get(d, d) for d in ref.domains]
+        solid = ref.rounds > 1
+        if solid:
+            k = len(ref.domains) // ref.rounds
+            bounds = bounds[: ref.rounds * k + 1 : k]
+            names = [f"round {i + 1}" for i in range(ref.rounds)]
         where = {"transform": ax.get_xaxis_transform(), "ha": "center", "va": "bottom"}
-        for s, e, text, solid in marks:
-            if s:
-                ax.axvline(s, color="0.45" if solid else "0.6", ls="-" if solid else ":", lw=1)
-            ax.text((s + e) / 2, 1.01, text, fontsize=7, rotation=0 if solid else 45, **where)
+        for (start, end), name in zip(pairwise(bounds), names, strict=True):
+            if start:
+                ax.axvline(start, color="0.45" if solid else "0.6", ls="-" if solid else ":", lw=1)
+            ax.text((start + end) / 2, 1.01, name, fontsize=7, rotation=0 if solid else 45, **where)
         ax.set_xlim(0, max(1, int(cum[-1])))
         ax.set_ylim(0, 100)
-        ax.set_xlabel("images seen")
-        ax.set_ylabel(f"error % (last ~{span} batches)")
+        ax.set(xlabel="images seen", ylabel=f"error % (last ~{span} batches)")
         ax.set_title(dataset, loc="left", fontsize=10, pad=22)
         legend = {"loc": "upper left", "bbox_to_anchor": (1.005, 1.0), "title_fontsize": 7}
         ax.legend(fontsize=7, title="method: avg. err. %", **legend)
@@ -646,10 +615,9 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
 
 
 def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
-    """Per cell (over its seeds): seeds, and mean / sample std of the average, first-round and
-    last-round errors and of every round's error; with the source model in the run,
-    ``worse_than_source``: the domains of the last round worse than the source model's (per seed,
-    mean, std, domains compared; see :func:`worse_than_source`)."""
+    """Per cell (over its seeds): seeds, the annotator's mean counts, and mean / sample std of the
+    average, first-round, last-round and every round's error; with the source model in the run,
+    ``worse_than_source`` (per seed, mean, std, domains compared: :func:`worse_than_source`)."""
     out = []
     for rows in _groups(results).values():
         sources = _sources(rows)
@@ -669,12 +637,9 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
                     **_mean_std(worse),
                     "domains": counts[0][1],
                 }
-            notes = [c.annotation for c in cell if c.annotation]
-            if notes:
-                entry["annotation"] = {
-                    k: float(np.mean([n.get(k, 0) for n in notes]))
-                    for k in (*_ANNOTATION_KEYS, "skipped", "seconds")
-                }
+            annotation = _annotation_means(cell)
+            if annotation:
+                entry["annotation"] = annotation
             entry["average_error"] = _mean_std([c.average_error for c in cell])
             entry["first_round_error"] = _mean_std([c.round_errors[0] for c in cell])
             entry["last_round_error"] = _mean_std([c.round_errors[-1] for c in cell])
@@ -736,11 +701,11 @@ def load_results(dirs: Sequence[str | os.PathLike[str]]) -> list[CellResult]:
             )
         for r in loaded:
             found.setdefault((r.spec.key, r.fingerprint), r)
-    keys = [
+    runs = Counter(
         f"{r.spec.key} seed {r.seed} {json.dumps(r.protocol, sort_keys=True)}"
         for r in found.values()
-    ]
-    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    )
+    dupes = sorted(run for run, n in runs.items() if n > 1)
     if dupes:
         warnings.warn(
             f"cells run with different arguments (fingerprints) are all kept: {dupes}",

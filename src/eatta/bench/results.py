@@ -119,14 +119,8 @@ def row_label(spec: CellSpec, hparams: Mapping[str, Any]) -> str:
     steps = hparams.get("steps", 2 if preset == "reference" else 1)
     if spec.method != "eatta" or not isinstance(steps, int) or isinstance(steps, bool):
         steps = 1  # EATTA re-selects (and labels) at every step; other methods label once
-    steps = max(steps, 1)
-    if not preset and steps == 1:
-        return spec.label
-    shown = dataclasses.replace(spec, labels=spec.labels * steps)
-    label = shown.label
-    if preset:
-        label = label.replace(spec.method, f"{spec.method} {preset}", 1)
-    return label
+    label = dataclasses.replace(spec, labels=spec.labels * max(steps, 1)).label
+    return label.replace(spec.method, f"{spec.method} {preset}", 1) if preset else label
 
 
 def atomic_write_text(path: Path, text: str) -> None:

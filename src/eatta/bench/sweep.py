@@ -1,17 +1,12 @@
 """``eatta-bench sweep``: a grid's shards as one Slurm job array, or as local processes.
 
 Every shard is one job that runs exactly ``eatta-bench run ARGV --shard i/n --out DIR/shard-i``
-(:class:`ShardJob`), so a shard run by the sweep and the same shard run by hand write the same
-cell files; ``ARGV`` are the run options (those the sweep does not know, and all after ``--``).
-The sweep folder ``DIR`` holds ``sweep.json`` (the run options, shard count, launcher and every
-submission with its job ids), ``shard-<i>/`` (shard ``i``'s output folder), ``submitit/`` (job
-files and logs) and, once every shard has finished, the merged outputs (``eatta-bench merge``).
-
-Launchers: ``slurm`` submits one job array through ``submitit`` (the extra ``eatta[cluster]``,
-imported inside functions only); ``local`` runs the shards as processes of submitit's local
-executor, ``--jobs`` at a time. The same command again, or ``--resubmit``, submits only the shards
-without ``results.json``: they resume from their checkpoints. ``--dry-run`` lists the runs and
-shards with their size.
+(:class:`ShardJob`), so it writes the same cell files as that command run by hand. The sweep
+folder ``DIR`` holds ``sweep.json`` (the options and every submission with its job ids),
+``shard-<i>/``, ``submitit/`` (job files and logs) and, once every shard has finished, the merged
+outputs. submitit (the extra ``eatta[cluster]``) is imported inside functions only. The same
+command again, or ``--resubmit``, submits only the shards without ``results.json``: they resume
+from their checkpoints. See ``docs/guide/cluster.md``.
 """
 
 from __future__ import annotations
@@ -27,12 +22,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from eatta.bench.flags import split_csv
 from eatta.bench.grid import CellSpec, make_grid, make_jobs
 from eatta.bench.grid import shard as shard_jobs
 
@@ -41,16 +37,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ShardJob", "SlurmOptions", "launch", "main", "plan", "slurm_executor", "sweep_parser"]
 
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
 #: Time limit of a Slurm job when ``--time`` is not given (minutes).
 SLURM_DEFAULT_TIME_MIN = 240
 #: A local job has no time limit unless ``--time`` is given (submitit's default is 2 minutes).
 _LOCAL_NO_LIMIT_MIN = 60 * 24 * 365
-#: ``slurm``: one job array through submitit; ``local``: submitit's local executor.
 LAUNCHERS = ("slurm", "local")
 #: The sweep's record in its folder.
 STATE_FILE = "sweep.json"
@@ -66,8 +56,8 @@ _SLURM_ACTIVE = frozenset(
 class ShardJob:
     """What one job runs: ``eatta-bench run ARGV --shard index/count --out out``.
 
-    A callable for submitit; ``checkpoint`` (submitit's hook, called when Slurm signals a timeout
-    or a preemption) requeues the same job, which resumes from the run's own checkpoints."""
+    A callable for submitit; ``checkpoint`` (submitit's hook on a Slurm timeout or preemption)
+    requeues the same job, which resumes from the run's own checkpoints."""
 
     argv: tuple[str, ...]
     index: int
@@ -100,9 +90,6 @@ class ShardJob:
         return DelayedSubmission(self)
 
 
-# ----------------------------------------------------------------------------- executors
-
-
 def _require_submitit() -> None:
     """A ValueError naming the extra to install when submitit is missing."""
     try:
@@ -116,19 +103,16 @@ def _require_submitit() -> None:
 def parse_time(text: str | int) -> int:
     """A Slurm time limit as minutes: ``90``, ``MM:SS``, ``H:MM:SS``, ``D-H``, ``D-H:MM``,
     ``D-H:MM:SS`` (seconds round up)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        minutes = text
-    else:
-        m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", str(text).strip())
-        if m is None:
-            raise ValueError(f"--time is minutes or [D-]H:MM:SS, got {text!r}")
-        fields = [int(f) for f in m[2].split(":")]
-        if m[1] is not None:  # D-H, D-H:MM, D-H:MM:SS
-            fields[0] += int(m[1]) * 24
-        elif len(fields) < 3:  # minutes, MM:SS
-            fields.insert(0, 0)
-        hours, mins, secs = [*fields, 0, 0][:3]
-        minutes = hours * 60 + mins - (-secs // 60)
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", str(text).strip())
+    if m is None:
+        raise ValueError(f"--time is minutes or [D-]H:MM:SS, got {text!r}")
+    fields = [int(f) for f in m[2].split(":")]
+    if m[1] is not None:  # D-H, D-H:MM, D-H:MM:SS
+        fields[0] += int(m[1]) * 24
+    elif len(fields) < 3:  # minutes, MM:SS
+        fields.insert(0, 0)
+    hours, mins, secs = [*fields, 0, 0][:3]
+    minutes = hours * 60 + mins - (-secs // 60)
     if minutes < 1:
         raise ValueError(f"--time must be at least one minute, got {text!r}")
     return minutes
@@ -184,22 +168,6 @@ def _job_env(threads: int | None) -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def _environment(changes: Mapping[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``changes`` (what submitit's local executor hands its jobs); only the
-    changed keys are restored, so other threads never see the environment emptied."""
-    saved = {k: os.environ.get(k) for k in changes}
-    os.environ.update(changes)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def slurm_executor(folder: str | os.PathLike[str], options: SlurmOptions) -> submitit.SlurmExecutor:
     """A submitit Slurm executor configured for one shard per array job (submits nothing).
 
@@ -224,7 +192,7 @@ def slurm_executor(folder: str | os.PathLike[str], options: SlurmOptions) -> sub
     return ex
 
 
-def check_slurm(partition: str | None = None, timeout_s: float = 60.0) -> list[str]:
+def check_slurm(partition: str | None = None) -> list[str]:
     """The cluster's partitions; a ValueError when Slurm is not here or does not answer, or when
     ``partition`` is not among them."""
     missing = [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]
@@ -235,7 +203,7 @@ def check_slurm(partition: str | None = None, timeout_s: float = 60.0) -> list[s
         )
     try:
         sinfo = ["sinfo", "--noheader", "--format=%P"]
-        done = subprocess.run(sinfo, capture_output=True, text=True, timeout=timeout_s, check=True)
+        done = subprocess.run(sinfo, capture_output=True, text=True, timeout=60, check=True)
     except (OSError, subprocess.SubprocessError) as err:
         detail = getattr(err, "stderr", None) or err
         raise ValueError(f"--launcher slurm: Slurm does not answer (sinfo: {detail})") from None
@@ -255,14 +223,10 @@ def _local_slots(jobs: int | None) -> tuple[int, int, int]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = max(1, cores or 1)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if jobs is None:
-        jobs = gpus or cores
+    jobs = (gpus or cores) if jobs is None else jobs
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs must be an int >= 1, got {jobs!r}")
     return jobs, gpus, cores
-
-
-# ----------------------------------------------------------------------------- plan
 
 
 def _parse_run_argv(argv: Sequence[str]) -> argparse.Namespace:
@@ -291,29 +255,27 @@ def _parse_run_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _grid_datasets(args: argparse.Namespace) -> list[str]:
-    """The grid's dataset names, as :func:`eatta.bench.api.load_benchmarks` would name them."""
-    from eatta.bench.suites import DATASETS
+    """The grid's dataset names, as :func:`eatta.bench.api.load_benchmarks` names them."""
+    from eatta.bench.api import EMBEDDED
+    from eatta.bench.suites import DATASETS, digits_grid_name
+    from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
 
-    names = _csv(args.dataset)
+    names = split_csv(args.dataset)
     unknown = [d for d in names if d not in DATASETS]
     if unknown or not names:
         raise ValueError(f"run options: unknown dataset(s) {unknown}; choose from {list(DATASETS)}")
     if args.gradual and any(d not in ("digits-c", "imagenet-c") for d in names):
         raise ValueError("run options: --gradual needs severities (digits-c, imagenet-c)")
+    letter = {v: k for k, v in PACS_LETTERS.items()}
     out: list[str] = []
     for name in names:
-        if name in ("digits-c", "mnist", "digits-deployed"):
-            from eatta.bench.suites import digits_grid_name
-
+        if name in EMBEDDED:
             try:
                 out.append(digits_grid_name(args.backbone, name))
             except ValueError as err:
                 raise ValueError(f"run options: --backbone: {err}") from None
         elif name == "pacs":
-            from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
-
-            letter = {v: k for k, v in PACS_LETTERS.items()}
-            for seq in _csv(args.sequence):
+            for seq in split_csv(args.sequence):
                 try:
                     domains = parse_pacs_sequence(seq)
                 except (KeyError, ValueError) as err:
@@ -324,21 +286,18 @@ def _grid_datasets(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _used(n: int, limit: int | None, batch_size: int) -> int:
-    """Images of a domain of ``n`` that a run streams (see ``benchmark.prepare_domains``)."""
-    if limit is not None:
-        n = min(n, limit)
-    return n - 1 if n % batch_size == 1 and n > 1 else n
-
-
 def _stream_images(dataset: str, args: argparse.Namespace, rounds: int) -> tuple[int, str] | None:
     """Images that one run of ``dataset`` streams, with how they add up; None: unknown without
-    loading the data (only digits-C is known: its test split, not its corrupted arrays)."""
+    loading the data (only digits-C's count is known, from its test split)."""
     if dataset not in ("digits-c", "digits-c:vit"):
         return None
     from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
 
-    per_domain = _used(len(digits_split()[1]), args.limit, args.batch_size)
+    per_domain = len(digits_split()[1])
+    if args.limit is not None:
+        per_domain = min(per_domain, args.limit)
+    if per_domain % args.batch_size == 1 and per_domain > 1:  # as benchmark.prepare_domains
+        per_domain -= 1
     domains = len(DIGITS_C_CORRUPTIONS) * (9 if args.gradual else 1)
     how = f"{per_domain} x {domains} domains x {rounds} round{'s' if rounds > 1 else ''}"
     return per_domain * domains * rounds, how
@@ -350,7 +309,6 @@ class SweepPlan:
 
     #: the run options (``eatta-bench run`` command line without ``--shard``/``--out``)
     argv: tuple[str, ...]
-    #: number of shards
     count: int
     #: every run of the grid, ``(cell, seed)`` in grid order (what :func:`grid.shard` splits)
     jobs: tuple[tuple[CellSpec, int], ...]
@@ -391,7 +349,7 @@ class SweepPlan:
         """The ``--dry-run`` listing: the grid, its shards with their size, their commands."""
         seeds = len(self.jobs) // max(self.cells, 1)
         known = [self.images(i) for i in range(self.count)]
-        total = None if any(k is None for k in known) else sum(k or 0 for k in known)
+        total = None if None in known else sum(k or 0 for k in known)
         lines = [
             f"sweep of {len(self.jobs)} runs ({self.cells} cells x {seeds} seeds) in "
             f"{self.count} shards{f' ({launcher})' if launcher else ''} -> {out}",
@@ -418,10 +376,10 @@ class SweepPlan:
 def plan(
     run_argv: Sequence[str], shards: int | None = None, *, count_images: bool = True
 ) -> SweepPlan:
-    """Check the run options ``run_argv`` (an ``eatta-bench run`` command line without
-    ``--shard`` and ``--out``) and list the grid's runs in ``shards`` shards (None: one run per
-    shard), without loading any data (``count_images``: count digits-C's images per run from its
-    split; else every dataset's count is None). Bad options raise :class:`ValueError`."""
+    """Check the run options ``run_argv`` (``eatta-bench run`` options without ``--shard`` and
+    ``--out``; bad ones raise :class:`ValueError`) and list the grid's runs in ``shards`` shards
+    (None: one run per shard) without loading any data. ``count_images``: count digits-C's
+    images per run from its split (else every count is None)."""
     from eatta.bench import api, commands
 
     if isinstance(run_argv, str) or not all(isinstance(a, str) for a in run_argv):
@@ -429,7 +387,7 @@ def plan(
     args = _parse_run_argv(run_argv)
     datasets = _grid_datasets(args)
     methods = api.method_names(args.methods)
-    settings = [s.lower() for s in _csv(args.setting)]
+    settings = [s.lower() for s in split_csv(args.setting)]
     budgets = [(k, n) for k in args.labels for n in args.every]
     try:
         commands.check_run_args(args, run_argv)
@@ -439,7 +397,7 @@ def plan(
     commands.parse_hparams(args.hp, methods)  # unknown keys or values: a ValueError naming --hp
     seeds = args.seeds if args.seeds is not None else [args.seed]
     jobs = tuple(make_jobs(grid, seeds))
-    rounds = args.rounds or (api.DIGITS_ROUNDS if _csv(args.dataset) == ["digits-c"] else 1)
+    rounds = args.rounds or (api.DIGITS_ROUNDS if split_csv(args.dataset) == ["digits-c"] else 1)
     stream = {d: _stream_images(d, args, rounds) if count_images else None for d in datasets}
     base = SweepPlan(tuple(run_argv), len(jobs), jobs, len(grid), stream, not args.no_plot)
     return base if shards is None else base.with_count(shards)
@@ -453,13 +411,6 @@ def shard_dir(out: str | os.PathLike[str], index: int) -> Path:
 def finished_shards(out: str | os.PathLike[str], count: int) -> list[int]:
     """The shards of ``out`` that have written their ``results.json``."""
     return [i for i in range(count) if (shard_dir(out, i) / "results.json").is_file()]
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- state
 
 
 def load_state(out: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -479,9 +430,6 @@ def _save_state(out: Path, state: Mapping[str, Any]) -> None:
     atomic_write_text(out / STATE_FILE, json.dumps(state, indent=1))
 
 
-# ----------------------------------------------------------------------------- launching
-
-
 @dataclass
 class SweepResult:
     """What :func:`launch` did."""
@@ -490,6 +438,12 @@ class SweepResult:
     out: Path
     plan: SweepPlan
     launcher: str
+    #: what each Slurm job asks for (None: the local launcher)
+    slurm: SlurmOptions | None = None
+    #: local: parallel jobs, given or recorded (None: one per GPU, else one per core)
+    jobs: int | None = None
+    #: a job's time limit in minutes, given or recorded (None: the launcher's default)
+    time_min: int | None = None
     #: job id of every shard submitted by this call
     submitted: dict[int, str] = field(default_factory=dict)
     #: shards that failed (waited for), with why
@@ -510,51 +464,39 @@ class SweepResult:
         return f"eatta-bench sweep --resubmit --out {shlex.quote(str(self.out))}"
 
 
-def _merge(out: Path, sweep_plan: SweepPlan) -> None:
-    from eatta.bench import commands
-
-    dirs = [str(shard_dir(out, i)) for i in range(sweep_plan.count)]
-    plot = [] if sweep_plan.plot else ["--no-plot"]
-    status = commands.merge_main([*dirs, "--out", str(out), *plot])
-    if status != 0:
-        raise ValueError(f"merging {out} failed (status {status})")
-
-
-def _outcome(job: submitit.Job[Any], out: Path, index: int, state: str | None = None) -> str | None:
-    """None when shard ``index`` finished; otherwise why not (``state``: the job's last state
-    as Slurm's queue showed it; None: ask submitit)."""
-    if job.paths.result_pickle.exists():
-        err = job.exception()
-        if err is not None:
-            lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith("---")]
-            tail = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")
-            return f"{tail.strip()} (log: {job.paths.stderr})"
-    if (shard_dir(out, index) / "results.json").is_file():
-        return None
-    state = job.state if state is None else state
-    return (
-        f"ended without a result ({state}: cancelled, killed, out of memory or out of time?); "
-        f"log: {job.paths.stderr}"
-    )
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _ended(
-    index: int, job: Any, why: str | None, failed: dict[int, str], say: Callable[[str], None]
+    result: SweepResult, index: int, job: submitit.Job[Any], state: str | None = None
 ) -> None:
-    """Say how shard ``index`` ended; a failure goes into ``failed``."""
+    """Say how shard ``index`` ended; a failure goes into ``result.failed`` with why (``state``:
+    the job's last state as Slurm's queue showed it; None: ask submitit)."""
+    err = job.exception() if job.paths.result_pickle.exists() else None
+    why = None
+    if err is not None:
+        lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith("---")]
+        tail = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")
+        why = f"{tail.strip()} (log: {job.paths.stderr})"
+    elif not (shard_dir(result.out, index) / "results.json").is_file():
+        why = (
+            f"ended without a result ({state or job.state}: cancelled, killed, out of memory or "
+            f"out of time?); log: {job.paths.stderr}"
+        )
     if why is not None:
-        failed[index] = why
-    say(f"shard {index} (job {job.job_id}): " + ("finished" if why is None else f"FAILED: {why}"))
+        result.failed[index] = why
+    _say(f"shard {index} (job {job.job_id}): " + ("finished" if why is None else f"FAILED: {why}"))
 
 
-def slurm_queue(job_ids: Sequence[str], timeout_s: float = 60.0) -> dict[str, str] | None:
-    """The state of each array task of ``job_ids`` that Slurm's queue still shows (``squeue``,
-    never ``sacct``, which fails on clusters without accounting); a task it does not show has
-    ended. None when ``squeue`` does not answer."""
+def slurm_queue(job_ids: Sequence[str]) -> dict[str, str] | None:
+    """The state of each array task of ``job_ids`` that Slurm's queue still shows (a task it does
+    not show has ended); None when ``squeue`` does not answer. Never ``sacct``, which fails on
+    clusters without accounting."""
     arrays = ",".join(sorted({j.split("_")[0] for j in job_ids}))
     command = ["squeue", "--noheader", "--array", "--states=all", "--format=%i %T", "--jobs"]
     try:
-        done = subprocess.run([*command, arrays], capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([*command, arrays], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:  # every job long gone: "Invalid job id specified"
@@ -567,22 +509,14 @@ def slurm_queue(job_ids: Sequence[str], timeout_s: float = 60.0) -> dict[str, st
     return states
 
 
-def _wait(
-    jobs: Mapping[int, submitit.Job[Any]],
-    out: Path,
-    poll_s: float | None,
-    say: Callable[[str], None],
-) -> dict[int, str]:
-    """Wait for the Slurm jobs ``jobs`` (shard -> job); the failed shards with why.
+def _wait(result: SweepResult, jobs: Mapping[int, submitit.Job[Any]]) -> None:
+    """Wait for the Slurm jobs ``jobs`` (shard -> job), the failed ones into ``result.failed``.
 
-    A job has ended when it wrote its result or Slurm's queue shows it ended (or no longer
-    shows it). Only ``squeue`` is asked: submitit's own ``done()`` asks ``sacct``, which on a
-    cluster without accounting fails (two warnings a call) and never reports a cancelled job.
-    ``poll_s``: seconds between two looks (None: half a second, growing by a quarter each time
-    up to 30 s)."""
-    failed: dict[int, str] = {}
+    A job has ended when it wrote its result or :func:`slurm_queue` shows it ended (submitit's
+    ``done()`` asks ``sacct``, which never sees a cancelled job without accounting). It looks
+    again after 0.5 s, then a quarter longer each time, at most every 30 s."""
     running = dict(jobs)
-    pause = poll_s if poll_s is not None else 0.5
+    pause = 0.5
     while running:
         queue = slurm_queue([job.job_id for job in running.values()])
         for i, job in list(running.items()):
@@ -590,74 +524,95 @@ def _wait(
             if not job.paths.result_pickle.exists() and (state is None or state in _SLURM_ACTIVE):
                 continue
             del running[i]
-            gone = "no longer in the queue" if state in (None, "GONE") else state
-            _ended(i, job, _outcome(job, out, i, gone), failed, say)
+            _ended(result, i, job, "no longer in the queue" if state in (None, "GONE") else state)
         if running:
             time.sleep(pause)
-            if poll_s is None:
-                pause = min(30.0, pause * 1.25)
-    return failed
+            pause = min(30.0, pause * 1.25)
+
+
+def _submit_slurm(result: SweepResult, pending: list[int], slurm: SlurmOptions, wait: bool) -> None:
+    """Submit the pending shards as one Slurm job array; with ``wait``, wait for them."""
+    ex = slurm_executor(result.out / "submitit" / "%j", slurm)
+    with ex.batch():
+        submitted = [ex.submit(result.plan.job(i, result.out, slurm.cpus)) for i in pending]
+    jobs = dict(zip(pending, submitted, strict=True))
+    _record(result, {i: job.job_id for i, job in jobs.items()})
+    first = submitted[0].job_id.split("_")[0]
+    print(f"submitted {len(pending)} shard(s) of {result.plan.count} as Slurm job {first}:")
+    for i, job in jobs.items():
+        print(f"  shard {i}: job {job.job_id}  log {job.paths.stderr}")
+    if not wait:
+        print(f"when they have finished: {result.merge_command}")
+        print(f"failed or out of time: {result.resubmit_command} (finished cells are read back)")
+        return
+    try:
+        _wait(result, jobs)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(
+            f"stopped waiting: the Slurm jobs of {result.out} keep running (squeue shows them; "
+            f"scancel {first} stops them); when they have finished: {result.merge_command}"
+        ) from None
 
 
 @contextlib.contextmanager
-def _stderr_to(path: Path) -> Iterator[None]:
-    """File descriptor 2 appended to ``path`` (what a child process started inside inherits)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _spawning(env: Mapping[str, str], log: Path) -> Iterator[None]:
+    """``os.environ`` with ``env`` and file descriptor 2 appended to ``log``: what the controller
+    process that submitit's local executor starts inherits. Only the changed keys are restored
+    (other threads never see the environment emptied)."""
+    saved = {k: os.environ.get(k) for k in env}
+    log.parent.mkdir(parents=True, exist_ok=True)
     sys.stderr.flush()
-    saved = os.dup(2)
+    stderr = os.dup(2)
+    os.environ.update(env)
     try:
-        with open(path, "ab") as f:
+        with open(log, "ab") as f:
             os.dup2(f.fileno(), 2)
         yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def _run_local(
-    result: SweepResult,
-    pending: Sequence[int],
-    parallel: int,
-    time_min: int | None,
-    record: Callable[[int, str], None],
-    poll_s: float,
-    say: Callable[[str], None],
-) -> None:
-    """Run the ``pending`` shards ``parallel`` at a time through submitit's local executor (the
-    failed ones go into ``result.failed``); on Ctrl-C, stop them."""
+def _run_local(result: SweepResult, pending: Sequence[int]) -> None:
+    """Run the ``pending`` shards through submitit's local executor, ``result.jobs`` at a time;
+    the failed ones go into ``result.failed``. Ctrl-C stops them."""
     import submitit
 
     out, count = result.out, result.plan.count
-    jobs, gpus, cores = _local_slots(parallel)
-    threads = max(1, cores // jobs)
+    parallel, gpus, cores = _local_slots(result.jobs)
+    threads = max(1, cores // parallel)
+    env = _job_env(None if gpus else threads)
     # one flat folder: with %j in it, submitit's local controller creates a folder named %j
     ex = submitit.LocalExecutor(folder=str(out / "submitit"))
-    ex.update_parameters(timeout_min=time_min or _LOCAL_NO_LIMIT_MIN)
+    ex.update_parameters(timeout_min=result.time_min or _LOCAL_NO_LIMIT_MIN)
     queue = list(pending)
-    free = list(range(min(jobs, len(queue))))
+    free = list(range(min(parallel, len(queue))))
     running: dict[int, tuple[submitit.Job[Any], int]] = {}
-    env = _job_env(None if gpus else threads)
     try:
         while queue or running:
             while queue and free:
                 i, slot = queue.pop(0), free.pop(0)
                 if gpus:
                     ex.update_parameters(gpus_per_node=1, visible_gpus=[slot % gpus])
-                # the controller process submitit starts writes to our stderr; on Ctrl-C,
-                # job.cancel() interrupts it and it prints a traceback: send it to a log instead
-                log = out / "submitit" / "controllers.log"
-                with _environment(env), _stderr_to(log):
+                # the controller process writes to our stderr (a traceback when job.cancel()
+                # interrupts it on Ctrl-C): it goes to a log instead
+                with _spawning(env, out / "submitit" / "controllers.log"):
                     job = ex.submit(result.plan.job(i, out, threads))
                 running[i] = (job, slot)
-                record(i, job.job_id)
+                _record(result, {i: job.job_id})
                 where = f"GPU {slot % gpus}" if gpus else f"{threads} thread(s)"
-                say(f"shard {i}/{count}: local job {job.job_id} ({where})")
-            time.sleep(poll_s)
+                _say(f"shard {i}/{count}: local job {job.job_id} ({where})")
+            time.sleep(0.2)
             for i, (job, slot) in list(running.items()):
                 if job.done():
                     del running[i]
                     free.append(slot)
-                    _ended(i, job, _outcome(job, out, i), result.failed, say)
+                    _ended(result, i, job)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
             f"interrupted: {len(finished_shards(out, count))} of {count} shards finished (their "
@@ -683,6 +638,7 @@ def _settings(
     """:func:`launch`'s options checked, and completed from the sweep recorded in ``folder``."""
     if resubmit and state is None:
         raise ValueError(f"--resubmit: {folder} holds no sweep ({STATE_FILE}); nothing to resubmit")
+    recorded = state or {}
     if state is not None:
         stored = list(state["argv"])
         if run_argv is None or (resubmit and not run_argv):
@@ -696,7 +652,6 @@ def _settings(
         shards = int(state["shards"])
     elif run_argv is None:
         raise ValueError("no run options and no recorded sweep to resubmit")
-    recorded = state or {}
     launcher = launcher or recorded.get("launcher") or "slurm"
     if launcher not in LAUNCHERS:
         raise ValueError(f"--launcher must be one of {LAUNCHERS}, got {launcher!r}")
@@ -709,8 +664,7 @@ def _settings(
         raise ValueError("--jobs is for --launcher local; on Slurm use --array-parallelism")
     if recorded.get("launcher") == launcher:  # the options not given are the recorded ones
         if slurm is None and recorded.get("slurm"):
-            kept = dict(recorded["slurm"])
-            slurm = SlurmOptions(**{**kept, "sbatch": dict(kept.get("sbatch") or {})})
+            slurm = SlurmOptions(**recorded["slurm"])
         jobs = jobs if jobs is not None else recorded.get("jobs")
         time_min = time_min if time_min is not None else recorded.get("time_min")
     if time_min is not None:
@@ -722,75 +676,35 @@ def _settings(
     return run_argv, shards, launcher, slurm, jobs, time_min
 
 
-def _submit_slurm(
-    result: SweepResult,
-    pending: list[int],
-    slurm: SlurmOptions,
-    record: Callable[[int, str], None],
-    wait: bool,
-    poll_s: float | None,
-    say: Callable[[str], None],
-    show: Callable[[str], None],
-) -> bool:
-    """Submit the pending shards as a Slurm job array; with ``wait``, wait for them (filling
-    ``result.failed``). Whether they were waited for."""
-    ex = slurm_executor(result.out / "submitit" / "%j", slurm)
-    with ex.batch():
-        submitted = [ex.submit(result.plan.job(i, result.out, slurm.cpus)) for i in pending]
-    for i, job in zip(pending, submitted, strict=True):
-        record(i, job.job_id)
-    first = submitted[0].job_id.split("_")[0]
-    show(f"submitted {len(pending)} shard(s) of {result.plan.count} as Slurm job {first}:")
-    for i, job in zip(pending, submitted, strict=True):
-        show(f"  shard {i}: job {job.job_id}  log {job.paths.stderr}")
-    if not wait:
-        show(f"when they have finished: {result.merge_command}")
-        show(f"failed or out of time: {result.resubmit_command} (finished cells are read back)")
-        return False
-    try:
-        result.failed = _wait(dict(zip(pending, submitted, strict=True)), result.out, poll_s, say)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(
-            f"stopped waiting: the Slurm jobs of {result.out} keep running (squeue shows them; "
-            f"scancel {first} stops them); when they have finished: {result.merge_command}"
-        ) from None
-    return True
-
-
-def _recorder(
-    state: dict[str, Any] | None,
-    result: SweepResult,
-    time_min: int | None,
-    slurm: SlurmOptions | None,
-    jobs: int | None,
-) -> Callable[[int, str], None]:
-    """The sweep's record in ``result.out`` with a new submission, written now; the function that
-    adds each shard's job id to it (and to ``result``)."""
-    launcher = result.launcher
-    submission: dict[str, Any] = {
+def _begin_submission(result: SweepResult, state: dict[str, Any] | None) -> None:
+    """Write the sweep's record in ``result.out`` with a new submission (no job ids yet)."""
+    submission = {
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "launcher": launcher,
+        "launcher": result.launcher,
         "job_ids": {},
     }
-    new_state: dict[str, Any] = {
-        "format": _STATE_FORMAT,
-        "argv": list(result.plan.argv),
-        "shards": result.plan.count,
-        "launcher": launcher,
-        "time_min": time_min,
-        "slurm": slurm.to_dict() if slurm is not None else None,
-        "jobs": jobs if launcher == "local" else None,
-        "submissions": [*(state["submissions"] if state else []), submission],
-    }
     result.out.mkdir(parents=True, exist_ok=True)
-    _save_state(result.out, new_state)
+    _save_state(
+        result.out,
+        {
+            "format": _STATE_FORMAT,
+            "argv": list(result.plan.argv),
+            "shards": result.plan.count,
+            "launcher": result.launcher,
+            "time_min": result.time_min,
+            "slurm": result.slurm.to_dict() if result.slurm is not None else None,
+            "jobs": result.jobs,
+            "submissions": [*(state["submissions"] if state else []), submission],
+        },
+    )
 
-    def record(index: int, job_id: str) -> None:
-        submission["job_ids"][str(index)] = job_id
-        result.submitted[index] = job_id
-        _save_state(result.out, new_state)
 
-    return record
+def _record(result: SweepResult, job_ids: Mapping[int, str]) -> None:
+    """Add the shards' job ids to the last submission in ``sweep.json`` (and to ``result``)."""
+    state = json.loads((result.out / STATE_FILE).read_text(encoding="utf-8"))
+    state["submissions"][-1]["job_ids"].update({str(i): j for i, j in job_ids.items()})
+    _save_state(result.out, state)
+    result.submitted.update(job_ids)
 
 
 def launch(
@@ -805,87 +719,75 @@ def launch(
     wait: bool = False,
     resubmit: bool = False,
     dry_run: bool = False,
-    poll_s: float | None = None,
-    say: Callable[[str], None] = _say,
-    show: Callable[[str], None] = print,
 ) -> SweepResult:
     """Run the grid of ``run_argv`` (``eatta-bench run`` options) as shards into the folder
-    ``out``; see the module docstring. Everything is checked before anything is written or
-    submitted (bad input: :class:`ValueError`).
+    ``out``; see the module docstring. Bad input is a :class:`ValueError`, raised before anything
+    is written or submitted.
 
     ``shards`` (default: ``jobs`` locally, one run per shard on Slurm), ``launcher`` (``"slurm"``
     or ``"local"``), ``slurm`` (what each array job asks for), ``jobs`` (local: parallel
     processes, default one per GPU else per core), ``time_min`` (a job's time limit). ``wait``:
     wait for the Slurm jobs and merge (the local launcher always waits). ``resubmit``: continue
-    the sweep recorded in ``out`` (``run_argv``, ``shards`` and the launcher options default to
-    the recorded ones); the same call without it does the same when its options match the record.
-    Only shards without ``results.json`` are submitted. ``dry_run``: print the plan, nothing else.
-    ``say`` receives progress lines, ``show`` what the command prints on stdout.
+    the sweep recorded in ``out`` (the options not given are the recorded ones); the same call
+    without it does the same when its options match the record. Only shards without
+    ``results.json`` are submitted. ``dry_run``: print the plan, nothing else.
     """
     folder = Path(out)
     state = load_state(folder)
     run_argv, shards, launcher, slurm, jobs, time_min = _settings(
         folder, state, run_argv, shards, launcher, slurm, jobs, time_min, resubmit
     )
-    parallel = _local_slots(jobs)[0] if launcher == "local" else 0
+    parallel = _local_slots(jobs)[0] if launcher == "local" else None
     sweep_plan = plan(list(run_argv), None, count_images=dry_run)
-    if shards is None:
-        runs = len(sweep_plan.jobs)
-        shards = min(parallel, runs) if launcher == "local" else runs
-    result = SweepResult(folder, sweep_plan.with_count(shards), launcher)
+    runs = len(sweep_plan.jobs)
+    if shards is None:  # local: one shard per parallel job; Slurm: one run per shard
+        shards = min(parallel, runs) if parallel else runs
+    result = SweepResult(folder, sweep_plan.with_count(shards), launcher, slurm, jobs, time_min)
     finished = finished_shards(folder, shards) if state is not None else []
     pending = [i for i in range(shards) if i not in finished]
     if dry_run:
-        show(result.plan.describe(folder, finished, launcher))
+        print(result.plan.describe(folder, finished, launcher))
         return result
-
-    # --- the launcher is there (before anything is written)
-    _require_submitit()
-    if launcher == "slurm":
-        assert slurm is not None
+    _require_submitit()  # the launcher is there, before anything is written
+    if slurm is not None:
         check_slurm(slurm.partition)
     if not pending:
-        say(f"all {shards} shards of {folder} have finished; merging")
+        _say(f"all {shards} shards of {folder} have finished; merging")
     else:
-        record = _recorder(state, result, time_min, slurm, jobs)
+        _begin_submission(result, state)
         what = "resubmitting" if finished else "submitting"
-        say(
-            f"{what} {len(pending)} of {shards} shards ({len(sweep_plan.jobs)} runs) "
-            f"-> {folder} [{launcher}]"
-        )
-        if launcher == "local":
-            _run_local(result, pending, parallel, time_min, record, poll_s or 0.2, say)
+        _say(f"{what} {len(pending)} of {shards} shards ({runs} runs) -> {folder} [{launcher}]")
+        if slurm is None:
+            _run_local(result, pending)
         else:
-            assert slurm is not None
-            if not _submit_slurm(result, pending, slurm, record, wait, poll_s, say, show):
+            _submit_slurm(result, pending, slurm, wait)
+            if not wait:
                 return result
         if result.failed:
-            show(
+            print(
                 f"{len(result.failed)} shard(s) failed: {sorted(result.failed)}; resubmit them "
                 f"with: {result.resubmit_command}"
             )
             return result
-    _merge(folder, result.plan)
+    from eatta.bench import commands
+
+    dirs = [str(shard_dir(folder, i)) for i in range(shards)]
+    plot = [] if result.plan.plot else ["--no-plot"]
+    status = commands.merge_main([*dirs, "--out", str(folder), *plot])
+    if status != 0:
+        raise ValueError(f"merging {folder} failed (status {status})")
     result.merged = True
     return result
 
 
-# ----------------------------------------------------------------------------- command line
-
-
-_DESCRIPTION = (
-    "Run a benchmark grid as shards: one Slurm job array through submitit, or local processes "
-    "(--launcher local). Options not listed here are eatta-bench run options (everything after "
-    "-- is); each shard runs 'eatta-bench run RUN-OPTIONS --shard i/n --out DIR/shard-i'."
-)
-
-
-def sweep_parser(add_help: bool = True) -> argparse.ArgumentParser:
+def sweep_parser() -> argparse.ArgumentParser:
     """The sweep's own options (``eatta-bench sweep``); the others are run options."""
     p = argparse.ArgumentParser(
         prog="eatta-bench sweep",
-        description=_DESCRIPTION,
-        add_help=add_help,
+        description="Run a benchmark grid as shards: one Slurm job array through submitit, or "
+        "local processes (--launcher local). Options not listed here are eatta-bench run "
+        "options (everything after -- is); each shard runs 'eatta-bench run RUN-OPTIONS "
+        "--shard i/n --out DIR/shard-i'.",
         allow_abbrev=False,
         usage="eatta-bench sweep --out DIR [sweep options] [--] [run options]",
     )
@@ -924,27 +826,22 @@ def main(argv: Sequence[str]) -> int:
     argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # all after -- are run options
     args, run_argv = sweep_parser().parse_known_args(argv[:cut])
-    run_argv = [*run_argv, *argv[cut + 1 :]]
-    given: dict[str, Any] = {
-        k: getattr(args, k)
-        for k in ("partition", "gpus", "cpus", "array_parallelism")
-        if getattr(args, k) is not None
-    }
+    run_argv += argv[cut + 1 :]
+    names = ("partition", "gpus", "cpus", "array_parallelism")
+    given: dict[str, Any] = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
     if args.sbatch:
-        extra: dict[str, str] = {}
+        given["sbatch"] = {}
         for item in args.sbatch:
             key, sep, value = item.partition("=")
             if not sep or not key.strip():
                 raise ValueError(f"--sbatch expects KEY=VALUE, got {item!r}")
-            extra[key.strip().lstrip("-")] = value
-        given["sbatch"] = extra
-    slurm: SlurmOptions | None = None
+            given["sbatch"][key.strip().lstrip("-")] = value
+    slurm = None
     if given:  # over the recorded sweep's options, when it ran on Slurm
-        state = load_state(args.out)
-        recorded = dict(state.get("slurm") or {}) if state else {}
-        slurm = SlurmOptions(**{**recorded, **given})
+        state = load_state(args.out) or {}
+        slurm = SlurmOptions(**{**(state.get("slurm") or {}), **given})
     done = launch(
-        run_argv if run_argv or not args.resubmit else None,
+        run_argv,
         args.out,
         shards=args.shards,
         launcher=args.launcher,
