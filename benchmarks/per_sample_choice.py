@@ -162,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = Path(args.json)
     saved = load_json(path) or {}
     if args.report_only:
+        if "streams" not in saved:
+            raise SystemExit(f"--report-only: {path} holds no study (run it first)")
         print(table(saved))
         return 0
     streams = chosen("--streams", args.streams, tuple(STREAMS))

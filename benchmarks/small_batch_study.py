@@ -10,7 +10,7 @@ recommended configuration. ``--tune`` runs the window's EMA-rate choice on ``TUN
 not among the reported seeds.
 
     python benchmarks/small_batch_study.py --seeds 0-2 --rounds 10          # runs, then writes
-    python benchmarks/small_batch_study.py --report-only --rounds 3          # the committed page
+    python benchmarks/small_batch_study.py --report-only                     # the committed page
     python benchmarks/small_batch_study.py --tune                            # the EMA-rate choice
 """
 
@@ -20,6 +20,7 @@ import argparse
 import copy
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,7 +238,9 @@ def report(data: dict[str, Any], rounds: int, seeds: Sequence[int], momentum: fl
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=10, help="rounds of the recurring stream")
+    p.add_argument(
+        "--rounds", type=int, help="rounds of the recurring stream (default 10; reports: stored)"
+    )
     p.add_argument("--streams", default="recurring,ccc")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--batch-sizes", default=",".join(map(str, BATCH_SIZES)))
@@ -249,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     data: dict[str, Any] = json.loads(args.json.read_text()) if args.json.is_file() else {}
+    if args.rounds is None:  # a report shows the recurring runs stored most often
+        stored = Counter(k.split("/")[1] for k in data if k.startswith("recurring/"))
+        args.rounds = int(stored.most_common(1)[0][0][1:]) if args.report_only and stored else 10
     specs: list[Run] = []
     if args.tune:  # batches of 8: EMA rates, then a step every 32 samples, then batch 64
         plan = [(8, mom, WINDOW) for mom in TUNE_MOMENTA] + [(8, 1.0, 32), (64, 1.0, WINDOW)]

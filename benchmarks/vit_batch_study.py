@@ -101,6 +101,7 @@ def render(data: dict[str, Any]) -> str:
     options = f"--seeds {seeds} --rounds {meta['rounds']} --lr-rule {rule}"
     options += "" if limit is None else f" --limit {limit}"
     options += "" if tuple(per) == METHODS else f" --methods {','.join(per)}"
+    options += "" if sizes == list(map(str, BATCH_SIZES)) else f" --batch-sizes {','.join(sizes)}"
     verdict = ""
     if holds or failing:
         failed = PAGE("failing", failing=", ".join(failing)) if failing else ""

@@ -26,3 +26,18 @@ def test_a_window_run_is_named_by_its_settings_and_the_plain_run_at_batch_64():
         assert run.key == "recurring/r3/eatta-stable+w/B8/s0/m1.0r16"
         at_64 = study.Run("eatta-stable+w", "recurring", 64, 0, 3, 1.0, refresh=16)
         assert at_64.key == "recurring/r3/eatta-stable/B64/s0/plain"
+
+
+def test_report_only_reads_the_rounds_of_the_stored_runs(tmp_path, monkeypatch):
+    """``--report-only`` without ``--rounds`` renders the stored recurring runs (3 rounds), not
+    a page of "not run" cells for the default 10."""
+    with benchmark_script("small_batch_study") as study:
+        doc = tmp_path / "small-batches.md"
+        begin, end = "<!-- small-batches:begin -->", "<!-- small-batches:end -->"
+        doc.write_text(f"{begin}\n{end}\n", encoding="utf-8")
+        monkeypatch.setattr(study, "DOC", doc)
+        assert study.main(["--report-only"]) == 0
+        written = doc.read_text(encoding="utf-8")
+        committed = (study.JSON.parents[2] / "docs" / "small-batches.md").read_text("utf-8")
+        section = committed.split(begin, 1)[1].split(end, 1)[0]
+        assert written == f"{begin}{section}{end}\n"
