@@ -204,3 +204,38 @@ def test_a_label_free_method_with_a_window_audits_the_windows_older_samples() ->
         assert method(x).shape == (16, 10)
     assert method.window.steps == 4 and fallback.step == 4
     assert fallback.requested == 4 and fallback.stats()["answers"] >= 2
+
+
+#: Families not in the repository, one per kind of normalization: BatchNorm in grouped
+#: bottlenecks, BatchNorm with squeeze-excitation, LayerNorm over channels, over shifted windows
+#: and over tokens.
+OTHER_FAMILIES = ["resnext", "mobilenet_v3_small", "convnext", "swin", "vit"]
+
+
+@pytest.mark.parametrize("family", OTHER_FAMILIES)
+def test_every_part_together_on_other_families(family: str) -> None:
+    """The safe composition (fallback + window of 16 + approximate step + answers 2 window
+    steps late) from ``create`` alone on stock torchvision families, requests of 4 samples: a
+    step every 16 samples, each answer scored when it arrives, the adapted model moving."""
+    from test_split_families import _tv_builders
+
+    build, size = _tv_builders()[family]
+    torch.manual_seed(0)
+    model = build().eval()
+    with torch.no_grad():  # torchvision's ViT zero-initializes its head (no gradient below it)
+        for m in model.modules():
+            if isinstance(m, nn.Linear) and not m.weight.any():
+                m.weight.normal_(0.0, 0.02)
+    method = eatta.create(
+        "eatta-safe", model, oracle=SimulatedAnnotator(delay=2), grad_mode="approx", window=16
+    )
+    fb = method.fallback
+    assert isinstance(fb, SourceFallback) and method.window is not None
+    first = {k: v.clone() for k, v in method.model.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    for _ in range(24):  # 96 samples: 6 window steps
+        x = torch.randn(4, 3, size, size, generator=g)
+        y = torch.randint(0, 10, (4,), generator=g)
+        assert method(x, labels=y).shape == (4, 10)
+    assert fb.step == 6 and method.labels_used == 6 and fb.stats()["answers"] == 4
+    assert not nested_equal(method.model.state_dict(), first)
