@@ -34,6 +34,6 @@ def test_fingerprint_covers_the_code_and_component_configuration(tmp_path, monke
     f2 = fp.to_plain(lambda x: x + 2)
     assert f1 != f2
     # a real edit of a source file changes the digest computed from the files
-    monkeypatch.setattr(fp, "_CODE_DIGEST", None)
+    fp.code_digest.cache_clear()
     first = fp.code_digest()
     assert fp.code_digest() == first and len(first) == 16

@@ -1,10 +1,7 @@
 """Who answers the active methods' label requests in a benchmark: :class:`AnnotatorOptions`.
 
-By default the ground truth answers at once (:class:`~eatta.annotate.oracle.GroundTruthOracle`,
-the paper's protocol). A label delay, label noise or yes/no feedback makes it a
-:class:`~eatta.annotate.simulated.SimulatedAnnotator` answering through the asynchronous path
-(``--label-delay 0`` gives exactly the numbers of the default). Annotator time is requests times
-seconds per answer (:class:`~eatta.annotate.cost.AnnotatorCost`).
+The ground truth answers at once (the paper's protocol) unless a delay, noise, yes/no feedback
+or a pace asks for a :class:`~eatta.annotate.simulated.SimulatedAnnotator`.
 """
 
 from __future__ import annotations
@@ -40,15 +37,7 @@ def _delay(text: str) -> int | str:
 
 @dataclass(frozen=True)
 class AnnotatorOptions:
-    """The benchmark's simulated annotator.
-
-    ``delay``: None (synchronous, the default), steps (an int >= 0) or ``"never"``; ``noise``:
-    probability of a wrong answer; ``feedback``: ``"label"`` or ``"binary"`` (yes/no on the
-    model's prediction); ``cost``: seconds per answer of each kind. A person's pace instead of a
-    delay: ``pace`` answers per batch, or ``stream_rate`` batches per second (the pace then follows
-    from ``cost``'s seconds per answer); ``order`` (``"newest"``/``"oldest"`` first) and
-    ``patience`` (steps before an unreached request is dropped) with either.
-    """
+    """The benchmark's annotator (see each flag's help); ``cost``: seconds per answer."""
 
     delay: int | str | None = flag(
         "labels arrive D batches after they are asked for ('never': they never come); "
@@ -144,8 +133,8 @@ class AnnotatorOptions:
         )
 
     def describe(self) -> dict[str, Any]:
-        """Plain description for fingerprints and ``results.json`` (the cost is not included in
-        fingerprints: it changes no result, only the seconds reported)."""
+        """Plain description for fingerprints and ``results.json`` (the cost only where it sets
+        the pace: elsewhere it changes no result)."""
         out: dict[str, Any] = {"delay": self.delay, "noise": self.noise, "feedback": self.feedback}
         for key in ("pace", "stream_rate", "order", "patience"):  # only when set: older cells
             if getattr(self, key) is not None:  # keep their fingerprints
@@ -176,8 +165,7 @@ class AnnotatorOptions:
 def annotation_summary(
     method: Any, annotator: object, labels_used: int, options: AnnotatorOptions
 ) -> dict[str, Any]:
-    """What a cell's annotator did: requested, received, expired, pending at the end, skipped,
-    wrong, and annotator seconds (requests x seconds per answer)."""
+    """What a cell's annotator did: request counts, wrong answers and annotator seconds."""
     stats = dict(getattr(method, "annotation_stats", {}) or {})
     if not stats:  # synchronous ground truth: every request answered at once, correctly
         stats = {"requested": labels_used, "received": labels_used, "pending": 0}

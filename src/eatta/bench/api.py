@@ -8,9 +8,8 @@ Example (the one-pass digits-C table for two methods and two seeds, outputs unde
     print(done.table)                     # the markdown table the command prints
     errors = [r.average_error for r in done.results]
 
-Every option is checked before any data is loaded or any file is written: an unknown method,
-setting, hyperparameter key or a value out of range is a :class:`ValueError` (a wrong type or an
-unknown keyword a :class:`TypeError`) naming the option.
+Every option is checked before anything is loaded or written: an unknown name or a value out of
+range is a :class:`ValueError`, a wrong type or unknown keyword a :class:`TypeError`.
 """
 
 from __future__ import annotations
@@ -71,8 +70,7 @@ DEFAULT_METHODS = (
 DIGITS_ROUNDS = 10
 #: The datasets built into the package (the digits CNN's): one thread a cell by default.
 EMBEDDED = ("digits-c", "mnist", "digits-deployed")
-#: The keywords of :func:`run` that say how the grid runs, and those it passes on to
-#: :func:`load_benchmarks`: one declaration each, the flagged dataclasses' fields.
+#: The keywords of :func:`run` for the grid and for :func:`load_benchmarks` (the flags' fields)
 _RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 _LOADING = tuple(f.name for f in dataclasses.fields(LoadOptions))
 
@@ -182,17 +180,10 @@ def load_benchmarks(
     log: Callable[[str], None] | None = None,
     **options: Any,
 ) -> dict[str, BenchmarkData]:
-    """Load the named datasets of :data:`eatta.bench.suites.DATASETS` (fails fast on a missing
-    folder, a wrong layout or unavailable weights). ``options`` are the fields of
-    :class:`~eatta.bench.flags.LoadOptions`: ``roots``, one folder for all or one per dataset;
-    ``oracle_backbone``: annotate with that model instead of the ground truth; ``severity``:
-    1-5, for the datasets that have severities (default 5; an error for the others, checked for
-    every dataset before any is loaded). The others are keywords of
-    :func:`~eatta.bench.suites.imagenet_benchmark`, :func:`~eatta.bench.suites.pacs_benchmark`
-    and :func:`~eatta.bench.suites.digits_c_benchmark` (``backbone``: ``digits-cnn`` or
-    ``digits-vit`` for digits-C, mnist and digits-deployed, a
-    :data:`~eatta.models.backbones.MODELS` name for the others).
-    """
+    """Load datasets of :data:`eatta.bench.suites.DATASETS`, failing fast on a missing folder,
+    layout or weights. ``options``: the fields of :class:`~eatta.bench.flags.LoadOptions`
+    (``roots``: one folder for all or one per dataset; ``severity``: 1-5 where defined;
+    ``backbone``: ``digits-cnn`` or ``digits-vit`` for the digits, a ``MODELS`` name otherwise)."""
     from eatta.bench import suites
 
     names = _names(datasets, "datasets")
@@ -288,21 +279,17 @@ def run(
         rounds, gradual, dirichlet: shorthands for the same fields of ``protocol``.
         protocol: how the domains are streamed (:class:`StreamProtocol`; rounds: 10 for
             digits-C alone, else 1); give it or the shorthands, not both.
-        annotator: who answers the active methods (:class:`AnnotatorOptions`); default: the
-            ground truth, at once.
-        monitor: audits and the guard (:class:`~eatta.bench.monitoring.MonitorOptions`);
-            default: none.
+        annotator: who answers the active methods (default: the ground truth, at once).
+        monitor: audits and the guard (default: none).
         hparams: overrides, ``{"*": {key: value}}`` for every method declaring the key and
             ``{"tent": {...}}`` for one; checked against each method's configuration.
         log: receives progress and summary lines (None: quiet).
         meta: extra entries for the run description in ``results.json``.
         load: loads dataset names instead of :func:`load_benchmarks` (your own datasets, or
             loading options prepared elsewhere); called only after every option is checked.
-        given: the fields of :class:`~eatta.bench.flags.RunConfig` (``settings``,
-            ``labels``, ``every``, ``buffers``, ``seeds``, ``batch_size``, ``window``, ``limit``,
-            ``device``, ``jobs``, ``threads``, ``shard``, ``out``, ``reuse``, ...; each documented
-            there and a flag of ``eatta-bench run``), and with dataset names those of
-            :class:`~eatta.bench.flags.LoadOptions` (``roots``, ``backbone``, ...).
+        given: the fields of :class:`~eatta.bench.flags.RunConfig` (``settings``, ``labels``,
+            ``seeds``, ``jobs``, ``out``, ...: the flags of ``eatta-bench run``) and, with dataset
+            names, of :class:`~eatta.bench.flags.LoadOptions` (``roots``, ``backbone``, ...).
 
     Returns:
         The results and the files written (see :class:`BenchmarkRun`).
@@ -338,7 +325,8 @@ def run(
         )
         jobs = min(config.jobs or 1, len(cells)) if cells else 1
         try:
-            if jobs > 1 and options.device == "cpu" and _can_fork():
+            fork = "fork" in multiprocessing.get_all_start_methods()
+            if jobs > 1 and options.device == "cpu" and fork:
                 results = _run_parallel(cells, data, options, out_dir, jobs, log)
             else:
                 results = run_grid(cells, data, options, out_dir, log=log)
@@ -577,22 +565,17 @@ def _out_dir(config: RunConfig, requested: list[str], shard_ix: tuple[int, int])
 
 def _stream_text(options: RunOptions, protocol: StreamProtocol, seeds: list[int]) -> str:
     """The seeds and the stream, annotator and monitor in words (the run's first log line)."""
-    text = f"seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
-    if options.rounds > 1:
-        text += f", {options.rounds} rounds"
-    if protocol.gradual:
-        text += ", gradual"
-    if protocol.mixed:
-        text += ", mixed domains"
-    if protocol.ccc:
-        text += f", CCC {protocol.ccc}"
-    if options.annotator.simulated:
-        text += f", {options.annotator.text()}"
-    if options.dirichlet is not None:
-        text += f", Dirichlet {options.dirichlet:g}"
-    if options.monitor.active:
-        text += f", {options.monitor.text()}"
-    return text
+    parts = [
+        f"seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}",
+        f"{options.rounds} rounds" if options.rounds > 1 else "",
+        "gradual" if protocol.gradual else "",
+        "mixed domains" if protocol.mixed else "",
+        f"CCC {protocol.ccc}" if protocol.ccc else "",
+        options.annotator.text() if options.annotator.simulated else "",
+        f"Dirichlet {options.dirichlet:g}" if options.dirichlet is not None else "",
+        options.monitor.text() if options.monitor.active else "",
+    ]
+    return ", ".join(p for p in parts if p)
 
 
 def _description(
@@ -631,9 +614,8 @@ def _description(
 
 
 def provenance_notes(b: BenchmarkData) -> list[str]:
-    """Lines on how a benchmark's inputs differ from the reference table's: a warning for the
-    data or the source model (the numbers may not be comparable), one line of information for
-    the CPU kernels alone (same inputs, computed with other vector kernels)."""
+    """How a benchmark's inputs differ from the reference table's: a warning per data or model
+    digest, or one note when only the CPU kernels differ."""
     expected = b.expected_provenance or {}
     inputs = [k for k in b.provenance_mismatch() if k not in COMPUTED_WITH]
     kernels = [k for k in b.provenance_mismatch() if k in COMPUTED_WITH]
@@ -697,10 +679,6 @@ class RunInterrupted(KeyboardInterrupt):
 _WORKER_DATA: dict[str, BenchmarkData] = {}
 
 
-def _can_fork() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
-
-
 def _cell_process(
     send: Connection,
     grid_index: int,
@@ -733,12 +711,9 @@ def _run_parallel(
     jobs: int,
     log: Callable[[str], None] | None,
 ) -> list[CellResult]:
-    """Run the cells ``jobs`` at a time, each in a new process forked from this one (it
-    inherits ``data``; this process has run with one thread, so no thread pool is forked); same
-    results as serial. A new process per cell starts every cell from the same state, so each
-    one's peak memory is measured alike (in a shared worker, memory an earlier cell freed but
-    the allocator kept hides part of a later cell's). A cell's error is raised here; a cell
-    process that dies without a result is a RuntimeError."""
+    """Run the cells ``jobs`` at a time, each in a fresh fork of this one-thread process (it
+    inherits ``data``, and every cell's peak memory is measured alike); same results as serial.
+    A cell's error is raised here; a process that dies without a result is a RuntimeError."""
     _WORKER_DATA.clear()
     _WORKER_DATA.update(data)
     context = multiprocessing.get_context("fork")

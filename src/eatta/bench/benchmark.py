@@ -22,7 +22,7 @@ __all__ = ["BenchmarkData", "OnDevice", "prepare_domains"]
 
 @dataclass
 class BenchmarkData:
-    """A dataset ready to run: its domains in stream order and a factory for its source model.
+    """A dataset ready to run.
 
     Args:
         name: the dataset's name in the grid (``"digits-c"``, ``"pacs:P-A-C-S"``).
@@ -32,9 +32,8 @@ class BenchmarkData:
         fisher_data: clean source batches for EATA's Fisher regularizer, if available.
         oracle_fn: builds the annotator for a device; None means the ground truth.
         config: what else determines the results (paths, backbone, ...), for the fingerprint.
-        provenance: digests of what the results depend on beyond the code (``"data_sha256"``,
-            ``"model_sha256"``), recorded in every result; ``expected_provenance`` the digests
-            of the reference build (a mismatch is reported: results may differ from the docs).
+        provenance: digests of the data and model, recorded in every result;
+            ``expected_provenance`` those of the reference build (a mismatch is reported).
     """
 
     name: str
@@ -48,8 +47,7 @@ class BenchmarkData:
     expected_provenance: dict[str, Any] | None = None
 
     def provenance_mismatch(self) -> list[str]:
-        """Entries of ``provenance`` that differ from ``expected_provenance`` (empty if none is
-        expected): a different data build or source model than the reference numbers used."""
+        """Keys of ``provenance`` that differ from ``expected_provenance`` (none if unset)."""
         if not self.expected_provenance:
             return []
         return [
@@ -65,9 +63,9 @@ def prepare_domains(
     limit: int | None = None,
     seed: int = 0,
 ) -> tuple[list[Domain], list[str]]:
-    """Apply ``limit`` (a seeded random subset of each domain, kept in dataset order) and make sure
-    no batch holds a single image (BatchNorm cannot adapt on one): a domain of ``m·B + 1`` images
-    loses its last one. Returns the domains and notes on what was changed."""
+    """Apply ``limit`` (a seeded random subset of each domain, in dataset order) and drop the last
+    image of a domain of ``m·B + 1`` (BatchNorm cannot adapt on a batch of one); returns the
+    domains and notes on what changed."""
     out: list[Domain] = []
     notes: list[str] = []
     for k, (name, ds) in enumerate(domains):

@@ -1,9 +1,5 @@
-"""Checkpoint plumbing: seeding, capturing and restoring every random-number generator, and
-writing checkpoint files atomically (an interrupted write never leaves a broken checkpoint).
-
-A checkpoint holds the method's ``state_dict()``, the stream position and the generators' states,
-so a resumed cell continues bit for bit where it stopped.
-"""
+"""Checkpoint plumbing: seeding, saving and restoring the global generators (for a bit-identical
+resume), and atomic writes (an interrupted write never leaves a broken file)."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-__all__ = ["atomic_save", "atomic_write", "rng_state", "seed_all", "set_rng_state"]
+__all__ = ["atomic_write", "rng_state", "seed_all", "set_rng_state"]
 
 
 def seed_all(seed: int) -> None:
@@ -46,11 +42,6 @@ def set_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save`` through a temporary file: an interrupted write leaves the old file."""
-    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:

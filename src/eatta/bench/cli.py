@@ -1,10 +1,5 @@
-"""``eatta-bench``: run test-time adaptation benchmarks and print a markdown table.
-
-Subcommands: ``run`` (the default: options without a subcommand, or none at all, the long-term
-digits-C benchmark; a thin layer over :func:`eatta.bench.run`), ``merge`` (the output folders of
-``--shard`` runs as one table), ``list`` (methods with their ``--hp`` keys, dataset layouts) and
-``sweep`` (a grid's shards as a Slurm job array or local processes). See ``docs/benchmarks.md``.
-"""
+"""``eatta-bench``: run test-time adaptation benchmarks and print a markdown table
+(``docs/benchmarks.md``)."""
 
 from __future__ import annotations
 
@@ -17,8 +12,7 @@ from eatta.bench.commands import run_parser
 
 __all__ = ["COMMANDS", "main", "main_parser", "run_parser"]
 
-#: The subcommands with their one-line help; a command line that starts with an option (or is
-#: empty) means ``run``.
+#: The subcommands with their one-line help.
 _HELP = {
     "run": "run a benchmark grid and print its table (the default)",
     "merge": "merge the output folders of --shard runs into one table",
@@ -56,9 +50,8 @@ def main_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``eatta-bench``; returns the exit status.
-
-    ``eatta-bench`` alone and ``eatta-bench --rounds 3 ...`` (options first) mean ``run``."""
+    """Entry point of ``eatta-bench``; the exit status. No subcommand (options first) means
+    ``run``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]

@@ -1,7 +1,5 @@
-"""The ``run``, ``merge`` and ``list`` subcommands of ``eatta-bench``: their options and what they
-do. :mod:`eatta.bench.cli` dispatches to them; :mod:`eatta.bench.sweep` runs every shard through
-:func:`run_main` and merges through :func:`merge_main`, so neither imports the other.
-"""
+"""The ``run``, ``merge`` and ``list`` subcommands of ``eatta-bench`` (shared by ``cli`` and
+``sweep``)."""
 
 from __future__ import annotations
 
@@ -44,8 +42,7 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-#: The groups of ``run``'s flags after "what to run" (which takes :class:`RunConfig`'s grid
-#: fields, :data:`_GRID`); the flags themselves are declared on the dataclasses' fields.
+#: ``run``'s flag groups after "what to run", which takes :class:`RunConfig`'s grid fields.
 _GRID = ("settings", "labels", "every", "buffers", "seeds")
 _GROUPS: tuple[tuple[str, type], ...] = (
     ("stream protocol (any dataset, any method)", StreamProtocol),
@@ -57,9 +54,7 @@ _GROUPS: tuple[tuple[str, type], ...] = (
 
 
 def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """The options of ``eatta-bench run`` (also accepted without the word ``run``): the flagged
-    fields of :class:`RunConfig`, :class:`LoadOptions` and the stream, annotator and monitor
-    options, and the few that only the command line has."""
+    """``eatta-bench run``'s options: the option dataclasses' flags and a few of its own."""
     p = argparse.ArgumentParser(
         prog="eatta-bench run",
         description="Benchmark test-time adaptation methods. Without --dataset: the long-term "
@@ -84,8 +79,9 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         metavar="[METHOD.]KEY=VALUE",
         help="hyperparameter override (Python literal), for all or one method",
     )
-    for title, cls in _GROUPS:
-        flags.add_flags(g := p.add_argument_group(title), cls, skip=_GRID)
+    for title, cls in _GROUPS:  # the command line's own flags join their groups
+        g = p.add_argument_group(title)
+        flags.add_flags(g, cls, skip=_GRID)
         if cls is AnnotatorOptions:
             for kind in ("label", "binary"):
                 g.add_argument(
@@ -121,13 +117,8 @@ def merge_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def parse_hparams(items: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``--hp`` items as validated overrides per method (see :func:`registry.merge_overrides`).
-
-    ``METHOD.KEY=VALUE`` must be a key of that method; ``KEY=VALUE`` (or ``*.KEY=VALUE``) applies
-    to every selected method that declares the key and is an error only if none does. An unknown
-    key or a value of the wrong type is a usage error (exit status 2), raised before any data is
-    loaded.
-    """
+    """``--hp`` items as validated overrides per method, checked before any data is loaded:
+    ``METHOD.KEY=VALUE`` for one method, ``KEY=VALUE`` for each that declares the key."""
     common: dict[str, Any] = {}
     own: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -167,15 +158,13 @@ def _roots(items: Sequence[str], datasets: Sequence[str]) -> dict[str, str]:
 
 
 def _default_jobs(args: argparse.Namespace) -> int:
-    """Every core for the embedded benchmarks (digits-C, MNIST) on the CPU (one thread per
-    cell), else 1."""
+    """Every core for the embedded benchmarks on the CPU, else 1."""
     cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
     return (os.cpu_count() or 1) if cpu and set(split_csv(args.dataset)) <= set(api.EMBEDDED) else 1
 
 
 def loading_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The command line's keywords of :func:`eatta.bench.api.load_benchmarks` (those that
-    :func:`eatta.bench.run` passes on: :class:`LoadOptions`)."""
+    """The command line's :class:`LoadOptions` keywords."""
     out = flags.values(LoadOptions, args)
     out["roots"] = _roots(args.root, split_csv(args.dataset))
     out["sequences"] = split_csv(args.sequence)
@@ -193,23 +182,21 @@ def list_text() -> str:
     for name in registry.available():
         lines.extend("  " + line for line in registry.describe(name).splitlines())
     lines.append("datasets (layout under --root):")
-    for d in DATASETS:
-        lines.append(f"  {d:<11} {LAYOUTS[d]}")
+    lines.extend(f"  {d:<11} {LAYOUTS[d]}" for d in DATASETS)
     return "\n".join(lines)
 
 
 def check_run_args(args: argparse.Namespace, argv: Sequence[str]) -> None:
-    """The run options' values checked, worded with the command's option names, before anything
-    is loaded (:func:`eatta.bench.run` checks them again); ``eatta-bench sweep`` checks the same."""
+    """The run options checked before anything loads, errors naming the flags (also for
+    ``sweep``)."""
     for what, low, why in (("labels", 0, ""), ("every", 1, " (label every N-th batch)")):
         bad = [k for k in getattr(args, what) if k < low]
         if bad:
             raise ValueError(f"--{what} must be >= {low}{why}, got {bad[0]}")
     for what, low in (("batch_size", 1), ("rounds", 1), ("threads", 1), ("limit", 2)):
-        if getattr(args, what) is not None and getattr(args, what) < low:
-            raise ValueError(
-                f"--{what.replace('_', '-')} must be >= {low}, got {getattr(args, what)}"
-            )
+        value = getattr(args, what)
+        if value is not None and value < low:
+            raise ValueError(f"--{what.replace('_', '-')} must be >= {low}, got {value}")
     if args.dirichlet is not None and not 0 < args.dirichlet < float("inf"):
         raise ValueError(f"--dirichlet must be a positive number, got {args.dirichlet}")
     if (args.gradual or args.ccc) and args.severity is not None:
@@ -224,8 +211,7 @@ def check_run_args(args: argparse.Namespace, argv: Sequence[str]) -> None:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """``eatta-bench run``: the command line's options checked and passed to
-    :func:`eatta.bench.run`; prints the table."""
+    """``eatta-bench run``: :func:`eatta.bench.run` with the options; prints the table."""
     if args.list:
         print(list_text())
         return 0
@@ -266,9 +252,8 @@ def merge(args: argparse.Namespace) -> int:
 
 
 def exit_status(call: Callable[[], int]) -> int:
-    """``call()``'s exit status; a usage error (bad input, missing data or weights) is printed as
-    ``eatta-bench: error: ...`` and gives status 2; Ctrl-C says what was kept and gives 130.
-    Other errors propagate."""
+    """``call()``'s exit status: 2 for a usage error (bad input, missing data or weights), printed
+    as ``eatta-bench: error: ...``; 130 for Ctrl-C. Other errors propagate."""
     try:
         return call()
     except KeyboardInterrupt as stop:
@@ -290,8 +275,8 @@ def merge_main(argv: Sequence[str]) -> int:
 
 
 def monitor_options(args: argparse.Namespace) -> MonitorOptions:
-    """``--audit`` / ``--guard`` as :class:`MonitorOptions` (``--guard`` alone audits
-    :data:`~eatta.bench.monitoring.DEFAULT_AUDIT_SHARE`; ``--audit 0 --guard`` is an error)."""
+    """``--audit`` / ``--guard`` as :class:`MonitorOptions`; ``--guard`` alone audits the default
+    share."""
     values = flags.values(MonitorOptions, args)
     if values["audit"] is None:
         values["audit"] = DEFAULT_AUDIT_SHARE if args.guard is not None else 0.0

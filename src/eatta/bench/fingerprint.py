@@ -7,6 +7,7 @@ arguments, data, source model or edited code never reads back (or resumes) someo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -30,9 +31,8 @@ __all__ = ["code_digest", "fingerprint", "model_digest", "to_plain"]
 
 
 def to_plain(value: Any, depth: int = 0) -> Any:
-    """JSON-able, stable description of a hyperparameter value: plain values as they are; other
-    objects by their type and configuration (dataclass fields or public attributes; tensors by
-    shape and content digest), so a changed component changes the cell's fingerprint."""
+    """JSON-able, stable description of a hyperparameter value: objects by type and configuration,
+    so a changed component changes the cell's fingerprint."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, list | tuple):
@@ -40,8 +40,7 @@ def to_plain(value: Any, depth: int = 0) -> Any:
     if isinstance(value, Mapping):
         return {str(k): to_plain(v, depth) for k, v in value.items()}
     if isinstance(value, Tensor):
-        blob = value.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()
-        digest = hashlib.sha256(blob).hexdigest()[:12]
+        digest = hashlib.sha256(_bytes(value)).hexdigest()[:12]
         return f"<tensor {list(value.shape)} {value.dtype} {digest}>"
     kind = f"{type(value).__module__}.{type(value).__qualname__}"
     if isinstance(value, nn.Module):
@@ -65,21 +64,16 @@ def to_plain(value: Any, depth: int = 0) -> Any:
     return {"type": kind, **{k: to_plain(v, depth + 1) for k, v in attrs.items()}}
 
 
-_CODE_DIGEST: str | None = None
-
-
+@functools.cache
 def code_digest() -> str:
-    """Digest of the ``eatta`` package's source files (computed once per process): part of every
-    cell's fingerprint, so results of edited code are never read back as finished."""
-    global _CODE_DIGEST
-    if _CODE_DIGEST is None:
-        root = Path(__file__).resolve().parents[1]
-        h = hashlib.sha256()
-        for f in sorted(root.rglob("*.py")):
-            h.update(f.relative_to(root).as_posix().encode())
-            h.update(f.read_bytes())
-        _CODE_DIGEST = h.hexdigest()[:16]
-    return _CODE_DIGEST
+    """Digest of the ``eatta`` package's source files (once per process), so results of edited
+    code are never read back as finished."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str:
@@ -119,5 +113,9 @@ def model_digest(model: nn.Module) -> str:
         if isinstance(t, Tensor):
             h.update(name.encode())
             h.update(str(t.dtype).encode())
-            h.update(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes())
+            h.update(_bytes(t))
     return h.hexdigest()[:16]
+
+
+def _bytes(t: Tensor) -> bytes:
+    return t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()

@@ -1,10 +1,7 @@
 """Command-line flags declared once, on the option dataclasses' fields.
 
-A field made with :func:`flag` carries its help, its flag name and how to read it from text in
-``field.metadata``; :func:`add_flags` turns a dataclass's flagged fields into arguments, and
-:func:`values` reads them back from the parsed namespace as keyword arguments of the same dataclass
-(or of :func:`eatta.bench.run`, whose keywords are :class:`RunConfig`'s and :class:`LoadOptions`'
-fields). A flag that negates its field (``--rerun`` for ``reuse``) says so with ``negate``.
+:func:`flag` stores a field's help and flag in its metadata, :func:`add_flags` turns the fields
+into arguments and :func:`values` reads them back as the dataclass's keywords.
 """
 
 from __future__ import annotations
@@ -29,14 +26,11 @@ def flag(
     negate: bool = False,
     **argparse_kw: Any,
 ) -> Any:
-    """A dataclass field with its command-line flag: ``--name`` (default: the field's name with
-    dashes), ``cli_default`` where the command line's default differs (text it parses, or a
-    value meaning "not given"), and argparse's ``type``, ``metavar``, ``choices``, ``action``,
-    ``nargs``, ``const``."""
+    """A dataclass field with its flag: ``--name`` (default: the field's name), ``cli_default``
+    where the command line's default differs, ``negate`` for a flag that turns the field off,
+    and argparse's own keywords (``type``, ``metavar``, ``choices``, ``action``, ...)."""
     meta = {"help": help, "name": name, "cli_default": cli_default, "negate": negate}
     meta["argparse"] = argparse_kw
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -55,8 +49,7 @@ def _dest(f: dataclasses.Field[Any]) -> str:
 def add_flags(
     group: Any, cls: type, *, only: Sequence[str] | None = None, skip: Sequence[str] = ()
 ) -> None:
-    """Add ``cls``'s flagged fields (``only`` those, none of ``skip``) to an argparse parser or
-    group."""
+    """Add ``cls``'s flagged fields (``only`` those, none of ``skip``) to a parser or group."""
     for f in _flagged(cls):
         if f.name in skip or (only is not None and f.name not in only):
             continue
@@ -65,8 +58,7 @@ def add_flags(
         if meta["negate"] or (f.type in ("bool", bool) and "action" not in kw):
             kw.setdefault("action", "store_true")
         else:
-            default = f.default if f.default is not _MISSING else f.default_factory()  # type: ignore[misc]
-            kw["default"] = default if meta["cli_default"] is _MISSING else meta["cli_default"]
+            kw["default"] = f.default if meta["cli_default"] is _MISSING else meta["cli_default"]
         group.add_argument("--" + _flag_name(f), dest=_dest(f), help=meta["help"], **kw)
 
 
@@ -84,32 +76,32 @@ def split_csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _ints(text: str) -> list[int]:
+def _int(text: str, error: str) -> int:
+    """``int(text)``, or an argparse error saying ``error``."""
     try:
-        return [int(t) for t in split_csv(text)]
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected integers separated by commas, got {text!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(error) from None
+
+
+def _ints(text: str) -> list[int]:
+    error = f"expected integers separated by commas, got {text!r}"
+    return [_int(t, error) for t in split_csv(text)]
 
 
 def seed_list(text: str) -> list[int]:
     """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"0,2,5"`` -> [0, 2, 5]; ranges and lists may mix."""
+    error = f"seeds are integers or ranges such as 0-4 or 0,1,2, got {text!r}"
     out: list[int] = []
-    try:
-        for part in split_csv(text):
-            lo, sep, hi = part.partition("-")
-            if sep and lo:
-                a, b = int(lo), int(hi)
-                if b < a:
-                    raise argparse.ArgumentTypeError(f"empty seed range {part!r}")
-                out.extend(range(a, b + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"seeds are integers or ranges such as 0-4 or 0,1,2, got {text!r}"
-        ) from None
+    for part in split_csv(text):
+        lo, sep, hi = part.partition("-")
+        if not (sep and lo):
+            out.append(_int(part, error))
+            continue
+        a, b = _int(lo, error), _int(hi, error)
+        if b < a:
+            raise argparse.ArgumentTypeError(f"empty seed range {part!r}")
+        out.extend(range(a, b + 1))
     if not out or len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"seeds must be distinct and non-empty, got {text!r}")
     return out
@@ -118,35 +110,25 @@ def seed_list(text: str) -> list[int]:
 def _buffers(text: str) -> list[int | None]:
     out: list[int | None] = []
     for t in split_csv(text):
-        try:
-            out.append(None if t.lower() in ("default", "none", "-") else int(t))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"buffer sizes are integers, got {t!r}") from None
+        default = t.lower() in ("default", "none", "-")
+        out.append(None if default else _int(t, f"buffer sizes are integers, got {t!r}"))
     return out
 
 
 def _window(text: str) -> int | str:
-    """``--window``: auto, off, or a number of samples >= 2."""
     if text in ("auto", "off"):
         return text
-    try:
-        size = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--window must be auto, off or a number of samples, got {text!r}"
-        ) from None
+    size = _int(text, f"--window must be auto, off or a number of samples, got {text!r}")
     if size < 2:
         raise argparse.ArgumentTypeError(f"--window must hold at least 2 samples, got {size}")
     return size
 
 
 def _severity(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
+    error = f"severity is an integer from 1 to 5, got {text!r}"
+    value = _int(text, error)
     if not 1 <= value <= 5:
-        raise argparse.ArgumentTypeError(f"severity is an integer from 1 to 5, got {text!r}")
+        raise argparse.ArgumentTypeError(error)
     return value
 
 
@@ -158,9 +140,7 @@ def _subset(text: str) -> int | str | None:
 
 @dataclass
 class RunConfig:
-    """The keyword options of :func:`eatta.bench.run` that say what grid runs and how (the
-    stream, annotator and monitor have their own dataclasses); each is also a flag of
-    ``eatta-bench run``."""
+    """:func:`eatta.bench.run`'s grid and execution keywords; flags of ``eatta-bench run``."""
 
     settings: str | Sequence[str] = flag(
         "ctta (never reset), ftta (reset at each domain change), or both: ctta,ftta",
@@ -246,8 +226,7 @@ class RunConfig:
 
 @dataclass
 class LoadOptions:
-    """The keywords of :func:`eatta.bench.api.load_benchmarks` that :func:`eatta.bench.run`
-    passes on; each is also a flag of ``eatta-bench run``."""
+    """:func:`eatta.bench.api.load_benchmarks`' keywords; flags of ``eatta-bench run``."""
 
     roots: Any = flag(
         "dataset folder; repeat as NAME=PATH for several datasets",

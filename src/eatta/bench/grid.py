@@ -1,10 +1,4 @@
-"""The benchmark grid: cells (method x dataset x setting x budget x buffer), seeds, shards.
-
-:func:`make_grid` lists the cells in a canonical order, :func:`make_jobs` repeats them per seed,
-and :func:`shard` splits the jobs round robin so that several machines share one grid.
-:func:`parse_shard` reads ``"i/n"``, or ``"auto"``: the shard of this process from a Slurm job
-array or ``EATTA_SHARD`` (:func:`resolve_shard`).
-"""
+"""The benchmark grid: cells (method x dataset x setting x budget x buffer), seeds, shards."""
 
 from __future__ import annotations
 
@@ -28,7 +22,6 @@ __all__ = [
 
 #: ``"ctta"``: continual, never reset; ``"ftta"``: ``method.reset()`` at every domain change.
 SETTINGS = ("ctta", "ftta")
-_J = TypeVar("_J")
 #: Methods whose predictions do not depend on the setting (nothing to reset).
 STATIC_METHODS = frozenset({"source"})
 
@@ -80,12 +73,8 @@ def make_grid(
     budgets: Sequence[tuple[int, int]] = ((1, 1),),
     buffers: Sequence[int | None] = (None,),
 ) -> list[CellSpec]:
-    """All cells in canonical order (dataset, setting, method, budget, buffer).
-
-    Budgets and buffers apply to active methods only; a non-active method gets one cell per
-    setting, and ``source`` one cell per dataset (setting ``"-"``): their results do not depend
-    on what they would ignore.
-    """
+    """All cells in canonical order (dataset, setting, method, budget, buffer); budgets and
+    buffers only for active methods, one cell per dataset for ``source`` (setting ``"-"``)."""
     for s in settings:
         if s not in SETTINGS:
             raise ValueError(f"unknown setting {s!r}; choose from {SETTINGS}")
@@ -107,8 +96,7 @@ def make_grid(
 
 
 def parse_shard(text: str, environ: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """``"i/n"`` (0 <= i < n) -> ``(i, n)``; ``"auto"``: :func:`resolve_shard` of ``environ``
-    (default ``os.environ``), so ``--shard auto`` and ``eatta.bench.run(shard="auto")`` work."""
+    """``"i/n"`` (0 <= i < n) -> ``(i, n)``; ``"auto"``: :func:`resolve_shard` of ``environ``."""
     if text.strip().lower() == "auto":
         return resolve_shard(os.environ if environ is None else environ)
     try:
@@ -132,15 +120,8 @@ def _env_int(environ: Mapping[str, str], name: str) -> int | None:
 
 
 def resolve_shard(environ: Mapping[str, str]) -> tuple[int, int]:
-    """The shard ``(i, n)`` of this process, for ``--shard auto``.
-
-    ``EATTA_SHARD=i/n`` wins when set. Otherwise a Slurm job array started with
-    ``sbatch --array=0-(n-1)``: ``i`` is ``SLURM_ARRAY_TASK_ID`` and ``n`` is
-    ``SLURM_ARRAY_TASK_COUNT`` (Slurm also sets ``SLURM_ARRAY_TASK_MIN``, ``_MAX`` and ``_STEP``;
-    an array that does not count 0, 1, ..., n-1, such as ``--array=1-8``, ``--array=0-14:2`` or
-    the list ``--array=3,5`` of a resubmission, is an error rather than a wrong split: set
-    ``EATTA_SHARD=$SLURM_ARRAY_TASK_ID/n`` for those). Neither set: a :class:`ValueError`.
-    """
+    """This process's shard ``(i, n)`` for ``--shard auto``: ``EATTA_SHARD=i/n``, else a Slurm
+    job array numbered 0 to n-1 (any other numbering is an error, not a wrong split)."""
     own = environ.get("EATTA_SHARD", "").strip()
     if own:
         if own.lower() == "auto":
@@ -172,9 +153,12 @@ def resolve_shard(environ: Mapping[str, str]) -> tuple[int, int]:
     return task, count
 
 
+_J = TypeVar("_J")
+
+
 def shard(cells: Sequence[_J], index: int, count: int) -> list[tuple[int, _J]]:
-    """The ``(grid index, cell)`` pairs of shard ``index`` of ``count``: cell ``j`` goes to shard
-    ``j mod count`` (round robin, so expensive methods spread over the shards)."""
+    """Shard ``index`` of ``count``: the ``(j, cell)`` pairs with ``j mod count == index`` (round
+    robin, so expensive methods spread over the shards)."""
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"need 0 <= index < count, got {index}/{count}")
     return [(j, c) for j, c in enumerate(cells) if j % count == index]

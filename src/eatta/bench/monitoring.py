@@ -1,12 +1,5 @@
-"""Audits and the guard in a benchmark: :class:`MonitorOptions` (``--audit``, ``--guard``,
-``--fallback``).
-
-With an audit share, every adapting method carries an :class:`~eatta.monitor.AccuracyMonitor`:
-an auditor like the cell's annotator labels a uniform random share of the stream, and the result
-gets, per round, the estimated error and its interval beside the true one (:func:`monitor_summary`).
-With ``fallback``, every adapting method without its own gets a
-:class:`~eatta.monitor.SourceFallback` (one audit a batch decides whether the source model's
-predictions are served); :func:`fallback_summary` reports it.
+"""Audits, the guard and the source fallback in a benchmark: :class:`MonitorOptions`
+(``--audit``, ``--guard``, ``--fallback``) and the summaries stored with each result.
 """
 
 from __future__ import annotations
@@ -40,13 +33,11 @@ __all__ = [
     "monitor_summary",
 ]
 
-#: The audit share ``--guard`` uses when ``--audit`` is not given, and the guard's level: the
-#: values chosen on the tuning stream of docs/guard.md (the recurring stream, seed 10).
+#: ``--guard``'s audit share when ``--audit`` is not given, and its level (tuned in docs/guard.md).
 DEFAULT_AUDIT_SHARE = 0.2
 DEFAULT_GUARD_LEVEL = 0.2
-#: Seed offset of the auditor's draws (distinct from the method's annotator's).
+#: Seed offsets of the monitor's and the fallback's auditors (distinct from the annotator's).
 AUDITOR_SEED = 104729
-#: Seed offset of the fallback's auditor.
 FALLBACK_SEED = 130363
 #: Audits a batch of ``--fallback`` (an active method's come out of its label budget).
 FALLBACK_AUDITS = 1
@@ -54,10 +45,7 @@ FALLBACK_AUDITS = 1
 
 @dataclass(frozen=True)
 class MonitorOptions:
-    """``audit``: share of the stream's samples audited (0: no monitor); ``guard``: a guard
-    policy (None: measure only); ``level``: the intervals' error level; ``guard_level``: the
-    guard's stated false-reset level; ``block``: audits per guard block; ``fallback``: the
-    source-model fallback at one audit a batch (module docstring)."""
+    """What is audited and what the audits may do (see each flag's help)."""
 
     audit: float = flag(
         "share of the stream's samples sent as audits (uniform random) to an auditor like the "
@@ -130,8 +118,7 @@ class MonitorOptions:
     def attach_fallback(
         self, method: Any, given: torch.nn.Module, annotator: AnnotatorOptions, seed: int
     ) -> GroundTruthOracle | SimulatedAnnotator:
-        """Give ``method`` a :class:`SourceFallback` audited once a batch; returns its
-        auditor (which needs the batch's labels: ``set_labels``)."""
+        """Give ``method`` a :class:`SourceFallback`; returns its auditor (needs ``set_labels``)."""
         auditor = annotator.build(seed + FALLBACK_SEED)
         method.fallback = SourceFallback(given, auditor=auditor, audits=FALLBACK_AUDITS, seed=seed)
         return auditor
@@ -139,8 +126,7 @@ class MonitorOptions:
     def attach(
         self, method: Any, source: torch.nn.Module, annotator: AnnotatorOptions, seed: int
     ) -> tuple[AccuracyMonitor, GroundTruthOracle | SimulatedAnnotator]:
-        """Attach a monitor to ``method``; returns it and its auditor (which needs the batch's
-        labels: ``set_labels``)."""
+        """Attach a monitor to ``method``; returns it and its auditor (needs ``set_labels``)."""
         auditor = annotator.build(seed + AUDITOR_SEED)
         guard = None if self.guard is None else Guard(self.guard, self.guard_level, self.block)
         monitor = attach(
@@ -158,8 +144,7 @@ class MonitorOptions:
 def monitor_summary(
     monitor: AccuracyMonitor, rounds: int, annotator: AnnotatorOptions
 ) -> dict[str, Any]:
-    """Per round: the audited error estimate (%) and its interval, the source's, and their
-    difference; overall; the resets with their evidence; audit counts and annotator seconds."""
+    """Audited error estimates (%) with intervals, per round and overall; resets; counts."""
 
     def err(e: Any) -> dict[str, Any]:
         out = {"audits": e.audits}
@@ -184,10 +169,8 @@ def monitor_summary(
 
 
 def check_fallback_budget(method: str, labels: int, every: int) -> int:
-    """Audits a batch that ``--fallback`` takes out of ``method``'s label budget (``labels``
-    every ``every`` batches): :data:`FALLBACK_AUDITS` for an active method, 0 for a label-free
-    one (its audits are its only labels) or one measured by its own answers (``eatta-safe``);
-    a :class:`ValueError` when the audits would exceed the budget."""
+    """Audits a batch that ``--fallback`` takes out of ``method``'s label budget (0 for a
+    label-free method or one with its own fallback); an error when they would exceed it."""
     from eatta.methods import registry
 
     spec = registry.get_spec(method)
@@ -203,8 +186,7 @@ def check_fallback_budget(method: str, labels: int, every: int) -> int:
 
 
 def fallback_summary(fallback: SourceFallback, rounds: int) -> dict[str, Any]:
-    """Per round: answers and the estimated gain of the adapted model over the given one (points,
-    from the answers' unbiased estimates); the switches and resets with their evidence; counts."""
+    """Per round: answers and the adapted model's estimated gain (points); events; counts."""
     per_round = []
     for r in range(rounds):
         n, gain = fallback.period_gain(r)

@@ -13,8 +13,7 @@ from eatta.window import check_window
 
 __all__ = ["AUTO_WINDOW", "RunOptions"]
 
-#: ``--window auto``: a window of 64 samples, the paper's batch size, for smaller batches
-#: (docs/small-batches.md).
+#: ``--window auto``: 64 samples, the paper's batch size, for smaller batches
 AUTO_WINDOW = 64
 
 
@@ -25,12 +24,9 @@ def is_int(value: object) -> bool:
 
 @dataclass
 class RunOptions:
-    """How cells are run (identical options give identical results).
-
-    ``reuse=False`` ignores finished results and checkpoints in the output folder (runs afresh);
-    ``mixed``: every batch drawn across the round's domains; ``annotator``: who answers the
-    active methods (default: the ground truth, at once); ``monitor``: audits and the guard.
-    """
+    """How cells are run (identical options give identical results); ``reuse=False`` runs
+    afresh, ignoring finished results and checkpoints; ``mixed`` draws each batch across the
+    round's domains."""
 
     batch_size: int = 64
     seed: int = 0
@@ -45,12 +41,10 @@ class RunOptions:
     dirichlet: float | None = None
     mixed: bool = False
     annotator: AnnotatorOptions = field(default_factory=AnnotatorOptions)
-    #: audits and the guard (``--audit``, ``--guard``); default: none
+    #: audits and the guard (``--audit``, ``--guard``)
     monitor: MonitorOptions = field(default_factory=MonitorOptions)
-    #: the small-batch window (``--window``, default ``auto`` there): ``"auto"`` (a window of
-    #: :data:`AUTO_WINDOW` samples for batches smaller than it),
-    #: ``"off"``, a number of samples, or None (not decided: each batch adapted on as given, and
-    #: the library's small-batch warning)
+    #: ``--window``: ``"auto"`` (:data:`AUTO_WINDOW` samples for smaller batches), ``"off"``,
+    #: a number of samples, or None (batches as given, with the small-batch warning)
     window: int | str | None = None
     #: the weight anchor every adapting method gets (``--weight-anchor``; None: none)
     weight_anchor: float | None = None
@@ -76,12 +70,8 @@ class RunOptions:
             raise ValueError(f"dirichlet must be a finite number > 0, got {self.dirichlet!r}")
 
     def method_window(self) -> int | bool | None:
-        """The ``window=`` an adapting method gets: ``"auto"`` gives :data:`AUTO_WINDOW`
-        when the batches are smaller (None otherwise: batches are adapted on as given), on every
-        model: a BatchNorm model needs it to normalize, and a LayerNorm one steps on 64 samples
-        as at batch 64 instead of on each small batch (on the digits ViT, eatta-safe at requests
-        of 1 and 8 matches requests of 64 with it, docs/safety.md; without it eatta-stable loses
-        about 4 points at 1, docs/benchmarks.md); ``"off"`` False."""
+        """The ``window=`` an adapting method gets (``"auto"``: on every model, docs/safety.md,
+        docs/small-batches.md; ``"off"``: False)."""
         if self.window is None:
             return None
         if self.window == "off":

@@ -1,10 +1,4 @@
-"""The stream protocol of a benchmark run: :class:`StreamProtocol`.
-
-How the test domains are streamed: ``rounds`` (the sequence repeated, each round reshuffled),
-``gradual`` severities (1→5→1), ``dirichlet`` label shift, ``mixed`` domains (every batch drawn
-across all domains of a round) and the CCC-style stream (``ccc``: consecutive corruption pairs
-blended with a continuously changing mix and severity, at a slow, medium or fast speed).
-"""
+"""How a benchmark streams its domains: :class:`StreamProtocol`."""
 
 from __future__ import annotations
 
@@ -22,10 +16,8 @@ CCC_SPEEDS = ("slow", "medium", "fast")
 
 @dataclass(frozen=True)
 class StreamProtocol:
-    """How a benchmark streams its domains (see the module docstring).
-
-    ``rounds=None`` means the run's default: 10 for the embedded digits-C benchmark alone, else 1.
-    """
+    """Rounds, gradual severities, label shift, mixed domains or a CCC-style stream; each field
+    is a flag of ``eatta-bench run``."""
 
     rounds: int | None = flag(
         "recurring: repeat the domain sequence R times, each round reshuffled "

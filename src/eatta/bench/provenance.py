@@ -1,11 +1,5 @@
-"""What benchmark numbers depend on beyond the code: digests of the data and the source model.
-
-The embedded digits-C numbers moved between machines of the same kind because the source model
-was retrained on each (vector kernels round differently) and the corrupted arrays come from a
-stack of imaging libraries. The weights now ship with the package and the stack is pinned in
-``constraints.txt``; these digests, recorded in every result and compared with the reference
-(``digits_reference.json``, written by ``tools/train_digits_source.py``), make any remaining
-difference visible instead of silent.
+"""What benchmark numbers depend on beyond the code: digests of the data and the source model,
+recorded in every result and compared with ``digits_reference.json``, so a difference shows.
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ __all__ = [
     "machine_provenance",
 ]
 
-#: Provenance keys that say how the numbers were computed, not what they were computed on: a
-#: difference here is reported as information, never as a warning about the data.
+#: Keys saying how, not on what, numbers were computed: a difference is information, not a warning.
 COMPUTED_WITH = ("cpu_capability", "machine")
 
 #: Distributions whose versions can change the digits-C arrays.
@@ -53,10 +46,7 @@ _REFERENCE = Path(__file__).with_name("digits_reference.json")
 
 
 def machine_provenance() -> dict[str, str]:
-    """What computed the numbers: torch's CPU kernel level (``"AVX2"``, ``"AVX512"``,
-    ``"DEFAULT"``, ``"NEON"``…; set by the CPU or ``ATEN_CPU_CAPABILITY``) and the architecture.
-    Vector kernels of different widths round differently, so the same data and weights give
-    numbers that differ in the last digits, and over a long adapting stream sometimes more."""
+    """Torch's CPU kernel level and the architecture: vector widths round differently."""
     return {
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.machine(),
@@ -75,8 +65,7 @@ def corruption_stack_versions() -> dict[str, str | None]:
 
 
 def dataset_digest(dataset: Dataset[Any]) -> str | None:
-    """SHA-256 of an in-memory ``TensorDataset`` (images quantized to the uint8 they were built
-    from, and labels); None for other datasets (image folders are not hashed)."""
+    """SHA-256 of an in-memory ``TensorDataset`` (images as uint8, and labels); else None."""
     if not isinstance(dataset, TensorDataset) or len(dataset.tensors) < 2:
         return None
     x, y = dataset.tensors[0], dataset.tensors[1]
@@ -104,10 +93,8 @@ def _reference() -> dict[str, Any] | None:
 
 
 def digits_reference(domain_names: Sequence[str]) -> dict[str, Any] | None:
-    """Reference digests for a digits-C run over ``domain_names`` (``"fog"`` is severity 5,
-    ``"fog@3"`` severity 3): ``{"model_sha256", "data_sha256"}`` and, where recorded, the
-    ``"cpu_capability"`` and ``"machine"`` the README's table was computed with; None without a
-    reference."""
+    """Reference digests for a digits-C run over ``domain_names`` (``"fog"``: severity 5, else
+    ``"fog@3"``) and what computed the README's table; None without a reference."""
     ref = _reference()
     if ref is None:
         return None

@@ -1,9 +1,5 @@
-"""Shared machinery of the reproduction scripts (``examples/reproduce_*.py``).
-
-A paper table is a list of :class:`Row` (a method with its label budget and buffer, and the
-published numbers per setting). :func:`row_cells` turns rows into grid cells, :func:`run_rows`
-runs them (sharded, checkpointed and resumable like ``eatta-bench``), and
-:func:`comparison_table` prints the published number beside the measured one.
+"""Shared code of the reproduction scripts (``examples/reproduce_*.py``): a paper table is a
+list of :class:`Row`, run like ``eatta-bench`` and shown beside the published numbers.
 """
 
 from __future__ import annotations
@@ -34,12 +30,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a paper table.
-
-    ``method`` None marks a method that is not implemented here (its published number is shown
-    alone). ``published`` maps a setting (``"ctta"``/``"ftta"``) to the published number, or to a
-    sequence of numbers (e.g. per domain, average last) for tables with several columns.
-    """
+    """One row of a paper table: ``method`` None is not implemented here; ``published`` maps a
+    setting to the published number (or numbers, for several columns)."""
 
     label: str
     method: str | None
@@ -140,11 +132,8 @@ def comparison_table(
     columns: Sequence[str],
     unit: str,
 ) -> str:
-    """Markdown: for each row, setting and dataset, published and measured values side by side.
-
-    ``value(result)`` gives the measured numbers for ``columns``; ``published(row, setting,
-    dataset)`` the paper's (None when not reported).
-    """
+    """Markdown: published (``published``; None: not reported) and measured (``value``)
+    numbers side by side per row, setting and dataset."""
     by_key = {(row.label, r.spec.dataset, r.spec.setting): r for row, r in measured}
     head = ["Method", "Set.", "Dataset", *[f"{c} paper / ours" for c in columns]]
     lines = [

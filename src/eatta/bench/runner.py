@@ -27,7 +27,7 @@ from torch.utils.data import ConcatDataset, DataLoader
 from eatta.annotate.oracle import Oracle
 from eatta.bench.annotation import annotation_summary
 from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
-from eatta.bench.checkpoint import atomic_save, rng_state, seed_all, set_rng_state
+from eatta.bench.checkpoint import atomic_write, rng_state, seed_all, set_rng_state
 from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
 from eatta.bench.grid import STATIC_METHODS, CellSpec
 from eatta.bench.monitoring import check_fallback_budget, fallback_summary, monitor_summary
@@ -61,6 +61,8 @@ def _build_method(
             )
         hp["fisher_data"] = OnDevice(data.fisher_data(device), device)
     oracle: Oracle | None = None
+    window = None if spec.method in STATIC_METHODS else options.method_window()
+    labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
     if spec_.active:
         if data.oracle_fn is not None and options.annotator.simulated:
             raise ValueError(
@@ -71,9 +73,6 @@ def _build_method(
             oracle = data.oracle_fn(device)
         else:
             oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
-    window = None if spec.method in STATIC_METHODS else options.method_window()
-    labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
-    if spec_.active:
         per_batch = spec.labels  # less the audits --fallback takes out of the budget
         if options.monitor.fallback:
             per_batch -= check_fallback_budget(spec.method, spec.labels, spec.every)
@@ -89,9 +88,8 @@ def _build_method(
 
 
 def _budget(labels: int, every: int, batch_size: int, window: int | bool | None) -> Budget:
-    """``labels`` per ``every`` batches; with a window (a step every ``window`` samples, for
-    batches smaller than it) the same labels per sample, counted in window steps:
-    ``labels · window / (every · batch_size)`` a step, as a reduced fraction."""
+    """``labels`` per ``every`` batches; with a window larger than the batch, the same rate per
+    sample counted in window steps: ``labels · window / (every · batch_size)``, reduced."""
     if window is None or window is False or batch_size >= window:
         return Budget(labels, every=every)
     rate = Fraction(labels * int(window), every * batch_size)
@@ -108,8 +106,8 @@ def _serve(
     device: torch.device,
     annotators: tuple[Any, Any, Any, Any],
 ) -> tuple[Tensor, int]:
-    """One batch served: the simulated annotators get its labels, the method predicts (and
-    adapts); which samples it got wrong, and the answers it spent (its own and its fallback's)."""
+    """One batch through the method (annotators given its labels): which samples it got wrong,
+    and the answers it spent (its own and its fallback's)."""
     gt, monitor, auditor, fallback_auditor = annotators
     if gt is not None:
         gt.set_labels(y)
@@ -136,33 +134,24 @@ def _save_checkpoint(
     clocks: tuple[float, float],
     peak_mb: float | None,
 ) -> None:
-    """A resumable checkpoint: ``state`` (position, online record, tally, sessions) with the
-    method's, the annotator's and the auditor's state, the RNGs, the clocks and the peak."""
+    """``state`` with the method, annotators, RNGs, clocks and peak: all a resume needs."""
     oracle, auditor = annotators
     state.update(method=method.state_dict(), annotator=_annotator_state(oracle))
     state.update(auditor=_annotator_state(auditor), rng=rng_state(device))
     state.update(wall_time_s=clocks[0], cpu_time_s=clocks[1], peak_mem_mb=peak_mb)
-    atomic_save(state, path)
+    atomic_write(path, lambda f: torch.save(state, f))
 
 
 def _position(
     saved: dict[str, Any] | None, tally: list[Any]
 ) -> tuple[int, list[list[int]], float, float, list[Any], int, float | None]:
-    """Where a cell starts: ``(batch, online record, wall s, CPU s, tally, session, peak MB)``
-    from its checkpoint, or from the beginning."""
+    """``(batch, online record, wall s, CPU s, tally, session, peak MB)`` to start from."""
     if saved is None:
         return 0, [], 0.0, 0.0, tally, 1, None
     return (
         saved["position"], saved["online"], saved["wall_time_s"], saved.get("cpu_time_s", 0.0),
         saved.get("tally", tally), saved["sessions"] + 1, saved["peak_mem_mb"],
     )  # fmt: skip
-
-
-def _reused(path: Path, grid_index: int) -> CellResult:
-    """A finished cell's result, read back (``--rerun`` not given)."""
-    done = CellResult.load(path)
-    done.grid_index, done.reused = grid_index, True
-    return done
 
 
 def _show(bar: Any, error: float, domain: str) -> None:
@@ -182,20 +171,18 @@ def run_cell(
     callback: Callable[[int, dict[str, Any]], None] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> CellResult:
-    """Run (or resume, or load the finished result of) one cell; see the module docstring.
-
-    ``callback(t, info)`` is called after batch ``t`` (and after any checkpoint of it) with the
-    running metrics; an exception it raises stops the run (the checkpoint stays for resuming).
-    With ``options.progress``, a progress bar is drawn when stderr is a terminal; otherwise
-    ``log`` (if given) gets one line per domain (per round when there are several rounds).
-    """
+    """Run, resume or read back one cell. ``callback(t, info)`` gets the running metrics after
+    batch ``t`` (an exception it raises stops the run; the checkpoint stays). With
+    ``options.progress``: a progress bar on a terminal, else a ``log`` line per domain (round)."""
     out = Path(out_dir)
     domains, notes = prepare_domains(data.domains, options.batch_size, options.limit, options.seed)
     fp = fingerprint(spec, data, options)
     result_path = out / "cells" / f"{spec.slug()}-{fp}.json"
     ckpt_path = out / "checkpoints" / f"{spec.slug()}-{fp}.pt"
-    if result_path.is_file() and options.reuse:
-        return _reused(result_path, grid_index)
+    if result_path.is_file() and options.reuse:  # finished earlier: read back
+        done = CellResult.load(result_path)
+        done.grid_index, done.reused = grid_index, True
+        return done
 
     device = torch.device(options.device)
     stream = _stream(domains, data, options, device)
@@ -243,8 +230,8 @@ def run_cell(
             n_seen += len(y)
             n_wrong += wrong
             _show(bar, 100 * n_wrong / n_seen, stream.visit_names[k])
-            if milestone_log is not None and _milestone(stream, t):
-                milestone_log(_milestone_text(spec, stream, online, t))
+            if milestone_log is not None and (line := _milestone(spec, stream, online, t)):
+                milestone_log(line)
             every = options.checkpoint_every
             if every and (t + 1) % every == 0 and t + 1 < total:  # none after the last batch
                 c0, cc0 = time.perf_counter(), time.thread_time()
@@ -281,9 +268,17 @@ def _summaries(
     oracle: Any,
     monitor: Any,
 ) -> None:
-    """The stream protocol, the monitor's, the fallback's and the annotator's records, and the
-    provenance."""
-    result.protocol = _protocol(data, options)
+    """The result's protocol, monitor, fallback, annotation and provenance records."""
+    result.protocol = {
+        "rounds": options.rounds,
+        "dirichlet": options.dirichlet,
+        "gradual": bool(data.config.get("gradual", False)),
+        "mixed": options.mixed,
+        "ccc": data.config.get("ccc"),
+        **({"severity": data.config["severity"]} if data.config.get("severity") else {}),
+        **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
+        **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
+    }
     if monitor is not None:
         result.monitor = monitor_summary(monitor, result.rounds, options.annotator)
     if isinstance(method.fallback, SourceFallback):
@@ -298,12 +293,10 @@ def _summaries(
 def _resume(
     path: Path, fp: str, device: torch.device, method: Any, oracle: Any, auditor: Any
 ) -> dict[str, Any] | None:
-    """The cell's checkpoint, if there is one of this fingerprint, with the method's, the
-    annotator's and the auditor's states restored from it (the rest is the caller's)."""
+    """This fingerprint's checkpoint, if any, with the method and annotators restored."""
     if not path.is_file():
         return None
-    # written by run_cell itself into this output folder: trusted, holds RNG states and
-    # optimizer state that the weights-only unpickler rejects
+    # our own file (trusted): its RNG and optimizer states need the full unpickler
     saved: dict[str, Any] = torch.load(path, map_location=device, weights_only=False)
     if saved.get("fingerprint") != fp:
         return None
@@ -318,8 +311,7 @@ def _resume(
 def _stream(
     domains: Any, data: BenchmarkData, options: RunOptions, device: torch.device
 ) -> TestStream:
-    """The cell's test stream (data-loading workers by device: ``options.workers`` or, on a
-    GPU, up to 8 to keep it fed; on the CPU decoding competes with the step)."""
+    """The cell's test stream; loader workers by default: none on the CPU, up to 8 on a GPU."""
     workers = options.workers
     if workers is None:
         workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
@@ -370,23 +362,8 @@ def _progress_bar(spec: CellSpec, total: int, start: int) -> Any:
     )
 
 
-def _protocol(data: BenchmarkData, options: RunOptions) -> dict[str, Any]:
-    """The stream, annotator and monitor of a cell, as its result records them."""
-    return {
-        "rounds": options.rounds,
-        "dirichlet": options.dirichlet,
-        "gradual": bool(data.config.get("gradual", False)),
-        "mixed": options.mixed,
-        "ccc": data.config.get("ccc"),
-        **({"severity": data.config["severity"]} if data.config.get("severity") else {}),
-        **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
-        **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
-    }
-
-
 def _audited(fallback: object) -> int:
-    """Audits a fallback asked for itself: labels too (0 without one, or for ``eatta-safe``,
-    whose fallback is measured by the method's own requests)."""
+    """Labels a fallback's own audits took (0 without one, and for ``eatta-safe``'s)."""
     return int(getattr(fallback, "requested", 0))
 
 
@@ -409,9 +386,8 @@ def _static_online(
     device: torch.device,
     tally: list[list[list[int]]] | None = None,
 ) -> list[list[int]]:
-    """The online record of a method whose prediction for a sample does not depend on the
-    stream (the source model, in eval mode): every sample predicted once, in dataset order, then
-    counted per batch of the stream. Its error is the same in every round."""
+    """The online record of a stream-independent method (the source model): every sample
+    predicted once, in dataset order, then counted per batch of the stream."""
     data: ConcatDataset[Any] = ConcatDataset([d.dataset for d in stream.domains])
     wrong = torch.zeros(len(data), dtype=torch.bool)
     pos = 0
@@ -429,9 +405,7 @@ def _static_online(
 
 
 def _answers_so_far(method: AdaptiveMethod) -> int:
-    """Labels the method has used over its whole life: its budget's lifetime count, which a
-    reset (the ftta setting's, or a guard's inside the step) does not clear; ``labels_used``
-    restarts at a reset and would drop the labels of the steps before it."""
+    """Labels used over the method's life (a reset clears ``labels_used``, not the budget's)."""
     budget = getattr(method, "budget", None)
     return budget.lifetime_used if isinstance(budget, Budget) else method.labels_used
 
@@ -445,8 +419,7 @@ def _annotator_state(oracle: object) -> dict[str, Any] | None:
 def _peak(
     device: torch.device, start: tuple[float | None, bool], previous: float | None
 ) -> float | None:
-    """The cell's peak memory in MB: GPU, peak allocated; CPU, its peak RSS over its RSS at
-    the start (see :func:`_memory_start`); the larger with ``previous`` (earlier sessions)."""
+    """Peak MB: GPU allocated, or CPU RSS over the start's; at least ``previous`` (sessions)."""
     if device.type == "cuda":
         now: float | None = torch.cuda.max_memory_allocated(device) / 2**20
     else:
@@ -465,19 +438,13 @@ def _is_terminal() -> bool:
         return False
 
 
-def _milestone(stream: TestStream, t: int) -> bool:
-    """Whether batch ``t`` ends a domain (one round) or a round (several rounds)."""
-    if t + 1 == len(stream):
-        return True
+def _milestone(spec: CellSpec, stream: TestStream, online: list[list[int]], t: int) -> str | None:
+    """The log line of batch ``t`` if it ends a domain (one round) or a round (several)."""
     j, b = stream.locate(t)
-    if b + 1 < stream.batches_per_visit[j]:
-        return False
-    return stream.rounds == 1 or (j + 1) % stream.visits_per_round == 0
-
-
-def _milestone_text(spec: CellSpec, stream: TestStream, online: list[list[int]], t: int) -> str:
-    j, _ = stream.locate(t)
     k = stream.visits_per_round
+    ends = b + 1 == stream.batches_per_visit[j] and (stream.rounds == 1 or (j + 1) % k == 0)
+    if not ends and t + 1 < len(stream):
+        return None
     if stream.rounds == 1:
         lo, what = stream.visit_first_batch[j], f"domain {j + 1}/{k} {stream.visit_names[j]}"
     else:
@@ -510,15 +477,14 @@ def _summarize(
         imgs.append(n)
         errs.append(100.0 * sum(r[1] for r in rows) / n)
         labs.append(sum(r[2] for r in rows))
+    k = len(stream.domains)
     if tally:  # mixed: one entry per (round, domain), counted per sample; labels per round
-        k = len(stream.domains)
         names = [d.name for _ in range(stream.rounds) for d in stream.domains]
         first = [f for f in first for _ in range(k)]
         labs = [labs[j // k] if j % k == 0 else 0 for j in range(len(names))]
         imgs = [c[0] for row in tally for c in row]
         errs = [100.0 * c[1] / c[0] if c[0] else 0.0 for row in tally for c in row]
     images = sum(imgs)
-    k = len(stream.domains)
     round_errors = [float(np.mean(errs[r * k : (r + 1) * k])) for r in range(stream.rounds)]
     return CellResult(
         spec=spec,
@@ -598,13 +564,8 @@ def _status_mb(field: str) -> float | None:
 
 
 def _memory_start() -> tuple[float | None, bool]:
-    """Start measuring a cell's CPU memory: ``(baseline MB, reset)``.
-
-    On Linux the process's peak RSS is reset to its current RSS (``5`` written to
-    ``/proc/self/clear_refs``), so the cell's peak is its own whatever ran before in the same
-    process (cells share worker processes); the baseline is the RSS now and the peak is read
-    from ``VmHWM``. Elsewhere (``reset`` False) the baseline is the process's lifetime peak
-    (``ru_maxrss``), which an earlier, larger cell in the same process hides."""
+    """``(baseline MB, reset)``: on Linux the peak RSS is reset to the RSS now (``VmHWM`` then
+    reads the cell's own peak); elsewhere the baseline is the lifetime peak (``ru_maxrss``)."""
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
             f.write("5")

