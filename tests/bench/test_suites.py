@@ -50,6 +50,8 @@ def test_severities_are_checked_before_anything_is_built(asked):
             suites.digits_c_benchmark(severity=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="walks its own severities"):
         suites.digits_c_benchmark(severity=2, gradual=True)
+    with pytest.raises(ValueError, match="choose one"):
+        suites.digits_c_benchmark(gradual=True, ccc="slow")
     assert asked == []
     assert suites.check_severity("digits-c", None) == 5
     assert suites.check_severity("pacs", None) is None

@@ -198,6 +198,8 @@ def digits_c_benchmark(
     """Digits-C: the 15 corruptions at ``severity``, CoTTA's ``gradual`` 1→5→1 walk, or a
     ``ccc`` stream at that speed (the last two walk their own severities)."""
     check_severity("digits-c", severity)
+    if gradual and ccc is not None:
+        raise ValueError("gradual and ccc are two streams of severities: choose one")
     if (gradual or ccc is not None) and severity != 5:
         raise ValueError(
             f"severity {severity}: the {'gradual' if gradual else 'CCC-style'} stream walks its "
