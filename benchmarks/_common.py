@@ -25,7 +25,7 @@ from torch import Tensor, nn
 import eatta.bench
 from eatta.bench import StreamProtocol
 from eatta.bench.flags import seed_list
-from eatta.bench.results import CellResult
+from eatta.bench.results import CellResult, atomic_write_text
 from eatta.losses import default_entropy_margin, entropy
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -105,10 +105,7 @@ def finish_meta(meta: dict[str, Any], started: float) -> None:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """``data`` as indented JSON, written atomically (an interrupted write leaves the last one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 def load_json(path: Path) -> dict[str, Any] | None:
@@ -154,10 +151,7 @@ def replace_section(doc: Path, begin: str, end: str, text: str) -> None:
 def save_study(out: Path, data: dict[str, Any]) -> None:
     """A study so far as ``out/study.json``, written atomically (an interrupted write leaves the
     last complete one; ``--report-only`` renders from it)."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "study.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    tmp.replace(out / "study.json")
+    atomic_write_text(out / "study.json", json.dumps(data, indent=1))
 
 
 def load_study(out: Path) -> dict[str, Any]:
