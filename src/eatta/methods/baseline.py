@@ -22,7 +22,7 @@ from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods.base import AdaptiveMethod
-from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
 from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
@@ -85,7 +85,7 @@ class Baseline(EATTA):
 
 
 @dataclass(frozen=True)
-class BaselineConfig(OptimizerConfig):
+class BaselineConfig(ActiveConfig):
     """The ATTA baseline's keys (TENT's optimizer settings, Nesterov momentum)."""
 
     nesterov: bool = hparam(True, "SGD Nesterov momentum")
@@ -93,11 +93,6 @@ class BaselineConfig(OptimizerConfig):
     seed: int = hparam(0, "seed of the random selection and the buffer")
     buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
-    label_expiry: int = hparam(
-        DEFAULT_LABEL_EXPIRY,
-        "steps an asynchronous annotator's request waits before it expires",
-        min=0,
-    )
 
 
 def _build_baseline(

@@ -43,7 +43,7 @@ from eatta.losses import entropy
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods.active import ActiveMethod, late_samples
 from eatta.methods.base import AdaptiveMethod
-from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
@@ -245,7 +245,7 @@ class CEMA(ActiveMethod):
 
 
 @dataclass(frozen=True)
-class CEMAConfig(OptimizerConfig):
+class CEMAConfig(ActiveConfig):
     """CEMA's keys. EATTA supplementary: SGD 2.5e-4 (momentum 0.9); entropy thresholds
     0.4 ln C / 0.02 ln C, decreasing factor 1.0, buffer 300. PACS is not given for CEMA: Adam 5e-3
     as for the other active baselines (:mod:`eatta.methods.presets`)."""
@@ -261,11 +261,6 @@ class CEMAConfig(OptimizerConfig):
     gamma: float = hparam(1.0, "weight of the replay term")
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
     seed: int = hparam(0, "seed of the buffer's draws")
-    label_expiry: int = hparam(
-        DEFAULT_LABEL_EXPIRY,
-        "steps an asynchronous annotator's request waits before it expires",
-        min=0,
-    )
 
 
 def _build_cema(

@@ -30,9 +30,11 @@ from torch import nn
 from typing_extensions import Self
 
 from eatta.configure import ParamFilter
+from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.split import ModelSplit
 
 __all__ = [
+    "ActiveConfig",
     "MethodConfig",
     "OptimizerConfig",
     "ParamSelection",
@@ -279,3 +281,14 @@ class OptimizerConfig(MethodConfig):
     nesterov: bool = hparam(False, "SGD Nesterov momentum")
     weight_decay: float = hparam(0.0, "L2 weight decay", min=0.0)
     betas: tuple[float, float] = hparam((0.9, 0.999), "Adam betas")
+
+
+@dataclass(frozen=True)
+class ActiveConfig(OptimizerConfig):
+    """The keys every method that asks for labels shares, beside its optimizer's."""
+
+    label_expiry: int = hparam(
+        DEFAULT_LABEL_EXPIRY,
+        "steps an asynchronous annotator's request waits before it expires",
+        min=0,
+    )

@@ -30,7 +30,7 @@ from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods._approx import NormCalibration, ProxyName, check_proxy
 from eatta.methods.active import Answers, answer_terms, late_samples
 from eatta.methods.base import AdaptiveMethod, unique_params
-from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.eatta_step import EATTAStep, StepRecord
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.parts import Parts
@@ -402,7 +402,7 @@ BalanceName = Literal["reference", "last-k", "paper", "none"]
 
 
 @dataclass(frozen=True)
-class EATTAConfig(OptimizerConfig):
+class EATTAConfig(ActiveConfig):
     """EATTA's keys: the wrapper's switches plus the optimizer's (paper defaults)."""
 
     EXPANSIONS: ClassVar[Mapping[str, Mapping[Any, Mapping[str, Any]]]] = {
@@ -442,11 +442,6 @@ class EATTAConfig(OptimizerConfig):
     )
     autocast: bool = hparam(False, "bf16 autocast of the feature extractor")
     channels_last: bool = hparam(False, "channels-last memory format")
-    label_expiry: int = hparam(
-        DEFAULT_LABEL_EXPIRY,
-        "steps an asynchronous annotator's request waits before it expires",
-        min=0,
-    )
 
 
 def config_selector(cfg: EATTAConfig) -> Selector:

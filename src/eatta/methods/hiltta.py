@@ -74,7 +74,7 @@ from eatta.configure import configure
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.methods.active import ActiveMethod
 from eatta.methods.base import AdaptiveMethod
-from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.eta import ETA
 from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
@@ -424,7 +424,7 @@ def _check_candidates(candidates: Any, tune: str) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class HILTTAConfig(OptimizerConfig):
+class HILTTAConfig(ActiveConfig):
     """HILTTA's keys. The base's optimizer follows the authors' configuration: SGD, momentum
     0.9, Nesterov for TENT/ETA (``conf.py``), plain momentum under SAR's SAM (``methods/sar.py``);
     ``lr`` is the base's rate where the grid tunes something else (ETA's ``d_margin``).
@@ -456,11 +456,6 @@ class HILTTAConfig(OptimizerConfig):
     )
     rho: float = hparam(0.05, "SAM radius (sar)", min=0.0)
     reset_constant: float = hparam(0.0, "SAR's recovery threshold (0: never)", min=0.0)
-    label_expiry: int = hparam(
-        DEFAULT_LABEL_EXPIRY,
-        "steps an asynchronous annotator's request waits before it expires",
-        min=0,
-    )
     buffer: int | None = hparam(None, "replay buffer: HILTTA keeps none (None or 0 only)", min=0)
 
 

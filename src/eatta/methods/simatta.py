@@ -43,7 +43,7 @@ from eatta.losses import default_entropy_margin, entropy
 from eatta.methods._active import DEFAULT_LABEL_EXPIRY, commit_late
 from eatta.methods.active import ActiveMethod, late_samples
 from eatta.methods.base import AdaptiveMethod
-from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
+from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
@@ -285,7 +285,7 @@ class SimATTA(ActiveMethod):
 
 
 @dataclass(frozen=True)
-class SimATTAConfig(OptimizerConfig):
+class SimATTAConfig(ActiveConfig):
     """SimATTA's keys. EATTA supplementary: SGD 2.5e-4 (momentum 0.9), 50 anchors, entropy
     threshold 0.4 ln C, buffer 300; SimATTA's own code: every parameter trained, 10 steps per
     batch (30 on PACS, see :mod:`eatta.methods.presets`)."""
@@ -302,11 +302,6 @@ class SimATTAConfig(OptimizerConfig):
     use_teacher: bool = hparam(True, "pseudo-label source-like samples with the source model")
     refresh_anchors: bool = hparam(True, "recompute the anchors' features each batch")
     seed: int = hparam(0, "seed of the clustering and the buffers")
-    label_expiry: int = hparam(
-        DEFAULT_LABEL_EXPIRY,
-        "steps an asynchronous annotator's request waits before it expires",
-        min=0,
-    )
 
 
 def _build_simatta(
