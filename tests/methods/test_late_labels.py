@@ -64,7 +64,8 @@ def test_similarity_weight_is_the_rank_among_the_batchs_own_samples() -> None:
     outlier = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 5.0]])  # in no cluster
     w = typicality(torch.cat([copy, outlier]), batch)
     assert torch.equal(w[:3], torch.ones(3))
-    assert float(w[3]) == pytest.approx(2 / (n + 1))  # farther than every batch sample
+    assert float(w[3]) == 0.0  # farther than every batch sample: p = 1/25, rejected at 0.05
+    assert float(typicality(outlier, batch, level=0.0)[0]) == pytest.approx(2 / (n + 1))
     # by hand: d_j, the batch's nearest-neighbour distances, and d* of a new sample
     g = torch.Generator().manual_seed(5)
     new = torch.eye(6)[:1] * 4.0 + 0.3 * torch.randn(1, 6, generator=g)  # a new one of a cluster
@@ -75,6 +76,24 @@ def test_similarity_weight_is_the_rank_among_the_batchs_own_samples() -> None:
     p = (1 + int((d >= d_new).sum())) / (n + 1)
     assert 2 / (n + 1) < min(1.0, 2 * p) < 1.0
     assert float(typicality(new, batch)[0]) == pytest.approx(min(1.0, 2 * p))
+
+
+def test_similarity_weight_is_zero_where_the_conformal_test_rejects() -> None:
+    """Weight 0 at p <= level, ``min(1, 2p)`` above; a batch too small to reject (n + 1 <=
+    1 / level) keeps the least typical sample at 2 / (n + 1)."""
+    line = torch.arange(40.0).unsqueeze(1)  # d_j = 1 for every sample of the batch
+    for gap, p in ((1.5, 1 / 41), (0.5, 41 / 41)):
+        w = float(typicality(torch.tensor([[39.0 + gap]]), line)[0])
+        assert w == (0.0 if p <= 0.05 else min(1.0, 2 * p))
+    # ranks just either side of the level: d* between the batch's distances
+    batch = torch.cat([torch.arange(20.0), 100.0 + 3.0 * torch.arange(20.0)]).unsqueeze(1)
+    near = torch.tensor([[-2.5]])  # d* = 2.5: only the 20 spaced by 3 are no closer: p = 21/41
+    assert float(typicality(near, batch)[0]) == 1.0
+    far = torch.tensor([[-3.5]])  # d* = 3.5: no batch sample is as far: p = 1/41 <= 0.05
+    assert float(typicality(far, batch)[0]) == 0.0
+    assert float(typicality(far, batch, level=0.02)[0]) == pytest.approx(2 / 41)
+    small = torch.arange(16.0).unsqueeze(1)  # n = 16: p >= 1/17 > 0.05, never rejected
+    assert float(typicality(torch.tensor([[100.0]]), small)[0]) == pytest.approx(2 / 17)
 
 
 def test_similarity_weight_is_scale_free() -> None:
