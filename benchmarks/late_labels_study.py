@@ -38,7 +38,7 @@ DELAYS: tuple[int | str, ...] = (0, 1, 4, 16, 64, "never")
 DELAY_KEYS = [str(d) for d in DELAYS]
 #: The stream the mechanisms' defaults were chosen on; nothing was tuned on the others.
 TUNE_STREAM = "ccc"
-DEFAULT = "default: drift 0.25 + ETA fallback (anchor 0.1)"
+DEFAULT = "default: similarity + ETA fallback (anchor 0.1)"
 
 
 def _late(weight: str, **more: Any) -> dict[str, Any]:
