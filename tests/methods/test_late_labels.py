@@ -92,6 +92,11 @@ def test_similarity_weight_is_zero_where_the_conformal_test_rejects() -> None:
     far = torch.tensor([[-3.5]])  # d* = 3.5: no batch sample is as far: p = 1/41 <= 0.05
     assert float(typicality(far, batch)[0]) == 0.0
     assert float(typicality(far, batch, level=0.02)[0]) == pytest.approx(2 / 41)
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="level"):
+            typicality(far, batch, level=bad)
+    with pytest.raises(TypeError, match="level"):
+        typicality(far, batch, level=True)  # type: ignore[arg-type]
     small = torch.arange(16.0).unsqueeze(1)  # n = 16: p >= 1/17 > 0.05, never rejected
     assert float(typicality(torch.tensor([[100.0]]), small)[0]) == pytest.approx(2 / 17)
 

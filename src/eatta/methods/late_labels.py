@@ -118,6 +118,7 @@ def typicality(late: Tensor, batch: Tensor, level: float = TYPICALITY_LEVEL) -> 
 
     Cost: one ``(n + m) × n`` distance matrix of features the step already computed.
     """
+    level = _number(level, "level", low=-1e-12, high=1.0)  # [0, 1): 0 never rejects
     f = batch.detach().flatten(1).float()
     m, n = late.shape[0], f.shape[0]
     if n < 2:
