@@ -218,6 +218,19 @@ def test_use_mixed_norm_after_configure_needs_the_source_and_changes_nothing() -
     assert torch.equal(model(x), given.eval()(x))
 
 
+def test_a_window_on_batchnorm_without_running_statistics_is_refused_before_any_change() -> None:
+    """``track_running_stats=False`` leaves nothing to serve between steps with: ``create(...,
+    window=)`` names the cause and leaves the model as it was (the method needs no window to
+    adapt such a model at full batches)."""
+    model = tiny_cnn()
+    model[1] = nn.BatchNorm2d(8, track_running_stats=False)
+    state, kinds = copy.deepcopy(model.state_dict()), [type(m) for m in model.modules()]
+    with pytest.raises(ValueError, match=r"'1'.*track_running_stats=False"):
+        eatta.create("eatta-safe", model, oracle=eatta.GroundTruthOracle(), window=64)
+    assert [type(m) for m in model.modules()] == kinds and nested_equal(model.state_dict(), state)
+    assert all(p.requires_grad for p in model.parameters())  # not configured either
+
+
 def test_set_mix_weight_on_every_layer() -> None:
     model = tiny_cnn().eval()
     use_mixed_norm(model)

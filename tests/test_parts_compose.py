@@ -239,3 +239,83 @@ def test_every_part_together_on_other_families(family: str) -> None:
         assert method(x, labels=y).shape == (4, 10)
     assert fb.step == 6 and method.labels_used == 6 and fb.stats()["answers"] == 4
     assert not nested_equal(method.model.state_dict(), first)
+
+
+class _HeadWithBatchNorm1d(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+        )
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.body(x))
+
+
+class _HeadRegisteredFirst(nn.Module):
+    """The head is the first module registered; the features are pooled functionally."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, classes)
+        self.conv = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.ReLU())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(self.conv(x).mean((2, 3)))
+
+
+def _weight_normed_head() -> nn.Module:
+    model = custom_model()
+    model.classifier[1] = nn.utils.parametrizations.weight_norm(model.classifier[1])
+    return model
+
+
+def _layernorm_mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * 32 * 32, 64), nn.LayerNorm(64), nn.GELU(), nn.Linear(64, 10)
+    )
+
+
+#: Classifiers as people write them by hand, none in the repository.
+HAND_WRITTEN = {
+    "batchnorm1d in the head": _HeadWithBatchNorm1d,
+    "layernorm mlp": _layernorm_mlp,
+    "weight-normed head": _weight_normed_head,
+    "head registered first": _HeadRegisteredFirst,
+    "two classes": lambda: _HeadRegisteredFirst(classes=2),
+    "float64": lambda: custom_model().double(),
+    "channels_last": lambda: custom_model().to(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_WRITTEN))
+def test_every_part_together_on_hand_written_classifiers(name: str) -> None:
+    """The safe composition (fallback + window of 16 + approximate step + answers 2 window
+    steps late) from ``create`` alone, requests of 4, on each: served in the model's dtype and
+    memory format, every answer scored on arrival, the adapted model moving."""
+    torch.manual_seed(0)
+    model = HAND_WRITTEN[name]().train()
+    dtype = next(model.parameters()).dtype
+    with torch.no_grad():  # running statistics of its own, as a trained model has
+        model(torch.randn(64, 3, 32, 32, dtype=dtype))
+    model.eval()
+    method = eatta.create(
+        "eatta-safe", model, oracle=SimulatedAnnotator(delay=2), grad_mode="approx", window=16
+    )
+    fb = method.fallback
+    assert isinstance(fb, SourceFallback)
+    first = {k: v.clone() for k, v in method.model.state_dict().items()}
+    classes = 2 if name == "two classes" else 10
+    g = torch.Generator().manual_seed(0)
+    for _ in range(24):  # 96 samples: 6 window steps
+        x = torch.randn(4, 3, 32, 32, generator=g, dtype=dtype)
+        if name == "channels_last":
+            x = x.to(memory_format=torch.channels_last)
+        out = method(x, labels=torch.randint(0, classes, (4,), generator=g))
+        assert out.shape == (4, classes) and out.dtype == dtype
+        assert bool(torch.isfinite(out).all())
+    assert fb.step == 6 and method.labels_used == 6 and fb.stats()["answers"] == 4
+    assert not nested_equal(method.model.state_dict(), first)

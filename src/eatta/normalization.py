@@ -196,8 +196,9 @@ class MixedBatchNorm(nn.modules.batchnorm._BatchNorm):
         if source is None:
             if bn.running_mean is None or bn.running_var is None:
                 raise ValueError(
-                    "this BatchNorm has no running statistics (eatta.configure drops them): "
-                    "swap before configuring, or pass source= (a copy of the source model)"
+                    "this BatchNorm has no running statistics (built with "
+                    "track_running_stats=False, or dropped by eatta.configure): swap before "
+                    "configuring, or pass source= (a copy of the source model with them)"
                 )
             source = (bn.running_mean, bn.running_var)
         ref = bn.weight if bn.weight is not None else source[0]
@@ -378,11 +379,12 @@ def use_mixed_norm(
                 where = (
                     "source= has no such BatchNorm with them"
                     if source is not None
-                    else ("pass source= (a copy of the model before eatta.configure)")
+                    else "pass source= (a copy of the model with them, before eatta.configure)"
                 )
                 raise ValueError(
-                    f"BatchNorm layer {name!r} has no running statistics (eatta.configure drops "
-                    f"them); {where}"
+                    f"BatchNorm layer {name!r} has no running statistics (built with "
+                    f"track_running_stats=False, or dropped by eatta.configure), and serving "
+                    f"between steps normalizes with them; {where}"
                 )
             stats_from = (other.running_mean, other.running_var)
         built[id(bn)] = MixedBatchNorm.from_batchnorm(

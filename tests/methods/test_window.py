@@ -259,6 +259,25 @@ def test_every_method_serves_single_samples_and_steps_on_the_window(name: str) -
     assert method.labels_used <= 2 if active else method.labels_used == 0  # one a step at most
 
 
+def test_a_plain_oracle_is_asked_about_the_window_by_its_positions_in_the_window() -> None:
+    """The documented contract: at a window's step a callable oracle gets the window's selected
+    samples and their positions in the window (its last 8 samples), not in the last request."""
+    asked: list[tuple[Tensor, Tensor]] = []
+    requests = _requests([3] * 6)
+    served = torch.cat([x for x, _ in requests])
+
+    def oracle(inputs: Tensor, indices: Tensor) -> Tensor:
+        asked.append((inputs.clone(), indices.clone()))
+        return torch.zeros(len(indices), dtype=torch.long)
+
+    method = eatta.create("eatta", tiny_cnn(), oracle=oracle, window=8)
+    for x, _ in requests:
+        method(x)
+    assert method.window is not None and method.window.steps == 2 and len(asked) == 2
+    for (inputs, indices), end in zip(asked, (9, 18), strict=True):  # at the requests' ends
+        assert torch.equal(inputs, served[end - 8 : end][indices])  # random samples: no chance
+
+
 def test_refresh_updates_the_served_statistics_between_steps() -> None:
     """window_refresh=4 with steps every 16: after 8 samples the statistics served are those of
     the window's 8 samples (EMA rate 1), with no step taken."""

@@ -1,8 +1,14 @@
 """Synchronous annotators: a callable that labels the selected samples at once.
 
 An oracle is any callable ``oracle(selected_inputs, indices) -> labels``: ``selected_inputs`` is
-``x[indices]`` and ``indices`` the positions in the batch (CPU int64). It returns one integer class
-per selected sample, ``ABSTAIN`` (-1) for a sample it will not label, or ``None`` to abstain on all.
+``x[indices]`` and ``indices`` the positions in the batch the method steps on (CPU int64). It
+returns one integer class per selected sample, ``ABSTAIN`` (-1) for a sample it will not label, or
+``None`` to abstain on all.
+
+Under a window (``window=N``) that batch is the window's last ``N`` samples, not the request just
+served, so ``indices`` are positions in the window: a simulation that looks labels up passes them
+with each request (``method(x, labels=y)``, kept by the window) and answers with
+:class:`GroundTruthOracle`, rather than indexing its own request.
 """
 
 from __future__ import annotations
