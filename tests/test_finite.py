@@ -1,5 +1,6 @@
-"""``all_finite`` equals ``isfinite(x).all()`` on every dtype and shape, whatever non-finite
-values are planted where, and a batch with one of them is refused before any state changes."""
+"""``all_finite`` (and ``is_finite``, its answer read at once) equals ``isfinite(x).all()`` on
+every dtype and shape, whatever non-finite values are planted where, and a batch with one of them
+is refused before any state changes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import eatta
 from conftest import nested_equal, tiny_cnn
-from eatta._finite import all_finite
+from eatta._finite import all_finite, is_finite
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 BAD = [math.nan, math.inf, -math.inf]
@@ -35,15 +36,17 @@ def test_equals_the_elementwise_check(dtype, shape, planted, scale, seed) -> Non
             flat[position % flat.numel()] = value
     got = all_finite(x)
     assert got.dtype == torch.bool and got.shape == () and got.device == x.device
-    assert bool(got) == bool(torch.isfinite(x).all())
+    assert bool(got) == bool(torch.isfinite(x).all()) == is_finite(x)
 
 
 def test_extremes_integers_and_complex() -> None:
     big = torch.tensor([torch.finfo(torch.float32).max, -torch.finfo(torch.float32).max])
-    assert bool(all_finite(big))  # a sum would overflow; the extremes do not
-    assert bool(all_finite(torch.arange(5))) and bool(all_finite(torch.ones(2, dtype=torch.bool)))
+    assert bool(all_finite(big)) and is_finite(big)  # a sum would overflow; the extremes do not
+    for fine in (torch.arange(5), torch.ones(2, dtype=torch.bool)):
+        assert bool(all_finite(fine)) and is_finite(fine)
     z = torch.tensor([1 + 2j, complex(math.inf, 0)])
     assert not bool(all_finite(z)) and bool(all_finite(z[:1]))
+    assert not is_finite(z) and is_finite(z[:1])
 
 
 @pytest.mark.small_batches

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from eatta._finite import all_finite
+from eatta._finite import is_finite
 from eatta.methods.parts import StepParts, WithParts
 from eatta.normalization import has_batchnorm
 from eatta.split import ModelSplit, split_model
@@ -270,7 +270,7 @@ class AdaptiveMethod(WithParts, nn.Module):
                 raise InvalidInputError(
                     f"input dtype {x.dtype} differs from the model's {ref.dtype}"
                 )
-        if self.check_finite and not bool(all_finite(x)):
+        if self.check_finite and not is_finite(x):
             raise InvalidInputError("input contains NaN or infinite values")
 
     # -- state -------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
-from eatta._finite import all_finite
+from eatta._finite import is_finite
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
@@ -238,7 +238,7 @@ def compute_fishers(
                         "fisher_data batches must be non-empty floating-point [batch, ...] "
                         f"tensors, got dtype {x.dtype} shape {tuple(x.shape)}"
                     )
-                if not bool(all_finite(x)):
+                if not is_finite(x):
                     raise InvalidInputError("fisher_data contains NaN or infinite values")
                 logits = model(x.to(device=ref.device, dtype=ref.dtype))
                 loss = F.cross_entropy(logits, logits.detach().argmax(dim=1))
