@@ -149,8 +149,8 @@ def _position(
     if saved is None:
         return 0, [], 0.0, 0.0, tally, 1, None
     return (
-        saved["position"], saved["online"], saved["wall_time_s"], saved.get("cpu_time_s", 0.0),
-        saved.get("tally", tally), saved["sessions"] + 1, saved["peak_mem_mb"],
+        saved["position"], saved["online"], saved["wall_time_s"], saved["cpu_time_s"],
+        saved["tally"], saved["sessions"] + 1, saved["peak_mem_mb"],
     )  # fmt: skip
 
 
