@@ -302,6 +302,13 @@ def _value(text: str) -> Any:
         return text
 
 
+def default_tables(backbone: str | None) -> str:
+    """Where a study's tables go unless ``--tables`` says: another source model's study beside
+    the CNN's, never over it (``digits-vit``: ``safety_study_vit.md``)."""
+    suffix = "" if backbone is None else "_" + backbone.removeprefix("digits-")
+    return f"benchmarks/results/safety_study{suffix}.md"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = study_parser(__doc__, "runs/safety", plan=PLAN, parts=PARTS)
     p.add_argument("--annotators", default=",".join(ANNOTATORS), help="of the annotators part")
@@ -310,10 +317,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--safe", action="append", default=[], metavar="KEY=VALUE", help=VARIANT)
     p.add_argument("--weight-anchor", type=float, help="a weight anchor (a variant's study)")
     p.add_argument("--backbone", help=BACKBONE)
-    p.add_argument("--tables", default="benchmarks/results/safety_study.md")
+    p.add_argument("--tables", help="default: benchmarks/results/safety_study[_BACKBONE].md")
     p.add_argument("--doc", default="docs/safety.md")
     args = p.parse_args(argv)
     plan = parse_plan(args.plan, PARTS, STREAM_NAMES)
+    args.tables = args.tables or default_tables(args.backbone)
     if args.backbone is not None:
         try:
             digits_grid_name(args.backbone)

@@ -62,6 +62,17 @@ def test_report_only_writes_the_backbones_own_section(safety, tmp_path):
     assert "the packaged `digits-vit` on digits-C" in text
 
 
+def test_a_backbones_study_writes_its_own_tables_unless_told(safety, tmp_path, monkeypatch):
+    written: list[str] = []
+    monkeypatch.setattr(safety, "publish", lambda text, data, tables, *a: written.append(tables))
+    _study(tmp_path / "vit", backbone="digits-vit")
+    argv = ["--report-only", "--out", str(tmp_path / "vit"), "--doc", str(tmp_path / "none.md")]
+    assert safety.main([*argv, "--backbone", "digits-vit"]) == 0
+    assert safety.main([*argv, "--backbone", "digits-vit", "--tables", "t.md"]) == 0
+    assert written == ["benchmarks/results/safety_study_vit.md", "t.md"]
+    assert safety.default_tables(None) == "benchmarks/results/safety_study.md"
+
+
 def test_merged_folders_keep_their_settings_and_refuse_to_mix_them(safety, tmp_path):
     from _study import merged
 
