@@ -81,7 +81,8 @@ PAGE = Template("safety")
 VARIANT = f"a setting of {SAFE} in every part (a variant's study: give it its own --out)"
 BACKBONE = (
     "the source model of every stream (digits-vit: the LayerNorm ViT): a study of its own (give "
-    "it its own --out and --tables); its section of --doc: <!-- safety-BACKBONE:begin/end -->"
+    "it its own --out; its tables default to its own file); its section of --doc: "
+    "<!-- safety-BACKBONE:begin/end -->"
 )
 
 
