@@ -12,8 +12,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from eatta.bench import StreamProtocol
+from eatta.data.digits import digits_source, digits_test
 from eatta.data.stream import Domain
-from repo_scripts import repo_script
+from repo_scripts import REPO, repo_script
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +84,24 @@ def test_unknown_streams_and_annotators_are_refused_before_anything_runs(script,
         script.main(["--seeds", "0,x", "--out", str(tmp_path)])
     assert "nope" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # no model trained, no run written
+
+
+def test_the_shipped_weights_are_the_documented_model(script):
+    """The demo starts from the weights the committed results were made with: its error on the
+    clean digits is the summary's given model's (a sample or two of kernel slack)."""
+    model = script.shipped_model()
+    halves = zip(digits_source().tensors, digits_test().tensors, strict=True)
+    x, y = (torch.cat(pair) for pair in halves)
+    with torch.no_grad():
+        error = 100.0 * float((model(x).argmax(1) != y).float().mean())
+    summary = json.loads((REPO / "benchmarks/results/never_worse_check.json").read_text())
+    assert error == pytest.approx(summary["clean"]["given"]["mean"], abs=0.12)
+
+
+def test_other_weights_are_refused_by_their_digest(script, tmp_path):
+    with pytest.raises(FileNotFoundError, match="--retrain"):
+        script.shipped_model(tmp_path / "absent.pt")
+    other = tmp_path / "other.pt"
+    torch.save(script.small_resnet().state_dict(), other)
+    with pytest.raises(ValueError, match="SHA-256"):
+        script.shipped_model(other)
