@@ -82,26 +82,35 @@ def test_unknown_streams_and_annotators_are_refused_before_anything_runs(script,
         script.main(["--sizes", "64,3", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         script.main(["--seeds", "0,x", "--out", str(tmp_path)])
-    assert "nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--model", "vgg", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "nope" in err and "'vgg'" in err
     assert not any(tmp_path.iterdir())  # no model trained, no run written
 
 
-def test_the_shipped_weights_are_the_documented_model(script):
-    """The demo starts from the weights the committed results were made with: its error on the
-    clean digits is the summary's given model's (a sample or two of kernel slack)."""
-    model = script.shipped_model()
+@pytest.mark.parametrize(
+    ("model", "summary"),
+    [("resnet", "never_worse_check.json"), ("convnext", "never_worse_check_convnext.json")],
+)
+def test_the_shipped_weights_are_the_documented_models(script, model, summary):
+    """The demo starts from the weights the committed results were made with: each network's
+    error on the clean digits is its summary's given model's (a sample of kernel slack)."""
+    net = script.shipped_model(model)
     halves = zip(digits_source().tensors, digits_test().tensors, strict=True)
     x, y = (torch.cat(pair) for pair in halves)
     with torch.no_grad():
-        error = 100.0 * float((model(x).argmax(1) != y).float().mean())
-    summary = json.loads((REPO / "benchmarks/results/never_worse_check.json").read_text())
-    assert error == pytest.approx(summary["clean"]["given"]["mean"], abs=0.12)
+        error = 100.0 * float((net(x).argmax(1) != y).float().mean())
+    given = json.loads((REPO / "benchmarks/results" / summary).read_text())["clean"]["given"]
+    assert error == pytest.approx(given["mean"], abs=0.12)
 
 
 def test_other_weights_are_refused_by_their_digest(script, tmp_path):
     with pytest.raises(FileNotFoundError, match="--retrain"):
-        script.shipped_model(tmp_path / "absent.pt")
+        script.shipped_model("resnet", tmp_path / "absent.pt")
     other = tmp_path / "other.pt"
     torch.save(script.small_resnet().state_dict(), other)
     with pytest.raises(ValueError, match="SHA-256"):
-        script.shipped_model(other)
+        script.shipped_model("resnet", other)
+    with pytest.raises(ValueError, match="SHA-256"):  # the other network's weights
+        script.shipped_model("convnext", script.MODELS["resnet"].weights)
