@@ -170,11 +170,11 @@ def train_on_mnist(
     """A demo network (``MODELS[model]``), trained on MNIST with small random shifts (cached at
     ``path``)."""
     demo = MODELS[model]
+    torch.manual_seed(0)  # the initialization too: a retrain on one machine is reproducible
     net = demo.build()
     if path.exists():
         net.load_state_dict(torch.load(path, weights_only=True))
         return net.eval()
-    torch.manual_seed(0)
     x, y = mnist_digits(limit=limit).tensors
     optimizer = demo.optimizer(net.parameters())
     net.train()

@@ -114,3 +114,11 @@ def test_other_weights_are_refused_by_their_digest(script, tmp_path):
         script.shipped_model("resnet", other)
     with pytest.raises(ValueError, match="SHA-256"):  # the other network's weights
         script.shipped_model("convnext", script.MODELS["resnet"].weights)
+
+
+def test_a_retrain_is_reproducible_in_one_process(script, tmp_path):
+    """``--retrain`` seeds the initialization too: two trainings in one process agree."""
+    first = script.train_on_mnist(tmp_path / "a.pt", epochs=1, limit=64, model="convnext")
+    again = script.train_on_mnist(tmp_path / "b.pt", epochs=1, limit=64, model="convnext")
+    for name, value in first.state_dict().items():
+        assert torch.equal(value, again.state_dict()[name]), name
