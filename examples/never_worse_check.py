@@ -32,7 +32,6 @@ the documented models everywhere; ``--retrain`` trains your own.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +54,7 @@ from eatta.data.digits import digits_c_domains, digits_source, digits_test
 from eatta.data.mnist import mnist_digits
 from eatta.data.stream import Domain
 from eatta.methods.registry import DATASETS
+from eatta.models.digits_cnn import state_digest
 
 ANNOTATORS: dict[str, AnnotatorOptions | None] = {
     "at once": None,
@@ -68,6 +68,7 @@ LABEL_FREE = ("tent", "eta")
 WITH_STABLE = ("at once", "a person")
 #: The promise: ``eatta-safe`` averages at most the given model's error plus this.
 MARGIN = 0.5
+
 Streams = Mapping[str, tuple[Sequence[Domain], StreamProtocol]]
 
 
@@ -139,7 +140,8 @@ class SmallConvNeXt(nn.Module):
 
 @dataclass(frozen=True)
 class DemoModel:
-    """A demo network: how to build and train it, and its shipped weights with their SHA-256."""
+    """A demo network: how to build and train it, and its shipped weights with the SHA-256 of
+    their tensors (:func:`~eatta.models.digits_cnn.state_digest`, as the packaged models)."""
 
     build: Callable[[], nn.Module]
     optimizer: Callable[[Any], torch.optim.Optimizer]
@@ -153,13 +155,13 @@ MODELS = {
         small_resnet,
         partial(torch.optim.Adam, lr=2e-3),
         Path(__file__).with_name("never_worse_resnet.pt"),
-        "75a57c06ad58a64f3a87e0556fcb4bb3aa70b2f7d91250bda37dcc4b64483e3c",
+        "1f55dc3967bc7b9d430fb43c4b36610a9e52efd83fc50f93bf9dbc3bffb8c328",
     ),
     "convnext": DemoModel(
         SmallConvNeXt,
         partial(torch.optim.AdamW, lr=2e-3, weight_decay=0.05),
         Path(__file__).with_name("never_worse_convnext.pt"),
-        "ed377d83c2b5a6894b6b761646546ac8d314b2eeca5f364381719b3c8d3901c9",
+        "774d55a1245b4ddcb28fcdb7e2667e3aa218643947a91e8a02fc269b01672261",
     ),
 }
 
@@ -193,8 +195,8 @@ def train_on_mnist(
 
 
 def shipped_model(model: str = "resnet", path: Path | None = None) -> nn.Module:
-    """A demo network from its shipped weights (``path``: another file), checked against its
-    SHA-256."""
+    """A demo network from its shipped weights (``path``: another file), checked against the
+    SHA-256 of their tensors."""
     demo = MODELS[model]
     path = demo.weights if path is None else path
     if not path.is_file():
@@ -202,14 +204,21 @@ def shipped_model(model: str = "resnet", path: Path | None = None) -> nn.Module:
             f"{path} is missing: it ships beside this script (a clone of the repository has "
             "it); --retrain trains a model on this machine instead"
         )
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, or not a state dict at all
+        raise ValueError(
+            f"{path} is not a readable state dict ({type(err).__name__}): restore it from the "
+            "repository, or --retrain"
+        ) from None
+    digest = state_digest(state)
     if digest != demo.sha256:
         raise ValueError(
             f"{path} has SHA-256 {digest}, not the documented {model}'s {demo.sha256}: "
             "restore it from the repository, or --retrain"
         )
     net = demo.build()
-    net.load_state_dict(torch.load(path, weights_only=True))
+    net.load_state_dict(state)
     return net.eval()
 
 

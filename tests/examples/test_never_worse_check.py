@@ -114,6 +114,10 @@ def test_other_weights_are_refused_by_their_digest(script, tmp_path):
         script.shipped_model("resnet", other)
     with pytest.raises(ValueError, match="SHA-256"):  # the other network's weights
         script.shipped_model("convnext", script.MODELS["resnet"].weights)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable state dict"):
+        script.shipped_model("resnet", garbage)
 
 
 def test_a_retrain_is_reproducible_in_one_process(script, tmp_path):
