@@ -424,3 +424,27 @@ def test_undecided_evidence_keeps_what_is_served_whatever_the_label_free_signs_s
     assert fb.prior_choice() == "adapted"
     assert fb.test.answers == answers + 30 and fb.test.total == total
     assert fb.serving == "source"
+
+
+def test_an_adapted_model_found_worse_while_the_source_serves_can_still_be_trusted_later():
+    """Worse at first (wrong on classes 2-4, where the source model is right), then better (right
+    everywhere; the source model misreads class 5), without resets: each alarm while the source
+    model is served is recorded and the evidence starts over from it, so the later answers decide
+    for the adapted model. (Before, the detector's wealth stayed above its threshold while the
+    recent answers favoured the adapted model and its "worse" blocked every "better": with the
+    up bettor at 1e22 the source model was still served.)"""
+    fb = SourceFallback(linear([0, 1, 2, 3, 4, 0]), auditor=GroundTruthOracle(), reset=False)
+    method = Fixed(linear([0, 1, 3, 4, 2, 5]), fallback=fb)
+    data = batches(300, seed=2)
+    for x, y in data[:60]:
+        assert served_by(method, x, method(x, labels=y)) == "source"
+    found = [e for e in fb.events if e.kind == "adapted found worse"]
+    assert found and all(e.down >= 20.0 for e in found) and fb.stats()["switches"] == 0
+    assert method.resets == 0
+    method.model.load_state_dict(linear(RIGHT).state_dict())
+    for x, y in data[60:]:
+        method(x, labels=y)
+        if fb.serving == "adapted":
+            break
+    assert fb.serving == "adapted" and fb.events[-1].kind == "serve adapted"
+    assert fb.events[-1].step - 60 <= 60  # within 60 answers of turning better (35 here)

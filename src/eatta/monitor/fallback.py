@@ -25,7 +25,9 @@ late), each answer's range known before its draw (:func:`~eatta.selection.drawn.
   model right, is caught within :func:`~eatta.monitor.betting.drift_answers` answers (22 at the
   defaults ``recent=16``, ``level=0.05``), however long it was trusted before;
   with ``reset=True`` the adapted method is then also reset to its state at creation
-  (``method.reset(keep_monitor=True)``).
+  (``method.reset(keep_monitor=True)``). An alarm while the source model is served already is
+  a decision too (``"adapted found worse"``): it changes nothing served, and the evidence starts
+  over from it, so that later answers for the adapted model can still decide for it.
 
 Without answers there is no evidence. ``start="source"`` (the default here) serves the source
 model until the answers decide; ``start="adapted"`` serves the adapted model until they say
@@ -73,7 +75,7 @@ START = ("auto", "source", "adapted")
 class FallbackEvent:
     """A switch of what is served, or a reset of the adapted method, with its evidence."""
 
-    kind: str  # "serve adapted", "serve given", "reset: worse than given"
+    kind: str  # "serve adapted", "serve given", "adapted found worse", "reset: worse than given"
     step: int
     answers: int  # answers since the last decision, all of which the decision read
     gain: float  # their mean paired difference (adapted - given accuracy)
@@ -637,6 +639,14 @@ class SourceFallback:
         if not self.act:
             return
         verdict = self.test.decided()
+        if verdict == "worse" and self.serving == "source" and not self.reset_on_evidence:
+            # the source model is served already: the alarm is a decision that changes nothing
+            # served; the evidence starts over from it (left above its threshold, the detector
+            # would block every later "better": it does not fall while the recent answers
+            # favour the adapted model)
+            self._event("adapted found worse")
+            self.test.clear()
+            verdict = None
         if verdict is None and self.start == "auto" and not self.events:  # label-free signs
             want = self.prior_choice()
             if want != self.serving:
