@@ -7,7 +7,9 @@ served (``fallback_start="adapted"``: the source model's forward on 16 of the 64
 request, the decision; the bar: at most 1.15x ``eatta-stable``); ``(serving source)``: the source
 model predicting on the whole batch beside the adapting one; ``(measure only)``: the estimates
 without acting on them (``fallback=False``); ``(exact step)``: on the exact two-backward step
-(the bar: at most 1.10x TENT). Single requests: ``benchmarks/small_batch_latency.py``.
+(the bar: at most 1.10x TENT); ``source forward on 16``: the kept source model's forward alone on
+the 16 samples it predicts on while the adapted model is served, the floor of what keeping it one
+step away costs. Single requests: ``benchmarks/small_batch_latency.py``.
 
 Models: ``digits-32`` (packaged weights) and ``resnet18-64`` (random init, 64 px, the head's
 weights times 40 so that part of the batch passes the entropy margin).
@@ -23,6 +25,7 @@ import copy
 import statistics
 import time
 import warnings
+from functools import partial
 from typing import Any
 
 import _common
@@ -43,7 +46,11 @@ RATIOS = (
     ("eatta-stable / tent", "eatta-stable", "tent"),
     ("eatta-safe / tent", "eatta-safe", "tent"),
     ("exact step / tent", "eatta-safe (exact step)", "tent"),
+    ("source forward on 16 / tent", "source forward on 16", "tent"),
 )
+#: Samples of each batch the kept source model predicts on while the adapted model is served
+#: (``SourceFallback``'s default ``sample``): its forward alone, against the TENT step.
+SOURCE_SAMPLES = 16
 
 
 def source_model(name: str) -> nn.Module:
@@ -68,7 +75,14 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
         "eatta-safe (serving source)": make("eatta-safe", fallback_start="source"),
         "eatta-safe (measure only)": make("eatta-safe", fallback=False),
         "eatta-safe (exact step)": make("eatta-safe", fallback_start="adapted", grad_mode="auto"),
+        "source forward on 16": partial(_forward, copy.deepcopy(model).eval(), x[:SOURCE_SAMPLES]),
     }
+
+
+@torch.no_grad()
+def _forward(model: nn.Module, x: Tensor) -> Tensor:
+    """The kept source model's forward, as the fallback runs it (no graph)."""
+    return model(x)
 
 
 def main(argv: list[str] | None = None) -> int:
