@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from eatta._compat import TorchvisionOpsWarning
 from eatta.models.digits_cnn import packaged_digits_source
+from eatta.monitor.fallback import SourceFallback
 
 RESULTS = _common.RESULTS / "safe_step_cost.json"
 MODELS = ("digits-32", "resnet18-64")
@@ -48,9 +49,6 @@ RATIOS = (
     ("exact step / tent", "eatta-safe (exact step)", "tent"),
     ("source forward on 16 / tent", "source forward on 16", "tent"),
 )
-#: Samples of each batch the kept source model predicts on while the adapted model is served
-#: (``SourceFallback``'s default ``sample``): its forward alone, against the TENT step.
-SOURCE_SAMPLES = 16
 
 
 def source_model(name: str) -> nn.Module:
@@ -68,6 +66,9 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
     def make(name: str, **kw: Any) -> Any:
         return _timing.method_step(name, copy.deepcopy(model), x, y, lr=1e-4, **kw)
 
+    kept = SourceFallback(model)  # its default subset of 16 samples
+    assert kept.sample is not None
+
     return {
         "tent": make("tent"),
         "eatta-stable": make("eatta-stable"),
@@ -75,14 +76,8 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
         "eatta-safe (serving source)": make("eatta-safe", fallback_start="source"),
         "eatta-safe (measure only)": make("eatta-safe", fallback=False),
         "eatta-safe (exact step)": make("eatta-safe", fallback_start="adapted", grad_mode="auto"),
-        "source forward on 16": partial(_forward, copy.deepcopy(model).eval(), x[:SOURCE_SAMPLES]),
+        "source forward on 16": partial(kept.source_logits, x[: kept.sample]),
     }
-
-
-@torch.no_grad()
-def _forward(model: nn.Module, x: Tensor) -> Tensor:
-    """The kept source model's forward, as the fallback runs it (no graph)."""
-    return model(x)
 
 
 def main(argv: list[str] | None = None) -> int:

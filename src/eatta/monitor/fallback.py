@@ -73,7 +73,8 @@ START = ("auto", "source", "adapted")
 
 @dataclass(frozen=True)
 class FallbackEvent:
-    """A switch of what is served, or a reset of the adapted method, with its evidence."""
+    """A switch of what is served, a reset of the adapted method, or the adapted model found worse
+    while the source model is served, with its evidence."""
 
     kind: str  # "serve adapted", "serve given", "adapted found worse", "reset: worse than given"
     step: int
@@ -639,14 +640,6 @@ class SourceFallback:
         if not self.act:
             return
         verdict = self.test.decided()
-        if verdict == "worse" and self.serving == "source" and not self.reset_on_evidence:
-            # the source model is served already: the alarm is a decision that changes nothing
-            # served; the evidence starts over from it (left above its threshold, the detector
-            # would block every later "better": it does not fall while the recent answers
-            # favour the adapted model)
-            self._event("adapted found worse")
-            self.test.clear()
-            verdict = None
         if verdict is None and self.start == "auto" and not self.events:  # label-free signs
             want = self.prior_choice()
             if want != self.serving:
@@ -657,10 +650,14 @@ class SourceFallback:
             self._event("serve adapted")
             self.serving = "adapted"
             self.test.clear()
-        elif verdict == "worse" and (self.serving != "source" or self.reset_on_evidence):
+        elif verdict == "worse":  # a decision wherever it comes: the evidence starts over
             if self.serving != "source":
                 self._event("serve given")
                 self.serving = "source"
+            elif not self.reset_on_evidence:  # changes nothing served; left standing, the
+                # detector (which does not fall while the recent answers favour the adapted
+                # model) would block every later "better"
+                self._event("adapted found worse")
             if self.reset_on_evidence:
                 self._event("reset: worse than given")
                 method.reset(keep_monitor=True)
