@@ -386,16 +386,6 @@ def test_start_given_waits_for_evidence_whatever_the_collapse():
         assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
 
 
-def test_collapse_ratio_by_hand():
-    fb = SourceFallback(linear(RIGHT), auditor=GroundTruthOracle())
-    fb._source_pred = torch.tensor([0, 0, 1, 1])  # type: ignore[attr-defined]
-    fb._record_marginals(torch.tensor([0, 1, 2, 3]))  # type: ignore[attr-defined]
-    want = (2 * -(0.5 * torch.log(torch.tensor(0.5)))) / (
-        4 * -(0.25 * torch.log(torch.tensor(0.25)))
-    )
-    assert fb.collapse_ratio() == pytest.approx(float(want), rel=1e-12)  # ln 2 / ln 4 = 0.5
-
-
 def test_without_answers_the_source_model_serves_by_default():
     """No answer, no evidence: the default start serves the source model, even where the
     unvalidated label-free signs would serve the adapted one."""

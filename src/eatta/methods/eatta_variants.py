@@ -136,10 +136,11 @@ class EATTASafeConfig(EATTAStableConfig):
     fallback_level: float = hparam(
         0.05, "error level of each of the fallback's decisions", min=0.0, max=1.0
     )
-    fallback_start: Literal["auto", "source", "adapted"] = hparam(
-        "auto",
-        "served before the first decision: auto (the label-free signs: adapted on a heavy "
-        "shift, else given), given (source), adapted",
+    fallback_start: Literal["blend", "source", "adapted", "auto"] = hparam(
+        "blend",
+        "served before the first decision: blend (the given model until the answers lean to the "
+        "adapted one, then the two models' mean probabilities), source (the given model), "
+        "adapted, auto (label-free signs: misled on the safety study's mnist-far)",
     )
     fallback_reset: bool = hparam(False, "reset the adapted model when it is found worse")
     grad_mode: GradMode = hparam(

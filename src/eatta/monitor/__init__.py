@@ -5,7 +5,10 @@
 - :mod:`eatta.monitor.guard`: the paired block test and the reset policy;
 - :mod:`eatta.monitor.monitor`: the monitor a method carries as ``method.monitor``;
 - :mod:`eatta.monitor.fallback`: the source model beside the adapted one, served when the answers
-  (the method's own, drawn with known probabilities, or audits) say adapting is worse.
+  (the method's own, drawn with known probabilities, or audits) say adapting is worse; its parts:
+  :mod:`eatta.monitor.scoring` (answers into observations), :mod:`eatta.monitor.betting` (the
+  test), :mod:`eatta.monitor.signs` (label-free signs), :mod:`eatta.monitor.serving` (what
+  serves each batch and why, the blend).
 
 See ``docs/guard.md``.
 """

@@ -29,13 +29,14 @@ late), each answer's range known before its draw (:func:`~eatta.selection.drawn.
   a decision too (``"adapted found worse"``): it changes nothing served, and the evidence starts
   over from it, so that later answers for the adapted model can still decide for it.
 
-Without answers there is no evidence. ``start="source"`` (the default here) serves the source
-model until the answers decide; ``start="adapted"`` serves the adapted model until they say
-otherwise; ``start="auto"`` (``eatta-safe``'s default) reads two label-free signs until the first
-decision: the *collapse* of the given model's predicted classes (the entropy of their histogram
-below ``prior_ratio`` times the adapted model's) and the two models *disagreeing* on more than
-``prior_disagreement`` of the samples. Those thresholds were read off digits-C and one look at
-CCC; docs/safety.md validates them on streams that did not tune them.
+Without answers there is no evidence, and ``start`` says what serves
+(:mod:`eatta.monitor.serving`): ``"source"`` (the default here) the given model,
+``"blend"`` (``eatta-safe``'s default) the mean of the two models' probabilities, ``"adapted"``
+the adapted model, ``"auto"`` the label-free signs of :mod:`eatta.monitor.signs`. What served each
+batch and why (evidence, sign or default) is in :meth:`SourceFallback.history` and
+:meth:`SourceFallback.stats`. The parts: :mod:`eatta.monitor.scoring` (answers into
+observations), :mod:`eatta.monitor.betting` (the test), :mod:`eatta.monitor.signs`,
+:mod:`eatta.monitor.serving` (the decision rule); this module wires them to a method.
 
 State: :meth:`state_dict` (part of the method's ``state_dict()``: a stream resumes
 bit-identically); the method's own ``reset()`` clears it, a fallback's reset of the method keeps
@@ -45,9 +46,6 @@ it.
 from __future__ import annotations
 
 import copy
-import math
-from collections import deque
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -57,6 +55,9 @@ from eatta.annotate.base import is_asynchronous
 from eatta.annotate.oracle import ABSTAIN, OracleError, validate_labels
 from eatta.annotate.requests import Answer, LabelRequest
 from eatta.monitor.betting import SignTest
+from eatta.monitor.scoring import AnswerBook, Asked, drawn_weight
+from eatta.monitor.serving import START, FallbackEvent, ServingRule, blend_logits
+from eatta.monitor.signs import LabelFreeSigns
 from eatta.selection.drawn import (
     DisagreementDraw,
     Draw,
@@ -66,39 +67,6 @@ from eatta.selection.drawn import (
 )
 
 __all__ = ["START", "FallbackEvent", "SourceFallback"]
-
-#: What is served before there is evidence.
-START = ("auto", "source", "adapted")
-
-
-@dataclass(frozen=True)
-class FallbackEvent:
-    """A switch of what is served, a reset of the adapted method, or the adapted model found worse
-    while the source model is served, with its evidence."""
-
-    kind: str  # "serve adapted", "serve given", "adapted found worse", "reset: worse than given"
-    step: int
-    answers: int  # answers since the last decision, all of which the decision read
-    gain: float  # their mean paired difference (adapted - given accuracy)
-    up: float  # the wealth betting on the adapted model
-    down: float  # the wealth betting against it
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class _Asked:
-    """A request waiting for its answer: what the estimate needs when it arrives."""
-
-    weight: float  # 1 / (n q): the answer's Horvitz-Thompson weight (one draw)
-    bound: float  # the draw's largest possible |estimate| (known before it)
-    count: int  # how often the draw picked the sample (each pick is one observation)
-    adapted: int
-    given: int
-    period: int
-    epoch: int
-    step: int
 
 
 def _int_at_least(name: str, value: object, least: int) -> int:
@@ -116,7 +84,7 @@ class _SyncTee:
 
     def __call__(self, inputs: Tensor, indices: Tensor) -> Any:
         answer = self._oracle(inputs, indices)
-        self._fallback._heard_sync(indices, answer)
+        self._fallback.book.hear_sync(indices, answer)
         return answer
 
     def __getattr__(self, name: str) -> Any:
@@ -136,12 +104,12 @@ class _AsyncTee:
 
     def collect(self) -> list[Answer]:
         answers = list(self._annotator.collect())
-        self._fallback._heard_answers(answers)
+        self._fallback.book.hear(answers)
         return answers
 
     def cancel(self, ids: list[str]) -> None:
         self._annotator.cancel(ids)
-        self._fallback._forget(ids)
+        self._fallback.book.forget(ids)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._annotator, name)
@@ -158,7 +126,8 @@ class SourceFallback:
         level: error level of each decision (the test's level, the detector's 1 / run length),
             in (0, 1).
         start: what is served before the first decision: ``"source"`` (the default),
-            ``"adapted"``, or ``"auto"`` (the label-free signs, not validated beyond digits-C).
+            ``"blend"``, ``"adapted"``, or ``"auto"`` (the label-free signs, which the safety
+            study's misleading streams defeat: docs/safety.md).
         prior_ratio: ``"auto"``'s threshold on the ratio of the two prediction entropies.
         prior_disagreement: ``"auto"``'s threshold on the share of samples the two disagree on.
         prior_batches: batches ``"auto"`` reads, >= 1.
@@ -172,8 +141,8 @@ class SourceFallback:
             (default 0.25). Both are refused with ``draw=``.
         sample: samples of each batch the source model predicts on while the adapted model is
             served (a uniform subset: the draw is made within it, see
-            :mod:`eatta.selection.drawn`); None: all. While the source model is served it predicts
-            on the whole batch.
+            :mod:`eatta.selection.drawn`); None: all. While the source model or the blend is
+            served it predicts on the whole batch.
         label_expiry: steps an audit may wait for its answer before it is dropped.
         seed: the audits' generator seed.
         act: whether the decisions are taken (False: measure only; the adapted model is always
@@ -204,9 +173,6 @@ class SourceFallback:
             raise TypeError(f"given must be the model as given (an nn.Module), got {given!r}")
         test = SignTest(level, recent)  # checks both
         self.recent, self.level = test.recent, test.level
-        if start not in START:
-            raise ValueError(f"start must be one of {', '.join(START)}, got {start!r}")
-        self.start = start
         if isinstance(prior_ratio, bool) or not isinstance(prior_ratio, int | float):
             raise TypeError(f"prior_ratio must be a number in (0, 1], got {prior_ratio!r}")
         if not 0.0 < float(prior_ratio) <= 1.0:
@@ -220,8 +186,11 @@ class SourceFallback:
             raise ValueError(f"prior_disagreement must be in [0, 1], got {prior_disagreement!r}")
         self.prior_disagreement = float(prior_disagreement)
         self.prior_batches = _int_at_least("prior_batches", prior_batches, 1)
-        self.reset_on_evidence = bool(reset)
-        self.act = bool(act)
+        self.rule = ServingRule(start, act=act, reset=reset)  # checks start
+        self.start, self.act = start, self.rule.act
+        self.reset_on_evidence = self.rule.reset_on_evidence
+        self.signs = LabelFreeSigns(self.prior_batches, self.prior_ratio, self.prior_disagreement)
+        self.book = AnswerBook()
         if draw is not None and not isinstance(draw, DisagreementDraw):
             raise TypeError(f"draw must be a DisagreementDraw or None, got {type(draw).__name__}")
         if draw is not None and auditor is not None:
@@ -256,24 +225,44 @@ class SourceFallback:
 
     def _clear(self) -> None:
         self.step = 0
-        self.epoch = 0  # resets of the adapted method so far
-        self.serving = "adapted" if self.start == "adapted" or not self.act else "source"
-        self.prior_switches = 0  # switches made by the label-free collapse test
-        # per recent batch: class histograms of the given and the adapted model's predictions
-        self._marginals: deque[tuple[Tensor, Tensor]] = deque(maxlen=self.prior_batches)
-        self._disagreement: deque[tuple[int, int]] = deque(maxlen=self.prior_batches)
-        self.events: list[FallbackEvent] = []
-        self.answers = 0  # answers scored (lifetime)
+        self.rule.clear()
+        self.signs.clear()
+        self.book.clear()
         self.requested = 0  # audits this fallback asked for itself (label-free methods)
-        self.served_source = 0  # batches whose served predictions were the source model's
         self.test = SignTest(self.level, self.recent)
-        self._periods: dict[int, list[float]] = {}  # period -> [answers, sum of estimates]
-        self._pending: dict[str, _Asked] = {}
-        self._heard: list[tuple[Tensor, Tensor | None]] = []  # sync answers in this step
-        self._answered: list[Answer] = []  # async answers in this step
         self._source_pred: Tensor | None = None  # -1 where the source model did not predict
         self._source_logits: Tensor | None = None  # when it predicted on the whole batch
         self._subset: Tensor | None = None  # where it predicted (None: everywhere)
+
+    @property
+    def serving(self) -> str:
+        """What serves now: ``"adapted"``, ``"source"`` or ``"blend"``."""
+        return self.rule.serving
+
+    @property
+    def epoch(self) -> int:
+        """Resets of the adapted method so far."""
+        return self.rule.epoch
+
+    @property
+    def events(self) -> list[FallbackEvent]:
+        """The decisions, with their evidence."""
+        return self.rule.events
+
+    @property
+    def prior_switches(self) -> int:
+        """Switches made by the label-free signs."""
+        return self.rule.prior_switches
+
+    @property
+    def answers(self) -> int:
+        """Answers scored (lifetime)."""
+        return self.book.answers
+
+    @property
+    def served_source(self) -> int:
+        """Batches whose served predictions were the source model's."""
+        return self.rule.served("source")
 
     # -- wiring ------------------------------------------------------------------------------
     def listen(self, oracle: object) -> Any:
@@ -337,12 +326,14 @@ class SourceFallback:
                 )
 
     def serve(self, x: Tensor, logits: Tensor) -> Tensor:
-        """A request served between steps (a window): ``logits`` (the adapted model's) or the
-        source model's, whichever is served now."""
+        """A request served between steps (a window): ``logits`` (the adapted model's), the
+        source model's or their blend, whichever is served now."""
         self._check_classes(logits)
-        if self.serving != "source":
+        self.rule.note()
+        if self.serving == "adapted":
             return logits
-        self.served_source += 1
+        if self.serving == "blend":
+            return blend_logits(logits, self.source_logits(x))
         return self.source_logits(x).to(logits.dtype)
 
     def _check_classes(self, logits: Tensor) -> None:
@@ -355,12 +346,11 @@ class SourceFallback:
     # -- the step ----------------------------------------------------------------------------
     def before(self, x: Tensor) -> None:
         """Before the method's step on ``x``: the source model's predictions, on the whole batch
-        while it is served, else on a uniform subset of ``sample`` (and, for an active method,
-        the draw's reference and candidates)."""
+        while it or the blend is served, else on a uniform subset of ``sample`` (and, for an
+        active method, the draw's reference and candidates)."""
         n = x.shape[0]
-        self._heard = []
-        self._answered = []
-        if self.serving == "source" or self.sample is None or self.sample >= n:
+        self.book.begin()
+        if self.serving != "adapted" or self.sample is None or self.sample >= n:
             self._source_logits = self.source_logits(x)
             self._source_pred = self._source_logits.argmax(1)
             self._subset = None
@@ -392,44 +382,36 @@ class SourceFallback:
         self.step += 1
         adapted = logits.detach().argmax(1)
         if self.draw is not None:
-            self._score_sync(adapted)
+            draw = self.draw.last_draw
+            self.book.score_sync(self.test, draw, adapted, self._source_pred, self.period)
         elif self.auditor is not None:
             self._audit(x, logits, adapted, labels)
-        for ans in self._answered:
-            self._score_answer(ans)
-        self._answered = []
+        self.book.score_answers(self.test, self.epoch)
         self._expire()
-        self._record_marginals(adapted)
+        self.signs.record(self._source_pred, adapted)
+        if self.start == "blend":  # what serves this batch, read off its predictions
+            self.rule.refresh(self.signs, self.test.mean)
         out = logits
-        if self.serving == "source":
+        if self.serving != "adapted":
             assert self._source_logits is not None  # predicted on the whole batch while served
-            out = self._source_logits.to(logits.dtype)
-            self.served_source += int(served)
+            given = self._source_logits
+            blend = self.serving == "blend"
+            out = blend_logits(logits, given) if blend else given.to(logits.dtype)
+        if served:
+            self.rule.note()
         self._decide(method)
         self._source_logits = self._source_pred = self._subset = None
         return out
 
     # -- what the tees hear ------------------------------------------------------------------
-    def _heard_sync(self, indices: Tensor, answer: object) -> None:
-        """A synchronous answer, kept as it came: the method validates it (a bad one fails the
-        step, and the fallback never scores it)."""
-        if answer is None:
-            return
-        try:
-            got = torch.as_tensor(answer).reshape(-1).long().cpu()
-        except (TypeError, ValueError, RuntimeError):
-            return
-        if len(got) == len(indices):
-            self._heard.append((indices.detach().cpu().clone(), got))
-
     def _heard_requests(self, requests: list[LabelRequest]) -> None:
         draw = self.draw.last_draw if self.draw is not None else None
         for r in requests:
-            hit = _weight(draw, r.index)
+            hit = drawn_weight(draw, r.index)
             if hit is None or self._source_pred is None or draw is None:
                 continue
             given = int(self._source_pred[r.index])
-            self._pending[r.id] = _Asked(
+            self.book.pending[r.id] = Asked(
                 hit[0],
                 draw.bound,
                 hit[1],
@@ -440,76 +422,7 @@ class SourceFallback:
                 self.step + 1,
             )
 
-    def _heard_answers(self, answers: list[Answer]) -> None:
-        self._answered.extend(a for a in answers if isinstance(a, Answer))
-
-    def _forget(self, ids: list[str]) -> None:
-        for i in ids:
-            self._pending.pop(i, None)
-
-    # -- scoring -----------------------------------------------------------------------------
-    def _score_sync(self, adapted: Tensor) -> None:
-        draw = self.draw.last_draw if self.draw is not None else None
-        for indices, got in self._heard:
-            self._score_labels(indices, got, adapted, draw)
-        self._heard = []
-
-    def _score_labels(
-        self, indices: Tensor, got: Tensor | None, adapted: Tensor, draw: Draw | None
-    ) -> None:
-        """Score labels answered at once for the drawn ``indices`` of this step's batch."""
-        assert self._source_pred is not None
-        if got is None:
-            return
-        for j, i in enumerate(indices.tolist()):
-            y, hit = int(got[j]), _weight(draw, i)
-            if y == ABSTAIN or hit is None or draw is None:
-                continue
-            a, g = int(y == int(adapted[i])), int(y == int(self._source_pred[i]))
-            self._add(hit[0] * (a - g), draw.bound, hit[1], self.period)
-
-    def _check_audit_answers(self, answers: list[Answer]) -> None:
-        """An audit answer for a request this fallback never sent is an error (before any is
-        scored)."""
-        prefix = f"fallback-{self.seed}-"
-        for ans in answers:
-            if ans.id in self._pending:
-                continue
-            step, _, j = ans.id[len(prefix) :].partition("-")
-            if not (
-                ans.id.startswith(prefix)
-                and step.isdigit()
-                and j.isdigit()
-                and int(step) <= self.step
-                and int(j) < self.audits
-            ):
-                raise OracleError(
-                    f"the auditor answered request {ans.id!r}, which the fallback never asked "
-                    "about; no answer of this batch was scored"
-                )
-
-    def _score_answer(self, ans: Answer) -> None:
-        asked = self._pending.pop(ans.id, None)
-        if asked is None or ans.skip:
-            return
-        if ans.label is not None:
-            a, g = int(ans.label == asked.adapted), int(ans.label == asked.given)
-        else:  # yes/no on the adapted prediction: after a "no" where they differ the given
-            # model's correctness is unknown; it is counted right (the safe side)
-            a = int(bool(ans.correct))
-            g = a if asked.given == asked.adapted else int(not a)
-        if asked.epoch == self.epoch:
-            self._add(asked.weight * (a - g), asked.bound, asked.count, asked.period)
-
-    def _add(self, value: float, bound: float, count: int, period: int) -> None:
-        """One answer: ``count`` draws of the same sample, each an observation ``value`` in
-        ``[-bound, bound]``."""
-        self.answers += 1
-        tally = self._periods.setdefault(period, [0.0, 0.0])
-        tally[0] += count
-        tally[1] += value * count
-        self.test.add(value, bound, count)
-
+    # -- audits (label-free methods) ---------------------------------------------------------
     def _audit(self, x: Tensor, logits: Tensor, adapted: Tensor, labels: Tensor | None) -> None:
         """A label-free method's audits: ``audits`` draws by disagreement (and entropy)."""
         assert self._source_pred is not None
@@ -523,15 +436,8 @@ class SourceFallback:
         drawn = torch.multinomial(q.float(), self.audits, replacement=True, generator=self._gen)
         pos, counts = torch.unique(drawn, sorted=True, return_counts=True)
         idx = pool[pos]
-        draw = Draw(
-            idx,
-            q[pos],
-            counts,
-            self.audits,
-            len(pool),
-            int(disagree.sum()),
-            answer_bound(q, disagree),
-        )
+        n_dis, bound = int(disagree.sum()), answer_bound(q, disagree)
+        draw = Draw(idx, q[pos], counts, self.audits, len(pool), n_dis, bound)
         self.requested += len(idx)
         rows = idx.to(x.device)
         try:
@@ -541,7 +447,10 @@ class SourceFallback:
                 except Exception as err:
                     raise OracleError(f"the auditor raised {type(err).__name__}: {err}") from err
                 got = validate_labels(answer, len(idx), logits.shape[1])
-                self._score_labels(idx, got, adapted, draw)
+                if got is not None:
+                    self.book.score_labels(
+                        self.test, idx, got, draw, adapted, self._source_pred, self.period
+                    )
                 return
             requests = []
             for j, i in enumerate(idx.tolist()):
@@ -556,9 +465,9 @@ class SourceFallback:
                         i,
                     )
                 )
-                hit = _weight(draw, i)
+                hit = drawn_weight(draw, i)
                 assert hit is not None
-                self._pending[rid] = _Asked(
+                self.book.pending[rid] = Asked(
                     hit[0],
                     draw.bound,
                     hit[1],
@@ -573,8 +482,8 @@ class SourceFallback:
                 answers = list(self.auditor.collect())
             except Exception as err:
                 raise OracleError(f"the auditor raised {type(err).__name__}: {err}") from err
-            self._check_audit_answers(answers)
-            self._answered.extend(answers)
+            self.book.check_audits(answers, f"fallback-{self.seed}-", self.step, self.audits)
+            self.book.hear(answers)
         finally:
             end = getattr(self.auditor, "end_batch", None)
             if end is not None:
@@ -583,9 +492,7 @@ class SourceFallback:
     def _expire(self) -> None:
         if self.draw is not None:  # the method's own requests expire with the method
             return
-        old = [i for i, a in self._pending.items() if self.step - a.step > self.label_expiry]
-        for i in old:
-            del self._pending[i]
+        old = self.book.expire(self.step, self.label_expiry)
         if old and is_asynchronous(self.auditor):
             self.auditor.cancel(old)
 
@@ -597,76 +504,26 @@ class SourceFallback:
         t = self.test
         return t.answers, t.mean, t.up, t.down
 
-    def _record_marginals(self, adapted: Tensor) -> None:
-        assert self._source_pred is not None
-        given = self._source_pred.cpu()
-        where = given >= 0  # the samples the source model predicted on
-        classes = max(int(given.max()), int(adapted.max())) + 1
-        g, a = given[where], adapted.cpu()[where]
-        self._marginals.append(
-            (torch.bincount(g, minlength=classes), torch.bincount(a, minlength=classes))
-        )
-        self._disagreement.append((int((g != a).sum()), g.numel()))
-
     def disagreement_rate(self) -> float:
         """Share of the last ``prior_batches`` batches' samples (where the source model predicted)
         on which the two models predict different classes (nan before any batch)."""
-        seen = sum(n for _, n in self._disagreement)
-        return sum(d for d, _ in self._disagreement) / seen if seen else math.nan
-
-    def prior_choice(self) -> str:
-        """What the label-free signs say to serve: the adapted model when the source model's
-        predictions have collapsed or the two disagree on more than ``prior_disagreement`` of
-        the samples, else the source model."""
-        collapsed = self.collapse_ratio() < self.prior_ratio
-        apart = self.disagreement_rate() > self.prior_disagreement
-        return "adapted" if collapsed or apart else "source"
+        return self.signs.disagreement_rate()
 
     def collapse_ratio(self) -> float:
         """Entropy of the source model's predicted classes over that of the adapted model's, on
         the same samples of the last ``prior_batches`` batches (nan before any batch)."""
-        if not self._marginals:
-            return math.nan
-        width = max(max(len(g), len(a)) for g, a in self._marginals)
-        g_sum = torch.zeros(width, dtype=torch.float64)
-        a_sum = torch.zeros(width, dtype=torch.float64)
-        for g, a in self._marginals:
-            g_sum[: len(g)] += g
-            a_sum[: len(a)] += a
-        h_a = _entropy(a_sum)
-        return _entropy(g_sum) / h_a if h_a > 0 else 1.0
+        return self.signs.collapse_ratio()
+
+    def prior_choice(self) -> str:
+        """What the label-free signs say to serve (:meth:`LabelFreeSigns.choice`)."""
+        return self.signs.choice()
 
     def _decide(self, method: Any) -> None:
-        if not self.act:
-            return
-        verdict = self.test.decided()
-        if verdict is None and self.start == "auto" and not self.events:  # label-free signs
-            want = self.prior_choice()
-            if want != self.serving:
-                self.prior_switches += 1
-                self.serving = want
-            return
-        if verdict == "better" and self.serving != "adapted":
-            self._event("serve adapted")
-            self.serving = "adapted"
+        reset = self.rule.decide(self.test.decided(), self.step, self.evidence(), self.signs)
+        if reset:
+            method.reset(keep_monitor=True)
+        if self.rule.decided_now():
             self.test.clear()
-        elif verdict == "worse":  # a decision wherever it comes: the evidence starts over
-            if self.serving != "source":
-                self._event("serve given")
-                self.serving = "source"
-            elif not self.reset_on_evidence:  # changes nothing served; left standing, the
-                # detector (which does not fall while the recent answers favour the adapted
-                # model) would block every later "better"
-                self._event("adapted found worse")
-            if self.reset_on_evidence:
-                self._event("reset: worse than given")
-                method.reset(keep_monitor=True)
-                self.epoch += 1
-            self.test.clear()
-
-    def _event(self, kind: str) -> None:
-        m, mean, up, down = self.evidence()
-        self.events.append(FallbackEvent(kind, self.step, m, mean, up, down))
 
     # -- what it reports ---------------------------------------------------------------------
     @property
@@ -676,12 +533,16 @@ class SourceFallback:
 
     def period_gain(self, period: int) -> tuple[int, float]:
         """Answers and mean estimated paired difference (adapted - given accuracy) in a period."""
-        n, total = self._periods.get(period, [0.0, 0.0])
-        return int(n), (total / n if n else math.nan)
+        return self.book.period_gain(period)
+
+    def history(self) -> list[tuple[str, str]]:
+        """Per served batch, in order: what served it (``"adapted"``, ``"source"``, ``"blend"``)
+        and why (``"evidence"``, ``"default"``, ``"sign"``)."""
+        return self.rule.history()
 
     def stats(self) -> dict[str, Any]:
         """Answers scored, batches served by the source model, switches and resets, what is
-        served now, answers pending."""
+        served now and why, answers pending, and served batches by what and why."""
         return {
             "answers": self.answers,
             "requested": self.requested,
@@ -691,68 +552,39 @@ class SourceFallback:
             "prior_switches": self.prior_switches,
             "resets": len(self.resets),
             "serving": self.serving,
-            "pending": len(self._pending),
+            "reason": self.rule.why,
+            "pending": len(self.book.pending),
+            **self.rule.tally(),
         }
 
     # -- state -------------------------------------------------------------------------------
     def reset(self) -> None:
         """Back to creation (a new stream): evidence, events, pending audits (cancelled)."""
-        if self._pending and self.auditor is not None and is_asynchronous(self.auditor):
-            self.auditor.cancel(list(self._pending))
+        if self.book.pending and self.auditor is not None and is_asynchronous(self.auditor):
+            self.auditor.cancel(list(self.book.pending))
         self._clear()
         self._gen.manual_seed(self.seed)
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
-            "epoch": self.epoch,
             "period": self.period,
-            "serving": self.serving,
-            "events": [e.to_dict() for e in self.events],
-            "answers": self.answers,
             "requested": self.requested,
-            "served_source": self.served_source,
-            "prior_switches": self.prior_switches,
-            "marginals": [(g.clone(), a.clone()) for g, a in self._marginals],
-            "disagreement": [list(p) for p in self._disagreement],
+            "rule": self.rule.state_dict(),
+            "signs": self.signs.state_dict(),
+            "book": self.book.state_dict(),
             "test": self.test.state_dict(),
-            "periods": {p: list(t) for p, t in self._periods.items()},
-            "pending": {k: asdict(v) for k, v in self._pending.items()},
             "generator": self._gen.get_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.epoch = int(state["step"]), int(state["epoch"])
-        self.period = int(state["period"])
-        if state["serving"] not in START:
-            raise ValueError(f"unknown serving state {state['serving']!r}")
-        self.serving = str(state["serving"])
-        self.events = [FallbackEvent(**e) for e in state["events"]]
-        self.answers, self.served_source = (
-            int(state["answers"]),
-            int(state["served_source" if "served_source" in state else "served_given"]),
-        )
+        self.step, self.period = int(state["step"]), int(state["period"])
         self.requested = int(state["requested"])
-        self.prior_switches = int(state["prior_switches"])
-        self._marginals = deque(
-            ((g.clone(), a.clone()) for g, a in state["marginals"]), maxlen=self.prior_batches
-        )
-        self._disagreement = deque(
-            ((int(d), int(n)) for d, n in state["disagreement"]), maxlen=self.prior_batches
-        )
+        self.rule.load_state_dict(state["rule"])
+        self.signs.load_state_dict(state["signs"])
+        self.book.load_state_dict(state["book"])
         self.test.load_state_dict(state["test"])
-        self._periods = {int(p): [float(t[0]), float(t[1])] for p, t in state["periods"].items()}
-        self._pending = {str(k): _Asked(**v) for k, v in state["pending"].items()}
         self._gen.set_state(state["generator"])
-
-
-def _entropy(counts: Tensor) -> float:
-    """Entropy (nats) of a class histogram."""
-    total = float(counts.sum())
-    if total <= 0:
-        return 0.0
-    p = counts[counts > 0].double() / total
-    return float(-(p * p.log()).sum())
 
 
 def _last_linear_outputs(model: nn.Module) -> int | None:
@@ -763,14 +595,3 @@ def _last_linear_outputs(model: nn.Module) -> int | None:
         if isinstance(m, nn.Linear):
             last = m.out_features
     return last
-
-
-def _weight(draw: Draw | None, index: int) -> tuple[float, int] | None:
-    """``(1 / (n q), count)`` of a drawn position (None if it was not drawn)."""
-    if draw is None:
-        return None
-    hits = (draw.indices == index).nonzero()
-    if not len(hits):
-        return None
-    j = int(hits[0])
-    return 1.0 / (draw.n * float(draw.q[j])), int(draw.counts[j])

@@ -1,0 +1,207 @@
+"""What serves each batch, and why: the decision rule of the source-model fallback.
+
+Three predictors can serve a batch: the adapted model ``f_a``, the model as given ``f_g``
+(``"source"``), and their *blend*, the mean of the two models' probabilities::
+
+    blend(x) = log((softmax(f_a(x)) + softmax(f_g(x))) / 2)
+
+(served as logits: its softmax is that mean). Each served batch is recorded with one of four
+reasons (:data:`WHY`):
+
+- ``"evidence"``: the answers decided (:class:`~eatta.monitor.betting.SignTest`). ``"better"``
+  serves the adapted model; ``"worse"`` serves the given one (and, with ``reset``, resets the
+  adapted method). A "worse" while the given model serves already is a decision too, recorded as
+  ``"adapted found worse"``: the evidence starts over from every decision.
+- ``"default"``: no decision; what ``start`` serves without evidence: the given model for
+  ``"source"`` and ``"blend"``, the adapted model for ``"adapted"``.
+- ``"lean"``: ``start="blend"``, no decision, but the answers since the last decision lean
+  toward the adapted model (their mean paired difference is above 0): the blend serves.
+- ``"sign"``: a label-free sign chose. With ``start="auto"`` the signs of
+  :mod:`eatta.monitor.signs` choose until the first decision (they can choose the adapted
+  model, and the safety study's ``mnist-far`` stream misleads them); with ``start="blend"`` a
+  batch the two models disagree on more than the signs' threshold of is served by the given
+  model instead of the blend (one of the two is then often wrong, and the blend follows the
+  more confident one).
+
+``"blend"`` (``eatta-safe``'s default) chooses the given model wherever there is no answer, so
+without answers it *is* the given model; a lean and the disagreement sign only move it between
+the given model and the blend, never to the adapted model alone. Measured on every stream of the
+safety study, the two built to mislead it included (docs/safety.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch import Tensor
+
+from eatta.monitor.signs import LabelFreeSigns
+
+__all__ = ["SERVED", "START", "WHY", "FallbackEvent", "ServingRule", "blend_logits"]
+
+#: What is served before there is evidence.
+START = ("blend", "source", "adapted", "auto")
+#: What can serve a batch.
+SERVED = ("adapted", "source", "blend")
+#: Why it serves.
+WHY = ("evidence", "default", "sign", "lean")
+
+
+def blend_logits(adapted: Tensor, given: Tensor) -> Tensor:
+    """``log((softmax(adapted) + softmax(given)) / 2)`` in float32, returned in ``adapted``'s
+    dtype (the blend's logits; its argmax is the blend's prediction)."""
+    p = 0.5 * (adapted.detach().float().softmax(1) + given.detach().float().softmax(1))
+    return p.log().to(adapted.dtype)
+
+
+@dataclass(frozen=True)
+class FallbackEvent:
+    """A switch of what is served, a reset of the adapted method, or the adapted model found worse
+    while the source model is served, with its evidence."""
+
+    kind: str  # "serve adapted", "serve given", "adapted found worse", "reset: worse than given"
+    step: int
+    answers: int  # answers since the last decision, all of which the decision read
+    gain: float  # their mean paired difference (adapted - given accuracy)
+    up: float  # the wealth betting on the adapted model
+    down: float  # the wealth betting against it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ServingRule:
+    """What serves now and why, the decisions taken, and a tally of every served batch.
+
+    Args:
+        start: what serves before the first decision (:data:`START`).
+        act: whether decisions are taken (False: the adapted model always serves).
+        reset: whether a "worse" decision also asks for the adapted method's reset.
+    """
+
+    def __init__(self, start: str, *, act: bool = True, reset: bool = False) -> None:
+        if start not in START:
+            raise ValueError(f"start must be one of {', '.join(START)}, got {start!r}")
+        self.start, self.act, self.reset_on_evidence = start, bool(act), bool(reset)
+        self.clear()
+
+    def clear(self) -> None:
+        """Back to creation: no decision, nothing served."""
+        if not self.act:
+            self.serving = "adapted"
+        else:  # "auto", "blend": the given model until the signs or the answers say otherwise
+            self.serving = "source" if self.start in ("auto", "blend") else self.start
+        self.why = "sign" if self.act and self.start == "auto" else "default"
+        self._decided = False
+        self.events: list[FallbackEvent] = []
+        self.epoch = 0  # resets of the adapted method so far
+        self.prior_switches = 0  # switches made by the label-free signs
+        self._log: list[str] = []  # per served batch: SERVED index, WHY index
+
+    def decide(
+        self,
+        verdict: str | None,
+        step: int,
+        evidence: tuple[int, float, float, float],
+        signs: LabelFreeSigns,
+    ) -> bool:
+        """Act on the test's ``verdict`` (``"better"``, ``"worse"`` or None) after ``step``;
+        True when the adapted method must be reset (the caller resets it and clears the test
+        whenever :meth:`decided_now` says so)."""
+        self._decided = False
+        if not self.act:
+            return False
+        if verdict is None:
+            if self.start == "auto":
+                self.refresh(signs, evidence[1])
+            return False
+        if verdict == "better" and self.serving == "adapted":
+            return False
+        self._decided = True
+        self.why = "evidence"
+        if verdict == "better":
+            self._event("serve adapted", step, evidence)
+            self.serving = "adapted"
+            return False
+        if self.serving != "source":
+            self._event("serve given", step, evidence)
+            self.serving = "source"
+        elif not self.reset_on_evidence:  # changes nothing served; left standing, the detector
+            # (which does not fall while the recent answers favour the adapted model) would
+            # block every later "better"
+            self._event("adapted found worse", step, evidence)
+        if self.reset_on_evidence:
+            self._event("reset: worse than given", step, evidence)
+            self.epoch += 1
+        return self.reset_on_evidence
+
+    def refresh(self, signs: LabelFreeSigns, lean: float) -> None:
+        """Before the first decision, what serves by the signs: ``"auto"``, their choice (read
+        after a batch, for the next); ``"blend"``, the blend, but the given model on a batch the
+        two models disagree on more than the signs' threshold of (one of the two is then often
+        wrong, and the blend follows the more confident one) or while the answers so far lean
+        against the adapted model (``lean``, their mean paired difference, below 0): both only
+        ever choose the given model (read after the batch's predictions, for this batch)."""
+        if self.why == "evidence" or self.start not in ("auto", "blend"):
+            return
+        if self.start == "auto":
+            want, why = signs.choice(), "sign"
+        elif not lean > 0:  # no answer yet (nan), or they lean against the adapted model
+            want, why = "source", "default"
+        elif signs.last_disagreement() > signs.disagreement:
+            want, why = "source", "sign"
+        else:
+            want, why = "blend", "lean"
+        if want != self.serving:
+            self.prior_switches += 1
+            self.serving = want
+        self.why = why
+
+    def decided_now(self) -> bool:
+        """Whether the last :meth:`decide` took a decision (the evidence then starts over)."""
+        return self._decided
+
+    def _event(self, kind: str, step: int, evidence: tuple[int, float, float, float]) -> None:
+        m, mean, up, down = evidence
+        self.events.append(FallbackEvent(kind, step, m, mean, up, down))
+
+    def note(self) -> None:
+        """One batch (or one request between steps) served by what serves now."""
+        self._log.append(f"{SERVED.index(self.serving)}{WHY.index(self.why)}")
+
+    def history(self) -> list[tuple[str, str]]:
+        """Per served batch, in order: what served it and why."""
+        return [(SERVED[int(e[0])], WHY[int(e[1])]) for e in self._log]
+
+    def served(self, what: str) -> int:
+        """Batches served by ``what`` (:data:`SERVED`)."""
+        code = str(SERVED.index(what))
+        return sum(e[0] == code for e in self._log)
+
+    def tally(self) -> dict[str, dict[str, int]]:
+        """Served batches by what served them and by why."""
+        return {
+            "served": {s: self.served(s) for s in SERVED},
+            "why": {w: sum(e[1] == str(i) for e in self._log) for i, w in enumerate(WHY)},
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "serving": self.serving,
+            "why": self.why,
+            "events": [e.to_dict() for e in self.events],
+            "epoch": self.epoch,
+            "prior_switches": self.prior_switches,
+            "log": "".join(self._log),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["serving"] not in SERVED or state["why"] not in WHY:
+            raise ValueError(f"unknown serving state {state['serving']!r}, {state['why']!r}")
+        self.serving, self.why = str(state["serving"]), str(state["why"])
+        self.events = [FallbackEvent(**e) for e in state["events"]]
+        self.epoch = int(state["epoch"])
+        self.prior_switches = int(state["prior_switches"])
+        log = str(state["log"])
+        self._log = [log[i : i + 2] for i in range(0, len(log), 2)]
