@@ -164,6 +164,11 @@ class HILTTA(ActiveMethod):
         score_momentum: momentum of the score average (0.5).
         split: ``(backbone, head)`` for models whose split is not found automatically.
         label_expiry: steps an asynchronous request waits before it expires.
+        sar_momentum: SAR base only, the base optimizer's state after a choice: ``"last"``
+            (the authors' loop: the momentum buffers stay as the last candidate's step left
+            them, only the chosen rate is set) or ``"chosen"`` (the chosen candidate's
+            momentum, saved with its copy). TENT and ETA always get the chosen candidate's, as
+            the authors' ``deepcopy`` of the whole method does.
     """
 
     optimizer: torch.optim.Optimizer  # the base's
@@ -187,6 +192,7 @@ class HILTTA(ActiveMethod):
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
+        sar_momentum: str = "last",
         **parts: Unpack[Parts],
     ) -> None:
         name = _BASES.get(type(base))
@@ -210,6 +216,8 @@ class HILTTA(ActiveMethod):
             )
         if anchor_stats not in ("batch", "running"):
             raise ValueError(f"anchor_stats must be 'batch' or 'running', got {anchor_stats!r}")
+        if sar_momentum not in ("last", "chosen"):
+            raise ValueError(f"sar_momentum must be 'last' or 'chosen', got {sar_momentum!r}")
         if not 0.0 <= score_momentum <= 1.0:
             raise ValueError(f"score_momentum must be in [0, 1], got {score_momentum!r}")
         if not active_lr >= 0.0:
@@ -230,6 +238,7 @@ class HILTTA(ActiveMethod):
         frozen.requires_grad_(False)
         self.anchor = frozen.eval()
         self.anchor_stats = anchor_stats
+        self.sar_momentum = sar_momentum
         self.active_optimizer = active_optimizer or torch.optim.Adam(
             model.parameters(), lr=active_lr
         )
@@ -297,14 +306,19 @@ class HILTTA(ActiveMethod):
             best = 0
             if len(pool_y):
                 best = self._choose(x[unl], pool_x, pool_y, copies, record)
-            self._load(copies[best], base_state=self.base_name != "sar")
+            sar = self.base_name == "sar"
+            self._load(
+                copies[best],
+                optimizer_state=not sar or self.sar_momentum == "chosen",
+                base_state=not sar,
+            )
             record.chosen, record.value = best, float(self.candidates[best])
             if len(pool_y):
                 late_rows = batch + torch.arange(len(late_x), device=x.device)
                 rows = torch.cat([lab_idx.to(x.device), late_rows])
                 record.supervised_loss = self._supervised(torch.cat([x, late_x]), rows, pool_y)
         except BaseException:
-            self._load(start, base_state=True)
+            self._load(start, optimizer_state=True, base_state=True)
             self.scores = scores
             raise
         self.charge(answers)
@@ -358,9 +372,12 @@ class HILTTA(ActiveMethod):
             self.value,
         )
 
-    def _load(self, c: _Copy, *, base_state: bool) -> None:
+    def _load(self, c: _Copy, *, optimizer_state: bool, base_state: bool) -> None:
+        """Load a copy's model and value; its optimizer state (momentum) and its base's state
+        when asked (else they stay as the last candidate left them)."""
         self.model.load_state_dict(c.model)
-        self.optimizer.load_state_dict(copy.deepcopy(c.optimizer))
+        if optimizer_state:
+            self.optimizer.load_state_dict(copy.deepcopy(c.optimizer))
         if base_state:
             self.base.load_method_state(copy.deepcopy(c.base))
         self._set(c.value)
@@ -456,6 +473,9 @@ class HILTTAConfig(ActiveConfig):
     )
     rho: float = hparam(0.05, "SAM radius (sar)", min=0.0)
     reset_constant: float = hparam(0.0, "SAR's recovery threshold (0: never)", min=0.0)
+    sar_momentum: Literal["last", "chosen"] = hparam(
+        "last", "SAR base: SGD momentum after a choice: the last candidate's (theirs) or chosen's"
+    )
     buffer: int | None = hparam(None, "replay buffer: HILTTA keeps none (None or 0 only)", min=0)
 
 
@@ -511,6 +531,7 @@ def _build_hiltta(
         score_momentum=cfg.score_momentum,
         split=cfg.split,
         label_expiry=cfg.label_expiry,
+        sar_momentum=cfg.sar_momentum,
     )
 
 
