@@ -16,15 +16,23 @@ Learned from the authors' code (github.com/Yushu-Li/HILTTA: ``hiltta.py``, ``mai
 3. **Model selection** (only when labels came): each candidate copy predicts on the unlabelled
    part followed by the labelled pool (one forward pass, the model's adaptation mode). Its
    *anchor loss* is the mean squared difference between its softmax and the source model's (the
-   *anchor*: the model as given, before :func:`eatta.configure`) on the unlabelled part; its
+   *anchor*: the model as given, before :func:`eatta.configure`; by default, ``anchor_stats=
+   "batch"``, its BatchNorm layers normalise with the statistics of the anchor's input, the
+   unlabelled part and the labelled pool together, and with ``"running"`` with the source
+   model's running statistics) on the unlabelled part; its
    *CE* is the cross-entropy on the labelled pool. Each list is min-max normalised over the
    candidates (``(v - min) / max``; a list of equal values becomes all 1), the two are added,
    and an exponential moving average over batches, ``s ← m·s + (1 - m)·r`` (``m = 0.5``; the
    first batch's ``r`` starts it), scores the candidates; the lowest wins (the first on a tie).
    Without labels, the first candidate wins and the average is left alone.
-4. The winning copy is loaded: the model, the base's optimizer (its hyperparameter included) and
-   the base's state (ETA's probability average). **SAR**: as the authors' SAR path restores
-   only models and optimizer, SAR's loss average stays as the last candidate left it.
+4. The winning copy is loaded. **TENT, ETA**: the model, the base's optimizer (its momentum and
+   the chosen value) and the base's state (ETA's probability average), as the authors' loop,
+   which takes a deep copy of the whole method. **SAR**: the authors' SAR path reloads the
+   model's state and ``SAM.state_dict()``, which holds SAM's own state and the chosen rate but
+   not the inner SGD's momentum buffers; so the model and the rate are the winner's, while the
+   SGD's momentum and SAR's loss average stay as the last candidate's step left them
+   (``sar_momentum="last"``, the default). ``sar_momentum="chosen"`` loads the winner's
+   momentum too (see docs/hiltta.md for what it changes).
 5. **Supervised step.** One step of a separate optimizer over *all* the model's parameters
    (Adam, lr 1e-5: ``ACTIVE.LR`` in ``main.py``) on the cross-entropy of the labelled samples,
    computed from a forward pass of the whole batch.
@@ -39,7 +47,6 @@ Deviations, each deliberate:
   unlabelled so the base can normalise on them), not ``int(B · ACTIVE.RATE)``. The EATTA paper's
   HILTTA† rows ("3 samples per batch", batch 64) are ``budget=3`` (rate 3/64 ≈ 0.047; the code's
   default rate 0.032 gives 2 labels at batch 64). See docs/hiltta.md.
-* K-Margin distances are float64 (the authors' are float32); only exact ties can differ.
 * The candidate copies live within a step, as in the authors' loop; what a step leaves behind
   (the model, both optimizers, the base's state, the score average) is saved by
   ``state_dict()``, so a stream resumes bit-identically.
@@ -47,6 +54,9 @@ Deviations, each deliberate:
   they arrive in (their kept inputs appended to the supervised forward pass); with a zero-delay
   annotator the step is the synchronous one, bit for bit.
 * SAR's recovery threshold defaults to 0.0 (``SAR.RESET_CONSTANT_EM`` in ``conf.py``: never).
+  With a threshold above 0 a recovery is :class:`~eatta.methods.sar.SAR`'s own: it restores
+  the initial momentum and keeps the loss average, where the authors' HILTTA code keeps the
+  momentum (SAM's state only) and clears the average.
 * The anchor's normalisation. Their ``main.py`` builds the anchor with ``get_model``, which puts
   RobustBench models in eval mode but leaves torchvision/timm models (their ImageNet runs) in
   train mode: BatchNorm then normalises with the statistics of the anchor's input. The default,
