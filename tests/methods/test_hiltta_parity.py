@@ -1,21 +1,24 @@
 """HILTTA against a plain-torch rewrite of the authors' loop (github.com/Yushu-Li/HILTTA at
 0011213: ``hiltta.py``, ``methods/{tent,eata,sar,base}.py``), for each of its three bases, on the
-packaged digits CNN and 20 batches of digits-C.
+packaged digits CNN and 20 batches of 16 digits-C images.
 
 The rewrite keeps what their code does, not what the library does: K-Margin on NumPy arrays
-(float32 scaled features, stacked under a float64 zero row, so the distances are float64), a
+(float32 scaled features with a float64 zero row on top, so the distances are float64), a
 deep copy of the whole method per candidate for TENT and ETA, and for SAR a copy of the model's
 state and of *SAM's* ``state_dict()``, which holds SAM's own state and the groups' rates but not
 the inner SGD's momentum: after a choice their SGD momentum is the last candidate's.
 
-Per step the test asks for: the returned logits, the base optimizer's momentum and every parameter
-within 1e-5; the same K-Margin indices; the same chosen candidate. The score average is compared
-as a formula (recomputed here from the library's own recorded losses, exactly) and the library's
-losses against the rewrite's within 1e-5 relative: min-max normalisation divides by the spread of
-seven close losses, so a 1-ulp float32 difference in a loss can move a normalised rank by far more
-than 1e-5 without changing anything else. That is also where a choice can flip: when two
-candidates' averages are within such an amplified ulp of each other. The streams here have no
-such near-tie (the margin between the best and second-best average is checked and reported).
+Per step the test asks for: the returned logits and every parameter within 1e-5, the base
+optimizer's momentum within 1e-5 (1e-3 under SAR, see below), the same K-Margin indices, the same
+chosen candidate. The losses are compared within 1e-5 relative; the score average is compared as
+a formula, recomputed here from the library's own recorded losses, exactly. Min-max normalisation
+divides by the spread of seven close losses, so a 1-ulp float32 difference in a loss can move a
+normalised rank by up to ~1e-3 without anything else changing.
+
+That is also where a choice can flip: a candidate whose average is within that amplified
+difference of the best one's is a near-tie, and the library and their code could pick different
+winners there. Each step's margin (every candidate's lead over the winner, in units of how much
+the two computations disagree on that lead) is checked to be above 2; on these streams it is.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from eatta.models.digits_cnn import packaged_digits_source
 
 pytestmark = pytest.mark.small_batches
 
-BATCH = 32
+BATCH = 16
 STEPS = 20
 DOMAINS = ("fog", "contrast", "pixelate", "elastic_transform")  # cheap to corrupt: no cache
 
@@ -54,7 +57,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """20 batches of 32 digits-C images, 5 per domain."""
+    """20 batches of 16 digits-C images, 5 per domain."""
     per = STEPS // len(DOMAINS)
     out = []
     for c in DOMAINS:
@@ -322,16 +325,6 @@ def library(
     )  # fmt: skip
 
 
-CASES = [
-    ("tent", 2, "batch"),
-    ("tent", 3, "running"),
-    ("eta", 2, "batch"),
-    ("eta", 3, "running"),
-    ("sar", 2, "batch"),
-    ("sar", 2, "running"),
-]
-
-
 def check_steps(
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     base: str,
@@ -340,16 +333,16 @@ def check_steps(
     dtype: torch.dtype,
     tol: float,
     momentum_tol: float,
-) -> list[float]:
+) -> tuple[list[float], list[int]]:
     """Run the library and the rewrite side by side and check every step; return, for each
     step and candidate, its average's lead over the chosen one's in units of the two
-    computations' difference in that lead (a flip needs a ratio below 1)."""
+    computations' difference in that lead (a flip needs a ratio below 1), and the choices."""
     grid = D_MARGIN_GRID if base == "eta" else LR_GRID
     lr = 5e-3 if base == "eta" else 2.5e-4
     ref = TheirLoop(base, grid, k, anchor_stats, lr, dtype=dtype)
     m = library(base, k, anchor_stats, lr, dtype=dtype)
     scores = None
-    margins = []
+    margins, chosen = [], []
     for x, y in batches:
         x = x.to(dtype)
         out = m(x, labels=y)
@@ -385,16 +378,18 @@ def check_steps(
             assert torch.allclose(m.base.model_probs, ref.probs, atol=tol, rtol=0)
         if base == "sar":
             assert m.base.ema == pytest.approx(ref.ema, rel=tol)
-    return margins
+        chosen.append(step.chosen)
+    assert len(set(chosen)) >= 3, chosen  # the choice itself is pinned, not only candidate 0
+    return margins, chosen
 
 
 CASES = [
     ("tent", 2, "batch"),
     ("tent", 3, "running"),
-    ("eta", 2, "batch"),
-    ("eta", 3, "running"),
+    ("eta", 2, "running"),
+    ("eta", 3, "batch"),
     ("sar", 2, "batch"),
-    ("sar", 2, "running"),
+    ("sar", 3, "running"),
 ]
 
 
@@ -402,24 +397,22 @@ CASES = [
 def test_twenty_steps_match_their_loop(batches, base, k, anchor_stats):
     """float32: logits and parameters within 1e-5, the same indices and choices at every step.
 
-    The momentum's tolerance is looser under SAR (1e-2; the faithful and the restored momentum
-    are ~0.7 apart): SAM's ascent is ``ρ g / ||g||``, so when the batch is confident and ``g``
-    is small its float32 rounding turns the direction by ~1e-3 and the gradient at the perturbed
-    weights, which the momentum sums, differs by up to ~1e-3 (8e-4 at step 13 of sar-2-batch).
-    The float64 test below shows it is rounding: there the momenta agree to 1e-15. At k = 3
-    with the running-statistics anchor the same rounding (1.6e-3 in the momentum at step 10,
-    where the largest rate wins) carries the float32 parameters 1.1e-5 apart by step 20, the
-    choices still identical; that case is checked in float64."""
-    momentum_tol = 1e-2 if base == "sar" else 1e-5
-    margins = check_steps(batches, base, k, anchor_stats, torch.float32, 1e-5, momentum_tol)
+    The momentum's tolerance is looser under SAR (1e-3; the faithful and the restored momentum
+    part by ~0.2 at the first step): SAM's ascent is ``ρ g / ||g||``, so when the batch is
+    confident and ``g`` is small its float32 rounding turns the direction, and the gradient at
+    the perturbed weights, which the momentum sums, differs by more than an ulp (up to 4.4e-5
+    in sar-2-batch).
+    The float64 test below shows it is rounding: there the momenta agree to 1e-10."""
+    momentum_tol = 1e-3 if base == "sar" else 1e-5
+    margins, _ = check_steps(batches, base, k, anchor_stats, torch.float32, 1e-5, momentum_tol)
     assert min(margins) > 2.0, margins  # every choice clear of the two computations' difference
 
 
 @pytest.mark.slow
 def test_twenty_sar_steps_match_their_loop_in_float64(batches):
-    """float64, SAR at k = 3 with the running-statistics anchor: everything to 1e-10, the
-    momentum included (float32 rounding is what separates them above)."""
-    margins = check_steps(batches, "sar", 3, "running", torch.float64, 1e-10, 1e-10)
+    """float64, SAR where float32 rounding moves the momentum most (k = 2, the anchor on its
+    input's statistics): everything to 1e-10, the momentum included."""
+    margins, _ = check_steps(batches, "sar", 2, "batch", torch.float64, 1e-10, 1e-10)
     assert min(margins) > 2.0, margins
 
 
@@ -444,7 +437,7 @@ def test_sar_chosen_momentum_is_an_option_and_differs_from_their_loop(batches):
                 float((a - b).abs().max())
                 for a, b in zip(momentum(ref.sgd), momentum(faithful.sgd), strict=True)
             )
-            assert apart > 1e-2
+            assert apart > 0.1
 
 
 def test_sar_momentum_is_checked():
