@@ -53,15 +53,16 @@ Deviations, each deliberate:
 * With an asynchronous annotator, answers that arrive late join the labelled pool of the step
   they arrive in (their kept inputs appended to the supervised forward pass); with a zero-delay
   annotator the step is the synchronous one, bit for bit.
-* SAR's recovery threshold defaults to 0.0 (``SAR.RESET_CONSTANT_EM`` in ``conf.py``: never).
-  With a threshold above 0 a recovery is :class:`~eatta.methods.sar.SAR`'s own: it restores
-  the initial momentum and keeps the loss average, where the authors' HILTTA code keeps the
-  momentum (SAM's state only) and clears the average.
-* The anchor's normalisation. Their ``main.py`` builds the anchor with ``get_model``, which puts
-  RobustBench models in eval mode but leaves torchvision/timm models (their ImageNet runs) in
-  train mode: BatchNorm then normalises with the statistics of the anchor's input. The default,
-  ``anchor_stats="batch"``, does the same without touching running buffers;
-  ``anchor_stats="running"`` uses the source model's running statistics (their CIFAR path).
+* SAR's recovery, with a threshold above 0 (the default is 0.0, as ``SAR.RESET_CONSTANT_EM``
+  in ``conf.py``: never): it is :class:`~eatta.methods.sar.SAR`'s own, which restores the
+  initial momentum and keeps the loss average, where the authors' HILTTA code keeps the
+  momentum (it reloads SAM's state only) and clears the average.
+* The anchor's normalisation is an option (the same outputs as theirs either way). Their
+  ``main.py`` builds the anchor with ``get_model``, which puts RobustBench models in eval mode
+  but leaves torchvision/timm models (their ImageNet runs) in train mode: BatchNorm then
+  normalises with the statistics of the anchor's input. The default, ``anchor_stats="batch"``,
+  does the same without updating running buffers; ``anchor_stats="running"`` uses the source
+  model's running statistics (their CIFAR path).
 """
 
 from __future__ import annotations
