@@ -6,9 +6,14 @@ that file). Every run is a cell of :func:`eatta.bench.run` under ``--out`` (fini
 read back, so an interrupted study resumes). Parts, per stream (recurring, mixed, CCC):
 ``main`` (``hiltta``, ``eatta``, ``eatta-stable`` at 1 and 3 labels a batch, TENT beside them)
 and ``select`` (HILTTA's choice of TENT's and ETA's learning rate alone, ``active_lr=0``,
-against their fixed rate); CPU seconds per batch over TENT's on the same cells.
+against their fixed rate), ``sar`` (HILTTA over SAR at 3 labels a batch, with the base SGD's
+momentum after a choice as the authors' loop leaves it, ``sar_momentum="last"``, and as the
+chosen candidate left it, ``"chosen"``; SAR alone at its fixed rate beside them); CPU seconds
+per batch over TENT's on the same cells. ``--parts`` reruns some parts and keeps the others'
+numbers from ``benchmarks/results/hiltta_study.json`` (same protocol only).
 
     python benchmarks/hiltta_study.py --seeds 0-2 --rounds 1 --limit 128 --out runs/hiltta
+    python benchmarks/hiltta_study.py --seeds 0-2 --rounds 1 --limit 128 --parts sar --jobs 1
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ SELECT: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "select-tent": (("tent", "hiltta"), {"active_lr": 0.0}),
     "select-eta": (("eta", "hiltta"), {"active_lr": 0.0, "base": "eta", "tune": "lr"}),
 }
+#: sar part: run name -> (methods, HILTTA's overrides)
+SAR: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "sar-last": (("sar", "hiltta"), {"base": "sar", "sar_momentum": "last"}),
+    "sar-chosen": (("hiltta",), {"base": "sar", "sar_momentum": "chosen"}),
+}
+PARTS = ("main", "select", "sar")
 PAGE = Template("hiltta")
 
 
@@ -55,25 +66,49 @@ def per_label(results: Sequence[CellResult]) -> dict[str, dict[str, list[float]]
     return out
 
 
-def study(out: Path, seeds: list[int], rounds: int, limit: int | None, jobs: int) -> dict[str, Any]:
-    """Run the parts into ``out``."""
+def study(
+    out: Path,
+    seeds: list[int],
+    rounds: int,
+    limit: int | None,
+    jobs: int,
+    parts: Sequence[str] = PARTS,
+    kept: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run ``parts`` into ``out``; the other parts' numbers are ``kept``'s."""
     data: dict[str, Any] = {
         "protocol": {"rounds": rounds, "limit": limit, "seeds": seeds},
-        "main": {},
-        "select": {},
+        **{part: {} for part in PARTS},
     }
+    for part in PARTS:
+        if part not in parts and kept is not None:
+            data[part] = kept.get(part, {})
     for stream, protocol in STREAMS.items():
         proto = replace(protocol, rounds=rounds)
         run = partial(run_part, out / stream, protocol=proto, seeds=seeds, jobs=jobs, limit=limit)
-        rows = data["main"][stream] = per_label(run("tent", methods=["tent"]))
-        for k in (1, 3):
-            rows.update(per_label(run(f"k{k}", methods=MAIN, labels=k)))
-        if stream != "recurring":
+        if "main" in parts:
+            rows = data["main"][stream] = per_label(run("tent", methods=["tent"]))
+            for k in (1, 3):
+                rows.update(per_label(run(f"k{k}", methods=MAIN, labels=k)))
+        if "select" in parts and stream != "recurring":
             data["select"][stream] = {
                 name: per_label(run(name, methods=methods, labels=3, hparams={"hiltta": hp}))
                 for name, (methods, hp) in SELECT.items()
             }
+        if "sar" in parts:
+            data["sar"][stream] = {
+                name: per_label(run(name, methods=methods, labels=3, hparams={"hiltta": hp}))
+                for name, (methods, hp) in SAR.items()
+            }
     return data
+
+
+def _parts(text: str) -> list[str]:
+    parts = [x for x in text.split(",") if x]
+    bad = [x for x in parts if x not in PARTS]
+    if bad or not parts:
+        raise SystemExit(f"unknown parts {bad or text!r}: a comma-separated subset of {PARTS}")
+    return parts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,11 +116,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--limit", type=int, default=None, help="images per domain (reduced runs)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    p.add_argument(
+        "--parts",
+        type=_parts,
+        default=list(PARTS),
+        help=f"parts to run, comma-separated (of {','.join(PARTS)}); the others' numbers are "
+        "kept from the results file, whose protocol must be the same",
+    )
     args = p.parse_args(argv)
     if args.report_only:
         data = json.loads(JSON.read_text(encoding="utf-8"))
     else:
-        data = study(Path(args.out), args.seeds, args.rounds, args.limit, args.jobs)
+        kept = None
+        if set(args.parts) != set(PARTS):  # the other parts' numbers come from the results file
+            kept = json.loads(JSON.read_text(encoding="utf-8"))
+            protocol = kept["protocol"]
+            same = (protocol["rounds"], protocol["limit"]) == (args.rounds, args.limit)
+            if not same or protocol["seeds"] not in (args.seeds, _span(args.seeds)):
+                raise SystemExit(
+                    f"--parts {','.join(args.parts)} keeps the other parts of {JSON.name}, run "
+                    f"under {protocol}: run with the same --rounds, --limit and --seeds"
+                )
+        data = study(
+            Path(args.out), args.seeds, args.rounds, args.limit, args.jobs, args.parts, kept
+        )
+        if kept is not None:
+            data["protocol"] = kept["protocol"]
     JSON.write_text(json.dumps(data, indent=1), encoding="utf-8")
     replace_section(DOC, "<!-- hiltta:begin -->", "<!-- hiltta:end -->", "\n" + report(data) + "\n")
     print(report(data))
@@ -112,6 +168,22 @@ def report(data: dict[str, Any]) -> str:
                 srows.append([f"{base} ({s})", fmt(fixed), fmt(chosen)])
         head = ["label-free method", "fixed lr 5e-3", "lr chosen by HILTTA"]
         select = PAGE("select", table=table(head, srows))
+    sar = ""
+    if data.get("sar"):
+        srows = []
+        for s, parts in data["sar"].items():
+            last, chosen = parts.get("sar-last", {}), parts.get("sar-chosen", {})
+            alone = last.get("sar", {}).get("error", [])
+            faithful = next((v["error"] for k, v in last.items() if k.startswith("hiltta")), [])
+            restored = next((v["error"] for k, v in chosen.items() if k.startswith("hiltta")), [])
+            srows.append([s, fmt(alone), fmt(faithful), fmt(restored)])
+        head = [
+            "stream",
+            "SAR alone (lr 5e-3)",
+            "HILTTA-SAR, last candidate's momentum (default)",
+            "HILTTA-SAR, chosen candidate's momentum",
+        ]
+        sar = PAGE("sar", table=table(head, srows))
     proto = data["protocol"]
     seeds = proto["seeds"]  # "0-2" as committed; a list from a fresh run
     text = PAGE(
@@ -120,8 +192,14 @@ def report(data: dict[str, Any]) -> str:
         seeds=seeds if isinstance(seeds, str) else ",".join(map(str, seeds)),
         table=table(["method", *main, "CPU/batch vs TENT"], rows),
         select=select,
+        sar=sar,
     )
     return text.removesuffix("\n")
+
+
+def _span(seeds: Sequence[int]) -> str:
+    """``[0, 1, 2]`` as the results file writes it, ``"0-2"``."""
+    return f"{seeds[0]}-{seeds[-1]}" if list(seeds) == list(range(seeds[0], seeds[-1] + 1)) else ""
 
 
 def _cpu(row: dict[str, list[float]]) -> float:

@@ -322,17 +322,20 @@ def test_eta_steps_match_the_reference_loop(margins):
 
 
 def test_sar_keeps_the_last_candidates_loss_average_and_the_winners_model(monkeypatch):
-    """The authors' SAR path restores models and optimizer only: SAR's loss average stays as the
-    last candidate left it, while the model is the winner's (no supervised step: active_lr=0)."""
+    """The authors' SAR path reloads the models and SAM's state only: SAR's loss average and the
+    SGD's momentum stay as the last candidate left them, while the model and the rate are the
+    winner's (no supervised step: active_lr=0). ``sar_momentum="chosen"``: the winner's
+    momentum."""
     from eatta.methods.sar import SAR
 
-    emas, models = [], []
+    emas, models, momenta = [], [], []
     real = SAR.forward_and_adapt
 
     def recording(self, x):
         out = real(self, x)
         emas.append(self.ema)
         models.append({k: v.clone() for k, v in self.model.state_dict().items()})
+        momenta.append(copy.deepcopy(self.optimizer.state_dict()["state"]))
         return out
 
     monkeypatch.setattr(SAR, "forward_and_adapt", recording)
@@ -352,6 +355,18 @@ def test_sar_keeps_the_last_candidates_loss_average_and_the_winners_model(monkey
         assert m.base.ema == emas[-1]
         assert m.value == (1e-3, 5e-2, 1e-1)[best]
         assert not differences(models[best], dict(m.model.state_dict()))  # active_lr=0
+        assert not differences(momenta[-1], m.optimizer.state_dict()["state"])
+        assert differences(momenta[best], momenta[-1])  # not a tautology: they differ
+    chosen = eatta.create(
+        "hiltta", confident_cnn(), oracle=GroundTruthOracle(), budget=2, base="sar",
+        candidates=(1e-3, 5e-2, 1e-1), active_lr=0.0, sar_momentum="chosen",
+    )  # fmt: skip
+    for x, y in zip(xs, ys, strict=True):
+        momenta.clear()
+        chosen(x, labels=y)
+        assert not differences(
+            momenta[chosen.last_step.chosen], chosen.optimizer.state_dict()["state"]
+        )
 
 
 def test_candidates_are_carried_from_one_to_the_next():

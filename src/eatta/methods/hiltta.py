@@ -16,15 +16,23 @@ Learned from the authors' code (github.com/Yushu-Li/HILTTA: ``hiltta.py``, ``mai
 3. **Model selection** (only when labels came): each candidate copy predicts on the unlabelled
    part followed by the labelled pool (one forward pass, the model's adaptation mode). Its
    *anchor loss* is the mean squared difference between its softmax and the source model's (the
-   *anchor*: the model as given, before :func:`eatta.configure`) on the unlabelled part; its
+   *anchor*: the model as given, before :func:`eatta.configure`; by default, ``anchor_stats=
+   "batch"``, its BatchNorm layers normalise with the statistics of the anchor's input, the
+   unlabelled part and the labelled pool together, and with ``"running"`` with the source
+   model's running statistics) on the unlabelled part; its
    *CE* is the cross-entropy on the labelled pool. Each list is min-max normalised over the
    candidates (``(v - min) / max``; a list of equal values becomes all 1), the two are added,
    and an exponential moving average over batches, ``s ← m·s + (1 - m)·r`` (``m = 0.5``; the
    first batch's ``r`` starts it), scores the candidates; the lowest wins (the first on a tie).
    Without labels, the first candidate wins and the average is left alone.
-4. The winning copy is loaded: the model, the base's optimizer (its hyperparameter included) and
-   the base's state (ETA's probability average). **SAR**: as the authors' SAR path restores
-   only models and optimizer, SAR's loss average stays as the last candidate left it.
+4. The winning copy is loaded. **TENT, ETA**: the model, the base's optimizer (its momentum and
+   the chosen value) and the base's state (ETA's probability average), as the authors' loop,
+   which takes a deep copy of the whole method. **SAR**: the authors' SAR path reloads the
+   model's state and ``SAM.state_dict()``, which holds SAM's own state and the chosen rate but
+   not the inner SGD's momentum buffers; so the model and the rate are the winner's, while the
+   SGD's momentum and SAR's loss average stay as the last candidate's step left them
+   (``sar_momentum="last"``, the default). ``sar_momentum="chosen"`` loads the winner's
+   momentum too (see docs/hiltta.md for what it changes).
 5. **Supervised step.** One step of a separate optimizer over *all* the model's parameters
    (Adam, lr 1e-5: ``ACTIVE.LR`` in ``main.py``) on the cross-entropy of the labelled samples,
    computed from a forward pass of the whole batch.
@@ -39,19 +47,22 @@ Deviations, each deliberate:
   unlabelled so the base can normalise on them), not ``int(B · ACTIVE.RATE)``. The EATTA paper's
   HILTTA† rows ("3 samples per batch", batch 64) are ``budget=3`` (rate 3/64 ≈ 0.047; the code's
   default rate 0.032 gives 2 labels at batch 64). See docs/hiltta.md.
-* K-Margin distances are float64 (the authors' are float32); only exact ties can differ.
 * The candidate copies live within a step, as in the authors' loop; what a step leaves behind
   (the model, both optimizers, the base's state, the score average) is saved by
   ``state_dict()``, so a stream resumes bit-identically.
 * With an asynchronous annotator, answers that arrive late join the labelled pool of the step
   they arrive in (their kept inputs appended to the supervised forward pass); with a zero-delay
   annotator the step is the synchronous one, bit for bit.
-* SAR's recovery threshold defaults to 0.0 (``SAR.RESET_CONSTANT_EM`` in ``conf.py``: never).
-* The anchor's normalisation. Their ``main.py`` builds the anchor with ``get_model``, which puts
-  RobustBench models in eval mode but leaves torchvision/timm models (their ImageNet runs) in
-  train mode: BatchNorm then normalises with the statistics of the anchor's input. The default,
-  ``anchor_stats="batch"``, does the same without touching running buffers;
-  ``anchor_stats="running"`` uses the source model's running statistics (their CIFAR path).
+* SAR's recovery, with a threshold above 0 (the default is 0.0, as ``SAR.RESET_CONSTANT_EM``
+  in ``conf.py``: never): it is :class:`~eatta.methods.sar.SAR`'s own, which restores the
+  initial momentum and keeps the loss average, where the authors' HILTTA code keeps the
+  momentum (it reloads SAM's state only) and clears the average.
+* The anchor's normalisation is an option (the same outputs as theirs either way). Their
+  ``main.py`` builds the anchor with ``get_model``, which puts RobustBench models in eval mode
+  but leaves torchvision/timm models (their ImageNet runs) in train mode: BatchNorm then
+  normalises with the statistics of the anchor's input. The default, ``anchor_stats="batch"``,
+  does the same without updating running buffers; ``anchor_stats="running"`` uses the source
+  model's running statistics (their CIFAR path).
 """
 
 from __future__ import annotations
@@ -164,6 +175,11 @@ class HILTTA(ActiveMethod):
         score_momentum: momentum of the score average (0.5).
         split: ``(backbone, head)`` for models whose split is not found automatically.
         label_expiry: steps an asynchronous request waits before it expires.
+        sar_momentum: SAR base only, the base optimizer's state after a choice: ``"last"``
+            (the authors' loop: the momentum buffers stay as the last candidate's step left
+            them, only the chosen rate is set) or ``"chosen"`` (the chosen candidate's
+            momentum, saved with its copy). TENT and ETA always get the chosen candidate's, as
+            the authors' ``deepcopy`` of the whole method does.
     """
 
     optimizer: torch.optim.Optimizer  # the base's
@@ -187,6 +203,7 @@ class HILTTA(ActiveMethod):
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
+        sar_momentum: str = "last",
         **parts: Unpack[Parts],
     ) -> None:
         name = _BASES.get(type(base))
@@ -210,6 +227,8 @@ class HILTTA(ActiveMethod):
             )
         if anchor_stats not in ("batch", "running"):
             raise ValueError(f"anchor_stats must be 'batch' or 'running', got {anchor_stats!r}")
+        if sar_momentum not in ("last", "chosen"):
+            raise ValueError(f"sar_momentum must be 'last' or 'chosen', got {sar_momentum!r}")
         if not 0.0 <= score_momentum <= 1.0:
             raise ValueError(f"score_momentum must be in [0, 1], got {score_momentum!r}")
         if not active_lr >= 0.0:
@@ -230,6 +249,7 @@ class HILTTA(ActiveMethod):
         frozen.requires_grad_(False)
         self.anchor = frozen.eval()
         self.anchor_stats = anchor_stats
+        self.sar_momentum = sar_momentum
         self.active_optimizer = active_optimizer or torch.optim.Adam(
             model.parameters(), lr=active_lr
         )
@@ -297,14 +317,19 @@ class HILTTA(ActiveMethod):
             best = 0
             if len(pool_y):
                 best = self._choose(x[unl], pool_x, pool_y, copies, record)
-            self._load(copies[best], base_state=self.base_name != "sar")
+            sar = self.base_name == "sar"
+            self._load(
+                copies[best],
+                optimizer_state=not sar or self.sar_momentum == "chosen",
+                base_state=not sar,
+            )
             record.chosen, record.value = best, float(self.candidates[best])
             if len(pool_y):
                 late_rows = batch + torch.arange(len(late_x), device=x.device)
                 rows = torch.cat([lab_idx.to(x.device), late_rows])
                 record.supervised_loss = self._supervised(torch.cat([x, late_x]), rows, pool_y)
         except BaseException:
-            self._load(start, base_state=True)
+            self._load(start, optimizer_state=True, base_state=True)
             self.scores = scores
             raise
         self.charge(answers)
@@ -358,9 +383,12 @@ class HILTTA(ActiveMethod):
             self.value,
         )
 
-    def _load(self, c: _Copy, *, base_state: bool) -> None:
+    def _load(self, c: _Copy, *, optimizer_state: bool, base_state: bool) -> None:
+        """Load a copy's model and value; its optimizer state (momentum) and its base's state
+        when asked (else they stay as the last candidate left them)."""
         self.model.load_state_dict(c.model)
-        self.optimizer.load_state_dict(copy.deepcopy(c.optimizer))
+        if optimizer_state:
+            self.optimizer.load_state_dict(copy.deepcopy(c.optimizer))
         if base_state:
             self.base.load_method_state(copy.deepcopy(c.base))
         self._set(c.value)
@@ -456,6 +484,9 @@ class HILTTAConfig(ActiveConfig):
     )
     rho: float = hparam(0.05, "SAM radius (sar)", min=0.0)
     reset_constant: float = hparam(0.0, "SAR's recovery threshold (0: never)", min=0.0)
+    sar_momentum: Literal["last", "chosen"] = hparam(
+        "last", "SAR base: SGD momentum after a choice: the last candidate's (theirs) or chosen's"
+    )
     buffer: int | None = hparam(None, "replay buffer: HILTTA keeps none (None or 0 only)", min=0)
 
 
@@ -511,6 +542,7 @@ def _build_hiltta(
         score_momentum=cfg.score_momentum,
         split=cfg.split,
         label_expiry=cfg.label_expiry,
+        sar_momentum=cfg.sar_momentum,
     )
 
 

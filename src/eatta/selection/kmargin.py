@@ -7,8 +7,12 @@ from every centre so far, the first such sample on a tie. Confident samples sit 
 and are picked late; uncertain ones far apart are picked first. The indices come back in
 ascending order, as in the authors' code (github.com/Yushu-Li/HILTTA, ``hiltta.py``).
 
-Distances are computed in float64 on the CPU, so the choice does not depend on the device or
-on the CPU's vector units (the authors' code computes them in float32 with NumPy).
+The scaled features are computed in the model's precision (float32, as in the authors' code)
+and the distances in float64 on the CPU, as the authors' NumPy code does too (stacking its
+float64 zero row, the origin, onto the float32 features promotes the array to float64). Only
+the last bit of a float64 distance can differ between the two (NumPy's and torch's norms sum in
+different orders), so the same samples are chosen except at exact float64 ties of distinct
+distances.
 """
 
 from __future__ import annotations
