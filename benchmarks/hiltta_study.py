@@ -29,6 +29,7 @@ from typing import Any
 from _common import RESULTS, Template, replace_section, run_part, study_parser
 from _common import fmt_mean_std as fmt
 from _common import markdown_table as table
+from _study import chosen
 
 from eatta.bench import StreamProtocol
 from eatta.bench.results import CellResult
@@ -103,27 +104,14 @@ def study(
     return data
 
 
-def _parts(text: str) -> list[str]:
-    parts = [x for x in text.split(",") if x]
-    bad = [x for x in parts if x not in PARTS]
-    if bad or not parts:
-        raise SystemExit(f"unknown parts {bad or text!r}: a comma-separated subset of {PARTS}")
-    return parts
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = study_parser(__doc__, "runs/hiltta")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--limit", type=int, default=None, help="images per domain (reduced runs)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    p.add_argument(
-        "--parts",
-        type=_parts,
-        default=list(PARTS),
-        help=f"parts to run, comma-separated (of {','.join(PARTS)}); the others' numbers are "
-        "kept from the results file, whose protocol must be the same",
-    )
+    p.add_argument("--parts", default=",".join(PARTS), help="parts to run (the others' are kept)")
     args = p.parse_args(argv)
+    args.parts = chosen("--parts", args.parts, PARTS)
     if args.report_only:
         data = json.loads(JSON.read_text(encoding="utf-8"))
     else:

@@ -196,12 +196,14 @@ def _figures(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, str
     easy = [d for d, e in src.items() if e < EASY]
     on_easy = [np.mean([c["domain_errors"][d] for d in easy]) for c in runs] if easy else []
     worse = [sum(c["domain_errors"][d] > e for d, e in src.items()) for c in runs]
-    served = [c["fallback"]["served_source"] / c["batches"] for c in runs if c["fallback"]]
-    share = float(np.mean(served)) if served else 0.0
+    fb = [(c["fallback"], c["batches"]) for c in runs if c["fallback"]]
+    given = [f["served_source"] / n for f, n in fb] or [0.0]
+    blend = [f.get("served", {}).get("blend", 0) / n for f, n in fb] or [0.0]
     return {
         "easy": f"{np.mean(on_easy):.1f}" if on_easy else "-",
         "worse": f"{np.mean(worse):.1f}",
-        "served": f"{100 * share:.0f} %",
+        "served": f"{100 * float(np.mean(given)):.0f} %",
+        "blend": f"{100 * float(np.mean(blend)):.0f} %",
     }
 
 
@@ -271,7 +273,14 @@ def _by_annotator(s: dict[str, Any], given: float, best: float, size: int) -> li
         [f"easy domains: {SAFE} (given {given_easy})", *(f["easy"] for f in figures)],
         [f"worse domains: {SAFE}", *(f["worse"] for f in figures)],
         [f"served given: {SAFE}", *(f["served"] for f in figures)],
+        [f"served blend: {SAFE}", *(f["blend"] for f in figures)],
     ]
+    if size == 64:
+        vs = [
+            f"{_mean(ann[a][SAFE]) - _mean(ann[a][STABLE]):+.1f}" if STABLE in ann[a] else "-"
+            for a in ann
+        ]
+        rows.append([f"{SAFE} − {STABLE}", *vs])
     out = [PAGE("annotators", size=size), table(["method", *ann], rows)]
     return out + _gains(s, ann, given, best) if size == 64 else out
 
