@@ -19,6 +19,7 @@ import eatta
 import eatta.bench
 from eatta.bench import api, cli
 from eatta.bench.fingerprint import model_digest
+from eatta.bench.report import load_results
 from eatta.data.stream import TestStream
 
 
@@ -116,6 +117,8 @@ def test_both_protocols_put_the_online_error_beside_the_offline_one(tmp_path):
         assert b.realtime["online"]["average_error"] == on.average_error
         assert b.realtime["skipped"] == on.realtime["skipped"]
     assert "| Avg. Err. | Online | r | Skipped |" in both.table
+    merged = load_results([tmp_path / "both"])  # what eatta-bench merge reads: the online record
+    assert [r.realtime for r in merged] == [r.realtime for r in both.results]
 
 
 def test_measured_speeds_are_recorded_and_read_back_give_the_same_run(tmp_path):

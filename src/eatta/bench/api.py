@@ -342,6 +342,7 @@ def run(
                 twins = run_(cells, data, online, out_dir / "online", jobs, log)
                 for r, twin in zip(results, twins, strict=True):
                     r.realtime = {**(twin.realtime or {}), "online": _twin(twin)}
+                    r.save(out_dir / "cells" / f"{r.spec.slug()}-{r.fingerprint}.json")  # merge
         except KeyboardInterrupt:
             raise RunInterrupted(out_dir, len(cells)) from None
         from eatta.bench.report import markdown_table, write_outputs
