@@ -16,6 +16,7 @@ from eatta.annotate.requests import LabelRequest
 from eatta.annotate.simulated import SimulatedAnnotator
 from eatta.realtime import (
     adapts_on,
+    batch_counts,
     check_cost,
     read_costs,
     relative_cost,
@@ -43,6 +44,7 @@ def _net() -> nn.Module:
 def test_a_step_of_cost_r_skips_the_next_ceil_r_minus_one_batches(cost, skips, adapted):
     assert skipped_after(cost) == skips
     assert "".join("A" if adapts_on(t, cost) else "." for t in range(6)) == adapted
+    assert batch_counts(6, cost) == {"adapted": adapted.count("A"), "skipped": adapted.count(".")}
 
 
 @pytest.mark.parametrize("bad", [-0.5, math.inf, math.nan, True, "2"])

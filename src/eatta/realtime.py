@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "adapts_on",
+    "batch_counts",
     "check_cost",
     "machine_facts",
     "read_costs",
@@ -73,6 +74,12 @@ def adapts_on(t: int, cost: float) -> bool:
     """Whether batch ``t`` (from 0) of the stream is adapted on: the first is, then every
     ``⌈r⌉``-th (a position alone decides, so a resumed stream keeps its schedule)."""
     return t % (skipped_after(cost) + 1) == 0
+
+
+def batch_counts(batches: int, cost: float) -> dict[str, int]:
+    """``{"adapted": n, "skipped": m}`` of a stream of ``batches`` batches at cost ``r``."""
+    adapted = sum(adapts_on(t, cost) for t in range(batches))
+    return {"adapted": adapted, "skipped": batches - adapted}
 
 
 def _serving_model(method: Any) -> nn.Module:

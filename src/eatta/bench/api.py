@@ -415,7 +415,7 @@ def _costs(
     ``"offline"``, every option checked: the online protocol skips batches, so audits cannot run."""
     speeds, protocol = config.speeds, config.realtime or "offline"
     if protocol not in ("offline", "online", "both"):
-        raise ValueError(f"protocol must be offline, online or both, got {protocol!r}")
+        raise ValueError(f"--protocol must be offline, online or both, got {protocol!r}")
     if (speeds is None) != (protocol == "offline"):
         raise ValueError(
             "--speeds gives the online protocol's costs: give --speeds measure|FILE with "
@@ -426,6 +426,8 @@ def _costs(
             f"--protocol {protocol}: --audit, --guard and --fallback ask for labels on every "
             "batch, and a skipped batch asks for none; leave them out"
         )
+    if speeds == "measure" and config.shard is not None:
+        raise ValueError("--speeds measure with --shard: time once, then give --speeds FILE")
     config.realtime = protocol
     if speeds is None or speeds == "measure":
         return speeds or protocol

@@ -185,16 +185,15 @@ class RunConfig:
         metavar="A",
     )
     realtime: str | None = flag(
-        "offline: the stream waits for every step; online (Alfarra et al., ICML 2024): a method "
-        "whose step costs r source-model predictions adapts on one batch in ceil(r) and serves "
-        "the others without adapting (docs/realtime.md); both: the online error beside the "
-        "offline one (default: both for the main job, eatta-bench alone; else offline)",
+        "offline: the stream waits for every step; online (Alfarra et al.): a step costing r "
+        "source predictions adapts on one batch in ceil(r), the others served unadapted "
+        "(docs/realtime.md); both: side by side (default: both for eatta-bench alone)",
         choices=("offline", "online", "both"),
         name="protocol",
     )
     speeds: str | None = flag(
-        "the online protocol's costs r: 'measure' (each method timed here before the run) or a "
-        "file of them (speeds.json of a measuring run; the main job: the committed CPU table)",
+        "the online costs r: 'measure' (timed here before the run, kept as speeds.json) or "
+        "such a file (the main job: the committed CPU table)",
         metavar="measure|FILE",
     )
     limit: int | None = flag(

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader
 
+import eatta.realtime as rt
 from eatta.annotate.oracle import Oracle
 from eatta.bench.annotation import annotation_summary
 from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
@@ -39,7 +40,6 @@ from eatta.data.stream import TestStream
 from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
 from eatta.monitor import SourceFallback
-from eatta.realtime import adapts_on, relative_costs, serve_without_adapting, tick_annotator
 
 __all__ = ["RunOptions", "measure_costs", "run_cell", "run_grid"]
 
@@ -224,16 +224,13 @@ def run_cell(
                 method.reset(keep_monitor=True)  # the audits go on measuring the stream
             prev_domain = k
             y = torch.as_tensor(y, dtype=torch.long)
-            if cost is not None and not adapts_on(t, cost):  # online: its last step still runs
-                tick_annotator(oracle)  # an asynchronous annotator's clock runs on
-                wrong_each, used = (
-                    serve_without_adapting(method, x.to(device)).argmax(1).cpu() != y,
-                    0,
-                )
+            if cost is not None and not rt.adapts_on(t, cost):  # online: its last step still runs
+                rt.tick_annotator(oracle)  # an asynchronous annotator's clock runs on
+                served = rt.serve_without_adapting(method, x.to(device))
+                wrong_each, used = served.argmax(1).cpu() != y, 0
             else:
-                wrong_each, used = _serve(
-                    method, x, y, stream.round_of_batch(t), device, annotators
-                )
+                period = stream.round_of_batch(t)
+                wrong_each, used = _serve(method, x, y, period, device, annotators)
             wrong = int(wrong_each.sum())
             if tally:
                 _count_domains(stream, t, wrong_each, tally)
@@ -267,8 +264,7 @@ def run_cell(
     result.max_rss_mb = _max_rss_mb()
     result.model_digest = model_digest(method.model)
     if cost is not None:
-        skipped = sum(not adapts_on(t, cost) for t in range(total))
-        result.realtime = {"cost": cost, "adapted": total - skipped, "skipped": skipped}
+        result.realtime = {"cost": cost, **rt.batch_counts(total, cost)}
     result.save(result_path)
     ckpt_path.unlink(missing_ok=True)
     return result
@@ -312,16 +308,14 @@ def measure_costs(
     the source model (:func:`eatta.realtime.relative_costs`); the source model's r is 1."""
     device, w = torch.device(options.device), options.method_window()
     x, y = next(iter(DataLoader(data.domains[0][1], batch_size=options.batch_size)))
-    calls = (
-        -(-w // options.batch_size) if isinstance(w, int) and w > 1 else 1
-    )  # a window: r per request over one
+    # with a window: the requests of one window per timed call, r per request
+    calls = -(-w // options.batch_size) if isinstance(w, int) and w > 1 else 1
     with torch.random.fork_rng(devices=[]):
         adapting = [s for s in cells if s.method not in STATIC_METHODS]
         methods = {s.method: _build_method(s, data, options, device)[0] for s in adapting}
         source = data.model_fn().to(device)
-        costs = relative_costs(
-            methods, source, x.to(device), labels=torch.as_tensor(y), calls=calls
-        )
+        y = torch.as_tensor(y)
+        costs = rt.relative_costs(methods, source, x.to(device), labels=y, calls=calls)
     return {s.method: 1.0 for s in cells} | costs
 
 
