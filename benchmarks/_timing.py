@@ -1,5 +1,5 @@
-"""Shared helpers of the timing benchmarks: the models, interleaved timing, statistics, peak
-memory, the options and the results file.
+"""Shared helpers of the timing benchmarks: the models, interleaved timing (the library's,
+:mod:`eatta.realtime`), statistics, peak memory, the options and the results file.
 
 Not part of the package; the scripts run from this folder import it (it is on ``sys.path``).
 """
@@ -11,9 +11,8 @@ import gc
 import os
 import statistics
 import sys
-import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,6 +27,7 @@ import eatta
 from eatta._compat import TorchvisionOpsWarning, import_torchvision
 from eatta.methods.registry import get_spec
 from eatta.models.digits_cnn import digits_cnn
+from eatta.realtime import synchronizer, time_interleaved  # noqa: F401  # the scripts' timing
 
 
 # -- models ----------------------------------------------------------------------------------------
@@ -107,66 +107,6 @@ def method_step(name: str, model: nn.Module, x: Tensor, y: Tensor, **kw: Any) ->
 
 
 # -- timing and memory -----------------------------------------------------------------------------
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    """A function that waits for the device's queued work (a no-op on the CPU)."""
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
-
-
-def _minor_faults() -> int:
-    try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    except (ImportError, OSError):
-        return 0
-
-
-def time_interleaved(
-    fns: Mapping[str, Callable[[], object]],
-    *,
-    repeats: int,
-    warmup: int,
-    device: torch.device,
-    faults: dict[str, list[int]] | None = None,
-    deadline: float | None = None,
-) -> dict[str, list[float]]:
-    """Wall seconds of each call, the variants interleaved round by round, the first rotating
-    (a change in machine load hits all variants alike and per-round ratios stay meaningful).
-
-    The device is synchronised around each timed call; the garbage collector runs between calls,
-    not inside them. ``faults`` receives each call's minor page faults, per variant. Past
-    ``deadline`` (``time.perf_counter``) no further round starts (the first always runs).
-    """
-    sync = synchronizer(device)
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-            sync()
-    names = list(fns)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        if r and deadline is not None and time.perf_counter() >= deadline:
-            break
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            gc.collect()
-            gc.disable()
-            try:
-                sync()
-                f0 = _minor_faults()
-                t0 = time.perf_counter()
-                fns[name]()
-                sync()
-                samples[name].append(time.perf_counter() - t0)
-                if faults is not None:
-                    faults.setdefault(name, []).append(_minor_faults() - f0)
-            finally:
-                gc.enable()
-    return samples
-
-
 def stats_ms(samples: list[float], *, raw: bool = False) -> dict[str, Any]:
     """Median, min, quartiles (ms) of a list of seconds, and the samples: sorted, rounded to µs,
     or (``raw``) as measured, in round order (the quartiles then inclusive)."""

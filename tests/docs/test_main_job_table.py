@@ -7,8 +7,10 @@ an ``R1`` column. Its rows are matched to the file's cells by label (``baseline 
 words ``label/batch`` and ``/batch`` are the same), its columns by name: ``R<n>`` is round ``n``'s
 error, ``Avg.`` / ``Avg. Err.`` the average error, ``CPU s`` the CPU time, ``Labels`` the labels
 used, ``Worse`` (``k/n``) the last round's domains on which the cell's error is above the source
-model's, counted here from the file's per-domain errors; other columns are not compared. Every
-number is compared as printed, with the decimals the table shows.
+model's, counted here from the file's per-domain errors, ``Online`` the average error under the
+online protocol, ``r`` its relative cost and ``Skipped`` the batches it skipped (the cell's
+``realtime`` record); other columns are not compared. Every number is compared as printed, with
+the decimals the table shows.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ _FIELDS = {
     "cpu s": "cpu_time_s",
     "labels": "labels_used",
 }
+#: the online protocol's columns: keys of the cell's ``realtime`` record
+_ONLINE = {"online": ("online", "average_error"), "r": ("cost",), "skipped": ("skipped",)}
 
 
 def _cells(line: str) -> list[str]:
@@ -103,6 +107,13 @@ def compare(
                 value = cell["round_errors"][int(m[1]) - 1]
             elif name.lower() in _FIELDS:
                 value = cell[_FIELDS[name.lower()]]
+            elif name.lower() in _ONLINE:
+                value = cell.get("realtime") or {}
+                for key in _ONLINE[name.lower()]:
+                    value = value.get(key, {})
+                if not isinstance(value, int | float):
+                    problems.append(f"{row[0]} / {name}: the file has no online record")
+                    continue
             else:
                 continue
             decimals = len(shown.split(".", 1)[1]) if "." in shown else 0
@@ -133,6 +144,27 @@ def test_comparison_finds_a_changed_number_and_an_unknown_row():
     ]
     unknown = text.replace("| tent |", "| eata |")
     assert "no such cell" in compare(*main_job_tables(unknown)[0], results)[0][0]
+
+
+def test_the_online_columns_are_compared_with_the_cells_realtime_record():
+    online = {"cost": 2.23, "skipped": 1500, "online": {"average_error": 47.26}}
+    results = [{"label": "tent", "round_errors": [40.0], "average_error": 54.7, "realtime": online}]
+    text = "| Method | R1 | Avg. | Online | r | Skipped |\n|---|---:|---:|---:|---:|---:|\n"
+    assert compare(
+        *main_job_tables(text + "| tent | 40.0 | 54.7 | 47.3 | 2.23 | 1500 |")[0], results
+    ) == ([], 5)
+    problems = compare(
+        *main_job_tables(text + "| tent | 40.0 | 54.7 | 47.2 | 2.23 | 1499 |")[0], results
+    )[0]
+    assert problems == [
+        "tent / Online: the page shows 47.2, the file 47.3",
+        "tent / Skipped: the page shows 1499, the file 1500",
+    ]
+    del results[0]["realtime"]
+    problems = compare(
+        *main_job_tables(text + "| tent | 40.0 | 54.7 | 47.3 | 2.23 | 1500 |")[0], results
+    )[0]
+    assert problems[0] == "tent / Online: the file has no online record"
 
 
 def test_the_worse_column_is_counted_from_the_per_domain_errors():

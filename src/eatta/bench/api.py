@@ -38,14 +38,16 @@ from eatta.bench.options import RunOptions, is_int
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
 from eatta.bench.results import CellResult
-from eatta.bench.runner import done_text, run_cell, run_grid
+from eatta.bench.runner import done_text, measure_costs, run_cell, run_grid
 from eatta.methods import registry
 from eatta.normalization import has_batchnorm
+from eatta.realtime import read_costs, write_costs
 
 __all__ = [
     "DEFAULT_METHODS",
     "DIGITS_ROUNDS",
     "EMBEDDED",
+    "MAIN_JOB_SPEEDS",
     "BenchmarkRun",
     "RunInterrupted",
     "load_benchmarks",
@@ -70,6 +72,8 @@ DEFAULT_METHODS = (
 DIGITS_ROUNDS = 10
 #: The datasets built into the package (the digits CNN's): one thread a cell by default.
 EMBEDDED = ("digits-c", "mnist", "digits-deployed")
+#: The main job's online costs: every method's r on a CPU, measured once and committed
+MAIN_JOB_SPEEDS = Path(__file__).with_name("speeds_digits_cpu.json")
 #: The keywords of :func:`run` for the grid and for :func:`load_benchmarks` (the flags' fields)
 _RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 _LOADING = tuple(f.name for f in dataclasses.fields(LoadOptions))
@@ -302,6 +306,7 @@ def run(
     monitor = _typed(monitor, MonitorOptions, "monitor")
     plan = _plan(datasets, methods, config, protocol, monitor, given, load)
     options = _run_options(config, plan, protocol, annotator, monitor, hparams)
+    costs = _costs(config, monitor, plan.methods)  # "offline", "measure" or the costs
     shard_ix = _shard(config.shard)
     embedded = set(plan.requested) <= set(EMBEDDED)
     threads = _threads(config.threads, options.device == "cpu" and embedded)
@@ -324,17 +329,27 @@ def run(
             f"{_stream_text(options, protocol, plan.seeds)}) -> {out_dir}"
         )
         jobs = min(config.jobs or 1, len(cells)) if cells else 1
+        if costs == "measure":  # before the run, with its threads; kept beside it as a table
+            costs = measure_costs([c for _, (c, _) in cells], data[cells[0][1][0].dataset], options)
+            write_costs(out_dir / "speeds.json", costs, options.batch_size, options.device)
+        online = options if isinstance(costs, str) else dataclasses.replace(options, costs=costs)
         try:
-            fork = "fork" in multiprocessing.get_all_start_methods()
-            if jobs > 1 and options.device == "cpu" and fork:
-                results = _run_parallel(cells, data, options, out_dir, jobs, log)
-            else:
-                results = run_grid(cells, data, options, out_dir, log=log)
+            fork = "fork" in multiprocessing.get_all_start_methods() and options.device == "cpu"
+            run_ = _run_parallel if jobs > 1 and fork else lambda *a: run_grid(*a[:4], log=log)
+            first = online if config.realtime == "online" else options
+            results = run_(cells, data, first, out_dir, jobs, log)
+            if config.realtime == "both":  # the online twins in their own folder
+                twins = run_(cells, data, online, out_dir / "online", jobs, log)
+                for r, twin in zip(results, twins, strict=True):
+                    r.realtime = {**(twin.realtime or {}), "online": _twin(twin)}
+                    r.save(out_dir / "cells" / f"{r.spec.slug()}-{r.fingerprint}.json")  # merge
         except KeyboardInterrupt:
             raise RunInterrupted(out_dir, len(cells)) from None
         from eatta.bench.report import markdown_table, write_outputs
 
         run_meta = {**dict(meta or {}), "shard": list(shard_ix), "grid_size": len(grid)}
+        if not isinstance(costs, str):
+            run_meta.update(protocol=config.realtime, speeds=config.speeds, costs=costs)
         description = _description(run_meta, options, protocol, plan.seeds, jobs, data)
         paths = write_outputs(results, out_dir, description, plot=config.plot)
     finally:
@@ -391,6 +406,38 @@ def _run_options(
             "adapts none"
         )
     return options
+
+
+def _costs(
+    config: RunConfig, monitor: MonitorOptions, methods: list[str]
+) -> dict[str, float] | str:
+    """The online protocol's costs (``"measure"``: timed once the data is loaded), or
+    ``"offline"``, every option checked: the online protocol skips batches, so audits cannot run."""
+    speeds, protocol = config.speeds, config.realtime or "offline"
+    if protocol not in ("offline", "online", "both"):
+        raise ValueError(f"--protocol must be offline, online or both, got {protocol!r}")
+    if (speeds is None) != (protocol == "offline"):
+        raise ValueError(
+            "--speeds gives the online protocol's costs: give --speeds measure|FILE with "
+            f"--protocol online or both, and neither for offline (got --protocol {protocol})"
+        )
+    if speeds is not None and monitor.active:
+        raise ValueError(
+            f"--protocol {protocol}: --audit, --guard and --fallback ask for labels on every "
+            "batch, and a skipped batch asks for none; leave them out"
+        )
+    if speeds == "measure" and config.shard is not None:
+        raise ValueError("--speeds measure with --shard: time once, then give --speeds FILE")
+    config.realtime = protocol
+    if speeds is None or speeds == "measure":
+        return speeds or protocol
+    return read_costs(speeds, methods, "--speeds")
+
+
+def _twin(r: CellResult) -> dict[str, Any]:
+    """What a run's online twin measured: errors, labels, times."""
+    keys = ("average_error", "overall_error", "round_errors", "labels_used", "cpu_time_s")
+    return {"fingerprint": r.fingerprint, **{k: getattr(r, k) for k in keys}}
 
 
 def _check_single_requests(options: RunOptions, data: Mapping[str, BenchmarkData]) -> None:

@@ -221,6 +221,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     config["seeds"] = args.seeds if args.seeds is not None else [args.seed]
     if args.jobs is None:
         config["jobs"] = _default_jobs(args)
+    if not argv:  # the main job: the online error beside the offline one, at committed costs
+        config.update(realtime="both", speeds=str(api.MAIN_JOB_SPEEDS))
     cost = AnnotatorCost(args.seconds_per_label, args.seconds_per_binary)
     done = api.run(
         split_csv(args.dataset),

@@ -95,6 +95,7 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
         **({"mixed": True} if options.mixed else {}),
         **({"window": str(window)} if window_applies else {}),
         **({"weight_anchor": options.weight_anchor} if options.weight_anchor is not None else {}),
+        **({"online_cost": options.costs[spec.method]} if options.costs is not None else {}),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
         "provenance": to_plain(data.provenance),

@@ -184,6 +184,18 @@ class RunConfig:
         type=float,
         metavar="A",
     )
+    realtime: str | None = flag(
+        "offline: the stream waits for every step; online (Alfarra et al.): a step costing r "
+        "source predictions adapts on one batch in ceil(r), the others served unadapted "
+        "(docs/realtime.md); both: side by side (default: both for eatta-bench alone)",
+        choices=("offline", "online", "both"),
+        name="protocol",
+    )
+    speeds: str | None = flag(
+        "the online costs r: 'measure' (timed here before the run, kept as speeds.json) or "
+        "such a file (the main job: the committed CPU table)",
+        metavar="measure|FILE",
+    )
     limit: int | None = flag(
         "at most this many images per domain (seeded subset; smoke runs)", type=int
     )

@@ -48,6 +48,8 @@ class RunOptions:
     window: int | str | None = None
     #: the weight anchor every adapting method gets (``--weight-anchor``; None: none)
     weight_anchor: float | None = None
+    #: the online protocol's relative cost r by method (None: the offline protocol)
+    costs: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if not (is_int(self.batch_size) and self.batch_size >= 1):

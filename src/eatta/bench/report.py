@@ -149,6 +149,7 @@ def _protocol_text(r: CellResult) -> str:
         f"label shift Dirichlet(δ={p['dirichlet']:g})" if p.get("dirichlet") is not None else "",
         "mixed domains (every batch across the round's domains)" if p.get("mixed") else "",
         f"CCC-style stream, {p['ccc']}" if p.get("ccc") else "",
+        "online protocol (a step costing r skips ceil(r) - 1 batches)" if p.get("online") else "",
         _annotator_text(p["annotator"]) if p.get("annotator") else "",
         f"audit {mon['audit']:g} of the samples{guard}" if mon else "",
     ]
@@ -325,6 +326,7 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
     monitored = any(r.monitor for r in rows)
     sources = _sources(rows)
     compared = bool(sources) and len(cells) > 1
+    timed = all(r.realtime for r in rows)
 
     def row(cell: Sequence[CellResult]) -> list[tuple[str, str]]:
         """(column, text) pairs of one cell's row."""
@@ -339,6 +341,11 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
         r = cell[0]
         out = [("Method", r.label), ("Set.", _SETTING.get(r.spec.setting, r.spec.setting)), *errs]
         out.append(("Avg. Err.", _fmt([c.average_error for c in cell], bold=True)))
+        if timed:  # the online protocol: its error (beside an offline run), r, batches skipped
+            rt = [c.realtime for c in cell if c.realtime]
+            if "online" in rt[0]:
+                out.append(("Online", _fmt([t["online"]["average_error"] for t in rt], bold=True)))
+            out += [("r", f"{rt[0]['cost']:.2f}"), ("Skipped", str(rt[0]["skipped"]))]
         if compared:
             out.append(("Worse", _worse_cell(_worse_counts(cell, sources))))
         if many:

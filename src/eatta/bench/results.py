@@ -66,6 +66,8 @@ class CellResult:
     #: the source-model fallback's switches, resets and per-round gain estimates, if the method
     #: had one (see :func:`eatta.bench.monitoring.fallback_summary`)
     fallback: dict[str, Any] | None = None
+    #: online protocol: ``cost`` r, batches ``adapted``, ``skipped``; its errors under ``online``
+    realtime: dict[str, Any] | None = None
     #: True when this result was read back from an earlier finished run (not stored).
     reused: bool = field(default=False, compare=False)
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader
 
+import eatta.realtime as rt
 from eatta.annotate.oracle import Oracle
 from eatta.bench.annotation import annotation_summary
 from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
@@ -40,7 +41,7 @@ from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
 from eatta.monitor import SourceFallback
 
-__all__ = ["RunOptions", "run_cell", "run_grid"]
+__all__ = ["RunOptions", "measure_costs", "run_cell", "run_grid"]
 
 
 def _build_method(
@@ -212,6 +213,7 @@ def run_cell(
     milestone_log = log if options.progress and not terminal else None
     bar = _progress_bar(spec, total, start) if terminal else None
     prev_domain = stream.locate(start - 1)[0] if start > 0 else None
+    cost = None if options.costs is None else options.costs[spec.method]
     t0, cpu0 = time.perf_counter(), time.thread_time()
     ckpt_time = ckpt_cpu = 0.0
     try:
@@ -222,7 +224,13 @@ def run_cell(
                 method.reset(keep_monitor=True)  # the audits go on measuring the stream
             prev_domain = k
             y = torch.as_tensor(y, dtype=torch.long)
-            wrong_each, used = _serve(method, x, y, stream.round_of_batch(t), device, annotators)
+            if cost is not None and not rt.adapts_on(t, cost):  # online: its last step still runs
+                rt.tick_annotator(oracle)  # an asynchronous annotator's clock runs on
+                served = rt.serve_without_adapting(method, x.to(device))
+                wrong_each, used = served.argmax(1).cpu() != y, 0
+            else:
+                period = stream.round_of_batch(t)
+                wrong_each, used = _serve(method, x, y, period, device, annotators)
             wrong = int(wrong_each.sum())
             if tally:
                 _count_domains(stream, t, wrong_each, tally)
@@ -255,6 +263,8 @@ def run_cell(
     result.peak_mem_mb = _peak(device, rss_before, peak_prev)
     result.max_rss_mb = _max_rss_mb()
     result.model_digest = model_digest(method.model)
+    if cost is not None:
+        result.realtime = {"cost": cost, **rt.batch_counts(total, cost)}
     result.save(result_path)
     ckpt_path.unlink(missing_ok=True)
     return result
@@ -278,6 +288,7 @@ def _summaries(
         **({"severity": data.config["severity"]} if data.config.get("severity") else {}),
         **({"annotator": options.annotator.describe()} if options.annotator.simulated else {}),
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
+        **({"online": True} if options.costs is not None else {}),
     }
     if monitor is not None:
         result.monitor = monitor_summary(monitor, result.rounds, options.annotator)
@@ -288,6 +299,24 @@ def _summaries(
         result.annotation = annotation_summary(
             method, oracle, result.labels_used, options.annotator
         )
+
+
+def measure_costs(
+    cells: Sequence[CellSpec], data: BenchmarkData, options: RunOptions
+) -> dict[str, float]:
+    """Each cell's method, built as the run builds it, timed on the stream's first batch against
+    the source model (:func:`eatta.realtime.relative_costs`); the source model's r is 1."""
+    device, w = torch.device(options.device), options.method_window()
+    x, y = next(iter(DataLoader(data.domains[0][1], batch_size=options.batch_size)))
+    # with a window: the requests of one window per timed call, r per request
+    calls = -(-w // options.batch_size) if isinstance(w, int) and w > 1 else 1
+    with torch.random.fork_rng(devices=[]):
+        adapting = [s for s in cells if s.method not in STATIC_METHODS]
+        methods = {s.method: _build_method(s, data, options, device)[0] for s in adapting}
+        source = data.model_fn().to(device)
+        y = torch.as_tensor(y)
+        costs = rt.relative_costs(methods, source, x.to(device), labels=y, calls=calls)
+    return {s.method: 1.0 for s in cells} | costs
 
 
 def _resume(
