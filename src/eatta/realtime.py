@@ -96,9 +96,10 @@ def serve_without_adapting(method: Any, x: Tensor) -> Tensor:
 
     The model runs in the mode it serves with (BatchNorm on the batch's statistics where the
     method normalizes so, on its robust statistics between a window's steps), and any statistics
-    its forward would update are restored afterwards. A method whose fallback serves the source
-    model now serves the source model's logits; CoTTA serves its teacher's plain prediction (its
-    augmentation average draws from its generator, which a skipped batch leaves alone).
+    its forward would update are restored afterwards. A method with a fallback serves what the
+    fallback serves now (the source model's logits or the blend, recorded as served). CoTTA
+    serves its teacher's plain prediction (its augmentation average draws from its generator,
+    which a skipped batch leaves alone).
     """
     model = _serving_model(method)
     saved = [(b, b.clone()) for b in model.buffers()]
@@ -108,8 +109,8 @@ def serve_without_adapting(method: Any, x: Tensor) -> Tensor:
         for b, value in saved:
             b.copy_(value)
     fallback = getattr(method, "fallback", None)
-    if getattr(fallback, "serving", None) == "source":
-        out = fallback.source_logits(x).to(out.dtype)  # type: ignore[union-attr]  # checked above
+    if fallback is not None:  # the source model or the blend where that is served now
+        out = fallback.serve(x, out)
     return out
 
 
