@@ -227,7 +227,7 @@ class EATTA(EATTAStep):
 
     def check_input(self, x: Tensor) -> None:
         """As :meth:`AdaptiveMethod.check_input`; on accelerators the finiteness is read later."""
-        self._finite.flag = None
+        self._finite.flag, self._finite.known = None, None
         if not (self.check_finite and isinstance(x, Tensor) and self._defer_finite(x)):
             super().check_input(x)
             return
@@ -260,7 +260,7 @@ class EATTA(EATTAStep):
         if self.late_labels is not None:  # (asynchronous only)
             self.late_labels.observe(self.request_step, z)
         if len(lab.indices):
-            idx, y = lab.indices.to(o.device), lab.targets.to(o.device)
+            idx, y = lab.on(o.device)
             if self.buffer is not None:
                 self.buffer.add(x[idx], y)
             if self.nearest_replay is not None and lab.ctx is not None:
