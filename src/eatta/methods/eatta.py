@@ -41,7 +41,7 @@ from eatta.methods.update import ApproxUpdate, ExactUpdate
 from eatta.selection import SELECTORS, make_selector
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
-from eatta.split import ModelSplit, SplitNotFoundError
+from eatta.split import ModelSplit, SplitNotFoundError, backward_twice
 
 __all__ = [
     "EATTA",
@@ -246,10 +246,11 @@ class EATTA(EATTAStep):
         if isinstance(self._update, ApproxUpdate):  # the split found on this batch at the latest
             self._update.find_proxy(lambda: self.split.backbone)
         x = self.options.prepare_input(x)
-        logits = self._step(x)
-        for _ in range(self.steps - 1):
-            self.snapshot_parts()  # the step before is committed: a failure rolls back to here
-            self._step(x)
+        with backward_twice(self.model):  # a compiled backbone: its backward runs twice
+            logits = self._step(x)
+            for _ in range(self.steps - 1):
+                self.snapshot_parts()  # the step before is committed: a failure rolls back here
+                self._step(x)
         return logits
 
     def _replay_terms(
