@@ -6,10 +6,11 @@
 the largest difference of the predictions and the adapted weights, per method, on the digits
 CNN and on a ``features`` / ``classifier`` CNN (whose split is discovered). The bar is 1e-4.
 
-Timing (default): on each model, one batch, the step of TENT, ``eatta`` and ``eatta-approx``
-with the model eager and compiled (``--backend``, inductor by default), timed interleaved (the
-compiled variants warmed until compiled), with plain inference eager and compiled; ratios to
-the eager TENT step and compiled over eager.
+Timing (default): on each model, one batch, the step of TENT, ``eatta``, ``eatta-approx`` and
+``eatta-approx-head`` (``approx_proxy="head"``) with the model eager and compiled (``--backend``,
+inductor by default), timed interleaved (the compiled variants warmed until compiled), with
+plain inference eager and compiled; ratios to the eager TENT step and compiled over eager.
+``--cpu-time --threads 1``: each call's CPU time, on a machine other jobs load.
 
     python benchmarks/compile_step.py                  # CPU timing, digits-32 and resnet18-64
     python benchmarks/compile_step.py --check          # the matrix, aot_eager (minutes)
@@ -32,7 +33,6 @@ import torch
 from torch import Tensor, nn
 
 import eatta
-from eatta.configure import configure_model
 from eatta.methods.registry import available, get_spec
 from eatta.models.digits_cnn import packaged_digits_source
 
@@ -122,11 +122,10 @@ def check(backend: str) -> dict[str, Any]:
 def variants(case: _timing.ModelCase, x: Tensor, y: Tensor, backend: str, mode: str | None):
     """Inference, TENT, eatta, eatta-approx; each eager and compiled, own model copies."""
     torch.manual_seed(0)
-    state = configure_model(case.build().to(x.device)).state_dict()
+    base = case.build().to(x.device)
 
     def model(compiled: bool) -> nn.Module:
-        m = case.build().to(x.device)
-        m.load_state_dict(state)
+        m = copy.deepcopy(base)
         return torch.compile(m, backend=backend, mode=mode) if compiled else m
 
     fns: dict[str, Callable[[], object]] = {}
@@ -138,7 +137,27 @@ def variants(case: _timing.ModelCase, x: Tensor, y: Tensor, backend: str, mode: 
         fns[f"eatta-approx{tag}"] = _timing.method_step(
             "eatta", model(compiled), x, y, grad_mode="approx"
         )
+        fns[f"eatta-approx-head{tag}"] = _timing.method_step(
+            "eatta", model(compiled), x, y, grad_mode="approx", approx_proxy="head"
+        )
     return fns
+
+
+def cpu_time_interleaved(
+    fns: dict[str, Callable[[], object]], repeats: int
+) -> dict[str, list[float]]:
+    """Each call's CPU time on this thread (``time.thread_time``), the variants interleaved
+    round by round, the first rotating: with one torch thread (``--threads 1``) all the work is
+    this thread's, and other processes' load moves it far less than wall time."""
+    names = list(fns)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.thread_time()
+            fns[name]()
+            samples[name].append(time.thread_time() - t0)
+    return samples
 
 
 def timing(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -153,9 +172,12 @@ def timing(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             for _ in range(3):
                 fn()
         compile_s = time.perf_counter() - t0
-        samples = _timing.time_interleaved(fns, repeats=args.repeats, warmup=1, device=device)
+        if args.cpu_time:
+            samples = cpu_time_interleaved(fns, args.repeats)
+        else:
+            samples = _timing.time_interleaved(fns, repeats=args.repeats, warmup=1, device=device)
         pairs = [(n, "tent") for n in fns if n != "tent"]
-        pairs += [(f"{n} (compiled)", n) for n in ("inference", "tent", "eatta", "eatta-approx")]
+        pairs += [(f"{n} (compiled)", n) for n in fns if "(compiled)" not in n]
         ratios = {f"{a}/{b}": _timing.ratio(samples, a, b) for a, b in pairs}
         out[name] = {
             "batch": args.batch,
@@ -164,7 +186,8 @@ def timing(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             "time_ratios": ratios,
         }
         for key in ("eatta/tent", "eatta (compiled)/tent", "eatta (compiled)/eatta",
-                    "tent (compiled)/tent", "eatta-approx (compiled)/eatta-approx"):  # fmt: skip
+                    "tent (compiled)/tent", "eatta-approx (compiled)/eatta-approx",
+                    "eatta-approx-head (compiled)/tent"):  # fmt: skip
             r = ratios[key]
             print(f"[{name}] {key}: median {r['median']:.3f} paired {r['paired']:.3f}", flush=True)
     return out
@@ -178,6 +201,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=["digits-32", "resnet18-64"])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--repeats", type=int, help="timed rounds (default 15, quick 3)")
+    p.add_argument(
+        "--cpu-time", action="store_true", help="CPU time of this thread (use --threads 1)"
+    )
     args = p.parse_args(argv)
     _timing.fill_defaults(args, args.quick, repeats=(15, 3))
     args.backend = args.backend or ("aot_eager" if args.check else "inductor")
@@ -197,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         data: dict[str, Any] = {"meta": meta, "check": check(args.backend)}
         path = args.out / f"compile_check_{args.backend}.json"
     else:
-        meta.update(repeats=args.repeats, batch=args.batch)
+        meta.update(repeats=args.repeats, batch=args.batch, cpu_time=args.cpu_time)
         data = {"meta": meta, "models": timing(args, device)}
         path = args.out / f"compile_step_{device.type}.json"
     _common.finish_meta(data["meta"], started)

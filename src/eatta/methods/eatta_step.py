@@ -18,6 +18,13 @@ StepOptions`: autocast, channels-last), answers that are not a fresh label and r
 yes/no answers, the buffer, nearest replay: :meth:`EATTAStep._replay_terms`), the late-label
 fallback's entropy (:meth:`EATTAStep._entropy_term`), and the finiteness check (a step whose
 update is not finite is skipped: :meth:`EATTAStep._skip`).
+
+On an accelerator the step waits for the device twice: once for the request (the scores and
+pseudo-labels reach the host in one copy, with the input's finiteness flag, and the class
+balance ranks them there), once at the end (whether the update is finite, i.e. whether the step
+is skipped). The answer crosses to the device once, in a copy that does not block
+(:meth:`~eatta.methods.active.Answers.on`); indices, labels, weights and norms stay on the
+device in between. ``tests/test_sync_count.py`` counts this for every method on the CPU.
 """
 
 from __future__ import annotations
