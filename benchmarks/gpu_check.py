@@ -2,12 +2,17 @@
 """The GPU path in one prepared call: step cost, peak memory and host syncs against TENT.
 
 Per model (ResNet-50 and ViT-B/16, random init, 224 px, batch 64; ``--tiny``: small ones at
-32 px, batch 8, the same path) and precision (fp32, bf16), five variants on copies of one initial
-model: ``inference``, ``tent``, ``eatta`` (exact norms), ``eatta-approx`` and ``eatta-safe``, the
-active ones given random labels. Phases: 1. interleaved timing rounds until ``--rounds`` or the
-job's share of ``--budget-s`` is spent; 2. after all timing, per variant: the peak memory while it
-is built and stepped ``--memory-steps`` times, and the host syncs of one step (CUDA's sync debug
-mode; ``torch.profiler``'s blocking runtime calls); 3. ``pytest -m gpu``, unless ``--skip-tests``.
+32 px, batch 8, the same path) and precision (fp32, bf16), variants on copies of one initial
+model: ``inference``, ``tent``, ``eatta`` (exact norms), ``eatta-stable``, ``eatta-approx`` and
+``eatta-safe``, the active ones given random labels; the floor in plain torch,
+``floor-two-pass`` (both losses' gradients by two passes, their sum applied) and
+``floor-one-pass`` (one pass, after the perturbed head's forward that scores the batch); with
+``--compile``, ``tent``, ``eatta`` and ``eatta-approx`` on ``torch.compile(model)``
+(``--compile-backend``, ``--compile-mode``; compiled and warmed before the timing). Phases:
+1. interleaved timing rounds until ``--rounds`` or the job's share of ``--budget-s`` is spent;
+2. after all timing, per variant: the peak memory while it is built and stepped
+``--memory-steps`` times, and the host syncs of one step (CUDA's sync debug mode;
+``torch.profiler``'s blocking runtime calls); 3. ``pytest -m gpu``, unless ``--skip-tests``.
 
 bf16: a method with an ``autocast`` option is built with it, the others run inside
 ``torch.autocast``. The JSON, rewritten after every phase of every job (``"complete": false``
@@ -16,6 +21,8 @@ machine's facts, the measurements, the ratios to TENT and the issue's targets, e
 ``missed``.
 
     timeout 480 python benchmarks/gpu_check.py --device cuda   # benchmarks/results/gpu_check.json
+    timeout 540 python benchmarks/gpu_check.py --device cuda --compile --precisions bf16 \
+        --out benchmarks/results/gpu_check_compiled.json           # the compiled rows too
     python benchmarks/gpu_check.py --device cpu --tiny --out /tmp/dry.json   # CPU dry run
 """
 
@@ -36,10 +43,12 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,13 +61,27 @@ from _timing import ModelCase  # noqa: E402
 
 import eatta  # noqa: E402
 from eatta._compat import TorchvisionOpsWarning, import_torchvision  # noqa: E402
+from eatta.losses import default_entropy_margin  # noqa: E402
 from eatta.methods.registry import get_spec  # noqa: E402
+from eatta.split import split_model  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
-VARIANTS = ("inference", "tent", "eatta", "eatta-approx", "eatta-safe")
-TIME_TARGETS = {"eatta": 1.3, "eatta-approx": 1.1, "eatta-safe": 1.1}
+VARIANTS = (
+    "inference",
+    "tent",
+    "eatta",
+    "eatta-stable",
+    "eatta-approx",
+    "eatta-safe",
+    "floor-two-pass",
+    "floor-one-pass",
+)
+#: with ``--compile``: these steps on ``torch.compile(model)``
+COMPILED = ("tent-compiled", "eatta-compiled", "eatta-approx-compiled")
+#: issue 54's bar
+TIME_TARGETS = {"eatta": 1.65, "eatta-stable": 1.65, "eatta-approx": 1.10, "eatta-safe": 1.20}
 MEMORY_TARGET = 1.05
-SYNC_TARGET = 1
+SYNC_TARGETS = {"tent": 1, "eatta": 2, "eatta-stable": 2, "eatta-approx": 2, "eatta-safe": 3}
 SYNC_RUNTIME_CALLS = (
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
@@ -164,13 +187,27 @@ class Variant:
     """One step of a variant on a fresh copy of ``initial`` (``y``: the active methods' labels);
     ``via``: how bf16 is applied to it; ``step.func``: the method."""
 
-    def __init__(self, name: str, initial: nn.Module, x: Tensor, y: Tensor, bf16: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        initial: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        bf16: bool,
+        compile_kw: dict[str, Any] | None = None,
+    ) -> None:
         model = copy.deepcopy(initial).to(x.device).eval()
         self.device_type = x.device.type
         self.via = AUTOCAST_OUTSIDE if bf16 else "none"
         if name == "inference":
             self.step: Step = _timing.inference(model, x)
             return
+        if name.startswith("floor-"):
+            self.step = partial(floor_step, *floor_parts(model), x, y, name == "floor-one-pass")
+            return
+        if name.endswith("-compiled"):
+            model = torch.compile(model, **(compile_kw or {}))  # type: ignore[assignment]
+            name = name.removesuffix("-compiled")
         method = name.removesuffix("-approx")
         kw: dict[str, Any] = {"grad_mode": "approx"} if name == "eatta-approx" else {}
         if bf16 and "autocast" in get_spec(method).keys:  # TENT has none: autocast around it
@@ -181,6 +218,54 @@ class Variant:
         outside = self.via == AUTOCAST_OUTSIDE
         with torch.autocast(self.device_type, torch.bfloat16) if outside else nullcontext():
             return self.step()
+
+
+def floor_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer]:
+    """The floor's backbone, head and optimizer: EATTA's parameters (``norm``) and SGD."""
+    params = eatta.configure(model, "norm")
+    backbone, head = split_model(model)
+    return backbone, head, torch.optim.SGD(params, lr=2.5e-4, momentum=0.9, nesterov=True)
+
+
+def floor_step(
+    backbone: nn.Module,
+    head: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: Tensor,
+    y: Tensor,
+    one_pass: bool,
+) -> Tensor:
+    """The floor in plain torch, nothing read on the host: features and logits; the perturbed
+    head's forward scores the batch (Eq. 3) and picks the sample to label on the device; the
+    labelled cross-entropy and the confident samples' entropy; ``one_pass``: one backward pass
+    on their sum, else two passes (each loss's gradient) summed; one SGD step."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    with torch.enable_grad():
+        z = backbone(x)
+        o = head(z)
+        with torch.no_grad():
+            p = o.softmax(1)
+            moved = head(z + 0.01 * torch.randn_like(z)).softmax(1)
+            pl = p.argmax(1, keepdim=True)
+            pick = (p.gather(1, pl) - moved.gather(1, pl)).abs().argmax().reshape(1)
+        loss_sup = F.cross_entropy(o.index_select(0, pick), y.index_select(0, pick))
+        h = -(o.log_softmax(1) * o.softmax(1)).sum(1)
+        mask = (h.detach() < default_entropy_margin(o.shape[1])).index_fill(0, pick, False)
+        loss_unsup = torch.where(mask, h, torch.zeros_like(h)).sum() / mask.sum().clamp_min(1)
+        if one_pass:
+            grads = torch.autograd.grad(loss_sup + loss_unsup, params, allow_unused=True)
+        else:
+            gs = torch.autograd.grad(loss_sup, params, retain_graph=True, allow_unused=True)
+            gu = torch.autograd.grad(loss_unsup, params, allow_unused=True)
+            grads = tuple(
+                None if a is None and b is None else (a if b is None else b if a is None else a + b)
+                for a, b in zip(gs, gu, strict=True)
+            )
+        for param, g in zip(params, grads, strict=True):
+            param.grad = g
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return o.detach()
 
 
 # -- memory and syncs ------------------------------------------------------------------------------
@@ -226,14 +311,20 @@ def count_syncs_profiler(step: Step, device: torch.device) -> dict[str, Any]:
 
 
 def memory_and_syncs(
-    name: str, initial: nn.Module, x: Tensor, y: Tensor, bf16: bool, steps: int
+    name: str,
+    initial: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    bf16: bool,
+    steps: int,
+    compile_kw: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build one variant alone, step it, and read its peak memory and its host syncs."""
     device = x.device
     built: list[Variant] = []
 
     def build_and_step() -> None:
-        built.append(Variant(name, initial, x, y, bf16))
+        built.append(Variant(name, initial, x, y, bf16, compile_kw))
         for _ in range(steps):
             built[0]()
 
@@ -287,11 +378,12 @@ def ratios_and_targets(
     samples: dict[str, list[float]], rows: dict[str, dict[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Each variant against TENT (time: of the medians, and median of per-round ratios;
-    memory: of the peaks), and the issue's targets beside them."""
+    memory: of the peaks), and the issue's targets beside them (host syncs: where it sets
+    one)."""
     tent_m = rows["tent"]["peak_bytes"]
     ratios: dict[str, Any] = {}
     targets: dict[str, Any] = {}
-    for name in VARIANTS:
+    for name in rows:
         if name != "tent":
             r, mem = _timing.ratio(samples, name, "tent"), rows[name]["peak_bytes"]
             ratios[name] = {
@@ -304,8 +396,9 @@ def ratios_and_targets(
             if name in TIME_TARGETS:
                 targets[name]["time"] = _verdict(ratios[name]["time"], TIME_TARGETS[name])
                 targets[name]["memory"] = _verdict(ratios[name]["memory"], MEMORY_TARGET)
-            syncs = rows[name]["host_syncs_per_step"]
-            targets[name]["host_syncs_per_step"] = _verdict(syncs, SYNC_TARGET)
+            if name in SYNC_TARGETS:
+                syncs = rows[name]["host_syncs_per_step"]
+                targets[name]["host_syncs_per_step"] = _verdict(syncs, SYNC_TARGETS[name])
     return ratios, targets
 
 
@@ -319,13 +412,16 @@ def time_job(
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:
     """Interleaved timing of all variants of one (model, precision), each on a fresh copy."""
     started = time.perf_counter()
-    steps = {n: Variant(n, initial, x, y, precision == "bf16") for n in VARIANTS}
+    names, kw = variant_names(args), compile_options(args)
+    steps = {n: Variant(n, initial, x, y, precision == "bf16", kw) for n in names}
+    for n in names:  # compiled and warmed outside the timing (a first call compiles)
+        if n.endswith("-compiled"):
+            for _ in range(3):
+                steps[n]()
     samples = _timing.time_interleaved(
         steps, repeats=args.rounds, warmup=args.warmup, device=x.device, deadline=deadline
     )
-    rows = {
-        n: {"bf16_via": steps[n].via, **_timing.stats_ms(samples[n], raw=True)} for n in VARIANTS
-    }
+    rows = {n: {"bf16_via": steps[n].via, **_timing.stats_ms(samples[n], raw=True)} for n in names}
     safe = steps["eatta-safe"].step.func
     rows["eatta-safe"]["served_at_end"] = getattr(getattr(safe, "fallback", None), "serving", None)
     del steps, safe
@@ -339,6 +435,18 @@ def time_job(
         "variants": rows,
     }
     return res, samples
+
+
+def variant_names(args: argparse.Namespace) -> tuple[str, ...]:
+    return VARIANTS + (COMPILED if args.compile else ())
+
+
+def compile_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``torch.compile``'s keywords for the compiled variants."""
+    kw: dict[str, Any] = {"backend": args.compile_backend}
+    if args.compile_mode:
+        kw["mode"] = args.compile_mode
+    return kw
 
 
 def _release(device: torch.device) -> None:
@@ -424,6 +532,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--commit", help="the measured tree's commit (recorded instead of git's)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--compile", action="store_true", help="add the torch.compile(model) rows")
+    ap.add_argument("--compile-backend", default="inductor", help="their backend")
+    ap.add_argument("--compile-mode", help="their mode (e.g. max-autotune-no-cudagraphs)")
     args = ap.parse_args(argv)
     _timing.fill_defaults(args, args.tiny, rounds=(30, 2), warmup=(3, 1), memory_steps=(3, 2))
     if args.rounds < 1 or args.warmup < 0 or args.memory_steps < 1 or args.budget_s <= 0:
@@ -449,13 +560,14 @@ def measure(args: argparse.Namespace, device: torch.device) -> int:
     started = time.perf_counter()
     bf16_ok, bf16_why = bf16_support(device)
     settings = ("tiny", "rounds", "warmup", "memory_steps", "budget_s", "seed", "precisions")
+    settings += ("compile", "compile_backend", "compile_mode")
     out: dict[str, Any] = {
         "machine": machine(device, args.commit),
         "settings": {k: getattr(args, k) for k in settings},
         "targets": {
             "time_ratio_to_tent": TIME_TARGETS,
             "memory_ratio_to_tent": MEMORY_TARGET,
-            "host_syncs_per_step": SYNC_TARGET,
+            "host_syncs_per_step": SYNC_TARGETS,
         },
         "models": {},
     }
@@ -486,8 +598,8 @@ def measure(args: argparse.Namespace, device: torch.device) -> int:
         x, y = _batch(case, args.seed, device)
         t0, res = time.perf_counter(), entry["precisions"][precision]
         initial, bf16 = initials[case.name][0], precision == "bf16"
-        for n in VARIANTS:
-            row = memory_and_syncs(n, initial, x, y, bf16, args.memory_steps)
+        for n in variant_names(args):
+            row = memory_and_syncs(n, initial, x, y, bf16, args.memory_steps, compile_options(args))
             res["variants"][n] = {**row, **res["variants"][n]}
         _release(device)
         res["memory_wall_s"] = time.perf_counter() - t0
@@ -533,11 +645,11 @@ def _batch(case: ModelCase, seed: int, device: torch.device) -> tuple[Tensor, Te
 
 
 def _print(res: dict[str, Any]) -> None:
-    for n in VARIANTS:
+    for n in res["variants"]:
         r = res["variants"][n]
         ratio = res["ratios_to_tent"].get(n, {}).get("time", 1.0)
         print(
-            f"  {n:13s} {r['median_ms']:9.2f} ms  x{ratio:.3f} TENT  "
+            f"  {n:21s} {r['median_ms']:9.2f} ms  x{ratio:.3f} TENT  "
             f"peak {r['peak_bytes']}  syncs {r['host_syncs_per_step']}",
             flush=True,
         )

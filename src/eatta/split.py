@@ -16,11 +16,20 @@ model(x)`` with both sharing the model's parameters. :func:`split_model` tries, 
    return a tuple get :class:`SplitNotFoundError`.
 
 Otherwise pass ``split=(backbone, head)`` to the method.
+
+A compiled model (``torch.compile(model)``, an ``OptimizedModule``) is split on the module it
+wraps (hooks and a second gradient pass need the eager modules): the backbone is compiled as
+the model was (same backend and options), the head, one ``nn.Linear``, runs eagerly. A backbone
+found by discovery is compiled as a copy of the model's structure with the head replaced by
+``nn.Identity`` (sharing every parameter and buffer), when that copy gives the same features on
+the example; otherwise it runs eagerly. The compiled backbone's backward may run twice (EATTA's
+two gradients): it is compiled without donated buffers (``docs/guide/compile.md``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import threading
 from collections.abc import Iterator
@@ -29,7 +38,7 @@ from typing import Any, NamedTuple, Protocol, TypeGuard
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ModelSplit", "SplitNotFoundError", "split_model"]
+__all__ = ["ModelSplit", "SplitNotFoundError", "backward_twice", "is_compiled", "split_model"]
 
 
 class SplitNotFoundError(TypeError):
@@ -299,13 +308,104 @@ def _normalized_example(wrapper: _NormalizedWrapper, example: Tensor | None) -> 
         return (example - wrapper.normalize_mean) / wrapper.normalize_std
 
 
+def _optimized_module_type() -> type | None:
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # loaded by torch.compile
+    return getattr(dynamo, "OptimizedModule", None)
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` is a ``torch.compile`` wrapper (an ``OptimizedModule``)."""
+    cls = _optimized_module_type()
+    return cls is not None and isinstance(model, cls)
+
+
+def backward_twice(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """A context in which the compiled graphs of ``model`` may run their backward twice
+    (``retain_graph=True``): aot_autograd's donated buffers are off inside it (graphs compiled
+    there donate none, and the check made at each backward, which reads the setting then, is
+    not raised; a backward compiled lazily at a first ``retain_graph=True`` pass donates none
+    either). Nothing for an eager model; nothing global changes."""
+    if not is_compiled(model):
+        return contextlib.nullcontext()
+    from torch._functorch import config as functorch_config
+
+    patch: contextlib.AbstractContextManager[Any] = functorch_config.patch(donated_buffer=False)
+    return patch
+
+
+class _CompiledFeatures(nn.Module):
+    """``backbone`` compiled as ``compiled`` (an ``OptimizedModule``) was: same dynamo context.
+
+    Its graphs are compiled without donated buffers, so that their backward may run twice
+    (``retain_graph=True``: EATTA's two gradients); the setting is scoped to this module's calls
+    (compilation happens inside them), nothing global changes.
+    """
+
+    def __init__(self, backbone: nn.Module, compiled: nn.Module) -> None:
+        super().__init__()
+        cls = type(compiled)
+        self.compiled = cls(backbone, compiled.dynamo_ctx)
+
+    def forward(self, x: Tensor) -> Tensor:
+        from torch._functorch import config as functorch_config
+
+        with functorch_config.patch(donated_buffer=False):
+            out: Tensor = self.compiled(x)
+        return out
+
+
+def _without_head(model: nn.Module, head: nn.Module) -> nn.Module | None:
+    """A shallow copy of ``model`` whose ``head`` is ``nn.Identity``: the modules on the path to
+    the head are copied (their submodule tables too), every other module, parameter and buffer
+    is shared. None if the head is not a submodule of ``model``."""
+    path = next((name for name, m in model.named_modules() if m is head and name), None)
+    if path is None:
+        return None
+    *parents, last = path.split(".")
+    root = copy.copy(model)
+    root._modules = dict(model._modules)
+    node = root
+    for name in parents:
+        child = node._modules[name]
+        assert child is not None
+        child = copy.copy(child)
+        child._modules = dict(child._modules)
+        node._modules[name] = child
+        node = child
+    node._modules[last] = nn.Identity()
+    return root
+
+
+def _compiled_split(model: nn.Module, inner: ModelSplit, example: Tensor | None) -> ModelSplit:
+    """The split of a compiled ``model`` from its inner module's split (see the module doc)."""
+    backbone = inner.backbone
+    if isinstance(backbone, _LinearInputFeatures):
+        plain = _without_head(backbone.model, inner.head)
+        if plain is None or example is None:
+            return inner
+        with _state_restored(backbone.model), torch.no_grad(), _autocast_off(example.device):
+            try:
+                same = _same_tensor(plain(example), backbone(example))
+            except Exception:  # the model's forward needs its head: keep the eager backbone
+                same = False
+        if not same:
+            return inner
+        backbone = plain
+    return ModelSplit(_CompiledFeatures(backbone, model), inner.head)
+
+
 def split_model(model: nn.Module, example: Tensor | None = None) -> ModelSplit:
     """Return ``(backbone, head)`` sharing ``model``'s parameters, or raise SplitNotFoundError.
 
     ``example`` (an input batch, e.g. the first batch of the stream) lets models that no rule by
     class covers be split by observing one forward pass; the model's buffers, training flags and
     the random number generators are left as they were. Methods pass their first batch.
+    A compiled model (``torch.compile``) is split on the module it wraps, its backbone compiled
+    as the model was (see the module doc).
     """
+    if is_compiled(model):
+        inner_model: nn.Module = model._orig_mod  # type: ignore[assignment]  # OptimizedModule
+        return _compiled_split(model, split_model(inner_model, example), example)
     if _is_normalized_wrapper(model):
         inner = split_model(model.model, _normalized_example(model, example))
         return ModelSplit(nn.Sequential(_Normalize(model), inner.backbone), inner.head)

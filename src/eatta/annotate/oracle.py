@@ -55,6 +55,30 @@ class GroundTruthOracle(BatchLabels):
     def __init__(self) -> None:
         self._labels: Tensor | None = None
         self.revealed = 0
+        # labels on an accelerator: their host copy, started when they are given, without
+        # blocking (the method's selection waits for the device before asking, so the copy is
+        # done by then; the event says so, or is waited for)
+        self._host: tuple[Tensor, Tensor, torch.cuda.Event | None] | None = None
+
+    def set_labels(self, labels: Tensor) -> None:
+        super().set_labels(labels)
+        given = self._labels
+        self._host = None
+        if given is not None:  # (on the CPU: the labels themselves)
+            host = given.to("cpu", non_blocking=True)
+            event = None
+            if given.device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record()
+            self._host = (given, host, event)
+
+    def _host_labels(self, labels: Tensor) -> Tensor | None:
+        if self._host is None or self._host[0] is not labels:
+            return None
+        _, host, event = self._host
+        if event is not None and not event.query():
+            event.synchronize()
+        return host
 
     def __call__(self, inputs: Tensor, indices: Tensor) -> Tensor:
         if self._labels is None:
@@ -65,6 +89,9 @@ class GroundTruthOracle(BatchLabels):
         if indices.numel() and int(indices.max()) >= len(self._labels):
             raise IndexError(f"index {int(indices.max())} beyond {len(self._labels)} labels")
         self.revealed += int(indices.numel())
+        host = self._host_labels(self._labels)
+        if host is not None:
+            return host[indices]
         return self._labels[indices.to(self._labels.device)]
 
 

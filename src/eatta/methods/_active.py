@@ -40,7 +40,7 @@ def ask_oracle(oracle: Oracle, x: Tensor, indices: Tensor, num_classes: int) -> 
     if not len(indices):
         return None
     try:
-        answer = oracle(x[indices.to(x.device)], indices.clone())
+        answer = oracle(x[indices.to(x.device, non_blocking=True)], indices.clone())
     except Exception as err:  # the annotator's own failure, reported as such
         raise OracleError(f"the oracle raised {type(err).__name__}: {err}") from err
     return validate_labels(answer, len(indices), num_classes)

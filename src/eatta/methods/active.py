@@ -33,7 +33,7 @@ from eatta.methods._active import (
     split_answer,
 )
 from eatta.methods.base import AdaptiveMethod, unique_params
-from eatta.selection.base import SelectionContext, Selector
+from eatta.selection.base import DeferredRead, SelectionContext, Selector
 from eatta.split import ModelSplit
 
 __all__ = ["ActiveMethod", "Answers", "answer_terms", "late_samples"]
@@ -66,6 +66,15 @@ class Answers:
     requested: int = 0
     late_ctx: SelectionContext | None = None
     late_weight: float = 0.0
+    _on_device: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+
+    def on(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """``(indices, targets)`` on ``device``: the answer crosses once, in one copy that does
+        not block the host (kept for the rest of the step)."""
+        if self._on_device is None or self._on_device[0].device != device:
+            both = torch.stack([self.indices, self.targets]).to(device, non_blocking=True)
+            self._on_device = (both[0], both[1])
+        return self._on_device
 
 
 class ActiveMethod(AdaptiveMethod):
@@ -157,8 +166,12 @@ class ActiveMethod(AdaptiveMethod):
         selector: Selector,
         balance: ClassBalance,
         check: Callable[[Selection], None] | None = None,
+        deferred: DeferredRead | None = None,
     ) -> Answers:
         """Select up to ``k`` samples of the batch (features ``z``, logits ``o``) and ask.
+
+        ``deferred``: a flag the selector reads with the selection (:class:`~eatta.selection.
+        base.DeferredRead`; ``check`` then sees its value without another host read).
 
         A synchronous oracle answers now; an asynchronous annotator gets the requests, and the
         answers that arrived since the last step are returned (this step's and earlier ones').
@@ -167,7 +180,9 @@ class ActiveMethod(AdaptiveMethod):
         ctx = None
         if k > 0 or self.selects_every_batch:
             backbone, head = self.split
-            ctx = SelectionContext(inputs=x, features=z, logits=o, head=head, backbone=backbone)
+            ctx = SelectionContext(
+                inputs=x, features=z, logits=o, head=head, backbone=backbone, deferred=deferred
+            )
         asking = self._asking
         if asking is None:
             selection = labels = None

@@ -41,7 +41,7 @@ from eatta.methods.update import ApproxUpdate, ExactUpdate
 from eatta.selection import SELECTORS, make_selector
 from eatta.selection.base import SelectionContext, Selector
 from eatta.selection.perturbation import PerturbationSelector
-from eatta.split import ModelSplit, SplitNotFoundError
+from eatta.split import ModelSplit, SplitNotFoundError, backward_twice
 
 __all__ = [
     "EATTA",
@@ -227,7 +227,7 @@ class EATTA(EATTAStep):
 
     def check_input(self, x: Tensor) -> None:
         """As :meth:`AdaptiveMethod.check_input`; on accelerators the finiteness is read later."""
-        self._finite.flag = None
+        self._finite.flag, self._finite.known = None, None
         if not (self.check_finite and isinstance(x, Tensor) and self._defer_finite(x)):
             super().check_input(x)
             return
@@ -246,10 +246,11 @@ class EATTA(EATTAStep):
         if isinstance(self._update, ApproxUpdate):  # the split found on this batch at the latest
             self._update.find_proxy(lambda: self.split.backbone)
         x = self.options.prepare_input(x)
-        logits = self._step(x)
-        for _ in range(self.steps - 1):
-            self.snapshot_parts()  # the step before is committed: a failure rolls back to here
-            self._step(x)
+        with backward_twice(self.model):  # a compiled backbone: its backward runs twice
+            logits = self._step(x)
+            for _ in range(self.steps - 1):
+                self.snapshot_parts()  # the step before is committed: a failure rolls back here
+                self._step(x)
         return logits
 
     def _replay_terms(
@@ -260,7 +261,7 @@ class EATTA(EATTAStep):
         if self.late_labels is not None:  # (asynchronous only)
             self.late_labels.observe(self.request_step, z)
         if len(lab.indices):
-            idx, y = lab.indices.to(o.device), lab.targets.to(o.device)
+            idx, y = lab.on(o.device)
             if self.buffer is not None:
                 self.buffer.add(x[idx], y)
             if self.nearest_replay is not None and lab.ctx is not None:

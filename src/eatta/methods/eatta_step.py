@@ -18,6 +18,13 @@ StepOptions`: autocast, channels-last), answers that are not a fresh label and r
 yes/no answers, the buffer, nearest replay: :meth:`EATTAStep._replay_terms`), the late-label
 fallback's entropy (:meth:`EATTAStep._entropy_term`), and the finiteness check (a step whose
 update is not finite is skipped: :meth:`EATTAStep._skip`).
+
+On an accelerator the step waits for the device twice: once for the request (the scores and
+pseudo-labels reach the host in one copy, with the input's finiteness flag, and the class
+balance ranks them there), once at the end (whether the update is finite, i.e. whether the step
+is skipped). The answer crosses to the device once, in a copy that does not block
+(:meth:`~eatta.methods.active.Answers.on`); indices, labels, weights and norms stay on the
+device in between. ``tests/test_sync_count.py`` counts this for every method on the CPU.
 """
 
 from __future__ import annotations
@@ -102,13 +109,17 @@ class EATTAStep(ActiveMethod):
 
         # Eq. 3 and the class balance: up to k samples B_o, and the annotator's answers (no
         # state changes before they are validated; reading a deferred finite flag there is free)
-        lab = self.ask(x, z, o, k, self.selector, self.balance, check=self._raise_if_not_finite)
+        lab = self.ask(
+            x, z, o, k, self.selector, self.balance,
+            check=self._raise_if_not_finite, deferred=self._finite,
+        )  # fmt: skip
         record.scores = None if lab.selection is None else lab.selection.update.get("scores")
 
         # Eq. 2, first term: L_sup = CE on B_o, plus answers that are not a fresh label and replay
         terms: list[Tensor] = []
         if len(lab.indices):
-            terms.append(F.cross_entropy(o[lab.indices.to(o.device)], lab.targets.to(o.device)))
+            idx, y = lab.on(o.device)  # the answer crosses to the device once, not blocking
+            terms.append(F.cross_entropy(o[idx], y))
         more, replayed = self._replay_terms(x, z, o, lab)
         terms += more
         loss_sup = sum(terms[1:], terms[0]) if terms else None
@@ -116,7 +127,10 @@ class EATTAStep(ActiveMethod):
             plan = None  # a second graph through the same weights: plan from the losses
 
         # Eq. 1 on B \ B_o: mean entropy of the confident (H < margin) unanswered samples
-        answered = torch.cat([lab.indices, lab.negatives]) if len(lab.negatives) else lab.indices
+        if len(lab.negatives):
+            answered = torch.cat([lab.indices, lab.negatives]).to(o.device, non_blocking=True)
+        else:
+            answered = lab.on(o.device)[0] if len(lab.indices) else lab.indices
         loss_unsup, n_unsup = self._entropy_term(o, answered, lab)
 
         # Eq. 4-6: γ_sup, γ_unsup from ‖∇L_sup‖₂, ‖∇L_unsup‖₂; the update's gradient (Eq. 2)
@@ -166,7 +180,7 @@ class EATTAStep(ActiveMethod):
             margin = default_entropy_margin(o.shape[1])
         mask = h.detach() < margin
         if len(labelled):
-            mask = mask.index_fill(0, labelled.to(o.device), False)
+            mask = mask.index_fill(0, labelled.to(o.device, non_blocking=True), False)
         return h, mask, float(margin)
 
     def _confident_entropy(self, o: Tensor, labelled: Tensor) -> tuple[Tensor, Tensor]:
@@ -176,8 +190,7 @@ class EATTAStep(ActiveMethod):
 
     # -- around the update ------------------------------------------------------------------
     def _raise_if_not_finite(self, _: object = None) -> None:
-        flag = self._finite.take()
-        if flag is not None and not bool(flag):
+        if not self._finite.read():  # read with the selection, when the selector read it
             raise InvalidInputError("input contains NaN or infinite values")
 
     def _update_is_finite(
@@ -202,6 +215,9 @@ class EATTAStep(ActiveMethod):
                 flag = torch.isfinite(global_norm(grads) + w.sup + w.unsup)
         else:
             flag = torch.isfinite(global_norm(grads))
+        if self._finite.known is False:  # read with the selection (a check raises before)
+            raise InvalidInputError("input contains NaN or infinite values")
+        self._finite.known = None
         pending = self._finite.take()
         if pending is None:
             return bool(flag)

@@ -104,12 +104,19 @@ class DeferredFiniteCheck:
 
     def __init__(self) -> None:
         self.flag: Tensor | None = None
+        #: the flag's value once a selector read it with the selection (None: not read)
+        self.known: bool | None = None
 
     @staticmethod
     def applies(x: Tensor, model: nn.Module) -> bool:
         """Whether the check may be deferred for ``x`` on ``model``."""
         if x.device.type == "cpu":  # no sync to save
             return False
+        return DeferredFiniteCheck.side_effect_free(model)
+
+    @staticmethod
+    def side_effect_free(model: nn.Module) -> bool:
+        """Whether ``model``'s forward changes no state a non-finite batch could spoil."""
         return not any(  # a forward that updates running statistics must not see bad input
             isinstance(m, nn.modules.batchnorm._BatchNorm)
             and m.training
@@ -122,3 +129,16 @@ class DeferredFiniteCheck:
         """The pending flag (None if none), now cleared."""
         flag, self.flag = self.flag, None
         return flag
+
+    def resolve(self, value: bool) -> None:
+        """The flag was read with the selection (:class:`~eatta.selection.base.DeferredRead`)."""
+        self.flag, self.known = None, value
+
+    def read(self) -> bool:
+        """Whether the input was finite: the value read with the selection, else the pending
+        flag read now (one host synchronisation), else True (nothing deferred). Clears both."""
+        known, self.known = self.known, None
+        if known is not None:
+            return known
+        flag = self.take()
+        return True if flag is None else bool(flag)

@@ -6,13 +6,34 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from typing_extensions import Protocol, runtime_checkable
 
 from eatta.balance import ClassBalance, Selection
 from eatta.losses import entropy
 
-__all__ = ["ScoreSelector", "SelectionContext", "Selector"]
+__all__ = ["DeferredRead", "ScoreSelector", "SelectionContext", "Selector", "to_host"]
+
+
+@runtime_checkable
+class DeferredRead(Protocol):
+    """A 0-d flag the method must know on the host before anything changes (the input's
+    finiteness, computed on the device): a selector that copies the batch's scores to the host
+    copies ``flag`` in the same read and hands its value to :meth:`resolve`, so the step waits
+    for the device once (the method reads it itself if no selector did)."""
+
+    flag: Tensor | None
+
+    def resolve(self, value: bool) -> None: ...
+
+
+def to_host(*tensors: Tensor) -> list[Tensor]:
+    """Each tensor on the CPU, flattened, as float64, in ONE device-to-host copy (one wait for an
+    accelerator instead of one per tensor). Exact for float32 values and integers below 2**53."""
+    flat = [t.detach().reshape(-1).double() for t in tensors]
+    packed = torch.cat(flat).cpu()
+    return list(packed.split([t.numel() for t in flat]))
 
 
 @dataclass
@@ -29,6 +50,8 @@ class SelectionContext:
     logits: Tensor
     head: nn.Module
     backbone: nn.Module | None = None
+    #: a flag to read with the selection (see :class:`DeferredRead`); None: none
+    deferred: DeferredRead | None = None
 
     @cached_property
     def probs(self) -> Tensor:
@@ -73,8 +96,22 @@ class ScoreSelector:
         raise NotImplementedError
 
     def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection:
+        """The class balance's pick by score. The scores and pseudo-labels reach the host in one
+        copy, with the context's deferred flag (:class:`DeferredRead`), so the balance ranks
+        them on the host without waiting for the device again; on the CPU they are used as
+        they are (the same order: a stable sort of the same values)."""
         scores = self.score(ctx)
-        selection = balance.plan(scores, ctx.pseudo_labels, k)
+        pseudo = ctx.pseudo_labels
+        deferred = ctx.deferred
+        flag = None if deferred is None else deferred.flag
+        if flag is not None or scores.device.type != "cpu":
+            read = to_host(scores, pseudo, *([] if flag is None else [flag]))
+            if flag is not None and deferred is not None:
+                deferred.resolve(bool(read[2][0] != 0))
+            ranked, pseudo = read[0].to(scores.dtype), read[1].long()
+        else:
+            ranked = scores
+        selection = balance.plan(ranked, pseudo, k)
         selection.update.setdefault("scores", scores)
         return selection
 
