@@ -97,6 +97,15 @@ def test_every_served_batch_is_recorded_with_its_reason_and_restored_from_state(
         copy.load_state_dict({**rule.state_dict(), "serving": "both"})
 
 
+def test_measuring_only_always_serves_the_adapted_model_whatever_the_lean():
+    rule = ServingRule("blend", act=False)
+    for lean in (math.nan, -1.0, 1.0):
+        rule.refresh(signs_at(0.0), lean)
+        assert (rule.serving, rule.why) == ("adapted", "default")
+    assert not rule.decide("worse", 1, (20, -0.5, 1.0, 21.0), signs_at(0.0))
+    assert rule.serving == "adapted" and not rule.events
+
+
 def test_unknown_start_is_refused():
     with pytest.raises(ValueError, match="start must be one of"):
         ServingRule("given")

@@ -143,7 +143,7 @@ class ServingRule:
         wrong, and the blend follows the more confident one) or while the answers so far lean
         against the adapted model (``lean``, their mean paired difference, below 0): both only
         ever choose the given model (read after the batch's predictions, for this batch)."""
-        if self.why == "evidence" or self.start not in ("auto", "blend"):
+        if not self.act or self.why == "evidence" or self.start not in ("auto", "blend"):
             return
         if self.start == "auto":
             want, why = signs.choice(), "sign"
