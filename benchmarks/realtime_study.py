@@ -37,11 +37,6 @@ PLOT = REPO / "docs" / "img" / "realtime.svg"
 SPEEDS = REPO / "src" / "eatta" / "bench" / "speeds_digits_cpu.json"
 
 
-def markers(name: str) -> tuple[str, str]:
-    """The HTML comments around a generated section of the page."""
-    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-
-
 def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Per method: its label, r, batches adapted and skipped, labels and errors both ways."""
     out = []
@@ -128,7 +123,7 @@ def render(doc: dict[str, Any]) -> None:
     """Write the page's generated sections and the plot."""
     speeds = json.loads(SPEEDS.read_text(encoding="utf-8"))
     for name, body in (("realtime-costs", costs_block(speeds)), ("realtime", block(doc))):
-        replace_section(PAGE, *markers(name), body)
+        replace_section(PAGE, f"<!-- {name}:begin -->", f"<!-- {name}:end -->", body)
     plot(doc, PLOT)
     print(f"wrote {PAGE.relative_to(REPO)} and {PLOT.relative_to(REPO)}")
 

@@ -77,6 +77,9 @@ MAIN_JOB_SPEEDS = Path(__file__).with_name("speeds_digits_cpu.json")
 #: The keywords of :func:`run` for the grid and for :func:`load_benchmarks` (the flags' fields)
 _RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 _LOADING = tuple(f.name for f in dataclasses.fields(LoadOptions))
+#: The fields :class:`RunOptions` takes from :class:`RunConfig` as they are
+_SAME_OPTIONS = ("batch_size", "window", "weight_anchor", "limit", "workers", "checkpoint_every")
+_SAME_OPTIONS += ("progress", "reuse")
 
 
 @dataclass
@@ -383,22 +386,15 @@ def _run_options(
 ) -> RunOptions:
     """How every cell runs (the first seed's; the others replace it)."""
     options = RunOptions(
-        batch_size=config.batch_size,
-        window=config.window,
-        weight_anchor=config.weight_anchor,
+        **{k: getattr(config, k) for k in _SAME_OPTIONS},
         seed=plan.seeds[0],
         rounds=protocol.rounds or (DIGITS_ROUNDS if plan.requested == ["digits-c"] else 1),
         dirichlet=protocol.dirichlet,
         mixed=protocol.mixed,
         annotator=annotator,
         monitor=monitor,
-        limit=config.limit,
         device=_device(config.device),
-        workers=config.workers,
-        checkpoint_every=config.checkpoint_every,
         hparams=_hparams(hparams, plan.methods),
-        progress=config.progress,
-        reuse=config.reuse,
     )
     if options.weight_anchor is not None and set(plan.methods) <= STATIC_METHODS:
         raise ValueError(

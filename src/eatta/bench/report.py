@@ -82,6 +82,17 @@ pending skipped wrong annotator_seconds audit_share audits audit_seconds resets
 covered_rounds images images_per_s wall_time_s cpu_time_s peak_mem_mb max_rss_mb device
 fingerprint model_digest grid_index
 """.split()
+#: Columns copied from the cell and from the result, and the result's numbers by format.
+_CSV_SPEC = "dataset method setting every buffer".split()
+_CSV_PLAIN = (
+    "label seed rounds labels_used images device fingerprint model_digest grid_index".split()
+)
+_CSV_NUMBERS = {
+    ".4f": ("average_error", "overall_error"),
+    ".2f": ("images_per_s",),
+    ".3f": ("wall_time_s", "cpu_time_s"),
+    ".1f": ("peak_mem_mb", "max_rss_mb"),
+}
 
 
 def _ordered(results: Sequence[CellResult]) -> list[CellResult]:
@@ -518,41 +529,21 @@ def csv_text(results: Sequence[CellResult]) -> str:
         counts = _worse_counts([r], sources)
         worse, compared = counts[0] if counts else (None, None)
         row: dict[str, Any] = {  # None (and a column left out) is written empty
-            "dataset": r.spec.dataset,
-            "method": r.spec.method,
-            "setting": r.spec.setting,
+            **{k: getattr(r.spec, k) for k in _CSV_SPEC},
+            **{k: getattr(r, k) for k in _CSV_PLAIN},
+            **{k: _number(getattr(r, k), f) for f, keys in _CSV_NUMBERS.items() for k in keys},
             "labels_per_batch": r.spec.labels,
-            "every": r.spec.every,
-            "buffer": r.spec.buffer,
-            "label": r.label,
-            "seed": r.seed,
-            "rounds": r.rounds,
             "dirichlet": r.protocol.get("dirichlet"),
             "gradual": bool(r.protocol.get("gradual", False)),
-            "average_error": f"{r.average_error:.4f}",
             "first_round_error": f"{r.round_errors[0]:.4f}",
             "last_round_error": f"{r.round_errors[-1]:.4f}",
-            "overall_error": f"{r.overall_error:.4f}",
             "worse_domains": worse,
             "compared_domains": compared,
-            "labels_used": r.labels_used,
             **_annotation_csv(r),
             **_monitor_csv(r),
-            "images": r.images,
-            "images_per_s": f"{r.images_per_s:.2f}",
-            "wall_time_s": f"{r.wall_time_s:.3f}",
-            "cpu_time_s": _number(r.cpu_time_s, ".3f"),
-            "peak_mem_mb": _number(r.peak_mem_mb, ".1f"),
-            "max_rss_mb": _number(r.max_rss_mb, ".1f"),
-            "device": r.device,
-            "fingerprint": r.fingerprint,
-            "model_digest": r.model_digest,
-            "grid_index": r.grid_index,
+            **{f"err_round:{i + 1}": f"{e:.4f}" for i, e in enumerate(r.round_errors)},
+            **{f"err:{d}": f"{e:.4f}" for d, e in _pooled(r).items()},
         }
-        for i, e in enumerate(r.round_errors):
-            row[f"err_round:{i + 1}"] = f"{e:.4f}"
-        for d, e in _pooled(r).items():
-            row[f"err:{d}"] = f"{e:.4f}"
         writer.writerow(row)
     return buf.getvalue()
 
