@@ -78,8 +78,7 @@ MAIN_JOB_SPEEDS = Path(__file__).with_name("speeds_digits_cpu.json")
 _RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 _LOADING = tuple(f.name for f in dataclasses.fields(LoadOptions))
 #: The fields :class:`RunOptions` takes from :class:`RunConfig` as they are
-_SAME_OPTIONS = ("batch_size", "window", "weight_anchor", "limit", "workers", "checkpoint_every")
-_SAME_OPTIONS += ("progress", "reuse")
+_SAME = "batch_size window weight_anchor limit workers checkpoint_every progress reuse".split()
 
 
 @dataclass
@@ -386,7 +385,7 @@ def _run_options(
 ) -> RunOptions:
     """How every cell runs (the first seed's; the others replace it)."""
     options = RunOptions(
-        **{k: getattr(config, k) for k in _SAME_OPTIONS},
+        **{k: getattr(config, k) for k in _SAME},
         seed=plan.seeds[0],
         rounds=protocol.rounds or (DIGITS_ROUNDS if plan.requested == ["digits-c"] else 1),
         dirichlet=protocol.dirichlet,
