@@ -7,18 +7,9 @@ from typing import Any
 
 import _common
 
-ORDER = (
-    "inference",
-    "tent",
-    "eatta",
-    "eatta-async-0",
-    "eatta-two-pass",
-    "eatta-batched",
-    "eatta-approx",
-    "eatta-no-gnd",
-    "reference-style",
-    "two-backward floor",
-)
+#: The variants' order in a model's table (others follow in their own order).
+ORDER = "inference tent eatta eatta-async-0 eatta-two-pass eatta-batched eatta-approx".split()
+ORDER += ["eatta-no-gnd", "reference-style", "two-backward floor"]
 #: The ratio table's columns: time ratios to TENT, then peak-memory ratios to TENT.
 TIME_COLUMNS = {
     "eatta": "EATTA / TENT time",

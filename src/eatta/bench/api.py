@@ -30,11 +30,11 @@ import torch
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
-from eatta.bench.flags import LoadOptions, RunConfig
+from eatta.bench.flags import LoadOptions, RunConfig, is_int
 from eatta.bench.grid import SETTINGS, STATIC_METHODS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
-from eatta.bench.options import RunOptions, is_int
+from eatta.bench.options import RunOptions
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
 from eatta.bench.results import CellResult
@@ -58,16 +58,7 @@ __all__ = [
 #: The methods of the default run: the source model, the label-free anchors (TENT, ETA and
 #: RDumb, ETA reset to the source every 1,000 steps) and one label per batch (the Baseline, the
 #: faithful EATTA, eatta-stable for long streams, eatta-safe, the one recommended for deployment).
-DEFAULT_METHODS = (
-    "source",
-    "tent",
-    "eta",
-    "rdumb",
-    "baseline",
-    "eatta",
-    "eatta-stable",
-    "eatta-safe",
-)
+DEFAULT_METHODS = tuple("source tent eta rdumb baseline eatta eatta-stable eatta-safe".split())
 #: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
 DIGITS_ROUNDS = 10
 #: The datasets built into the package (the digits CNN's): one thread a cell by default.

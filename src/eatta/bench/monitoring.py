@@ -13,7 +13,7 @@ import torch
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.annotate.simulated import SimulatedAnnotator
 from eatta.bench.annotation import AnnotatorOptions
-from eatta.bench.flags import flag
+from eatta.bench.flags import flag, is_int
 from eatta.monitor import (
     GUARD_POLICIES,
     AccuracyMonitor,
@@ -89,7 +89,7 @@ class MonitorOptions:
             check_policy(self.guard)
             if self.audit == 0.0:
                 raise ValueError("--guard needs audits: give an audit share > 0 (--audit FRACTION)")
-        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 2:
+        if not is_int(self.block) or self.block < 2:
             raise ValueError(f"guard block must be an int >= 2 audits, got {self.block!r}")
 
     @property

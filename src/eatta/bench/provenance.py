@@ -30,16 +30,9 @@ __all__ = [
 COMPUTED_WITH = ("cpu_capability", "machine")
 
 #: Distributions whose versions can change the digits-C arrays.
-CORRUPTION_STACK = (
-    "corrupt-tta",
-    "numpy",
-    "scipy",
-    "scikit-image",
-    "scikit-learn",
-    "opencv-python",
-    "opencv-python-headless",
-    "pillow",
-    "wand",
+CORRUPTION_STACK = tuple(
+    "corrupt-tta numpy scipy scikit-image scikit-learn opencv-python opencv-python-headless "
+    "pillow wand".split()
 )
 
 _REFERENCE = Path(__file__).with_name("digits_reference.json")

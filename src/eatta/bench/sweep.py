@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from eatta.bench.flags import split_csv
+from eatta.bench.flags import is_int, split_csv
 from eatta.bench.grid import CellSpec, make_grid, make_jobs
 from eatta.bench.grid import shard as shard_jobs
 
@@ -143,7 +143,7 @@ class SlurmOptions:
             ("cpus", self.cpus, 1),
             ("array-parallelism", self.array_parallelism, 1),
         ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            if value is not None and not is_int(value):
                 raise TypeError(f"--{name} must be an int, got {value!r}")
             if value is not None and value < low:
                 raise ValueError(f"--{name} must be >= {low}, got {value}")
@@ -224,7 +224,7 @@ def _local_slots(jobs: int | None) -> tuple[int, int, int]:
     cores = max(1, cores or 1)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     jobs = (gpus or cores) if jobs is None else jobs
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+    if not is_int(jobs) or jobs < 1:
         raise ValueError(f"--jobs must be an int >= 1, got {jobs!r}")
     return jobs, gpus, cores
 
@@ -321,7 +321,7 @@ class SweepPlan:
 
     def with_count(self, count: int) -> SweepPlan:
         """The same grid in ``count`` shards (1 <= count <= number of runs)."""
-        if isinstance(count, bool) or not isinstance(count, int):
+        if not is_int(count):
             raise TypeError(f"shards must be an int, got {count!r}")
         if not 1 <= count <= len(self.jobs):
             raise ValueError(
