@@ -196,14 +196,9 @@ def load_benchmarks(
         root_of = dict.fromkeys(names, os.fspath(roots))
     else:
         root_of = {k: os.fspath(v) for k, v in roots.items()}
-    model_options: dict[str, Any] = {  # what PACS and the ImageNet family share
-        "checkpoint": o.checkpoint,
-        "pretrained": o.pretrained,
-        "image_size": o.image_size,
-        "oracle_backbone": o.oracle_backbone,
-        "oracle_checkpoint": o.oracle_checkpoint,
-        "workers": workers or 0,
-    }
+    shared = ("checkpoint", "pretrained", "image_size", "oracle_backbone", "oracle_checkpoint")
+    model_options = {k: getattr(o, k) for k in shared}  # what PACS and the ImageNet family share
+    model_options["workers"] = workers or 0
     out: dict[str, BenchmarkData] = {}
     for name in names:
         if gradual and name not in ("digits-c", "imagenet-c"):

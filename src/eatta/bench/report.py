@@ -394,8 +394,7 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
     ]
     notes = [WORSE_NOTE] if compared else []
     notes += collapse_notes(rows)
-    sentence = stability_sentence(rows)
-    if sentence:
+    if sentence := stability_sentence(rows):
         notes.append(sentence)
     if notes:
         lines += ["", *notes]
@@ -635,8 +634,7 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
                     **_mean_std(worse),
                     "domains": counts[0][1],
                 }
-            annotation = _annotation_means(cell)
-            if annotation:
+            if annotation := _annotation_means(cell):
                 entry["annotation"] = annotation
             entry["average_error"] = _mean_std([c.average_error for c in cell])
             entry["first_round_error"] = _mean_std([c.round_errors[0] for c in cell])

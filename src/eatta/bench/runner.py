@@ -366,14 +366,11 @@ def _attach_monitor(
     if options.monitor.active and spec.method not in STATIC_METHODS:
         with torch.random.fork_rng(devices=[]):  # the stream and method draw as without it
             source = data.model_fn().to(device)  # the model as trained: the monitor's reference
+        given = (method, source, options.annotator, options.seed)
         if options.monitor.audit > 0.0:
-            monitor, auditor = options.monitor.attach(
-                method, source, options.annotator, options.seed
-            )
+            monitor, auditor = options.monitor.attach(*given)
         if options.monitor.fallback and method.fallback is None:
-            fallback_auditor = options.monitor.attach_fallback(
-                method, source, options.annotator, options.seed
-            )
+            fallback_auditor = options.monitor.attach_fallback(*given)
     return monitor, auditor, fallback_auditor
 
 
