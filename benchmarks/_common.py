@@ -247,8 +247,7 @@ def study_parser(
 def parse_plan(text: str, parts: Sequence[str], names: Sequence[str]) -> list[tuple[str, str]]:
     """``--plan``'s ``PART:STREAM`` items; a SystemExit naming any unknown one."""
     plan = [tuple(x.split(":", 1)) for x in text.split(",") if x]
-    bad = [x for x in plan if len(x) != 2 or x[0] not in parts or x[1] not in names]
-    if bad:
+    if bad := [x for x in plan if len(x) != 2 or x[0] not in parts or x[1] not in names]:
         raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {parts}")
     return plan  # type: ignore[return-value]  # pairs, checked above
 

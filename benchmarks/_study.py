@@ -44,8 +44,7 @@ def chosen(flag: str, text: str, allowed: Sequence[Any]) -> list[Any]:
     """``flag``'s comma-separated items, each one of ``allowed`` (as text); a SystemExit
     otherwise."""
     names = {str(a): a for a in allowed}
-    bad = [x for x in split_csv(text) if x not in names]
-    if bad:
+    if bad := [x for x in split_csv(text) if x not in names]:
         raise SystemExit(f"{flag} must be among {', '.join(names)}, got {', '.join(bad)}")
     return [names[x] for x in split_csv(text)]
 

@@ -145,12 +145,9 @@ def run(spec: Run) -> dict[str, Any]:
     for t in range(len(stream)):
         idx = torch.as_tensor(stream.batch_indices(t)[1])
         y = Y[idx]
-        if missed is not None:
-            miss = missed[idx]
-        else:
-            if oracle is not None:
-                oracle.set_labels(y)
-            miss = m(X[idx]).argmax(1) != y
+        if missed is None and oracle is not None:
+            oracle.set_labels(y)
+        miss = missed[idx] if missed is not None else m(X[idx]).argmax(1) != y
         r = stream.round_of_batch(t)
         wrong[r] += int(miss.sum())
         seen[r] += len(y)

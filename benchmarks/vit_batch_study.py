@@ -137,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    bad = [b for b in sizes if b < 1 or 64 % b]
-    if bad:
+    if bad := [b for b in sizes if b < 1 or 64 % b]:
         raise SystemExit(f"batch sizes must divide 64 (equal labels per sample), got {bad}")
     methods = split_csv(args.methods)
     torch.set_num_threads(1)

@@ -145,21 +145,16 @@ class AnnotatorOptions:
 
     def text(self) -> str:
         """Short text for table titles, e.g. ``label delay 16, noise 0.2, yes/no``."""
-        parts = []
-        if self.delay is not None:
-            parts.append(f"label delay {self.delay}")
-        if self.pace is not None:
-            parts.append(f"{self.pace:g} answers/batch")
-        if self.stream_rate is not None:
-            sec = self.cost.per_request(self.feedback)
-            parts.append(f"{sec:g} s/answer at {self.stream_rate:g} batches/s")
-        if self.order is not None:
-            parts.append(f"{self.order} first")
-        if self.noise:
-            parts.append(f"label noise {self.noise:g}")
-        if self.feedback == "binary":
-            parts.append("yes/no feedback")
-        return ", ".join(parts)
+        rate, sec = self.stream_rate, self.cost.per_request(self.feedback)
+        parts = [
+            f"label delay {self.delay}" if self.delay is not None else "",
+            f"{self.pace:g} answers/batch" if self.pace is not None else "",
+            f"{sec:g} s/answer at {rate:g} batches/s" if rate is not None else "",
+            f"{self.order} first" if self.order is not None else "",
+            f"label noise {self.noise:g}" if self.noise else "",
+            "yes/no feedback" if self.feedback == "binary" else "",
+        ]
+        return ", ".join(part for part in parts if part)
 
 
 def annotation_summary(

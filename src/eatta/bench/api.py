@@ -106,8 +106,7 @@ def method_names(value: str | Sequence[str]) -> list[str]:
         return sorted(registry.available(), key=lambda m: (m != "source", m))
     names = [m.lower() for m in _names(value, "methods")]
     known = set(registry.available())
-    bad = [m for m in names if m not in known]
-    if bad:
+    if bad := [m for m in names if m not in known]:
         raise ValueError(f"unknown method(s) {bad}; registered: {sorted(known)}")
     return names
 
@@ -184,8 +183,7 @@ def load_benchmarks(
     from eatta.bench import suites
 
     names = _names(datasets, "datasets")
-    unknown = [d for d in names if d not in suites.DATASETS]
-    if unknown:
+    if unknown := [d for d in names if d not in suites.DATASETS]:
         raise ValueError(f"unknown dataset(s) {unknown}; choose from {list(suites.DATASETS)}")
     o = LoadOptions(**options)
     severity_of = {name: suites.check_severity(name, o.severity) for name in names}
@@ -449,8 +447,7 @@ def _stream(
     if protocol is None:
         return StreamProtocol(rounds=rounds, gradual=gradual, dirichlet=dirichlet)
     shorthand = {"rounds": rounds, "gradual": gradual, "dirichlet": dirichlet}
-    both = [k for k, v in shorthand.items() if v not in (None, False)]
-    if both:
+    if both := [k for k, v in shorthand.items() if v not in (None, False)]:
         raise TypeError(f"give protocol= or {both}, not both")
     if not isinstance(protocol, StreamProtocol):
         raise TypeError(f"protocol must be a StreamProtocol, got {type(protocol).__name__}")
@@ -496,13 +493,11 @@ def _plan(
         requested = list(given_data)
     else:
         requested = _names(datasets, "datasets")
-        unknown = sorted(set(loading) - set(_LOADING))
-        if unknown:
+        if unknown := sorted(set(loading) - set(_LOADING)):
             raise TypeError(f"run() got unknown option(s) {unknown}")
     chosen = method_names(methods)
     setting_list = [s.lower() for s in _names(config.settings, "settings")]
-    bad = [s for s in setting_list if s not in SETTINGS]
-    if bad:
+    if bad := [s for s in setting_list if s not in SETTINGS]:
         raise ValueError(f"unknown setting(s) {bad}; choose from {list(SETTINGS)}")
     labels, every = _ints(config.labels, "labels", 0), _ints(config.every, "every", 1)
     budgets = [(k, n) for k in labels for n in every]
@@ -572,12 +567,10 @@ def _data(
             **loading,
         )
     if protocol.mixed:
-        single = [n for n, b in data.items() if len(b.domains) < 2]
-        if single:
+        if single := [n for n, b in data.items() if len(b.domains) < 2]:
             raise ValueError(f"mixed domains need at least two domains; {single} has one")
     if "eata" in plan.methods:
-        missing = [n for n, b in data.items() if b.fisher_data is None]
-        if missing:
+        if missing := [n for n, b in data.items() if b.fisher_data is None]:
             raise ValueError(f"eata needs clean source data (fisher_root) for {missing}")
     return data
 

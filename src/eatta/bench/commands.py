@@ -190,8 +190,7 @@ def check_run_args(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """The run options checked before anything loads, errors naming the flags (also for
     ``sweep``)."""
     for what, low, why in (("labels", 0, ""), ("every", 1, " (label every N-th batch)")):
-        bad = [k for k in getattr(args, what) if k < low]
-        if bad:
+        if bad := [k for k in getattr(args, what) if k < low]:
             raise ValueError(f"--{what} must be >= {low}{why}, got {bad[0]}")
     for what, low in (("batch_size", 1), ("rounds", 1), ("threads", 1), ("limit", 2)):
         value = getattr(args, what)

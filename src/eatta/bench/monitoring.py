@@ -105,15 +105,12 @@ class MonitorOptions:
 
     def text(self) -> str:
         """Short text for table titles."""
-        parts = []
-        if self.audit > 0.0:
-            out = f"audit {self.audit:g}"
-            if self.guard is not None:
-                out += f", guard {self.guard} (level {self.guard_level:g}, block {self.block})"
-            parts.append(out)
-        if self.fallback:
-            parts.append("fallback to the source model (1 audit/batch)")
-        return ", ".join(parts)
+        guard = f", guard {self.guard} (level {self.guard_level:g}, block {self.block})"
+        parts = [
+            f"audit {self.audit:g}{guard if self.guard is not None else ''}" if self.audit else "",
+            "fallback to the source model (1 audit/batch)" if self.fallback else "",
+        ]
+        return ", ".join(part for part in parts if part)
 
     def attach_fallback(
         self, method: Any, given: torch.nn.Module, annotator: AnnotatorOptions, seed: int

@@ -221,10 +221,8 @@ def _worse_counts(
 ) -> list[tuple[int, int]] | None:
     """:func:`worse_than_source` for every seed of a cell; None for the source model itself or
     when a seed has no source result to compare with."""
-    if cell[0].spec.method == "source":
-        return None
     found = [sources.get(_source_key(c)) for c in cell]
-    if any(s is None for s in found):
+    if cell[0].spec.method == "source" or any(s is None for s in found):
         return None
     return [worse_than_source(c, s) for c, s in zip(cell, found, strict=True) if s is not None]
 
@@ -587,8 +585,7 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
         cum = np.cumsum([b[0] for b in ref.online])
         bounds = [0] + [int(cum[b - 1]) for b in ref.domain_first_batch[1:]] + [int(cum[-1])]
         names = [DOMAIN_SHORT.get(d, d) for d in ref.domains]
-        solid = ref.rounds > 1
-        if solid:
+        if solid := ref.rounds > 1:
             k = len(ref.domains) // ref.rounds
             bounds = bounds[: ref.rounds * k + 1 : k]
             names = [f"round {i + 1}" for i in range(ref.rounds)]
@@ -597,8 +594,7 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
             if start:
                 ax.axvline(start, color="0.45" if solid else "0.6", ls="-" if solid else ":", lw=1)
             ax.text((start + end) / 2, 1.01, name, fontsize=7, rotation=0 if solid else 45, **where)
-        ax.set_xlim(0, max(1, int(cum[-1])))
-        ax.set_ylim(0, 100)
+        ax.set(xlim=(0, max(1, int(cum[-1]))), ylim=(0, 100))
         ax.set(xlabel="images seen", ylabel=f"error % (last ~{span} batches)")
         ax.set_title(dataset, loc="left", fontsize=10, pad=22)
         legend = {"loc": "upper left", "bbox_to_anchor": (1.005, 1.0), "title_fontsize": 7}
@@ -685,8 +681,7 @@ def load_results(dirs: Sequence[str | os.PathLike[str]]) -> list[CellResult]:
         root = Path(d)
         if not root.is_dir():
             raise FileNotFoundError(f"no output folder {str(root)!r}")
-        files = sorted((root / "cells").glob("*.json"))
-        if files:
+        if files := sorted((root / "cells").glob("*.json")):
             loaded = [CellResult.load(f) for f in files]
         elif (root / "results.json").is_file():
             doc = json.loads((root / "results.json").read_text(encoding="utf-8"))
@@ -701,8 +696,7 @@ def load_results(dirs: Sequence[str | os.PathLike[str]]) -> list[CellResult]:
         f"{r.spec.key} seed {r.seed} {json.dumps(r.protocol, sort_keys=True)}"
         for r in found.values()
     )
-    dupes = sorted(run for run, n in runs.items() if n > 1)
-    if dupes:
+    if dupes := sorted(run for run, n in runs.items() if n > 1):
         warnings.warn(
             f"cells run with different arguments (fingerprints) are all kept: {dupes}",
             stacklevel=2,

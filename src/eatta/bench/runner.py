@@ -93,9 +93,7 @@ def _budget(labels: int, every: int, batch_size: int, window: int | bool | None)
     sample counted in window steps: ``labels · window / (every · batch_size)``, reduced."""
     if window is None or window is False or batch_size >= window:
         return Budget(labels, every=every)
-    rate = Fraction(labels * int(window), every * batch_size)
-    if rate == 0:
-        return Budget(0)
+    rate = Fraction(labels * int(window), every * batch_size)  # 0: Budget(0, every=1)
     return Budget(rate.numerator, every=rate.denominator)
 
 

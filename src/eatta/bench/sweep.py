@@ -195,8 +195,7 @@ def slurm_executor(folder: str | os.PathLike[str], options: SlurmOptions) -> sub
 def check_slurm(partition: str | None = None) -> list[str]:
     """The cluster's partitions; a ValueError when Slurm is not here or does not answer, or when
     ``partition`` is not among them."""
-    missing = [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]
-    if missing:
+    if missing := [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]:
         raise ValueError(
             f"--launcher slurm: no Slurm here ({', '.join(missing)} not on PATH); "
             "--launcher local runs the shards on this machine"
