@@ -59,9 +59,7 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
     """Per method: first/last round, average, resets, audits, annotator hours, coverage."""
     out: dict[str, Any] = {}
     for r in rs:
-        lists: dict[str, list[Any]] = {
-            k: [] for k in ("first", "last", "avg", "resets", "audits", "hours")
-        }
+        lists = {k: [] for k in "first last avg resets audits hours".split()}
         m = out.setdefault(r.spec.method, {**lists, "covered": [0, 0], "rounds": [], "labels": []})
         m["first"].append(r.round_errors[0])
         m["last"].append(r.round_errors[-1])

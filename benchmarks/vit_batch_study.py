@@ -57,13 +57,8 @@ def summarize(results: dict[int, list[CellResult]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for batch, cells in results.items():
         for r in cells:
-            got = {
-                "avg": r.average_error,
-                "first": r.round_errors[0],
-                "last": r.round_errors[-1],
-                "labels": r.labels_used,
-                "cpu_s": r.cpu_time_s,
-            }
+            got = {"avg": r.average_error, "first": r.round_errors[0], "last": r.round_errors[-1]}
+            got |= {"labels": r.labels_used, "cpu_s": r.cpu_time_s}
             cell = out.setdefault(r.spec.method, {}).setdefault(str(batch), {})
             for k, v in got.items():
                 cell.setdefault(k, []).append(v)
