@@ -78,9 +78,8 @@ def _model(kind: str, x0: Tensor) -> nn.Module:
 
 
 def trajectory(kind: str, rounds: int, limit: int | None) -> np.ndarray:
-    """Exact and estimated norms at each step of ``rounds`` rounds (round ``r`` a
-    ``TestStream`` shuffled with seed ``r``): columns exact sup/unsup, last-norm sup/unsup,
-    head sup/unsup."""
+    """Exact and estimated norms at each step of ``rounds`` rounds (round ``r`` a ``TestStream``
+    shuffled with seed ``r``): columns exact, last-norm and head sup/unsup."""
     domains = digits_c_domains(severity=5)
     batches = [(x, y) for r in range(rounds) for x, y, _ in TestStream(domains, 64, seed=r)]
     if limit is not None:

@@ -283,8 +283,7 @@ def _compute() -> str:
 
 
 def _false_resets(data: dict[str, Any]) -> dict[str, Any]:
-    """Resets where the method does not degrade, and degradations with no reset: the page's
-    table and counts."""
+    """The page's table and counts of resets with no degradation and degradations with none."""
     rows = []
     counts = dict.fromkeys(("false_resets", "runs_nd", "missed", "runs_d"), 0)
     for name, s in data["streams"].items():

@@ -86,9 +86,8 @@ def costs_block(speeds: dict[str, Any]) -> str:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    """Offline (x) against online (y) error per adapting method, the diagonal dotted: above it,
-    the method lost to its own cost (the source model, on the diagonal by definition, is left
-    out)."""
+    """Offline (x) against online (y) error per adapting method (the source model, on the
+    diagonal by definition, left out), the diagonal dotted: above it, cost became error."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -101,13 +101,8 @@ def measure(requests: int, warmup: int, seed: int) -> dict[str, Any]:
             "overhead_p50_x_bare": float(np.median(over)) / bare_p50,
             "overhead_p99_x_bare": float(np.percentile(over, 99)) / bare_p50,
         }
-    return {
-        "requests": requests,
-        "warmup": warmup,
-        "window": WINDOW,
-        "refresh": eatta.window.WINDOW_REFRESH,
-        "variants": rows,
-    }
+    window = {"window": WINDOW, "refresh": eatta.window.WINDOW_REFRESH}
+    return {"requests": requests, "warmup": warmup, **window, "variants": rows}
 
 
 def _over(r: dict[str, Any], q: str, ms_digits: int, x_digits: int) -> str:

@@ -187,8 +187,7 @@ def list_text() -> str:
 
 
 def check_run_args(args: argparse.Namespace, argv: Sequence[str]) -> None:
-    """The run options checked before anything loads, errors naming the flags (also for
-    ``sweep``)."""
+    """The run options checked before anything loads, errors naming the flags (``sweep`` too)."""
     for what, low, why in (("labels", 0, ""), ("every", 1, " (label every N-th batch)")):
         if bad := [k for k in getattr(args, what) if k < low]:
             raise ValueError(f"--{what} must be >= {low}{why}, got {bad[0]}")
@@ -276,8 +275,7 @@ def merge_main(argv: Sequence[str]) -> int:
 
 
 def monitor_options(args: argparse.Namespace) -> MonitorOptions:
-    """``--audit`` / ``--guard`` as :class:`MonitorOptions`; ``--guard`` alone audits the default
-    share."""
+    """``--audit`` / ``--guard`` as :class:`MonitorOptions` (``--guard`` alone: default share)."""
     values = flags.values(MonitorOptions, args)
     if values["audit"] is None:
         values["audit"] = DEFAULT_AUDIT_SHARE if args.guard is not None else 0.0

@@ -19,9 +19,8 @@ AUTO_WINDOW = 64
 
 @dataclass
 class RunOptions:
-    """How cells are run (identical options give identical results); ``reuse=False`` runs
-    afresh, ignoring finished results and checkpoints; ``mixed`` draws each batch across the
-    round's domains."""
+    """How cells are run (identical options, identical results); ``reuse=False`` ignores
+    finished results and checkpoints; ``mixed`` draws each batch across the round's domains."""
 
     batch_size: int = 64
     seed: int = 0
