@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,23 +125,6 @@ def _serve(
     return logits.argmax(1).cpu() != y, used
 
 
-def _save_checkpoint(
-    path: Path,
-    state: dict[str, Any],
-    method: AdaptiveMethod,
-    annotators: tuple[Any, Any],
-    device: torch.device,
-    clocks: tuple[float, float],
-    peak_mb: float | None,
-) -> None:
-    """``state`` with the method, annotators, RNGs, clocks and peak: all a resume needs."""
-    oracle, auditor = annotators
-    state.update(method=method.state_dict(), annotator=_annotator_state(oracle))
-    state.update(auditor=_annotator_state(auditor), rng=rng_state(device))
-    state.update(wall_time_s=clocks[0], cpu_time_s=clocks[1], peak_mem_mb=peak_mb)
-    atomic_write(path, lambda f: torch.save(state, f))
-
-
 def _position(
     saved: dict[str, Any] | None, tally: list[Any]
 ) -> tuple[int, list[list[int]], float, float, list[Any], int, float | None]:
@@ -241,11 +225,15 @@ def run_cell(
             every = options.checkpoint_every
             if every and (t + 1) % every == 0 and t + 1 < total:  # none after the last batch
                 c0, cc0 = time.perf_counter(), time.thread_time()
+                # all a resume needs: the position, the method, annotators, RNGs, clocks and peak
                 state = {"fingerprint": fp, "spec": dataclasses.asdict(spec), "position": t + 1}
                 state.update(online=online, tally=tally, sessions=sessions)
-                clocks = (wall + (c0 - t0 - ckpt_time), cpu + (cc0 - cpu0 - ckpt_cpu))
-                peak = _peak(device, rss_before, peak_prev)
-                _save_checkpoint(ckpt_path, state, method, (oracle, auditor), device, clocks, peak)
+                state.update(method=method.state_dict(), annotator=_annotator_state(oracle))
+                state.update(auditor=_annotator_state(auditor), rng=rng_state(device))
+                state["wall_time_s"] = wall + (c0 - t0 - ckpt_time)
+                state["cpu_time_s"] = cpu + (cc0 - cpu0 - ckpt_cpu)
+                state["peak_mem_mb"] = _peak(device, rss_before, peak_prev)
+                atomic_write(ckpt_path, partial(torch.save, state))
                 ckpt_time += time.perf_counter() - c0
                 ckpt_cpu += time.thread_time() - cc0
             if callback is not None:
