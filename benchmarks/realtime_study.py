@@ -30,6 +30,9 @@ from typing import Any
 from _common import RESULTS as RESULTS_DIR
 from _common import markdown_table, replace_section
 
+import eatta.bench
+from eatta.bench.api import MAIN_JOB_SPEEDS
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = RESULTS_DIR / "realtime.json"
 PAGE = REPO / "docs" / "realtime.md"
@@ -135,9 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="runs/realtime", help="folder of the run")
     args = p.parse_args(argv)
     if not args.report_only:
-        import eatta.bench
-        from eatta.bench.api import MAIN_JOB_SPEEDS
-
         done = eatta.bench.run(
             "digits-c", "all", rounds=1, labels=1, realtime="both", speeds=str(MAIN_JOB_SPEEDS),
             out=args.out, plot=False, log=lambda m: print(m, file=sys.stderr),

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from eatta.bench import suites
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
@@ -37,6 +38,7 @@ from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
 from eatta.bench.options import RunOptions
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
+from eatta.bench.report import markdown_table, write_outputs
 from eatta.bench.results import CellResult
 from eatta.bench.runner import done_text, measure_costs, run_cell, run_grid
 from eatta.methods import registry
@@ -180,8 +182,6 @@ def load_benchmarks(
     layout or weights. ``options``: the fields of :class:`~eatta.bench.flags.LoadOptions`
     (``roots``: one folder for all or one per dataset; ``severity``: 1-5 where defined;
     ``backbone``: ``digits-cnn`` or ``digits-vit`` for the digits, a ``MODELS`` name otherwise)."""
-    from eatta.bench import suites
-
     names = _names(datasets, "datasets")
     if unknown := [d for d in names if d not in suites.DATASETS]:
         raise ValueError(f"unknown dataset(s) {unknown}; choose from {list(suites.DATASETS)}")
@@ -331,8 +331,6 @@ def run(
                     r.save(out_dir / "cells" / f"{r.spec.slug()}-{r.fingerprint}.json")  # merge
         except KeyboardInterrupt:
             raise RunInterrupted(out_dir, len(cells)) from None
-        from eatta.bench.report import markdown_table, write_outputs
-
         run_meta = {**dict(meta or {}), "shard": list(shard_ix), "grid_size": len(grid)}
         if not isinstance(costs, str):
             run_meta.update(protocol=config.realtime, speeds=config.speeds, costs=costs)
@@ -505,10 +503,8 @@ def _plan(
     if len(set(seed_list)) != len(seed_list):
         raise ValueError(f"seeds must be distinct, got {seed_list}")
     if not preloaded:
-        from eatta.bench.suites import check_severity
-
         for dataset in requested:  # before anything is loaded or written
-            check_severity(dataset, loading.get("severity"))
+            suites.check_severity(dataset, loading.get("severity"))
     if (protocol.gradual or protocol.ccc) and loading.get("severity") is not None:
         stream = "gradual" if protocol.gradual else "CCC-style"
         raise ValueError(

@@ -18,6 +18,7 @@ from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.flags import LoadOptions, RunConfig, split_csv
 from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE, MonitorOptions
 from eatta.bench.protocol import StreamProtocol
+from eatta.bench.report import load_results, markdown_table, write_outputs
 from eatta.bench.suites import DATASETS, LAYOUTS
 from eatta.methods import registry
 from eatta.models.backbones import WeightsUnavailableError
@@ -240,8 +241,6 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def merge(args: argparse.Namespace) -> int:
     """``eatta-bench merge``: the finished cells of several folders as one set of outputs."""
-    from eatta.bench.report import load_results, markdown_table, write_outputs
-
     results = load_results(args.dirs)
     if not results:
         raise ValueError("no finished cells found")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.grid import CellSpec, parse_shard, shard
 from eatta.bench.report import markdown_table, write_outputs
@@ -77,8 +79,6 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace, hparams: dict[str, dict[str, Any]]) -> RunOptions:
-    import torch
-
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

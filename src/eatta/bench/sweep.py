@@ -28,9 +28,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import torch
+
+import eatta
+from eatta.bench import api, commands
 from eatta.bench.flags import is_int, split_csv
 from eatta.bench.grid import CellSpec, make_grid, make_jobs
 from eatta.bench.grid import shard as shard_jobs
+from eatta.bench.results import atomic_write_text
+from eatta.bench.suites import DATASETS, digits_grid_name
+from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
+from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
 
 if TYPE_CHECKING:
     import submitit
@@ -70,11 +78,7 @@ class ShardJob:
         return ["run", *self.argv, "--shard", f"{self.index}/{self.count}", "--out", self.out]
 
     def __call__(self) -> str:
-        from eatta.bench import commands
-
         if self.threads is not None:
-            import torch
-
             torch.set_num_threads(self.threads)
         status = commands.run_main(self.command()[1:])
         if status != 0:
@@ -155,8 +159,6 @@ class SlurmOptions:
 def _job_env(threads: int | None) -> dict[str, str]:
     """Environment changes for a job's process: its thread count, and the same ``eatta`` code
     (the folder of a source tree such as a checkout or ``PYTHONPATH=src`` first on its path)."""
-    import eatta
-
     env: dict[str, str] = {}
     root = Path(eatta.__file__).resolve().parents[1]
     if root.name not in ("site-packages", "dist-packages"):
@@ -217,8 +219,6 @@ def check_slurm(partition: str | None = None) -> list[str]:
 
 def _local_slots(jobs: int | None) -> tuple[int, int, int]:
     """(parallel jobs, GPUs, cores) for the local launcher."""
-    import torch
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = max(1, cores or 1)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -230,8 +230,6 @@ def _local_slots(jobs: int | None) -> tuple[int, int, int]:
 
 def _parse_run_argv(argv: Sequence[str]) -> argparse.Namespace:
     """``argv`` parsed by ``eatta-bench run``'s own parser; a mistake is a ValueError."""
-    from eatta.bench import commands
-
     if any(a in ("-h", "--help") for a in argv):
         raise ValueError("run options: -h/--help shows help; see eatta-bench run --help")
     parser = commands.run_parser()
@@ -255,10 +253,6 @@ def _parse_run_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 def _grid_datasets(args: argparse.Namespace) -> list[str]:
     """The grid's dataset names, as :func:`eatta.bench.api.load_benchmarks` names them."""
-    from eatta.bench.api import EMBEDDED
-    from eatta.bench.suites import DATASETS, digits_grid_name
-    from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
-
     names = split_csv(args.dataset)
     unknown = [d for d in names if d not in DATASETS]
     if unknown or not names:
@@ -268,7 +262,7 @@ def _grid_datasets(args: argparse.Namespace) -> list[str]:
     letter = {v: k for k, v in PACS_LETTERS.items()}
     out: list[str] = []
     for name in names:
-        if name in EMBEDDED:
+        if name in api.EMBEDDED:
             try:
                 out.append(digits_grid_name(args.backbone, name))
             except ValueError as err:
@@ -290,8 +284,6 @@ def _stream_images(dataset: str, args: argparse.Namespace, rounds: int) -> tuple
     loading the data (only digits-C's count is known, from its test split)."""
     if dataset not in ("digits-c", "digits-c:vit"):
         return None
-    from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
-
     per_domain = len(digits_split()[1])
     if args.limit is not None:
         per_domain = min(per_domain, args.limit)
@@ -379,8 +371,6 @@ def plan(
     ``--out``; bad ones raise :class:`ValueError`) and list the grid's runs in ``shards`` shards
     (None: one run per shard) without loading any data. ``count_images``: count digits-C's
     images per run from its split (else every count is None)."""
-    from eatta.bench import api, commands
-
     if isinstance(run_argv, str) or not all(isinstance(a, str) for a in run_argv):
         raise TypeError(f"run_argv must be a list of strings, got {run_argv!r}")
     args = _parse_run_argv(run_argv)
@@ -424,8 +414,6 @@ def load_state(out: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def _save_state(out: Path, state: Mapping[str, Any]) -> None:
-    from eatta.bench.results import atomic_write_text
-
     atomic_write_text(out / STATE_FILE, json.dumps(state, indent=1))
 
 
@@ -768,8 +756,6 @@ def launch(
                 f"with: {result.resubmit_command}"
             )
             return result
-    from eatta.bench import commands
-
     dirs = [str(shard_dir(folder, i)) for i in range(shards)]
     plot = [] if result.plan.plot else ["--no-plot"]
     status = commands.merge_main([*dirs, "--out", str(folder), *plot])
