@@ -269,8 +269,7 @@ def _resets(data: dict[str, Any]) -> str:
 
 def _compute() -> str:
     """The step benchmark's cost of audits, if it has been measured."""
-    bench = load_json(RESULTS / "step_benchmark_cpu_audit.json")
-    if bench is None:
+    if (bench := load_json(RESULTS / "step_benchmark_cpu_audit.json")) is None:
         return ""
     rows = []
     for model, r in bench["models"].items():

@@ -146,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     _timing.fill_defaults(args, args.quick, images=(320, 96))
     args.workers = args.workers or ([0, 2] if args.quick else [0, 1, 2])
-    device = _timing.timing_device(args)
-    if device is None:
+    if (device := _timing.timing_device(args)) is None:
         return 2
     started = time.perf_counter()
     meta = _common.machine(device)

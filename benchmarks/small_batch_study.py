@@ -165,8 +165,7 @@ def _mean_error(run: dict[str, Any]) -> float:
 
 def _cell(runs: list[dict[str, Any] | None]) -> str:
     """A method's error at one batch size over the seeds asked (how many, if fewer ran)."""
-    done = [g for g in runs if g is not None]
-    if not done:
+    if not (done := [g for g in runs if g is not None]):
         return "not run"
     text = fmt([_mean_error(g) for g in done])
     if len(done) == len(runs):

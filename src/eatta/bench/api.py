@@ -96,8 +96,7 @@ def _names(value: str | Sequence[str], what: str) -> list[str]:
         items = list(value)
     else:
         raise TypeError(f"{what} must be a string or a sequence of strings, got {value!r}")
-    out = [v.strip() for v in items if v.strip()]
-    if not out:
+    if not (out := [v.strip() for v in items if v.strip()]):
         raise ValueError(f"{what} is empty")
     return out
 

@@ -241,8 +241,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def merge(args: argparse.Namespace) -> int:
     """``eatta-bench merge``: the finished cells of several folders as one set of outputs."""
-    results = load_results(args.dirs)
-    if not results:
+    if not (results := load_results(args.dirs)):
         raise ValueError("no finished cells found")
     paths = write_outputs(results, args.out, {"merged": list(args.dirs)}, plot=not args.no_plot)
     print(markdown_table(results), end="")

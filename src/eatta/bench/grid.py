@@ -107,8 +107,7 @@ def parse_shard(text: str, environ: Mapping[str, str] | None = None) -> tuple[in
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int | None:
-    text = environ.get(name, "").strip()
-    if not text:
+    if not (text := environ.get(name, "").strip()):
         return None
     try:
         return int(text)
@@ -126,8 +125,7 @@ def resolve_shard(environ: Mapping[str, str]) -> tuple[int, int]:
             return parse_shard(own)
         except ValueError as err:
             raise ValueError(f"EATTA_SHARD: {err}") from None
-    task = _env_int(environ, "SLURM_ARRAY_TASK_ID")
-    if task is None:
+    if (task := _env_int(environ, "SLURM_ARRAY_TASK_ID")) is None:
         where = "a Slurm job but not an array" if environ.get("SLURM_JOB_ID") else "neither is set"
         raise ValueError(
             "--shard auto takes the shard from a Slurm job array (sbatch --array=0-<n-1>: "

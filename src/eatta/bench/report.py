@@ -283,8 +283,7 @@ def stability_sentence(rows: Sequence[CellResult]) -> str | None:
         collapse += f", ending worse than the unadapted source model ({source:.1f})"
     verdicts: dict[str, list[str]] = {collapse: [], "degrade": [], "hold or improve": []}
     for cell in _cells(rows):
-        pair = _first_last(cell)
-        if pair is None:
+        if (pair := _first_last(cell)) is None:
             return None
         if cell[0].spec.method == "source":
             continue
@@ -403,8 +402,7 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
 
 def _annotation_means(cell: Sequence[CellResult]) -> dict[str, float] | None:
     """What the annotator did, mean over a cell's seeds (None for a method that asks nobody)."""
-    notes = [c.annotation for c in cell if c.annotation]
-    if not notes:
+    if not (notes := [c.annotation for c in cell if c.annotation]):
         return None
     keys = (*_ANNOTATION_KEYS, "skipped", "seconds")
     return {k: float(np.mean([n.get(k, 0) for n in notes])) for k in keys}
@@ -412,8 +410,7 @@ def _annotation_means(cell: Sequence[CellResult]) -> dict[str, float] | None:
 
 def _annotation_cells(cell: Sequence[CellResult]) -> list[str]:
     """The annotator's columns of a cell's row ("-" for a method that asks nobody)."""
-    means = _annotation_means(cell)
-    if means is None:
+    if (means := _annotation_means(cell)) is None:
         return ["-"] * len(_ANNOTATION_HEAD)
     return [f"{means[k]:.0f}" for k in _ANNOTATION_KEYS] + [f"{means['seconds'] / 60:.1f}"]
 
@@ -431,8 +428,7 @@ def covered_rounds(r: CellResult) -> tuple[int, int]:
 
 def _monitor_cells(cell: Sequence[CellResult]) -> list[str]:
     """Mean audits, audit minutes and resets over a cell's seeds; rounds covered (summed)."""
-    notes = [c.monitor for c in cell if c.monitor]
-    if not notes:
+    if not (notes := [c.monitor for c in cell if c.monitor]):
         return ["-"] * len(_MONITOR_HEAD)
     cov = [covered_rounds(c) for c in cell if c.monitor]
     return [
@@ -456,8 +452,7 @@ def monitor_table(cells: Sequence[Sequence[CellResult]], rounds: int) -> list[st
         "|---|" + "---:|" * (len(head) - 1),
     ]
     for cell in cells:
-        mon = [c.monitor for c in cell if c.monitor]
-        if not mon:
+        if not (mon := [c.monitor for c in cell if c.monitor]):
             continue
         row = [cell[0].label]
         for i in range(len(head) - 1):
@@ -487,8 +482,7 @@ def _annotation_csv(r: CellResult) -> dict[str, Any]:
 
 def _monitor_csv(r: CellResult) -> dict[str, Any]:
     """The audits' columns of one result's CSV row (none without audits)."""
-    m = r.monitor
-    if not m:
+    if not (m := r.monitor):
         return {}
     hit, total = covered_rounds(r)
     row: dict[str, Any] = {
@@ -622,8 +616,7 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
                 "protocol": r.protocol,
                 "seeds": [c.seed for c in cell],
             }
-            counts = _worse_counts(cell, sources)
-            if counts is not None:
+            if (counts := _worse_counts(cell, sources)) is not None:
                 worse = [w for w, _ in counts]
                 entry["worse_than_source"] = {
                     "per_seed": worse,

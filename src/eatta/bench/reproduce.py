@@ -143,8 +143,7 @@ def comparison_table(
         "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|",
     ]
     for setting, dataset, row in itertools.product(settings, datasets, rows):
-        pub = published(row, setting, dataset)
-        if pub is None:
+        if (pub := published(row, setting, dataset)) is None:
             continue
         res = by_key.get((row.label, dataset, "-" if row.method == "source" else setting))
         ours: Sequence[float | None] = [None] * len(columns)  # not measured or not implemented

@@ -114,8 +114,7 @@ def _serve(
     if monitor is not None:  # audits count for the round they were asked in
         monitor.period = period
         auditor.set_labels(y)  # set with the monitor
-    fb = method.fallback
-    if fb is not None:
+    if (fb := method.fallback) is not None:
         fb.period = period  # type: ignore[attr-defined]
     if fallback_auditor is not None:
         fallback_auditor.set_labels(y)
@@ -327,8 +326,7 @@ def _stream(
     domains: Any, data: BenchmarkData, options: RunOptions, device: torch.device
 ) -> TestStream:
     """The cell's test stream; loader workers by default: none on the CPU, up to 8 on a GPU."""
-    workers = options.workers
-    if workers is None:
+    if (workers := options.workers) is None:
         workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
     return TestStream(
         domains,

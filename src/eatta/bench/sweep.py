@@ -107,8 +107,7 @@ def _require_submitit() -> None:
 def parse_time(text: str | int) -> int:
     """A Slurm time limit as minutes: ``90``, ``MM:SS``, ``H:MM:SS``, ``D-H``, ``D-H:MM``,
     ``D-H:MM:SS`` (seconds round up)."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", str(text).strip())
-    if m is None:
+    if (m := re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", str(text).strip())) is None:
         raise ValueError(f"--time is minutes or [D-]H:MM:SS, got {text!r}")
     fields = [int(f) for f in m[2].split(":")]
     if m[1] is not None:  # D-H, D-H:MM, D-H:MM:SS
