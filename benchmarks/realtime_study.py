@@ -63,22 +63,23 @@ def block(doc: dict[str, Any]) -> str:
     """The results section: the table, then where the ranking changes."""
     table = rows(doc)
     off, on = ranks([t["offline"] for t in table]), ranks([t["online"] for t in table])
-    lines = [
-        "| Method | r | Adapted | Skipped | Labels offline → online | Offline err. | "
-        "Online err. | Δ | Rank offline → online |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    head = ["Method", "r", "Adapted", "Skipped", "Labels offline → online", "Offline err."]
+    head += ["Online err.", "Δ", "Rank offline → online"]
+    cells = []
     for t, a, b in sorted(zip(table, off, on, strict=True), key=lambda z: z[2]):
         delta = round(t["online"], 1) - round(t["offline"], 1)
-        lines.append(
-            f"| {t['label']} | {t['cost']:.2f} | {t['adapted']} | {t['skipped']} | "
-            f"{t['labels']} → {t['labels_on']} | {t['offline']:.1f} | **{t['online']:.1f}** | "
-            f"{delta:+.1f} | {a} → {b} |"
-        )
+        counts = [
+            f"{t['cost']:.2f}",
+            t["adapted"],
+            t["skipped"],
+            f"{t['labels']} → {t['labels_on']}",
+        ]
+        errors = [f"{t['offline']:.1f}", f"**{t['online']:.1f}**", f"{delta:+.1f}", f"{a} → {b}"]
+        cells.append([t["label"], *counts, *errors])
     moved = [f"{t['label']} ({a} → {b})" for t, a, b in zip(table, off, on, strict=True) if a != b]
-    lines += ["", "Ranking changes between the protocols (offline rank → online rank): "]
-    lines[-1] += ", ".join(moved) + "." if moved else "none."
-    return "\n".join(lines)
+    changes = ", ".join(moved) + "." if moved else "none."
+    sentence = "Ranking changes between the protocols (offline rank → online rank): "
+    return f"{markdown_table(head, cells)}\n\n{sentence}{changes}"
 
 
 def costs_block(speeds: dict[str, Any]) -> str:

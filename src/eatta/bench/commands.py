@@ -158,12 +158,6 @@ def _roots(items: Sequence[str], datasets: Sequence[str]) -> dict[str, str]:
     return roots
 
 
-def _default_jobs(args: argparse.Namespace) -> int:
-    """Every core for the embedded benchmarks on the CPU, else 1."""
-    cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    return (os.cpu_count() or 1) if cpu and set(split_csv(args.dataset)) <= set(api.EMBEDDED) else 1
-
-
 def loading_options(args: argparse.Namespace) -> dict[str, Any]:
     """The command line's :class:`LoadOptions` keywords."""
     out = flags.values(LoadOptions, args)
@@ -218,8 +212,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     check_run_args(args, argv)
     config = flags.values(RunConfig, args)
     config["seeds"] = args.seeds if args.seeds is not None else [args.seed]
-    if args.jobs is None:
-        config["jobs"] = _default_jobs(args)
+    if args.jobs is None:  # every core for the embedded benchmarks on the CPU, else 1
+        cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+        embedded = set(split_csv(args.dataset)) <= set(api.EMBEDDED)
+        config["jobs"] = (os.cpu_count() or 1) if cpu and embedded else 1
     if not argv:  # the main job: the online error beside the offline one, at committed costs
         config.update(realtime="both", speeds=str(api.MAIN_JOB_SPEEDS))
     cost = AnnotatorCost(args.seconds_per_label, args.seconds_per_binary)

@@ -184,12 +184,9 @@ def check_fallback_budget(method: str, labels: int, every: int) -> int:
 
 def fallback_summary(fallback: SourceFallback, rounds: int) -> dict[str, Any]:
     """Per round: answers and the adapted model's estimated gain (points); events; counts."""
-    per_round = []
-    for r in range(rounds):
-        n, gain = fallback.period_gain(r)
-        per_round.append({"answers": n, "gain": 100 * gain if n else None})
+    gains = [fallback.period_gain(r) for r in range(rounds)]
     return {
-        "rounds": per_round,
+        "rounds": [{"answers": n, "gain": 100 * g if n else None} for n, g in gains],
         "events": [e.to_dict() for e in fallback.events],
         "stats": fallback.stats(),
     }
