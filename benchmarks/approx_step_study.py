@@ -216,10 +216,8 @@ def _best(agreement: dict[str, Any]) -> str:
 
 def render(data: dict[str, Any]) -> str:
     """The page from the study and the committed fidelity, cost and history results."""
-    fid = {
-        k: v["agreement"]
-        for k, v in load_json(RESULTS / "approx_proxy_study.json")["models"].items()
-    }
+    models = load_json(RESULTS / "approx_proxy_study.json")["models"]
+    fid = {k: v["agreement"] for k, v in models.items()}
     ver = verdicts(data)
     complete = set(ver) == set(STREAM_NAMES) and all(
         s["seeds"] == data["seeds"] for s in data["streams"].values()

@@ -82,16 +82,10 @@ def options_from_args(args: argparse.Namespace, hparams: dict[str, dict[str, Any
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return RunOptions(
-        batch_size=args.batch_size,
-        seed=args.seed,
-        limit=args.limit,
-        device=device,
-        workers=args.workers,
-        checkpoint_every=args.checkpoint_every,
-        hparams=hparams,
-        progress=not args.no_progress,
-    )
+    same = {
+        k: getattr(args, k) for k in ("batch_size", "seed", "limit", "workers", "checkpoint_every")
+    }
+    return RunOptions(**same, device=device, hparams=hparams, progress=not args.no_progress)
 
 
 def run_rows(

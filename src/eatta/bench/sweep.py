@@ -824,16 +824,7 @@ def main(argv: Sequence[str]) -> int:
     if given:  # over the recorded sweep's options, when it ran on Slurm
         state = load_state(args.out) or {}
         slurm = SlurmOptions(**{**(state.get("slurm") or {}), **given})
-    done = launch(
-        run_argv,
-        args.out,
-        shards=args.shards,
-        launcher=args.launcher,
-        slurm=slurm,
-        jobs=args.jobs,
-        time_min=parse_time(args.time) if args.time is not None else None,
-        wait=args.wait,
-        resubmit=args.resubmit,
-        dry_run=args.dry_run,
-    )
+    same = {k: getattr(args, k) for k in ("shards", "launcher", "jobs", "wait", "resubmit")}
+    time_min = parse_time(args.time) if args.time is not None else None
+    done = launch(run_argv, args.out, slurm=slurm, time_min=time_min, dry_run=args.dry_run, **same)
     return 1 if done.failed else 0
