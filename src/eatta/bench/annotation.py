@@ -120,16 +120,13 @@ class AnnotatorOptions:
             return GroundTruthOracle()
         delay = 0 if self.delay is None else self.delay
         seconds = None if self.stream_rate is None else self.cost.per_request(self.feedback)
+        same = ("noise", "feedback", "stream_rate", "order", "patience")  # the order: checked there
         return SimulatedAnnotator(
             delay=delay,  # type: ignore[arg-type]  # checked in __post_init__
-            noise=self.noise,
-            feedback=self.feedback,
             seed=seed,
             capacity=self.pace,
-            stream_rate=self.stream_rate,
             seconds_per_answer=seconds,
-            order=self.order,  # type: ignore[arg-type]  # checked by SimulatedAnnotator
-            patience=self.patience,
+            **{k: getattr(self, k) for k in same},
         )
 
     def describe(self) -> dict[str, Any]:
