@@ -72,16 +72,14 @@ def study(out: Path, seeds: list[int], quick: bool, only: Sequence[str] = ()) ->
         protocols = streams("ccc", "recurring", quick=True)
     else:
         protocols = streams(*STREAM_NAMES, recurring=StreamProtocol(rounds=RECURRING_ROUNDS))
-    data: dict[str, Any] = {"seeds": seeds, "approx": APPROX, "tune_stream": TUNE_STREAM}
-    data["streams"] = {}
+    data = {"seeds": seeds, "approx": APPROX, "tune_stream": TUNE_STREAM, "streams": {}}
     for name, proto in protocols.items():
         if only and name not in only:
             continue
         print(f"stream {name}: {proto.describe()}", flush=True)
-        s: dict[str, Any] = {"protocol": proto.describe(), "seeds": []}
+        s = data["streams"][name] = {"protocol": proto.describe(), "seeds": []}
         for mode in MODES:
             s[mode] = {m: {"average": [], "last": [], "cpu_s": []} for m in METHODS}
-        data["streams"][name] = s
         for seed in seeds:
             for mode, hp in MODES.items():
                 hparams = {m: dict(hp) for m in METHODS}

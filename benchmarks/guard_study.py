@@ -61,20 +61,18 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
     for r in rs:
         lists = {k: [] for k in "first last avg resets audits hours".split()}
         m = out.setdefault(r.spec.method, {**lists, "covered": [0, 0], "rounds": [], "labels": []})
-        m["first"].append(r.round_errors[0])
-        m["last"].append(r.round_errors[-1])
-        m["avg"].append(r.average_error)
-        m["rounds"].append(list(r.round_errors))
-        m["labels"].append(r.labels_used)
+        got = {"first": r.round_errors[0], "last": r.round_errors[-1], "avg": r.average_error}
+        got |= {"rounds": list(r.round_errors), "labels": r.labels_used}
         m.setdefault("round1_domains", []).append(_first_round(r))
         if r.monitor:
             m.setdefault("reset_steps", []).append([e["step"] for e in r.monitor["resets"]])
-            m["resets"].append(len(r.monitor["resets"]))
-            m["audits"].append(r.monitor["stats"]["requested"])
-            m["hours"].append(r.monitor["seconds"] / 3600)
+            got |= {"resets": len(r.monitor["resets"]), "audits": r.monitor["stats"]["requested"]}
+            got["hours"] = r.monitor["seconds"] / 3600
             rounds = r.monitor["rounds"]
             m.setdefault("widths", []).extend(e["high"] - e["low"] for e in rounds if e["audits"])
             m["covered"] = [a + b for a, b in zip(m["covered"], covered_rounds(r), strict=True)]
+        for key, value in got.items():
+            m[key].append(value)
     return out
 
 
