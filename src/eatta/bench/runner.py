@@ -124,18 +124,6 @@ def _serve(
     return logits.argmax(1).cpu() != y, used
 
 
-def _position(
-    saved: dict[str, Any] | None, tally: list[Any]
-) -> tuple[int, list[list[int]], float, float, list[Any], int, float | None]:
-    """``(batch, online record, wall s, CPU s, tally, session, peak MB)`` to start from."""
-    if saved is None:
-        return 0, [], 0.0, 0.0, tally, 1, None
-    return (
-        saved["position"], saved["online"], saved["wall_time_s"], saved["cpu_time_s"],
-        saved["tally"], saved["sessions"] + 1, saved["peak_mem_mb"],
-    )  # fmt: skip
-
-
 def _show(bar: Any, error: float, domain: str) -> None:
     """The progress bar (if drawn) one batch further, with the running error and the domain."""
     if bar is not None:
@@ -179,7 +167,12 @@ def run_cell(
     tally = [[[0, 0] for _ in stream.domains] for _ in range(stream.rounds)] if stream.mixed else []
     saved = _resume(ckpt_path, fp, device, method, oracle, auditor) if options.reuse else None
     # cpu: this thread's CPU seconds, which unlike wall time a busy machine does not inflate
-    start, online, wall, cpu, tally, sessions, peak_prev = _position(saved, tally)
+    online: list[list[int]] = []  # to start from: batch, online record, wall s, session, peak MB
+    start, wall, cpu, sessions, peak_prev = 0, 0.0, 0.0, 1, None
+    if saved is not None:
+        start, online, tally = saved["position"], saved["online"], saved["tally"]
+        wall, cpu, peak_prev = saved["wall_time_s"], saved["cpu_time_s"], saved["peak_mem_mb"]
+        sessions = saved["sessions"] + 1
     if spec.method in STATIC_METHODS and start == 0:  # predictions independent of the stream
         t_static, c_static = time.perf_counter(), time.thread_time()
         online, start = _static_online(method, stream, device, tally), len(stream)
