@@ -152,10 +152,7 @@ def _roots(items: Sequence[str], datasets: Sequence[str]) -> dict[str, str]:
             plain.append(item)
     if len(plain) > 1:
         raise ValueError("several --root values: write them as DATASET=PATH")
-    if plain:
-        for d in datasets:
-            roots.setdefault(d, plain[0])
-    return roots
+    return {**dict.fromkeys(datasets, plain[0]), **roots} if plain else roots  # named ones win
 
 
 def loading_options(args: argparse.Namespace) -> dict[str, Any]:
