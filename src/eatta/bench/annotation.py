@@ -15,7 +15,7 @@ from eatta.annotate.cost import AnnotatorCost
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.annotate.requests import FEEDBACK, Feedback, check_feedback
 from eatta.annotate.simulated import SimulatedAnnotator, parse_delay
-from eatta.bench.flags import flag
+from eatta.bench.flags import _int, flag
 
 __all__ = ["AnnotatorOptions", "annotation_summary"]
 
@@ -24,12 +24,7 @@ def _delay(text: str) -> int | str:
     """``--label-delay``: a number of batches >= 0 or ``never``."""
     if text.strip().lower() == "never":
         return "never"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"label delay is a number of batches >= 0 or 'never', got {text!r}"
-        ) from None
+    value = _int(text, f"label delay is a number of batches >= 0 or 'never', got {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"label delay must be >= 0 batches, got {value}")
     return value
