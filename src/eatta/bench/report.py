@@ -242,10 +242,8 @@ def _first_last(cell: Sequence[CellResult]) -> tuple[float, float] | None:
     r = cell[0]
     if r.rounds < 2 or any(len(c.round_errors) != r.rounds for c in cell):
         return None
-    return (
-        float(np.mean([c.round_errors[0] for c in cell])),
-        float(np.mean([c.round_errors[-1] for c in cell])),
-    )
+    first, last = (float(np.mean([c.round_errors[i] for c in cell])) for i in (0, -1))
+    return first, last
 
 
 def collapse_notes(results: Sequence[CellResult]) -> list[str]:
@@ -417,13 +415,9 @@ def _annotation_cells(cell: Sequence[CellResult]) -> list[str]:
 
 def covered_rounds(r: CellResult) -> tuple[int, int]:
     """``(rounds whose audited interval covers the true error, rounds with audits)``."""
-    m = r.monitor or {}
-    hit = total = 0
-    for est, true in zip(m.get("rounds", []), r.round_errors, strict=False):
-        if est["audits"]:
-            total += 1
-            hit += int(est["low"] <= true <= est["high"])
-    return hit, total
+    rounds = (r.monitor or {}).get("rounds", [])
+    audited = [(e, true) for e, true in zip(rounds, r.round_errors, strict=False) if e["audits"]]
+    return sum(e["low"] <= true <= e["high"] for e, true in audited), len(audited)
 
 
 def _monitor_cells(cell: Sequence[CellResult]) -> list[str]:
