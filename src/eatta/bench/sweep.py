@@ -487,12 +487,8 @@ def slurm_queue(job_ids: Sequence[str]) -> dict[str, str] | None:
         return None
     if done.returncode != 0:  # every job long gone: "Invalid job id specified"
         return {} if "invalid job id" in done.stderr.lower() else None
-    states: dict[str, str] = {}
-    for line in done.stdout.splitlines():
-        job_id, _, state = line.strip().partition(" ")
-        if job_id:
-            states[job_id] = state.strip().split(" ")[0].upper()
-    return states
+    rows = [line.strip().partition(" ") for line in done.stdout.splitlines()]
+    return {job_id: state.strip().split(" ")[0].upper() for job_id, _, state in rows if job_id}
 
 
 def _wait(result: SweepResult, jobs: Mapping[int, submitit.Job[Any]]) -> None:
