@@ -65,11 +65,8 @@ def add_flags(
 
 def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     """``cls``'s flagged fields read back from ``args``, by field name."""
-    out = {}
-    for f in _flagged(cls):
-        value = getattr(args, _dest(f))
-        out[f.name] = (not value) if f.metadata["negate"] else value
-    return out
+    given = [(f, getattr(args, _dest(f))) for f in _flagged(cls)]
+    return {f.name: (not value) if f.metadata["negate"] else value for f, value in given}
 
 
 def is_int(value: object) -> bool:
