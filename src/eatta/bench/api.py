@@ -164,8 +164,7 @@ def _hparams(
         if name != "*" and name not in methods:
             raise ValueError(f"hparams names method {method!r}, which is not among {methods}")
         own[name] = dict(values)
-    common = own.pop("*", {})
-    return registry.merge_overrides(methods, common, own)
+    return registry.merge_overrides(methods, own.pop("*", {}), own)  # "*": every method's
 
 
 def load_benchmarks(
