@@ -116,8 +116,7 @@ def load_json(path: Path) -> dict[str, Any] | None:
 
 
 def fmt_mean_std(values: Sequence[float], digits: int = 1, empty: str = "-") -> str:
-    """``"36.0 ± 0.2"`` over seeds (sample std), the value alone for one seed, ``empty`` for
-    none."""
+    """``"36.0 ± 0.2"`` over seeds (sample std); one seed: its value; none: ``empty``."""
     if not values:
         return empty
     if len(values) == 1:
@@ -128,8 +127,7 @@ def fmt_mean_std(values: Sequence[float], digits: int = 1, empty: str = "-") -> 
 def markdown_table(
     header: Sequence[str], rows: Sequence[Sequence[object]], left: bool = False
 ) -> str:
-    """A markdown table: the first column left-aligned, the others right-aligned (``left``: all
-    left-aligned)."""
+    """A markdown table, the first column left-aligned, the others right (``left``: all left)."""
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "|".join(["---"] + ["---" if left else "---:"] * (len(header) - 1)) + "|",
@@ -247,8 +245,7 @@ def study_parser(
 def parse_plan(text: str, parts: Sequence[str], names: Sequence[str]) -> list[tuple[str, str]]:
     """``--plan``'s ``PART:STREAM`` items; a SystemExit naming any unknown one."""
     plan = [tuple(x.split(":", 1)) for x in text.split(",") if x]
-    bad = [x for x in plan if len(x) != 2 or x[0] not in parts or x[1] not in names]
-    if bad:
+    if bad := [x for x in plan if len(x) != 2 or x[0] not in parts or x[1] not in names]:
         raise SystemExit(f"unknown plan items {bad}: PART:STREAM with PART in {parts}")
     return plan  # type: ignore[return-value]  # pairs, checked above
 

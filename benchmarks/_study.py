@@ -41,11 +41,9 @@ def errors(results: Sequence[CellResult], method: str, last: bool = False) -> li
 
 
 def chosen(flag: str, text: str, allowed: Sequence[Any]) -> list[Any]:
-    """``flag``'s comma-separated items, each one of ``allowed`` (as text); a SystemExit
-    otherwise."""
+    """``flag``'s comma-separated items, each one of ``allowed`` (as text), else a SystemExit."""
     names = {str(a): a for a in allowed}
-    bad = [x for x in split_csv(text) if x not in names]
-    if bad:
+    if bad := [x for x in split_csv(text) if x not in names]:
         raise SystemExit(f"{flag} must be among {', '.join(names)}, got {', '.join(bad)}")
     return [names[x] for x in split_csv(text)]
 
@@ -102,8 +100,7 @@ def with_streams(
     page: Template, streams: dict[str, Any], block: Callable[[str, Any], str], **values: object
 ) -> str:
     """``page`` filled, its ``$streams`` each stream's heading (the fragment ``stream``: its name
-    and protocol) and ``block(name, stream)``, where that is not empty (none: that line
-    dropped)."""
+    and protocol) and ``block(name, stream)``, where not empty (none: that line dropped)."""
     blocks = [
         f"{page('stream', name=name, protocol=json.dumps(s['protocol']))}\n\n{body}"
         for name, s in streams.items()

@@ -7,18 +7,9 @@ from typing import Any
 
 import _common
 
-ORDER = (
-    "inference",
-    "tent",
-    "eatta",
-    "eatta-async-0",
-    "eatta-two-pass",
-    "eatta-batched",
-    "eatta-approx",
-    "eatta-no-gnd",
-    "reference-style",
-    "two-backward floor",
-)
+#: The variants' order in a model's table (others follow in their own order).
+ORDER = "inference tent eatta eatta-async-0 eatta-two-pass eatta-batched eatta-approx".split()
+ORDER += ["eatta-no-gnd", "reference-style", "two-backward floor"]
 #: The ratio table's columns: time ratios to TENT, then peak-memory ratios to TENT.
 TIME_COLUMNS = {
     "eatta": "EATTA / TENT time",
@@ -65,19 +56,14 @@ def _variants_table(variants: dict[str, dict[str, Any]]) -> list[str]:
     rows = []
     for key in [k for k in ORDER if k in variants] + [k for k in variants if k not in ORDER]:
         s, mb = variants[key], variants[key].get("peak_mb")
-        rows.append(
-            [
-                key,
-                f"{s['median_ms']:.1f}",
-                f"{s['min_ms']:.1f}",
-                f"{s['q1_ms']:.1f}–{s['q3_ms']:.1f}",
-                f"{s['median_ms'] / inf:.2f}",
-                f"{s['median_ms'] / tent:.2f}",
-                _f(mb, 1),
-                _f(None if mb is None or not tent_mb else mb / tent_mb),
-                s.get("minor_faults_median", "–"),
-            ]
-        )
+        times = [
+            f"{s['median_ms']:.1f}",
+            f"{s['min_ms']:.1f}",
+            f"{s['q1_ms']:.1f}–{s['q3_ms']:.1f}",
+        ]
+        ratios = [f"{s['median_ms'] / inf:.2f}", f"{s['median_ms'] / tent:.2f}"]
+        memory = [_f(mb, 1), _f(None if mb is None or not tent_mb else mb / tent_mb)]
+        rows.append([key, *times, *ratios, *memory, s.get("minor_faults_median", "–")])
     header = ["variant", "median ms", "min ms", "IQR ms", "× inference", "× TENT", "peak MB"]
     return _table([*header, "× TENT memory", "page faults"], rows)
 
@@ -120,17 +106,11 @@ def _step_section(data: dict[str, Any]) -> list[str]:
             lines += ["", PAGE("profile"), *_table(["category", *names], rows)]
     if growth := data.get("growth"):
         header = ["batch", "labels", "EATTA ms", "TENT ms", "EATTA ms / image", "EATTA / TENT"]
-        rows = [
-            [
-                row["batch"],
-                row["labels"],
-                f"{row['eatta_median_ms']:.1f}",
-                f"{row['tent_median_ms']:.1f}",
-                f"{row['eatta_ms_per_image']:.2f}",
-                f"{row['ratio']:.2f} ({row['ratio_paired']:.2f} / {row['ratio_min']:.2f})",
-            ]
-            for row in growth["batch_size"] + growth["labels"]
-        ]
+        rows = []
+        for r in growth["batch_size"] + growth["labels"]:
+            ms = [f"{r['eatta_median_ms']:.1f}", f"{r['tent_median_ms']:.1f}"]
+            ratio = f"{r['ratio']:.2f} ({r['ratio_paired']:.2f} / {r['ratio_min']:.2f})"
+            rows.append([r["batch"], r["labels"], *ms, f"{r['eatta_ms_per_image']:.2f}", ratio])
         lines += ["", f"### Growth ({growth['model']})", *_table(header, rows)]
     return lines
 

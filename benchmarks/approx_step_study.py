@@ -72,16 +72,14 @@ def study(out: Path, seeds: list[int], quick: bool, only: Sequence[str] = ()) ->
         protocols = streams("ccc", "recurring", quick=True)
     else:
         protocols = streams(*STREAM_NAMES, recurring=StreamProtocol(rounds=RECURRING_ROUNDS))
-    data: dict[str, Any] = {"seeds": seeds, "approx": APPROX, "tune_stream": TUNE_STREAM}
-    data["streams"] = {}
+    data = {"seeds": seeds, "approx": APPROX, "tune_stream": TUNE_STREAM, "streams": {}}
     for name, proto in protocols.items():
         if only and name not in only:
             continue
         print(f"stream {name}: {proto.describe()}", flush=True)
-        s: dict[str, Any] = {"protocol": proto.describe(), "seeds": []}
+        s = data["streams"][name] = {"protocol": proto.describe(), "seeds": []}
         for mode in MODES:
             s[mode] = {m: {"average": [], "last": [], "cpu_s": []} for m in METHODS}
-        data["streams"][name] = s
         for seed in seeds:
             for mode, hp in MODES.items():
                 hparams = {m: dict(hp) for m in METHODS}
@@ -216,10 +214,8 @@ def _best(agreement: dict[str, Any]) -> str:
 
 def render(data: dict[str, Any]) -> str:
     """The page from the study and the committed fidelity, cost and history results."""
-    fid = {
-        k: v["agreement"]
-        for k, v in load_json(RESULTS / "approx_proxy_study.json")["models"].items()
-    }
+    models = load_json(RESULTS / "approx_proxy_study.json")["models"]
+    fid = {k: v["agreement"] for k, v in models.items()}
     ver = verdicts(data)
     complete = set(ver) == set(STREAM_NAMES) and all(
         s["seeds"] == data["seeds"] for s in data["streams"].values()

@@ -59,24 +59,20 @@ def summary(rs: Sequence[CellResult]) -> dict[str, Any]:
     """Per method: first/last round, average, resets, audits, annotator hours, coverage."""
     out: dict[str, Any] = {}
     for r in rs:
-        lists: dict[str, list[Any]] = {
-            k: [] for k in ("first", "last", "avg", "resets", "audits", "hours")
-        }
+        lists = {k: [] for k in "first last avg resets audits hours".split()}
         m = out.setdefault(r.spec.method, {**lists, "covered": [0, 0], "rounds": [], "labels": []})
-        m["first"].append(r.round_errors[0])
-        m["last"].append(r.round_errors[-1])
-        m["avg"].append(r.average_error)
-        m["rounds"].append(list(r.round_errors))
-        m["labels"].append(r.labels_used)
+        got = {"first": r.round_errors[0], "last": r.round_errors[-1], "avg": r.average_error}
+        got |= {"rounds": list(r.round_errors), "labels": r.labels_used}
         m.setdefault("round1_domains", []).append(_first_round(r))
         if r.monitor:
             m.setdefault("reset_steps", []).append([e["step"] for e in r.monitor["resets"]])
-            m["resets"].append(len(r.monitor["resets"]))
-            m["audits"].append(r.monitor["stats"]["requested"])
-            m["hours"].append(r.monitor["seconds"] / 3600)
+            got |= {"resets": len(r.monitor["resets"]), "audits": r.monitor["stats"]["requested"]}
+            got["hours"] = r.monitor["seconds"] / 3600
             rounds = r.monitor["rounds"]
             m.setdefault("widths", []).extend(e["high"] - e["low"] for e in rounds if e["audits"])
             m["covered"] = [a + b for a, b in zip(m["covered"], covered_rounds(r), strict=True)]
+        for key, value in got.items():
+            m[key].append(value)
     return out
 
 
@@ -271,8 +267,7 @@ def _resets(data: dict[str, Any]) -> str:
 
 def _compute() -> str:
     """The step benchmark's cost of audits, if it has been measured."""
-    bench = load_json(RESULTS / "step_benchmark_cpu_audit.json")
-    if bench is None:
+    if (bench := load_json(RESULTS / "step_benchmark_cpu_audit.json")) is None:
         return ""
     rows = []
     for model, r in bench["models"].items():
@@ -285,8 +280,7 @@ def _compute() -> str:
 
 
 def _false_resets(data: dict[str, Any]) -> dict[str, Any]:
-    """Resets where the method does not degrade, and degradations with no reset: the page's
-    table and counts."""
+    """The page's table and counts of resets with no degradation and degradations with none."""
     rows = []
     counts = dict.fromkeys(("false_resets", "runs_nd", "missed", "runs_d"), 0)
     for name, s in data["streams"].items():

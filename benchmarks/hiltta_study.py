@@ -77,13 +77,9 @@ def study(
     kept: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``parts`` into ``out``; the other parts' numbers are ``kept``'s."""
-    data: dict[str, Any] = {
-        "protocol": {"rounds": rounds, "limit": limit, "seeds": seeds},
-        **{part: {} for part in PARTS},
-    }
+    data: dict[str, Any] = {"protocol": {"rounds": rounds, "limit": limit, "seeds": seeds}}
     for part in PARTS:
-        if part not in parts and kept is not None:
-            data[part] = kept.get(part, {})
+        data[part] = kept.get(part, {}) if part not in parts and kept is not None else {}
     for stream, protocol in STREAMS.items():
         proto = replace(protocol, rounds=rounds)
         run = partial(run_part, out / stream, protocol=proto, seeds=seeds, jobs=jobs, limit=limit)
@@ -91,16 +87,12 @@ def study(
             rows = data["main"][stream] = per_label(run("tent", methods=["tent"]))
             for k in (1, 3):
                 rows.update(per_label(run(f"k{k}", methods=MAIN, labels=k)))
-        if "select" in parts and stream != "recurring":
-            data["select"][stream] = {
-                name: per_label(run(name, methods=methods, labels=3, hparams={"hiltta": hp}))
-                for name, (methods, hp) in SELECT.items()
-            }
-        if "sar" in parts:
-            data["sar"][stream] = {
-                name: per_label(run(name, methods=methods, labels=3, hparams={"hiltta": hp}))
-                for name, (methods, hp) in SAR.items()
-            }
+        for part, runs in (("select", SELECT), ("sar", SAR)):  # select: not on recurring
+            if part in parts and (part == "sar" or stream != "recurring"):
+                data[part][stream] = {
+                    name: per_label(run(name, methods=methods, labels=3, hparams={"hiltta": hp}))
+                    for name, (methods, hp) in runs.items()
+                }
     return data
 
 

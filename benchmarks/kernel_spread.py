@@ -69,16 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         columns.append(f"seed {seed}, {kernels}" + (" (own)" if own else ""))
         for r in (r for r in doc["results"] if r["spec"]["method"] in wanted):
             rows.setdefault(r["label"], []).append(_cell(r))
-            record.append(
-                {
-                    "method": r["label"],
-                    "seed": seed,
-                    "cpu_capability": kernels,
-                    "machine": doc["meta"].get("machine"),
-                    "average_error": r["average_error"],
-                    "round_errors": r["round_errors"],
-                }
-            )
+            where = {"seed": seed, "cpu_capability": kernels, "machine": doc["meta"].get("machine")}
+            errors = {k: r[k] for k in ("average_error", "round_errors")}
+            record.append({"method": r["label"], **where, **errors})
     table = markdown_table(["method", *columns], [[m, *cells] for m, cells in rows.items()])
     print(table)
     write_json(RESULTS / "kernel_spread.json", {"table": table, "runs": record})

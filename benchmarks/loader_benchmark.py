@@ -94,13 +94,8 @@ def time_loader(
     name += ", persistent" if workers else ", main process"
     name += ", pinned" if device.type == "cuda" else ""
     name += ", uint8 transfer" if uint8 else ", float transfer (pil_to_tensor)"
-    return {
-        "name": name,
-        "workers": workers,
-        "uint8": uint8,
-        "first_epoch_images_per_s": epochs[0],
-        "images_per_s": epochs[1],
-    }
+    speeds = {"first_epoch_images_per_s": epochs[0], "images_per_s": epochs[1]}
+    return {"name": name, "workers": workers, "uint8": uint8, **speeds}
 
 
 def time_steps(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
@@ -151,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     _timing.fill_defaults(args, args.quick, images=(320, 96))
     args.workers = args.workers or ([0, 2] if args.quick else [0, 1, 2])
-    device = _timing.timing_device(args)
-    if device is None:
+    if (device := _timing.timing_device(args)) is None:
         return 2
     started = time.perf_counter()
     meta = _common.machine(device)

@@ -269,8 +269,7 @@ def _load(
     runs = []
     for s in seeds:
         found = (out / "runs").glob(f"{stream}__{config}__s{s}__r*.json")
-        longer = sorted((p for p in found if _rounds(p) >= rounds), key=_rounds)
-        if longer:
+        if longer := sorted((p for p in found if _rounds(p) >= rounds), key=_rounds):
             stored = json.loads(longer[0].read_text())
             stored["per_round"] = stored["per_round"][:rounds]
             runs.append(stored)

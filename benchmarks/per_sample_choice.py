@@ -115,8 +115,8 @@ def record(stream: str, seed: int, out: Path) -> dict[str, np.ndarray]:
 def evaluate(
     r: dict[str, np.ndarray], tau: float | None, gate: float | None
 ) -> tuple[float, float]:
-    """Error % over the stream and over its easy domains (each sample's own), the rule applied
-    (``tau`` None: as served)."""
+    """Error % over the stream and its easy domains (each sample's own), the rule applied (``tau``
+    None: as served)."""
     pred = r["served"]
     if tau is not None:
         near = r["d"] < tau

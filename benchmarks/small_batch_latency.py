@@ -101,13 +101,8 @@ def measure(requests: int, warmup: int, seed: int) -> dict[str, Any]:
             "overhead_p50_x_bare": float(np.median(over)) / bare_p50,
             "overhead_p99_x_bare": float(np.percentile(over, 99)) / bare_p50,
         }
-    return {
-        "requests": requests,
-        "warmup": warmup,
-        "window": WINDOW,
-        "refresh": eatta.window.WINDOW_REFRESH,
-        "variants": rows,
-    }
+    window = {"window": WINDOW, "refresh": eatta.window.WINDOW_REFRESH}
+    return {"requests": requests, "warmup": warmup, **window, "variants": rows}
 
 
 def _over(r: dict[str, Any], q: str, ms_digits: int, x_digits: int) -> str:
@@ -116,17 +111,11 @@ def _over(r: dict[str, Any], q: str, ms_digits: int, x_digits: int) -> str:
 
 def report(res: dict[str, Any]) -> str:
     """The doc's section: the setting, the bar's verdict and the table."""
-    rows = [
-        [
-            name,
-            f"{r['p50_ms']:.3f}",
-            f"{r['p99_ms']:.2f}",
-            f"{r['mean_ms']:.3f}",
-            _over(r, "p50", 3, 2) if name != "bare" else "-",
-            _over(r, "p99", 2, 1) if name != "bare" else "-",
-        ]
-        for name, r in res["variants"].items()
-    ]
+    rows = []
+    for name, r in res["variants"].items():
+        ms = [f"{r['p50_ms']:.3f}", f"{r['p99_ms']:.2f}", f"{r['mean_ms']:.3f}"]
+        over = ["-", "-"] if name == "bare" else [_over(r, "p50", 3, 2), _over(r, "p99", 2, 1)]
+        rows.append([name, *ms, *over])
     header = ["variant", "p50 ms", "p99 ms", "mean ms", "overhead p50 ms", "overhead p99 ms"]
     ratio = res["variants"]["eatta-stable+w"]["overhead_p50_x_bare"]
     return PAGE(

@@ -145,12 +145,9 @@ def run(spec: Run) -> dict[str, Any]:
     for t in range(len(stream)):
         idx = torch.as_tensor(stream.batch_indices(t)[1])
         y = Y[idx]
-        if missed is not None:
-            miss = missed[idx]
-        else:
-            if oracle is not None:
-                oracle.set_labels(y)
-            miss = m(X[idx]).argmax(1) != y
+        if missed is None and oracle is not None:
+            oracle.set_labels(y)
+        miss = missed[idx] if missed is not None else m(X[idx]).argmax(1) != y
         r = stream.round_of_batch(t)
         wrong[r] += int(miss.sum())
         seen[r] += len(y)
@@ -168,8 +165,7 @@ def _mean_error(run: dict[str, Any]) -> float:
 
 def _cell(runs: list[dict[str, Any] | None]) -> str:
     """A method's error at one batch size over the seeds asked (how many, if fewer ran)."""
-    done = [g for g in runs if g is not None]
-    if not done:
+    if not (done := [g for g in runs if g is not None]):
         return "not run"
     text = fmt([_mean_error(g) for g in done])
     if len(done) == len(runs):

@@ -57,13 +57,8 @@ def summarize(results: dict[int, list[CellResult]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for batch, cells in results.items():
         for r in cells:
-            got = {
-                "avg": r.average_error,
-                "first": r.round_errors[0],
-                "last": r.round_errors[-1],
-                "labels": r.labels_used,
-                "cpu_s": r.cpu_time_s,
-            }
+            got = {"avg": r.average_error, "first": r.round_errors[0], "last": r.round_errors[-1]}
+            got |= {"labels": r.labels_used, "cpu_s": r.cpu_time_s}
             cell = out.setdefault(r.spec.method, {}).setdefault(str(batch), {})
             for k, v in got.items():
                 cell.setdefault(k, []).append(v)
@@ -137,8 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    bad = [b for b in sizes if b < 1 or 64 % b]
-    if bad:
+    if bad := [b for b in sizes if b < 1 or 64 % b]:
         raise SystemExit(f"batch sizes must divide 64 (equal labels per sample), got {bad}")
     methods = split_csv(args.methods)
     torch.set_num_threads(1)

@@ -29,8 +29,8 @@ def test_the_sar_rows_are_on_the_page():
 
 def test_parts_are_checked_and_a_partial_run_keeps_the_saved_protocol(tmp_path):
     with benchmark_script("hiltta_study") as study:
-        with pytest.raises(SystemExit, match="unknown parts"):
-            study._parts("sar,select-all")
+        with pytest.raises(SystemExit, match="--parts must be among main, select, sar"):
+            study.main(["--parts", "sar,select-all", "--out", str(tmp_path)])
         with pytest.raises(SystemExit, match="same --rounds, --limit and --seeds"):
             study.main(["--parts", "sar", "--rounds", "1", "--limit", "64", "--out", str(tmp_path)])
         assert not any(tmp_path.iterdir())  # refused before running anything

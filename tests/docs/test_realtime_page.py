@@ -1,38 +1,24 @@
-"""docs/realtime.md holds what ``tools/realtime_page.py`` renders from the committed results
+"""docs/realtime.md holds what ``benchmarks/realtime_study.py`` renders from the committed results
 (``benchmarks/results/realtime.json``) and costs (``src/eatta/bench/speeds_digits_cpu.json``),
 and the plot it draws is committed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _page_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "realtime_page", REPO / "tools" / "realtime_page.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from repo_scripts import REPO, benchmark_script
 
 
 def test_the_page_holds_the_rendered_costs_and_results():
-    tool = _page_tool()
-    doc = json.loads(tool.RESULTS.read_text(encoding="utf-8"))
-    speeds = json.loads(tool.SPEEDS.read_text(encoding="utf-8"))
-    text = tool.PAGE.read_text(encoding="utf-8")
-    for name, body in (("costs", tool.costs_block(speeds)), ("realtime", tool.block(doc))):
-        begin, end = tool.markers(name)
-        assert f"{begin}\n{body}\n{end}" in text
-    assert tool.PLOT.is_file() and tool.PLOT.read_text(encoding="utf-8").lstrip().startswith(
-        "<?xml"
-    )
+    with benchmark_script("realtime_study") as study:
+        doc = json.loads(study.RESULTS.read_text(encoding="utf-8"))
+        speeds = json.loads(study.SPEEDS.read_text(encoding="utf-8"))
+        text = study.PAGE.read_text(encoding="utf-8")
+        sections = (("realtime-costs", study.costs_block(speeds)), ("realtime", study.block(doc)))
+        plot = study.PLOT
+    for name, body in sections:
+        assert f"<!-- {name}:begin -->\n{body}\n<!-- {name}:end -->" in text
+    assert plot.is_file() and plot.read_text(encoding="utf-8").lstrip().startswith("<?xml")
     assert {r["spec"]["method"] for r in doc["results"]} == set(speeds["costs"])
     assert doc["meta"]["costs"] == speeds["costs"]  # the run used the committed table
 
@@ -47,8 +33,9 @@ def test_the_committed_run_keeps_the_protocols_promises():
 
 
 def test_the_ranking_sentence_can_fail():
-    tool = _page_tool()
-    assert tool.ranks([40.04, 39.96, 41.0]) == [1, 1, 3]  # 40.0 and 40.0 as printed: a tie
+    with benchmark_script("realtime_study") as study:
+        ranks, block = study.ranks, study.block
+    assert ranks([40.04, 39.96, 41.0]) == [1, 1, 3]  # 40.0 and 40.0 as printed: a tie
     doc = {"results": [
         {"label": "a", "labels_used": 0, "average_error": 40.0,
          "realtime": {"cost": 1.0, "adapted": 2, "skipped": 0,
@@ -57,4 +44,4 @@ def test_the_ranking_sentence_can_fail():
          "realtime": {"cost": 3.0, "adapted": 1, "skipped": 1,
                       "online": {"average_error": 45.0, "labels_used": 0}}},
     ]}  # fmt: skip
-    assert tool.block(doc).endswith("(offline rank → online rank): a (2 → 1), b (1 → 2).")
+    assert block(doc).endswith("(offline rank → online rank): a (2 → 1), b (1 → 2).")

@@ -15,7 +15,7 @@ from eatta.annotate.cost import AnnotatorCost
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.annotate.requests import FEEDBACK, Feedback, check_feedback
 from eatta.annotate.simulated import SimulatedAnnotator, parse_delay
-from eatta.bench.flags import flag
+from eatta.bench.flags import _int, flag
 
 __all__ = ["AnnotatorOptions", "annotation_summary"]
 
@@ -24,12 +24,7 @@ def _delay(text: str) -> int | str:
     """``--label-delay``: a number of batches >= 0 or ``never``."""
     if text.strip().lower() == "never":
         return "never"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"label delay is a number of batches >= 0 or 'never', got {text!r}"
-        ) from None
+    value = _int(text, f"label delay is a number of batches >= 0 or 'never', got {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"label delay must be >= 0 batches, got {value}")
     return value
@@ -120,16 +115,13 @@ class AnnotatorOptions:
             return GroundTruthOracle()
         delay = 0 if self.delay is None else self.delay
         seconds = None if self.stream_rate is None else self.cost.per_request(self.feedback)
+        same = ("noise", "feedback", "stream_rate", "order", "patience")  # the order: checked there
         return SimulatedAnnotator(
             delay=delay,  # type: ignore[arg-type]  # checked in __post_init__
-            noise=self.noise,
-            feedback=self.feedback,
             seed=seed,
             capacity=self.pace,
-            stream_rate=self.stream_rate,
             seconds_per_answer=seconds,
-            order=self.order,  # type: ignore[arg-type]  # checked by SimulatedAnnotator
-            patience=self.patience,
+            **{k: getattr(self, k) for k in same},
         )
 
     def describe(self) -> dict[str, Any]:
@@ -145,21 +137,16 @@ class AnnotatorOptions:
 
     def text(self) -> str:
         """Short text for table titles, e.g. ``label delay 16, noise 0.2, yes/no``."""
-        parts = []
-        if self.delay is not None:
-            parts.append(f"label delay {self.delay}")
-        if self.pace is not None:
-            parts.append(f"{self.pace:g} answers/batch")
-        if self.stream_rate is not None:
-            sec = self.cost.per_request(self.feedback)
-            parts.append(f"{sec:g} s/answer at {self.stream_rate:g} batches/s")
-        if self.order is not None:
-            parts.append(f"{self.order} first")
-        if self.noise:
-            parts.append(f"label noise {self.noise:g}")
-        if self.feedback == "binary":
-            parts.append("yes/no feedback")
-        return ", ".join(parts)
+        rate, sec = self.stream_rate, self.cost.per_request(self.feedback)
+        parts = [
+            f"label delay {self.delay}" if self.delay is not None else "",
+            f"{self.pace:g} answers/batch" if self.pace is not None else "",
+            f"{sec:g} s/answer at {rate:g} batches/s" if rate is not None else "",
+            f"{self.order} first" if self.order is not None else "",
+            f"label noise {self.noise:g}" if self.noise else "",
+            "yes/no feedback" if self.feedback == "binary" else "",
+        ]
+        return ", ".join(part for part in parts if part)
 
 
 def annotation_summary(

@@ -27,16 +27,18 @@ from typing import Any
 
 import torch
 
+from eatta.bench import suites
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
-from eatta.bench.flags import LoadOptions, RunConfig
+from eatta.bench.flags import LoadOptions, RunConfig, is_int
 from eatta.bench.grid import SETTINGS, STATIC_METHODS, CellSpec, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
-from eatta.bench.options import RunOptions, is_int
+from eatta.bench.options import RunOptions
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.provenance import COMPUTED_WITH, machine_provenance
+from eatta.bench.report import markdown_table, write_outputs
 from eatta.bench.results import CellResult
 from eatta.bench.runner import done_text, measure_costs, run_cell, run_grid
 from eatta.methods import registry
@@ -58,16 +60,7 @@ __all__ = [
 #: The methods of the default run: the source model, the label-free anchors (TENT, ETA and
 #: RDumb, ETA reset to the source every 1,000 steps) and one label per batch (the Baseline, the
 #: faithful EATTA, eatta-stable for long streams, eatta-safe, the one recommended for deployment).
-DEFAULT_METHODS = (
-    "source",
-    "tent",
-    "eta",
-    "rdumb",
-    "baseline",
-    "eatta",
-    "eatta-stable",
-    "eatta-safe",
-)
+DEFAULT_METHODS = tuple("source tent eta rdumb baseline eatta eatta-stable eatta-safe".split())
 #: Rounds of the default (digits-C) run: long enough for TENT's collapse to show.
 DIGITS_ROUNDS = 10
 #: The datasets built into the package (the digits CNN's): one thread a cell by default.
@@ -77,6 +70,8 @@ MAIN_JOB_SPEEDS = Path(__file__).with_name("speeds_digits_cpu.json")
 #: The keywords of :func:`run` for the grid and for :func:`load_benchmarks` (the flags' fields)
 _RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 _LOADING = tuple(f.name for f in dataclasses.fields(LoadOptions))
+#: The fields :class:`RunOptions` takes from :class:`RunConfig` as they are
+_SAME = "batch_size window weight_anchor limit workers checkpoint_every progress reuse".split()
 
 
 @dataclass
@@ -101,8 +96,7 @@ def _names(value: str | Sequence[str], what: str) -> list[str]:
         items = list(value)
     else:
         raise TypeError(f"{what} must be a string or a sequence of strings, got {value!r}")
-    out = [v.strip() for v in items if v.strip()]
-    if not out:
+    if not (out := [v.strip() for v in items if v.strip()]):
         raise ValueError(f"{what} is empty")
     return out
 
@@ -113,8 +107,7 @@ def method_names(value: str | Sequence[str]) -> list[str]:
         return sorted(registry.available(), key=lambda m: (m != "source", m))
     names = [m.lower() for m in _names(value, "methods")]
     known = set(registry.available())
-    bad = [m for m in names if m not in known]
-    if bad:
+    if bad := [m for m in names if m not in known]:
         raise ValueError(f"unknown method(s) {bad}; registered: {sorted(known)}")
     return names
 
@@ -171,8 +164,7 @@ def _hparams(
         if name != "*" and name not in methods:
             raise ValueError(f"hparams names method {method!r}, which is not among {methods}")
         own[name] = dict(values)
-    common = own.pop("*", {})
-    return registry.merge_overrides(methods, common, own)
+    return registry.merge_overrides(methods, own.pop("*", {}), own)  # "*": every method's
 
 
 def load_benchmarks(
@@ -188,11 +180,8 @@ def load_benchmarks(
     layout or weights. ``options``: the fields of :class:`~eatta.bench.flags.LoadOptions`
     (``roots``: one folder for all or one per dataset; ``severity``: 1-5 where defined;
     ``backbone``: ``digits-cnn`` or ``digits-vit`` for the digits, a ``MODELS`` name otherwise)."""
-    from eatta.bench import suites
-
     names = _names(datasets, "datasets")
-    unknown = [d for d in names if d not in suites.DATASETS]
-    if unknown:
+    if unknown := [d for d in names if d not in suites.DATASETS]:
         raise ValueError(f"unknown dataset(s) {unknown}; choose from {list(suites.DATASETS)}")
     o = LoadOptions(**options)
     severity_of = {name: suites.check_severity(name, o.severity) for name in names}
@@ -203,14 +192,9 @@ def load_benchmarks(
         root_of = dict.fromkeys(names, os.fspath(roots))
     else:
         root_of = {k: os.fspath(v) for k, v in roots.items()}
-    model_options: dict[str, Any] = {  # what PACS and the ImageNet family share
-        "checkpoint": o.checkpoint,
-        "pretrained": o.pretrained,
-        "image_size": o.image_size,
-        "oracle_backbone": o.oracle_backbone,
-        "oracle_checkpoint": o.oracle_checkpoint,
-        "workers": workers or 0,
-    }
+    shared = ("checkpoint", "pretrained", "image_size", "oracle_backbone", "oracle_checkpoint")
+    model_options = {k: getattr(o, k) for k in shared}  # what PACS and the ImageNet family share
+    model_options["workers"] = workers or 0
     out: dict[str, BenchmarkData] = {}
     for name in names:
         if gradual and name not in ("digits-c", "imagenet-c"):
@@ -345,8 +329,6 @@ def run(
                     r.save(out_dir / "cells" / f"{r.spec.slug()}-{r.fingerprint}.json")  # merge
         except KeyboardInterrupt:
             raise RunInterrupted(out_dir, len(cells)) from None
-        from eatta.bench.report import markdown_table, write_outputs
-
         run_meta = {**dict(meta or {}), "shard": list(shard_ix), "grid_size": len(grid)}
         if not isinstance(costs, str):
             run_meta.update(protocol=config.realtime, speeds=config.speeds, costs=costs)
@@ -383,22 +365,14 @@ def _run_options(
 ) -> RunOptions:
     """How every cell runs (the first seed's; the others replace it)."""
     options = RunOptions(
-        batch_size=config.batch_size,
-        window=config.window,
-        weight_anchor=config.weight_anchor,
+        **{k: getattr(config, k) for k in _SAME},
         seed=plan.seeds[0],
         rounds=protocol.rounds or (DIGITS_ROUNDS if plan.requested == ["digits-c"] else 1),
-        dirichlet=protocol.dirichlet,
-        mixed=protocol.mixed,
+        **{k: getattr(protocol, k) for k in ("dirichlet", "mixed")},
         annotator=annotator,
         monitor=monitor,
-        limit=config.limit,
         device=_device(config.device),
-        workers=config.workers,
-        checkpoint_every=config.checkpoint_every,
         hparams=_hparams(hparams, plan.methods),
-        progress=config.progress,
-        reuse=config.reuse,
     )
     if options.weight_anchor is not None and set(plan.methods) <= STATIC_METHODS:
         raise ValueError(
@@ -468,8 +442,7 @@ def _stream(
     if protocol is None:
         return StreamProtocol(rounds=rounds, gradual=gradual, dirichlet=dirichlet)
     shorthand = {"rounds": rounds, "gradual": gradual, "dirichlet": dirichlet}
-    both = [k for k, v in shorthand.items() if v not in (None, False)]
-    if both:
+    if both := [k for k, v in shorthand.items() if v not in (None, False)]:
         raise TypeError(f"give protocol= or {both}, not both")
     if not isinstance(protocol, StreamProtocol):
         raise TypeError(f"protocol must be a StreamProtocol, got {type(protocol).__name__}")
@@ -515,13 +488,11 @@ def _plan(
         requested = list(given_data)
     else:
         requested = _names(datasets, "datasets")
-        unknown = sorted(set(loading) - set(_LOADING))
-        if unknown:
+        if unknown := sorted(set(loading) - set(_LOADING)):
             raise TypeError(f"run() got unknown option(s) {unknown}")
     chosen = method_names(methods)
     setting_list = [s.lower() for s in _names(config.settings, "settings")]
-    bad = [s for s in setting_list if s not in SETTINGS]
-    if bad:
+    if bad := [s for s in setting_list if s not in SETTINGS]:
         raise ValueError(f"unknown setting(s) {bad}; choose from {list(SETTINGS)}")
     labels, every = _ints(config.labels, "labels", 0), _ints(config.every, "every", 1)
     budgets = [(k, n) for k in labels for n in every]
@@ -529,10 +500,8 @@ def _plan(
     if len(set(seed_list)) != len(seed_list):
         raise ValueError(f"seeds must be distinct, got {seed_list}")
     if not preloaded:
-        from eatta.bench.suites import check_severity
-
         for dataset in requested:  # before anything is loaded or written
-            check_severity(dataset, loading.get("severity"))
+            suites.check_severity(dataset, loading.get("severity"))
     if (protocol.gradual or protocol.ccc) and loading.get("severity") is not None:
         stream = "gradual" if protocol.gradual else "CCC-style"
         raise ValueError(
@@ -591,12 +560,10 @@ def _data(
             **loading,
         )
     if protocol.mixed:
-        single = [n for n, b in data.items() if len(b.domains) < 2]
-        if single:
+        if single := [n for n, b in data.items() if len(b.domains) < 2]:
             raise ValueError(f"mixed domains need at least two domains; {single} has one")
     if "eata" in plan.methods:
-        missing = [n for n, b in data.items() if b.fisher_data is None]
-        if missing:
+        if missing := [n for n, b in data.items() if b.fisher_data is None]:
             raise ValueError(f"eata needs clean source data (fisher_root) for {missing}")
     return data
 
@@ -639,11 +606,9 @@ def _description(
         **meta,
         "batch_size": options.batch_size,
         "seeds": seeds,
-        "rounds": options.rounds,
-        "dirichlet": options.dirichlet,
+        **{k: getattr(options, k) for k in ("rounds", "dirichlet")},
         "gradual": bool(protocol.gradual),
-        "mixed": protocol.mixed,
-        "ccc": protocol.ccc,
+        **{k: getattr(protocol, k) for k in ("mixed", "ccc")},
         "annotator": {**annotator.describe(), "cost": vars(annotator.cost)},
         **({"monitor": monitor.describe()} if monitor.active else {}),
         "jobs": jobs,
@@ -652,8 +617,7 @@ def _description(
         "provenance": {
             n: {"found": b.provenance, "expected": b.expected_provenance} for n, b in data.items()
         },
-        "limit": options.limit,
-        "device": options.device,
+        **{k: getattr(options, k) for k in ("limit", "device")},
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         **machine_provenance(),

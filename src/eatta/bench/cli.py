@@ -50,8 +50,7 @@ def main_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``eatta-bench``; the exit status. No subcommand (options first) means
-    ``run``."""
+    """Entry point of ``eatta-bench``; the exit status. No subcommand (options first): ``run``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]

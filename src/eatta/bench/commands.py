@@ -18,6 +18,7 @@ from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.flags import LoadOptions, RunConfig, split_csv
 from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE, MonitorOptions
 from eatta.bench.protocol import StreamProtocol
+from eatta.bench.report import load_results, markdown_table, write_outputs
 from eatta.bench.suites import DATASETS, LAYOUTS
 from eatta.methods import registry
 from eatta.models.backbones import WeightsUnavailableError
@@ -151,16 +152,7 @@ def _roots(items: Sequence[str], datasets: Sequence[str]) -> dict[str, str]:
             plain.append(item)
     if len(plain) > 1:
         raise ValueError("several --root values: write them as DATASET=PATH")
-    if plain:
-        for d in datasets:
-            roots.setdefault(d, plain[0])
-    return roots
-
-
-def _default_jobs(args: argparse.Namespace) -> int:
-    """Every core for the embedded benchmarks on the CPU, else 1."""
-    cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
-    return (os.cpu_count() or 1) if cpu and set(split_csv(args.dataset)) <= set(api.EMBEDDED) else 1
+    return {**dict.fromkeys(datasets, plain[0]), **roots} if plain else roots  # named ones win
 
 
 def loading_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -187,11 +179,9 @@ def list_text() -> str:
 
 
 def check_run_args(args: argparse.Namespace, argv: Sequence[str]) -> None:
-    """The run options checked before anything loads, errors naming the flags (also for
-    ``sweep``)."""
+    """The run options checked before anything loads, errors naming the flags (``sweep`` too)."""
     for what, low, why in (("labels", 0, ""), ("every", 1, " (label every N-th batch)")):
-        bad = [k for k in getattr(args, what) if k < low]
-        if bad:
+        if bad := [k for k in getattr(args, what) if k < low]:
             raise ValueError(f"--{what} must be >= {low}{why}, got {bad[0]}")
     for what, low in (("batch_size", 1), ("rounds", 1), ("threads", 1), ("limit", 2)):
         value = getattr(args, what)
@@ -219,8 +209,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     check_run_args(args, argv)
     config = flags.values(RunConfig, args)
     config["seeds"] = args.seeds if args.seeds is not None else [args.seed]
-    if args.jobs is None:
-        config["jobs"] = _default_jobs(args)
+    if args.jobs is None:  # every core for the embedded benchmarks on the CPU, else 1
+        cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+        embedded = set(split_csv(args.dataset)) <= set(api.EMBEDDED)
+        config["jobs"] = (os.cpu_count() or 1) if cpu and embedded else 1
     if not argv:  # the main job: the online error beside the offline one, at committed costs
         config.update(realtime="both", speeds=str(api.MAIN_JOB_SPEEDS))
     cost = AnnotatorCost(args.seconds_per_label, args.seconds_per_binary)
@@ -242,10 +234,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def merge(args: argparse.Namespace) -> int:
     """``eatta-bench merge``: the finished cells of several folders as one set of outputs."""
-    from eatta.bench.report import load_results, markdown_table, write_outputs
-
-    results = load_results(args.dirs)
-    if not results:
+    if not (results := load_results(args.dirs)):
         raise ValueError("no finished cells found")
     paths = write_outputs(results, args.out, {"merged": list(args.dirs)}, plot=not args.no_plot)
     print(markdown_table(results), end="")
@@ -277,8 +266,7 @@ def merge_main(argv: Sequence[str]) -> int:
 
 
 def monitor_options(args: argparse.Namespace) -> MonitorOptions:
-    """``--audit`` / ``--guard`` as :class:`MonitorOptions`; ``--guard`` alone audits the default
-    share."""
+    """``--audit`` / ``--guard`` as :class:`MonitorOptions` (``--guard`` alone: default share)."""
     values = flags.values(MonitorOptions, args)
     if values["audit"] is None:
         values["audit"] = DEFAULT_AUDIT_SHARE if args.guard is not None else 0.0

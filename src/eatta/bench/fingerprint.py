@@ -87,11 +87,7 @@ def fingerprint(spec: CellSpec, data: BenchmarkData, options: RunOptions) -> str
         "defaults_key": data.defaults_key,
         "domains": [(name, len(ds)) for name, ds in data.domains],  # type: ignore[arg-type]
         "hparams": to_plain(spec_.hparams(data.defaults_key, options.overrides(spec.method))),
-        "batch_size": options.batch_size,
-        "seed": options.seed,
-        "limit": options.limit,
-        "rounds": options.rounds,
-        "dirichlet": options.dirichlet,
+        **{k: getattr(options, k) for k in ("batch_size", "seed", "limit", "rounds", "dirichlet")},
         **({"mixed": True} if options.mixed else {}),
         **({"window": str(window)} if window_applies else {}),
         **({"weight_anchor": options.weight_anchor} if options.weight_anchor is not None else {}),

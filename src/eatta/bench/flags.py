@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,11 +65,18 @@ def add_flags(
 
 def values(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     """``cls``'s flagged fields read back from ``args``, by field name."""
-    out = {}
-    for f in _flagged(cls):
-        value = getattr(args, _dest(f))
-        out[f.name] = (not value) if f.metadata["negate"] else value
-    return out
+    given = [(f, getattr(args, _dest(f))) for f in _flagged(cls)]
+    return {f.name: (not value) if f.metadata["negate"] else value for f, value in given}
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an int (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_positive(value: object) -> bool:
+    """Whether ``value`` is a finite number > 0 (a bool is not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def split_csv(text: str) -> list[str]:

@@ -54,12 +54,9 @@ class CellSpec:
     @property
     def label(self) -> str:
         """Row label for tables and plots, e.g. ``eatta (1/batch, BFS=300)``."""
-        parts = []
-        if self.labels:
-            per = "batch" if self.every == 1 else f"{self.every} batches"
-            parts.append(f"{self.labels}/{per}")
-        if self.buffer is not None:
-            parts.append(f"BFS={self.buffer}")
+        per = "batch" if self.every == 1 else f"{self.every} batches"
+        parts = [f"{self.labels}/{per}"] if self.labels else []
+        parts += [] if self.buffer is None else [f"BFS={self.buffer}"]
         return f"{self.method} ({', '.join(parts)})" if parts else self.method
 
     def slug(self) -> str:
@@ -110,8 +107,7 @@ def parse_shard(text: str, environ: Mapping[str, str] | None = None) -> tuple[in
 
 
 def _env_int(environ: Mapping[str, str], name: str) -> int | None:
-    text = environ.get(name, "").strip()
-    if not text:
+    if not (text := environ.get(name, "").strip()):
         return None
     try:
         return int(text)
@@ -122,16 +118,14 @@ def _env_int(environ: Mapping[str, str], name: str) -> int | None:
 def resolve_shard(environ: Mapping[str, str]) -> tuple[int, int]:
     """This process's shard ``(i, n)`` for ``--shard auto``: ``EATTA_SHARD=i/n``, else a Slurm
     job array numbered 0 to n-1 (any other numbering is an error, not a wrong split)."""
-    own = environ.get("EATTA_SHARD", "").strip()
-    if own:
+    if own := environ.get("EATTA_SHARD", "").strip():
         if own.lower() == "auto":
             raise ValueError("EATTA_SHARD must be i/n (e.g. 0/4), not 'auto'")
         try:
             return parse_shard(own)
         except ValueError as err:
             raise ValueError(f"EATTA_SHARD: {err}") from None
-    task = _env_int(environ, "SLURM_ARRAY_TASK_ID")
-    if task is None:
+    if (task := _env_int(environ, "SLURM_ARRAY_TASK_ID")) is None:
         where = "a Slurm job but not an array" if environ.get("SLURM_JOB_ID") else "neither is set"
         raise ValueError(
             "--shard auto takes the shard from a Slurm job array (sbatch --array=0-<n-1>: "

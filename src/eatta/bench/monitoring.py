@@ -13,7 +13,7 @@ import torch
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.annotate.simulated import SimulatedAnnotator
 from eatta.bench.annotation import AnnotatorOptions
-from eatta.bench.flags import flag
+from eatta.bench.flags import flag, is_int
 from eatta.monitor import (
     GUARD_POLICIES,
     AccuracyMonitor,
@@ -89,7 +89,7 @@ class MonitorOptions:
             check_policy(self.guard)
             if self.audit == 0.0:
                 raise ValueError("--guard needs audits: give an audit share > 0 (--audit FRACTION)")
-        if isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 2:
+        if not is_int(self.block) or self.block < 2:
             raise ValueError(f"guard block must be an int >= 2 audits, got {self.block!r}")
 
     @property
@@ -105,15 +105,12 @@ class MonitorOptions:
 
     def text(self) -> str:
         """Short text for table titles."""
-        parts = []
-        if self.audit > 0.0:
-            out = f"audit {self.audit:g}"
-            if self.guard is not None:
-                out += f", guard {self.guard} (level {self.guard_level:g}, block {self.block})"
-            parts.append(out)
-        if self.fallback:
-            parts.append("fallback to the source model (1 audit/batch)")
-        return ", ".join(parts)
+        guard = f", guard {self.guard} (level {self.guard_level:g}, block {self.block})"
+        parts = [
+            f"audit {self.audit:g}{guard if self.guard is not None else ''}" if self.audit else "",
+            "fallback to the source model (1 audit/batch)" if self.fallback else "",
+        ]
+        return ", ".join(part for part in parts if part)
 
     def attach_fallback(
         self, method: Any, given: torch.nn.Module, annotator: AnnotatorOptions, seed: int
@@ -187,12 +184,9 @@ def check_fallback_budget(method: str, labels: int, every: int) -> int:
 
 def fallback_summary(fallback: SourceFallback, rounds: int) -> dict[str, Any]:
     """Per round: answers and the adapted model's estimated gain (points); events; counts."""
-    per_round = []
-    for r in range(rounds):
-        n, gain = fallback.period_gain(r)
-        per_round.append({"answers": n, "gain": 100 * gain if n else None})
+    gains = [fallback.period_gain(r) for r in range(rounds)]
     return {
-        "rounds": per_round,
+        "rounds": [{"answers": n, "gain": 100 * g if n else None} for n, g in gains],
         "events": [e.to_dict() for e in fallback.events],
         "stats": fallback.stats(),
     }

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from eatta.bench.annotation import AnnotatorOptions
+from eatta.bench.flags import is_int, is_positive
 from eatta.bench.monitoring import MonitorOptions
 from eatta.methods.parts import WeightAnchor
 from eatta.window import check_window
@@ -17,16 +17,10 @@ __all__ = ["AUTO_WINDOW", "RunOptions"]
 AUTO_WINDOW = 64
 
 
-def is_int(value: object) -> bool:
-    """Whether ``value`` is an int (a bool is not)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclass
 class RunOptions:
-    """How cells are run (identical options give identical results); ``reuse=False`` runs
-    afresh, ignoring finished results and checkpoints; ``mixed`` draws each batch across the
-    round's domains."""
+    """How cells are run (identical options, identical results); ``reuse=False`` ignores
+    finished results and checkpoints; ``mixed`` draws each batch across the round's domains."""
 
     batch_size: int = 64
     seed: int = 0
@@ -64,11 +58,7 @@ class RunOptions:
             raise ValueError("checkpoint_every and workers must be >= 0")
         if not (is_int(self.rounds) and self.rounds >= 1):
             raise ValueError(f"rounds must be an int >= 1, got {self.rounds!r}")
-        if self.dirichlet is not None and not (
-            isinstance(self.dirichlet, int | float)
-            and not isinstance(self.dirichlet, bool)
-            and 0 < self.dirichlet < math.inf
-        ):
+        if self.dirichlet is not None and not is_positive(self.dirichlet):
             raise ValueError(f"dirichlet must be a finite number > 0, got {self.dirichlet!r}")
 
     def method_window(self) -> int | bool | None:

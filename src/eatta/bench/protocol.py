@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from eatta.bench.flags import flag
+from eatta.bench.flags import flag, is_int, is_positive
 
 __all__ = ["CCC_SPEEDS", "StreamProtocol"]
 
@@ -41,18 +40,12 @@ class StreamProtocol:
     )
 
     def __post_init__(self) -> None:
-        if self.rounds is not None and (
-            isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1
-        ):
+        if self.rounds is not None and not (is_int(self.rounds) and self.rounds >= 1):
             raise ValueError(f"rounds must be an int >= 1, got {self.rounds!r}")
         for name in ("gradual", "mixed"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.dirichlet is not None and (
-            isinstance(self.dirichlet, bool)
-            or not isinstance(self.dirichlet, int | float)
-            or not 0 < self.dirichlet < math.inf
-        ):
+        if self.dirichlet is not None and not is_positive(self.dirichlet):
             raise ValueError(f"dirichlet must be a finite number > 0, got {self.dirichlet!r}")
         if self.ccc is not None and self.ccc not in CCC_SPEEDS:
             raise ValueError(f"unknown CCC speed {self.ccc!r}; use one of {', '.join(CCC_SPEEDS)}")

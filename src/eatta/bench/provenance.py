@@ -30,16 +30,9 @@ __all__ = [
 COMPUTED_WITH = ("cpu_capability", "machine")
 
 #: Distributions whose versions can change the digits-C arrays.
-CORRUPTION_STACK = (
-    "corrupt-tta",
-    "numpy",
-    "scipy",
-    "scikit-image",
-    "scikit-learn",
-    "opencv-python",
-    "opencv-python-headless",
-    "pillow",
-    "wand",
+CORRUPTION_STACK = tuple(
+    "corrupt-tta numpy scipy scikit-image scikit-learn opencv-python opencv-python-headless "
+    "pillow wand".split()
 )
 
 _REFERENCE = Path(__file__).with_name("digits_reference.json")
@@ -95,8 +88,7 @@ def _reference() -> dict[str, Any] | None:
 def digits_reference(domain_names: Sequence[str]) -> dict[str, Any] | None:
     """Reference digests for a digits-C run over ``domain_names`` (``"fog"``: severity 5, else
     ``"fog@3"``) and what computed the README's table; None without a reference."""
-    ref = _reference()
-    if ref is None:
+    if (ref := _reference()) is None:
         return None
     table = ref.get("domains_sha256", {})
     keys = [n if "@" in n else f"{n}@5" for n in domain_names]

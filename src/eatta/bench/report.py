@@ -82,6 +82,17 @@ pending skipped wrong annotator_seconds audit_share audits audit_seconds resets
 covered_rounds images images_per_s wall_time_s cpu_time_s peak_mem_mb max_rss_mb device
 fingerprint model_digest grid_index
 """.split()
+#: Columns copied from the cell and from the result, and the result's numbers by format.
+_CSV_SPEC = "dataset method setting every buffer".split()
+_CSV_PLAIN = (
+    "label seed rounds labels_used images device fingerprint model_digest grid_index".split()
+)
+_CSV_NUMBERS = {
+    ".4f": ("average_error", "overall_error"),
+    ".2f": ("images_per_s",),
+    ".3f": ("wall_time_s", "cpu_time_s"),
+    ".1f": ("peak_mem_mb", "max_rss_mb"),
+}
 
 
 def _ordered(results: Sequence[CellResult]) -> list[CellResult]:
@@ -210,10 +221,8 @@ def _worse_counts(
 ) -> list[tuple[int, int]] | None:
     """:func:`worse_than_source` for every seed of a cell; None for the source model itself or
     when a seed has no source result to compare with."""
-    if cell[0].spec.method == "source":
-        return None
     found = [sources.get(_source_key(c)) for c in cell]
-    if any(s is None for s in found):
+    if cell[0].spec.method == "source" or any(s is None for s in found):
         return None
     return [worse_than_source(c, s) for c, s in zip(cell, found, strict=True) if s is not None]
 
@@ -233,10 +242,8 @@ def _first_last(cell: Sequence[CellResult]) -> tuple[float, float] | None:
     r = cell[0]
     if r.rounds < 2 or any(len(c.round_errors) != r.rounds for c in cell):
         return None
-    return (
-        float(np.mean([c.round_errors[0] for c in cell])),
-        float(np.mean([c.round_errors[-1] for c in cell])),
-    )
+    first, last = (float(np.mean([c.round_errors[i] for c in cell])) for i in (0, -1))
+    return first, last
 
 
 def collapse_notes(results: Sequence[CellResult]) -> list[str]:
@@ -274,8 +281,7 @@ def stability_sentence(rows: Sequence[CellResult]) -> str | None:
         collapse += f", ending worse than the unadapted source model ({source:.1f})"
     verdicts: dict[str, list[str]] = {collapse: [], "degrade": [], "hold or improve": []}
     for cell in _cells(rows):
-        pair = _first_last(cell)
-        if pair is None:
+        if (pair := _first_last(cell)) is None:
             return None
         if cell[0].spec.method == "source":
             continue
@@ -383,8 +389,7 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
     ]
     notes = [WORSE_NOTE] if compared else []
     notes += collapse_notes(rows)
-    sentence = stability_sentence(rows)
-    if sentence:
+    if sentence := stability_sentence(rows):
         notes.append(sentence)
     if notes:
         lines += ["", *notes]
@@ -395,8 +400,7 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
 
 def _annotation_means(cell: Sequence[CellResult]) -> dict[str, float] | None:
     """What the annotator did, mean over a cell's seeds (None for a method that asks nobody)."""
-    notes = [c.annotation for c in cell if c.annotation]
-    if not notes:
+    if not (notes := [c.annotation for c in cell if c.annotation]):
         return None
     keys = (*_ANNOTATION_KEYS, "skipped", "seconds")
     return {k: float(np.mean([n.get(k, 0) for n in notes])) for k in keys}
@@ -404,27 +408,21 @@ def _annotation_means(cell: Sequence[CellResult]) -> dict[str, float] | None:
 
 def _annotation_cells(cell: Sequence[CellResult]) -> list[str]:
     """The annotator's columns of a cell's row ("-" for a method that asks nobody)."""
-    means = _annotation_means(cell)
-    if means is None:
+    if (means := _annotation_means(cell)) is None:
         return ["-"] * len(_ANNOTATION_HEAD)
     return [f"{means[k]:.0f}" for k in _ANNOTATION_KEYS] + [f"{means['seconds'] / 60:.1f}"]
 
 
 def covered_rounds(r: CellResult) -> tuple[int, int]:
     """``(rounds whose audited interval covers the true error, rounds with audits)``."""
-    m = r.monitor or {}
-    hit = total = 0
-    for est, true in zip(m.get("rounds", []), r.round_errors, strict=False):
-        if est["audits"]:
-            total += 1
-            hit += int(est["low"] <= true <= est["high"])
-    return hit, total
+    rounds = (r.monitor or {}).get("rounds", [])
+    audited = [(e, true) for e, true in zip(rounds, r.round_errors, strict=False) if e["audits"]]
+    return sum(e["low"] <= true <= e["high"] for e, true in audited), len(audited)
 
 
 def _monitor_cells(cell: Sequence[CellResult]) -> list[str]:
     """Mean audits, audit minutes and resets over a cell's seeds; rounds covered (summed)."""
-    notes = [c.monitor for c in cell if c.monitor]
-    if not notes:
+    if not (notes := [c.monitor for c in cell if c.monitor]):
         return ["-"] * len(_MONITOR_HEAD)
     cov = [covered_rounds(c) for c in cell if c.monitor]
     return [
@@ -448,8 +446,7 @@ def monitor_table(cells: Sequence[Sequence[CellResult]], rounds: int) -> list[st
         "|---|" + "---:|" * (len(head) - 1),
     ]
     for cell in cells:
-        mon = [c.monitor for c in cell if c.monitor]
-        if not mon:
+        if not (mon := [c.monitor for c in cell if c.monitor]):
             continue
         row = [cell[0].label]
         for i in range(len(head) - 1):
@@ -479,8 +476,7 @@ def _annotation_csv(r: CellResult) -> dict[str, Any]:
 
 def _monitor_csv(r: CellResult) -> dict[str, Any]:
     """The audits' columns of one result's CSV row (none without audits)."""
-    m = r.monitor
-    if not m:
+    if not (m := r.monitor):
         return {}
     hit, total = covered_rounds(r)
     row: dict[str, Any] = {
@@ -518,41 +514,21 @@ def csv_text(results: Sequence[CellResult]) -> str:
         counts = _worse_counts([r], sources)
         worse, compared = counts[0] if counts else (None, None)
         row: dict[str, Any] = {  # None (and a column left out) is written empty
-            "dataset": r.spec.dataset,
-            "method": r.spec.method,
-            "setting": r.spec.setting,
+            **{k: getattr(r.spec, k) for k in _CSV_SPEC},
+            **{k: getattr(r, k) for k in _CSV_PLAIN},
+            **{k: _number(getattr(r, k), f) for f, keys in _CSV_NUMBERS.items() for k in keys},
             "labels_per_batch": r.spec.labels,
-            "every": r.spec.every,
-            "buffer": r.spec.buffer,
-            "label": r.label,
-            "seed": r.seed,
-            "rounds": r.rounds,
             "dirichlet": r.protocol.get("dirichlet"),
             "gradual": bool(r.protocol.get("gradual", False)),
-            "average_error": f"{r.average_error:.4f}",
             "first_round_error": f"{r.round_errors[0]:.4f}",
             "last_round_error": f"{r.round_errors[-1]:.4f}",
-            "overall_error": f"{r.overall_error:.4f}",
             "worse_domains": worse,
             "compared_domains": compared,
-            "labels_used": r.labels_used,
             **_annotation_csv(r),
             **_monitor_csv(r),
-            "images": r.images,
-            "images_per_s": f"{r.images_per_s:.2f}",
-            "wall_time_s": f"{r.wall_time_s:.3f}",
-            "cpu_time_s": _number(r.cpu_time_s, ".3f"),
-            "peak_mem_mb": _number(r.peak_mem_mb, ".1f"),
-            "max_rss_mb": _number(r.max_rss_mb, ".1f"),
-            "device": r.device,
-            "fingerprint": r.fingerprint,
-            "model_digest": r.model_digest,
-            "grid_index": r.grid_index,
+            **{f"err_round:{i + 1}": f"{e:.4f}" for i, e in enumerate(r.round_errors)},
+            **{f"err:{d}": f"{e:.4f}" for d, e in _pooled(r).items()},
         }
-        for i, e in enumerate(r.round_errors):
-            row[f"err_round:{i + 1}"] = f"{e:.4f}"
-        for d, e in _pooled(r).items():
-            row[f"err:{d}"] = f"{e:.4f}"
         writer.writerow(row)
     return buf.getvalue()
 
@@ -597,8 +573,7 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
         cum = np.cumsum([b[0] for b in ref.online])
         bounds = [0] + [int(cum[b - 1]) for b in ref.domain_first_batch[1:]] + [int(cum[-1])]
         names = [DOMAIN_SHORT.get(d, d) for d in ref.domains]
-        solid = ref.rounds > 1
-        if solid:
+        if solid := ref.rounds > 1:
             k = len(ref.domains) // ref.rounds
             bounds = bounds[: ref.rounds * k + 1 : k]
             names = [f"round {i + 1}" for i in range(ref.rounds)]
@@ -607,8 +582,7 @@ def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str
             if start:
                 ax.axvline(start, color="0.45" if solid else "0.6", ls="-" if solid else ":", lw=1)
             ax.text((start + end) / 2, 1.01, name, fontsize=7, rotation=0 if solid else 45, **where)
-        ax.set_xlim(0, max(1, int(cum[-1])))
-        ax.set_ylim(0, 100)
+        ax.set(xlim=(0, max(1, int(cum[-1]))), ylim=(0, 100))
         ax.set(xlabel="images seen", ylabel=f"error % (last ~{span} batches)")
         ax.set_title(dataset, loc="left", fontsize=10, pad=22)
         legend = {"loc": "upper left", "bbox_to_anchor": (1.005, 1.0), "title_fontsize": 7}
@@ -636,16 +610,14 @@ def summary(results: Sequence[CellResult]) -> list[dict[str, Any]]:
                 "protocol": r.protocol,
                 "seeds": [c.seed for c in cell],
             }
-            counts = _worse_counts(cell, sources)
-            if counts is not None:
+            if (counts := _worse_counts(cell, sources)) is not None:
                 worse = [w for w, _ in counts]
                 entry["worse_than_source"] = {
                     "per_seed": worse,
                     **_mean_std(worse),
                     "domains": counts[0][1],
                 }
-            annotation = _annotation_means(cell)
-            if annotation:
+            if annotation := _annotation_means(cell):
                 entry["annotation"] = annotation
             entry["average_error"] = _mean_std([c.average_error for c in cell])
             entry["first_round_error"] = _mean_std([c.round_errors[0] for c in cell])
@@ -696,8 +668,7 @@ def load_results(dirs: Sequence[str | os.PathLike[str]]) -> list[CellResult]:
         root = Path(d)
         if not root.is_dir():
             raise FileNotFoundError(f"no output folder {str(root)!r}")
-        files = sorted((root / "cells").glob("*.json"))
-        if files:
+        if files := sorted((root / "cells").glob("*.json")):
             loaded = [CellResult.load(f) for f in files]
         elif (root / "results.json").is_file():
             doc = json.loads((root / "results.json").read_text(encoding="utf-8"))
@@ -712,8 +683,7 @@ def load_results(dirs: Sequence[str | os.PathLike[str]]) -> list[CellResult]:
         f"{r.spec.key} seed {r.seed} {json.dumps(r.protocol, sort_keys=True)}"
         for r in found.values()
     )
-    dupes = sorted(run for run, n in runs.items() if n > 1)
-    if dupes:
+    if dupes := sorted(run for run, n in runs.items() if n > 1):
         warnings.warn(
             f"cells run with different arguments (fingerprints) are all kept: {dupes}",
             stacklevel=2,

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.grid import CellSpec, parse_shard, shard
 from eatta.bench.report import markdown_table, write_outputs
@@ -77,21 +79,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace, hparams: dict[str, dict[str, Any]]) -> RunOptions:
-    import torch
-
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return RunOptions(
-        batch_size=args.batch_size,
-        seed=args.seed,
-        limit=args.limit,
-        device=device,
-        workers=args.workers,
-        checkpoint_every=args.checkpoint_every,
-        hparams=hparams,
-        progress=not args.no_progress,
-    )
+    same = {
+        k: getattr(args, k) for k in ("batch_size", "seed", "limit", "workers", "checkpoint_every")
+    }
+    return RunOptions(**same, device=device, hparams=hparams, progress=not args.no_progress)
 
 
 def run_rows(
@@ -143,8 +137,7 @@ def comparison_table(
         "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|",
     ]
     for setting, dataset, row in itertools.product(settings, datasets, rows):
-        pub = published(row, setting, dataset)
-        if pub is None:
+        if (pub := published(row, setting, dataset)) is None:
             continue
         res = by_key.get((row.label, dataset, "-" if row.method == "source" else setting))
         ours: Sequence[float | None] = [None] * len(columns)  # not measured or not implemented

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +94,7 @@ def _budget(labels: int, every: int, batch_size: int, window: int | bool | None)
     sample counted in window steps: ``labels · window / (every · batch_size)``, reduced."""
     if window is None or window is False or batch_size >= window:
         return Budget(labels, every=every)
-    rate = Fraction(labels * int(window), every * batch_size)
-    if rate == 0:
-        return Budget(0)
+    rate = Fraction(labels * int(window), every * batch_size)  # 0: Budget(0, every=1)
     return Budget(rate.numerator, every=rate.denominator)
 
 
@@ -115,8 +114,7 @@ def _serve(
     if monitor is not None:  # audits count for the round they were asked in
         monitor.period = period
         auditor.set_labels(y)  # set with the monitor
-    fb = method.fallback
-    if fb is not None:
+    if (fb := method.fallback) is not None:
         fb.period = period  # type: ignore[attr-defined]
     if fallback_auditor is not None:
         fallback_auditor.set_labels(y)
@@ -124,35 +122,6 @@ def _serve(
     logits = method(x.to(device, non_blocking=True))
     used = _answers_so_far(method) + _audited(fb) - before
     return logits.argmax(1).cpu() != y, used
-
-
-def _save_checkpoint(
-    path: Path,
-    state: dict[str, Any],
-    method: AdaptiveMethod,
-    annotators: tuple[Any, Any],
-    device: torch.device,
-    clocks: tuple[float, float],
-    peak_mb: float | None,
-) -> None:
-    """``state`` with the method, annotators, RNGs, clocks and peak: all a resume needs."""
-    oracle, auditor = annotators
-    state.update(method=method.state_dict(), annotator=_annotator_state(oracle))
-    state.update(auditor=_annotator_state(auditor), rng=rng_state(device))
-    state.update(wall_time_s=clocks[0], cpu_time_s=clocks[1], peak_mem_mb=peak_mb)
-    atomic_write(path, lambda f: torch.save(state, f))
-
-
-def _position(
-    saved: dict[str, Any] | None, tally: list[Any]
-) -> tuple[int, list[list[int]], float, float, list[Any], int, float | None]:
-    """``(batch, online record, wall s, CPU s, tally, session, peak MB)`` to start from."""
-    if saved is None:
-        return 0, [], 0.0, 0.0, tally, 1, None
-    return (
-        saved["position"], saved["online"], saved["wall_time_s"], saved["cpu_time_s"],
-        saved["tally"], saved["sessions"] + 1, saved["peak_mem_mb"],
-    )  # fmt: skip
 
 
 def _show(bar: Any, error: float, domain: str) -> None:
@@ -198,7 +167,12 @@ def run_cell(
     tally = [[[0, 0] for _ in stream.domains] for _ in range(stream.rounds)] if stream.mixed else []
     saved = _resume(ckpt_path, fp, device, method, oracle, auditor) if options.reuse else None
     # cpu: this thread's CPU seconds, which unlike wall time a busy machine does not inflate
-    start, online, wall, cpu, tally, sessions, peak_prev = _position(saved, tally)
+    online: list[list[int]] = []  # to start from: batch, online record, wall s, session, peak MB
+    start, wall, cpu, sessions, peak_prev = 0, 0.0, 0.0, 1, None
+    if saved is not None:
+        start, online, tally = saved["position"], saved["online"], saved["tally"]
+        wall, cpu, peak_prev = saved["wall_time_s"], saved["cpu_time_s"], saved["peak_mem_mb"]
+        sessions = saved["sessions"] + 1
     if spec.method in STATIC_METHODS and start == 0:  # predictions independent of the stream
         t_static, c_static = time.perf_counter(), time.thread_time()
         online, start = _static_online(method, stream, device, tally), len(stream)
@@ -243,11 +217,15 @@ def run_cell(
             every = options.checkpoint_every
             if every and (t + 1) % every == 0 and t + 1 < total:  # none after the last batch
                 c0, cc0 = time.perf_counter(), time.thread_time()
+                # all a resume needs: the position, the method, annotators, RNGs, clocks and peak
                 state = {"fingerprint": fp, "spec": dataclasses.asdict(spec), "position": t + 1}
                 state.update(online=online, tally=tally, sessions=sessions)
-                clocks = (wall + (c0 - t0 - ckpt_time), cpu + (cc0 - cpu0 - ckpt_cpu))
-                peak = _peak(device, rss_before, peak_prev)
-                _save_checkpoint(ckpt_path, state, method, (oracle, auditor), device, clocks, peak)
+                state.update(method=method.state_dict(), annotator=_annotator_state(oracle))
+                state.update(auditor=_annotator_state(auditor), rng=rng_state(device))
+                state["wall_time_s"] = wall + (c0 - t0 - ckpt_time)
+                state["cpu_time_s"] = cpu + (cc0 - cpu0 - ckpt_cpu)
+                state["peak_mem_mb"] = _peak(device, rss_before, peak_prev)
+                atomic_write(ckpt_path, partial(torch.save, state))
                 ckpt_time += time.perf_counter() - c0
                 ckpt_cpu += time.thread_time() - cc0
             if callback is not None:
@@ -341,8 +319,7 @@ def _stream(
     domains: Any, data: BenchmarkData, options: RunOptions, device: torch.device
 ) -> TestStream:
     """The cell's test stream; loader workers by default: none on the CPU, up to 8 on a GPU."""
-    workers = options.workers
-    if workers is None:
+    if (workers := options.workers) is None:
         workers = min(8, os.cpu_count() or 1) if device.type == "cuda" else 0
     return TestStream(
         domains,
@@ -366,14 +343,11 @@ def _attach_monitor(
     if options.monitor.active and spec.method not in STATIC_METHODS:
         with torch.random.fork_rng(devices=[]):  # the stream and method draw as without it
             source = data.model_fn().to(device)  # the model as trained: the monitor's reference
+        given = (method, source, options.annotator, options.seed)
         if options.monitor.audit > 0.0:
-            monitor, auditor = options.monitor.attach(
-                method, source, options.annotator, options.seed
-            )
+            monitor, auditor = options.monitor.attach(*given)
         if options.monitor.fallback and method.fallback is None:
-            fallback_auditor = options.monitor.attach_fallback(
-                method, source, options.annotator, options.seed
-            )
+            fallback_auditor = options.monitor.attach_fallback(*given)
     return monitor, auditor, fallback_auditor
 
 

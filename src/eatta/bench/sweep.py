@@ -28,9 +28,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from eatta.bench.flags import split_csv
+import torch
+
+import eatta
+from eatta.bench import api, commands
+from eatta.bench.flags import is_int, split_csv
 from eatta.bench.grid import CellSpec, make_grid, make_jobs
 from eatta.bench.grid import shard as shard_jobs
+from eatta.bench.results import atomic_write_text
+from eatta.bench.suites import DATASETS, digits_grid_name
+from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
+from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
 
 if TYPE_CHECKING:
     import submitit
@@ -70,11 +78,7 @@ class ShardJob:
         return ["run", *self.argv, "--shard", f"{self.index}/{self.count}", "--out", self.out]
 
     def __call__(self) -> str:
-        from eatta.bench import commands
-
         if self.threads is not None:
-            import torch
-
             torch.set_num_threads(self.threads)
         status = commands.run_main(self.command()[1:])
         if status != 0:
@@ -103,8 +107,7 @@ def _require_submitit() -> None:
 def parse_time(text: str | int) -> int:
     """A Slurm time limit as minutes: ``90``, ``MM:SS``, ``H:MM:SS``, ``D-H``, ``D-H:MM``,
     ``D-H:MM:SS`` (seconds round up)."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", str(text).strip())
-    if m is None:
+    if (m := re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", str(text).strip())) is None:
         raise ValueError(f"--time is minutes or [D-]H:MM:SS, got {text!r}")
     fields = [int(f) for f in m[2].split(":")]
     if m[1] is not None:  # D-H, D-H:MM, D-H:MM:SS
@@ -143,7 +146,7 @@ class SlurmOptions:
             ("cpus", self.cpus, 1),
             ("array-parallelism", self.array_parallelism, 1),
         ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            if value is not None and not is_int(value):
                 raise TypeError(f"--{name} must be an int, got {value!r}")
             if value is not None and value < low:
                 raise ValueError(f"--{name} must be >= {low}, got {value}")
@@ -155,8 +158,6 @@ class SlurmOptions:
 def _job_env(threads: int | None) -> dict[str, str]:
     """Environment changes for a job's process: its thread count, and the same ``eatta`` code
     (the folder of a source tree such as a checkout or ``PYTHONPATH=src`` first on its path)."""
-    import eatta
-
     env: dict[str, str] = {}
     root = Path(eatta.__file__).resolve().parents[1]
     if root.name not in ("site-packages", "dist-packages"):
@@ -195,8 +196,7 @@ def slurm_executor(folder: str | os.PathLike[str], options: SlurmOptions) -> sub
 def check_slurm(partition: str | None = None) -> list[str]:
     """The cluster's partitions; a ValueError when Slurm is not here or does not answer, or when
     ``partition`` is not among them."""
-    missing = [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]
-    if missing:
+    if missing := [c for c in ("sbatch", "srun", "sinfo") if shutil.which(c) is None]:
         raise ValueError(
             f"--launcher slurm: no Slurm here ({', '.join(missing)} not on PATH); "
             "--launcher local runs the shards on this machine"
@@ -218,21 +218,17 @@ def check_slurm(partition: str | None = None) -> list[str]:
 
 def _local_slots(jobs: int | None) -> tuple[int, int, int]:
     """(parallel jobs, GPUs, cores) for the local launcher."""
-    import torch
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = max(1, cores or 1)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     jobs = (gpus or cores) if jobs is None else jobs
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+    if not is_int(jobs) or jobs < 1:
         raise ValueError(f"--jobs must be an int >= 1, got {jobs!r}")
     return jobs, gpus, cores
 
 
 def _parse_run_argv(argv: Sequence[str]) -> argparse.Namespace:
     """``argv`` parsed by ``eatta-bench run``'s own parser; a mistake is a ValueError."""
-    from eatta.bench import commands
-
     if any(a in ("-h", "--help") for a in argv):
         raise ValueError("run options: -h/--help shows help; see eatta-bench run --help")
     parser = commands.run_parser()
@@ -256,10 +252,6 @@ def _parse_run_argv(argv: Sequence[str]) -> argparse.Namespace:
 
 def _grid_datasets(args: argparse.Namespace) -> list[str]:
     """The grid's dataset names, as :func:`eatta.bench.api.load_benchmarks` names them."""
-    from eatta.bench.api import EMBEDDED
-    from eatta.bench.suites import DATASETS, digits_grid_name
-    from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
-
     names = split_csv(args.dataset)
     unknown = [d for d in names if d not in DATASETS]
     if unknown or not names:
@@ -269,7 +261,7 @@ def _grid_datasets(args: argparse.Namespace) -> list[str]:
     letter = {v: k for k, v in PACS_LETTERS.items()}
     out: list[str] = []
     for name in names:
-        if name in EMBEDDED:
+        if name in api.EMBEDDED:
             try:
                 out.append(digits_grid_name(args.backbone, name))
             except ValueError as err:
@@ -291,8 +283,6 @@ def _stream_images(dataset: str, args: argparse.Namespace, rounds: int) -> tuple
     loading the data (only digits-C's count is known, from its test split)."""
     if dataset not in ("digits-c", "digits-c:vit"):
         return None
-    from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
-
     per_domain = len(digits_split()[1])
     if args.limit is not None:
         per_domain = min(per_domain, args.limit)
@@ -321,7 +311,7 @@ class SweepPlan:
 
     def with_count(self, count: int) -> SweepPlan:
         """The same grid in ``count`` shards (1 <= count <= number of runs)."""
-        if isinstance(count, bool) or not isinstance(count, int):
+        if not is_int(count):
             raise TypeError(f"shards must be an int, got {count!r}")
         if not 1 <= count <= len(self.jobs):
             raise ValueError(
@@ -380,8 +370,6 @@ def plan(
     ``--out``; bad ones raise :class:`ValueError`) and list the grid's runs in ``shards`` shards
     (None: one run per shard) without loading any data. ``count_images``: count digits-C's
     images per run from its split (else every count is None)."""
-    from eatta.bench import api, commands
-
     if isinstance(run_argv, str) or not all(isinstance(a, str) for a in run_argv):
         raise TypeError(f"run_argv must be a list of strings, got {run_argv!r}")
     args = _parse_run_argv(run_argv)
@@ -425,8 +413,6 @@ def load_state(out: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def _save_state(out: Path, state: Mapping[str, Any]) -> None:
-    from eatta.bench.results import atomic_write_text
-
     atomic_write_text(out / STATE_FILE, json.dumps(state, indent=1))
 
 
@@ -501,12 +487,8 @@ def slurm_queue(job_ids: Sequence[str]) -> dict[str, str] | None:
         return None
     if done.returncode != 0:  # every job long gone: "Invalid job id specified"
         return {} if "invalid job id" in done.stderr.lower() else None
-    states: dict[str, str] = {}
-    for line in done.stdout.splitlines():
-        job_id, _, state = line.strip().partition(" ")
-        if job_id:
-            states[job_id] = state.strip().split(" ")[0].upper()
-    return states
+    rows = [line.strip().partition(" ") for line in done.stdout.splitlines()]
+    return {job_id: state.strip().split(" ")[0].upper() for job_id, _, state in rows if job_id}
 
 
 def _wait(result: SweepResult, jobs: Mapping[int, submitit.Job[Any]]) -> None:
@@ -769,8 +751,6 @@ def launch(
                 f"with: {result.resubmit_command}"
             )
             return result
-    from eatta.bench import commands
-
     dirs = [str(shard_dir(folder, i)) for i in range(shards)]
     plot = [] if result.plan.plot else ["--no-plot"]
     status = commands.merge_main([*dirs, "--out", str(folder), *plot])
@@ -840,16 +820,7 @@ def main(argv: Sequence[str]) -> int:
     if given:  # over the recorded sweep's options, when it ran on Slurm
         state = load_state(args.out) or {}
         slurm = SlurmOptions(**{**(state.get("slurm") or {}), **given})
-    done = launch(
-        run_argv,
-        args.out,
-        shards=args.shards,
-        launcher=args.launcher,
-        slurm=slurm,
-        jobs=args.jobs,
-        time_min=parse_time(args.time) if args.time is not None else None,
-        wait=args.wait,
-        resubmit=args.resubmit,
-        dry_run=args.dry_run,
-    )
+    same = {k: getattr(args, k) for k in ("shards", "launcher", "jobs", "wait", "resubmit")}
+    time_min = parse_time(args.time) if args.time is not None else None
+    done = launch(run_argv, args.out, slurm=slurm, time_min=time_min, dry_run=args.dry_run, **same)
     return 1 if done.failed else 0
