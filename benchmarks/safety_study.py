@@ -293,7 +293,7 @@ def _gains(s: dict[str, Any], ann: dict[str, Any], given: float, best: float) ->
         out.append(PAGE("none-vacuous", gain=f"{given - best:.1f}"))
     elif "none" in ann and given > 50:
         kept = (given - _mean(ann["none"][SAFE])) / (given - best)
-        out.append(PAGE("none", kept=f"{100 * kept + 0.0:.0f}"))
+        out.append(PAGE("none", kept=f"{round(100 * kept)}"))
     if STABLE not in ann.get("instant", {}):
         return out
     stable_error = _mean(ann["instant"][STABLE])
