@@ -165,3 +165,13 @@ def site_hooks() -> ModuleType:
     sys.modules[spec.name] = hooks  # its dataclass looks its module up
     spec.loader.exec_module(hooks)
     return hooks
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One thread for a module of tiny-model tests: fastest, and immune to a busy machine's
+    scheduling (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -36,17 +36,9 @@ from eatta.methods.tent import Tent
 from eatta.selection.kmargin import k_center_greedy, k_margin, margin_uncertainty
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
-pytestmark = pytest.mark.small_batches
+pytestmark = [pytest.mark.small_batches, pytest.mark.usefixtures("one_thread")]
 
 C = 5
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make(oracle, budget=2, candidates=(1e-3, 5e-3, 2e-2), **kw):

@@ -40,19 +40,11 @@ from eatta.data.digits import digits_c
 from eatta.methods.hiltta import D_MARGIN_GRID, LR_GRID
 from eatta.models.digits_cnn import packaged_digits_source
 
-pytestmark = pytest.mark.small_batches
+pytestmark = [pytest.mark.small_batches, pytest.mark.usefixtures("one_thread")]
 
 BATCH = 16
 STEPS = 20
 DOMAINS = ("fog", "contrast", "pixelate", "elastic_transform")  # cheap to corrupt: no cache
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,9 @@ from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.late_labels import typicality
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
-pytestmark = pytest.mark.small_batches
+pytestmark = [pytest.mark.small_batches, pytest.mark.usefixtures("one_thread")]
 
 C = 5  # confident_cnn's classes
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _stream(n: int, seed: int = 0, size: int = 8):

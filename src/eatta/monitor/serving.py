@@ -97,7 +97,10 @@ class ServingRule:
         self.events: list[FallbackEvent] = []
         self.epoch = 0  # resets of the adapted method so far
         self.prior_switches = 0  # switches made by the label-free signs
-        self._log: list[str] = []  # per served batch: SERVED index, WHY index
+        # per served batch, one byte: SERVED index * len(WHY) + WHY index (a long deployment's
+        # record stays small); the counts beside it
+        self._log = bytearray()
+        self._counts = [0] * (len(SERVED) * len(WHY))
 
     def decide(
         self,
@@ -168,23 +171,23 @@ class ServingRule:
 
     def note(self) -> None:
         """One batch (or one request between steps) served by what serves now."""
-        self._log.append(f"{SERVED.index(self.serving)}{WHY.index(self.why)}")
+        code = SERVED.index(self.serving) * len(WHY) + WHY.index(self.why)
+        self._log.append(code)
+        self._counts[code] += 1
 
     def history(self) -> list[tuple[str, str]]:
         """Per served batch, in order: what served it and why."""
-        return [(SERVED[int(e[0])], WHY[int(e[1])]) for e in self._log]
+        return [(SERVED[c // len(WHY)], WHY[c % len(WHY)]) for c in self._log]
 
     def served(self, what: str) -> int:
         """Batches served by ``what`` (:data:`SERVED`)."""
-        code = str(SERVED.index(what))
-        return sum(e[0] == code for e in self._log)
+        i = SERVED.index(what) * len(WHY)
+        return sum(self._counts[i : i + len(WHY)])
 
     def tally(self) -> dict[str, dict[str, int]]:
         """Served batches by what served them and by why."""
-        return {
-            "served": {s: self.served(s) for s in SERVED},
-            "why": {w: sum(e[1] == str(i) for e in self._log) for i, w in enumerate(WHY)},
-        }
+        why = {w: sum(self._counts[j :: len(WHY)]) for j, w in enumerate(WHY)}
+        return {"served": {s: self.served(s) for s in SERVED}, "why": why}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -193,7 +196,7 @@ class ServingRule:
             "events": [e.to_dict() for e in self.events],
             "epoch": self.epoch,
             "prior_switches": self.prior_switches,
-            "log": "".join(self._log),
+            "log": bytes(self._log),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -203,5 +206,8 @@ class ServingRule:
         self.events = [FallbackEvent(**e) for e in state["events"]]
         self.epoch = int(state["epoch"])
         self.prior_switches = int(state["prior_switches"])
-        log = str(state["log"])
-        self._log = [log[i : i + 2] for i in range(0, len(log), 2)]
+        log = bytearray(state["log"])
+        if any(c >= len(self._counts) for c in log):
+            raise ValueError("unknown entries in the serving record")
+        self._log = log
+        self._counts = [log.count(c) for c in range(len(self._counts))]
