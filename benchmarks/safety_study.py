@@ -22,6 +22,7 @@ run (seed 0) chose resets off for ``eatta-safe`` and on for label-free methods.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
@@ -286,8 +287,8 @@ def _by_annotator(s: dict[str, Any], given: float, best: float, size: int) -> li
 
 
 def _gains(s: dict[str, Any], ann: dict[str, Any], given: float, best: float) -> list[str]:
-    """The lines under the table of requests of 64: what no answers keep, the gain over the best
-    label-free method with answers at once and 16 batches late."""
+    """The lines under the table of requests of 64: what no answers keep, the gain with answers
+    at once over the given model and over the best label-free method, and 16 batches late."""
     out = []
     if "none" in ann and given > 50 and given - best < NO_GAIN:
         out.append(PAGE("none-vacuous", gain=f"{given - best:.1f}"))
@@ -307,8 +308,13 @@ def _gains(s: dict[str, Any], ann: dict[str, Any], given: float, best: float) ->
     if s.get("measure"):
         errors = {"measure": f"{_mean(s['measure']):.1f}", "stable": f"{stable_error:.1f}"}
         measure = PAGE("measure", **errors)
+    over = {"given_safe": given - _mean(ann["instant"][SAFE]), "given_stable": given - stable_error}
+    shown = {k: f"{v:+.1f}" for k, v in over.items()}
+    share = over["given_safe"] / over["given_stable"] if over["given_stable"] > 0 else math.nan
     gain = PAGE(
         "gain",
+        **shown,
+        given_kept=f"{100 * share:.0f}" if share == share else "-",
         safe_gain=f"{safe_gain:+.1f}",
         stable_gain=f"{stable_gain:+.1f}",
         kept=f"{100 * kept:.0f}" if kept == kept else "-",

@@ -47,10 +47,12 @@ def test_blend_serves_the_given_model_without_answers_and_the_blend_on_a_lean():
     assert (rule.serving, rule.why) == ("source", "default")
     rule.refresh(signs_at(0.1), -0.01)  # the answers lean against the adapted model
     assert (rule.serving, rule.why) == ("source", "default")
-    rule.refresh(signs_at(0.1), 0.02)  # toward it, on a batch the two mostly agree on
+    rule.refresh(signs_at(0.1), 0.02)  # toward it
     assert (rule.serving, rule.why) == ("blend", "lean")
-    rule.refresh(signs_at(0.4), 0.02)  # the same lean, the two far apart: the given model
-    assert (rule.serving, rule.why) == ("source", "sign")
+    rule.refresh(signs_at(0.9), 0.02)  # the same lean, the two far apart: no sign is read
+    assert (rule.serving, rule.why) == ("blend", "lean")
+    rule.refresh(signs_at(0.0), 0.0)  # no lean either way: the given model
+    assert (rule.serving, rule.why) == ("source", "default")
     assert rule.prior_switches == 2
 
 
@@ -78,17 +80,22 @@ def test_worse_while_the_given_model_serves_is_a_decision_and_asks_for_a_reset_i
 
 def test_every_served_batch_is_recorded_with_its_reason_and_restored_from_state():
     rule = ServingRule("blend")
-    for lean, disagree in ((math.nan, 0.0), (0.1, 0.0), (0.1, 0.5)):
-        rule.refresh(signs_at(disagree), lean)
+    for lean in (math.nan, 0.1, -0.1):
+        rule.refresh(signs_at(0.5), lean)
         rule.note()
     rule.decide("better", 4, (20, 0.1, 20.0, 1.0), signs_at(0.0))
     rule.note()
-    want = [("source", "default"), ("blend", "lean"), ("source", "sign"), ("adapted", "evidence")]
+    want = [("source", "default"), ("blend", "lean"), ("source", "default")]
+    want.append(("adapted", "evidence"))
     assert rule.history() == want
     assert rule.tally() == {
         "served": {"adapted": 1, "source": 2, "blend": 1},
-        "why": {"evidence": 1, "default": 1, "sign": 1, "lean": 1},
+        "why": {"evidence": 1, "default": 2, "sign": 0, "lean": 1},
     }
+    auto = ServingRule("auto")  # the label-free signs choose, recorded as such
+    auto.refresh(signs_at(0.5), math.nan)
+    auto.note()
+    assert auto.history() == [("adapted", "sign")]
     copy = ServingRule("blend")
     copy.load_state_dict(rule.state_dict())
     assert copy.history() == want and copy.events == rule.events

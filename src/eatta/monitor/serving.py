@@ -16,17 +16,14 @@ reasons (:data:`WHY`):
   ``"source"`` and ``"blend"``, the adapted model for ``"adapted"``.
 - ``"lean"``: ``start="blend"``, no decision, but the answers since the last decision lean
   toward the adapted model (their mean paired difference is above 0): the blend serves.
-- ``"sign"``: a label-free sign chose. With ``start="auto"`` the signs of
-  :mod:`eatta.monitor.signs` choose until the first decision (they can choose the adapted
-  model, and the safety study's ``mnist-far`` stream misleads them); with ``start="blend"`` a
-  batch the two models disagree on more than the signs' threshold of is served by the given
-  model instead of the blend (one of the two is then often wrong, and the blend follows the
-  more confident one).
+- ``"sign"``: ``start="auto"`` only: the label-free signs of :mod:`eatta.monitor.signs` chose,
+  until the first decision (they can choose the adapted model, and the safety study's
+  ``mnist-far`` stream misleads them).
 
-``"blend"`` (``eatta-safe``'s default) chooses the given model wherever there is no answer, so
-without answers it *is* the given model; a lean and the disagreement sign only move it between
-the given model and the blend, never to the adapted model alone. Measured on every stream of the
-safety study, the two built to mislead it included (docs/safety.md).
+``"blend"`` (``eatta-safe``'s default) reads no label-free sign: the given model serves wherever
+there is no answer, so without answers it *is* the given model, and the answers' lean only moves
+it between the given model and the blend, never to the adapted model alone. Measured on every
+stream of the safety study, the two built to mislead it included (docs/safety.md).
 """
 
 from __future__ import annotations
@@ -140,22 +137,19 @@ class ServingRule:
         return self.reset_on_evidence
 
     def refresh(self, signs: LabelFreeSigns, lean: float) -> None:
-        """Before the first decision, what serves by the signs: ``"auto"``, their choice (read
-        after a batch, for the next); ``"blend"``, the blend, but the given model on a batch the
-        two models disagree on more than the signs' threshold of (one of the two is then often
-        wrong, and the blend follows the more confident one) or while the answers so far lean
-        against the adapted model (``lean``, their mean paired difference, below 0): both only
-        ever choose the given model (read after the batch's predictions, for this batch)."""
+        """Before the first decision, what serves: ``"auto"``, the signs' choice (read after a
+        batch, for the next); ``"blend"``, the blend while the answers since the last decision
+        lean toward the adapted model (``lean``, their mean paired difference, above 0), else the
+        given model (no answer yet, or a lean against it), read after the batch's predictions,
+        for this batch."""
         if not self.act or self.why == "evidence" or self.start not in ("auto", "blend"):
             return
         if self.start == "auto":
             want, why = signs.choice(), "sign"
-        elif not lean > 0:  # no answer yet (nan), or they lean against the adapted model
-            want, why = "source", "default"
-        elif signs.last_disagreement() > signs.disagreement:
-            want, why = "source", "sign"
-        else:
+        elif lean > 0:
             want, why = "blend", "lean"
+        else:  # no answer yet (nan), or they lean against the adapted model
+            want, why = "source", "default"
         if want != self.serving:
             self.prior_switches += 1
             self.serving = want
