@@ -328,10 +328,8 @@ def memory_and_syncs(
         for _ in range(steps):
             built[0]()
 
-    gc.collect()
+    _release(device)
     cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.empty_cache()
     batch_bytes = x.numel() * x.element_size() + y.numel() * y.element_size()
     base = torch.cuda.memory_allocated(device) if cuda else batch_bytes
     above = _timing.peak_bytes(build_and_step, device)
@@ -442,11 +440,8 @@ def variant_names(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def compile_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``torch.compile``'s keywords for the compiled variants."""
-    kw: dict[str, Any] = {"backend": args.compile_backend}
-    if args.compile_mode:
-        kw["mode"] = args.compile_mode
-    return kw
+    """``torch.compile``'s keywords for the compiled variants (mode None: its default)."""
+    return {"backend": args.compile_backend, "mode": args.compile_mode}
 
 
 def _release(device: torch.device) -> None:

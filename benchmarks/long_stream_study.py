@@ -40,6 +40,7 @@ from _common import markdown_table as table
 from torch import Tensor, nn
 
 from eatta.annotate.oracle import GroundTruthOracle
+from eatta.bench.report import pyplot
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_c_domains
 from eatta.data.stream import TestStream, dirichlet_order
 from eatta.methods.registry import create
@@ -351,11 +352,7 @@ COLORS = {
 
 def plots(out: Path, rounds_diag: int, seeds: Sequence[int], rounds: int) -> list[Path]:
     """γ_sup and the norm ratio over the stream (diagnosis run); per-round error per stream."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     IMG.mkdir(parents=True, exist_ok=True)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(9.6, 3.2), dpi=100)
     k = 45  # moving average over 45 batches (3 domains)

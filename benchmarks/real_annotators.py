@@ -28,6 +28,7 @@ from _common import markdown_table as table
 from _study import errors, publish, saved, with_streams
 
 from eatta.bench import AnnotatorOptions
+from eatta.bench.report import pyplot
 from eatta.bench.results import CellResult
 
 ACTIVE = ("baseline", "eatta", "eatta-stable")
@@ -123,11 +124,7 @@ def _minutes(results: Sequence[CellResult]) -> float:
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(data["streams"])
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):

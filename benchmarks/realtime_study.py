@@ -32,6 +32,7 @@ from _common import markdown_table, replace_section
 
 import eatta.bench
 from eatta.bench.api import MAIN_JOB_SPEEDS
+from eatta.bench.report import pyplot
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = RESULTS_DIR / "realtime.json"
@@ -92,12 +93,8 @@ def costs_block(speeds: dict[str, Any]) -> str:
 def plot(doc: dict[str, Any], path: Path) -> None:
     """Offline (x) against online (y) error per adapting method (the source model, on the
     diagonal by definition, left out), the diagonal dotted: above it, cost became error."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    matplotlib.rcParams["svg.hashsalt"] = "eatta"  # the same file from the same numbers
+    plt = pyplot()
+    plt.rcParams["svg.hashsalt"] = "eatta"  # the same file from the same numbers
     table = [t for t in rows(doc) if t["cost"] > 1]  # the source model sits on the diagonal
     values = [v for t in table for v in (t["offline"], t["online"])]
     lo, hi = math.floor(min(values)) - 0.5, math.ceil(max(values)) + 0.5

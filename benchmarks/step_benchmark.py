@@ -15,17 +15,32 @@ size and the labels per batch, a ``torch.profiler`` breakdown by op category. Mo
 ``resnet18-64`` and ``digits-32`` (random init, the heads scaled until half the batch is
 confident); ``resnet50-224`` and ``vit_b_16-224`` too on CUDA.
 
+``--compile`` (issue 54): inference and the TENT, ``eatta``, ``eatta-approx`` and
+``eatta-approx-head`` (``approx_proxy="head"``) steps on one batch (``digits-32`` and
+``resnet18-64`` by default, random init), the model eager and on ``torch.compile`` (``--backend``,
+inductor; warmed until compiled), timed interleaved (``--cpu-time --threads 1``: each call's CPU
+time, on a loaded machine); ratios to the eager TENT step and compiled over eager. With
+``--compile-check``: every registered method (and EATTA's approximate step) compiled (aot_eager)
+against eager, same weights and stream, 20 steps; the largest difference of the predictions and
+the adapted weights (the bar: 1e-4), on the digits CNN and on a ``features`` / ``classifier`` CNN
+(split by discovery). Results: ``compile_step_<device>.json``, ``compile_check_<backend>.json``.
+
     python benchmarks/step_benchmark.py                 # CPU, writes benchmarks/results/
     python benchmarks/step_benchmark.py --quick         # smoke run, benchmarks/results/quick/
     python benchmarks/step_benchmark.py --device cuda   # adds ResNet-50 and ViT-B/16
+    python benchmarks/step_benchmark.py --compile       # compiled against eager, CPU timing
+    python benchmarks/step_benchmark.py --compile-check # the matrix, aot_eager (minutes)
+    python benchmarks/step_benchmark.py --compile --device cuda --models resnet50-224 vit_b_16-224
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
@@ -45,12 +60,25 @@ from eatta.configure import configure_model
 from eatta.debias import GradNormDebiaser
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.late_labels import LateLabels
+from eatta.methods.registry import available, get_spec
 from eatta.methods.tent import Tent
+from eatta.models.digits_cnn import packaged_digits_source
 from eatta.monitor import attach
 
 LR = 2.5e-4
 #: ``--models``: the first two are the default on the CPU and in a quick run, all four on CUDA.
 MODELS = ("resnet18-64", "digits-32", "resnet50-224", "vit_b_16-224")
+#: ``--compile``: its default models, and its steps (name, method, keywords), eager and compiled
+COMPILE_MODELS = ("digits-32", "resnet18-64")
+COMPILED_STEPS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("tent", "tent", {}),
+    ("eatta", "eatta", {}),
+    ("eatta-approx", "eatta", {"grad_mode": "approx"}),
+    ("eatta-approx-head", "eatta", {"grad_mode": "approx", "approx_proxy": "head"}),
+)
+#: ``--compile-check``: steps per method, and the name of EATTA's approximate step
+CHECK_STEPS = 20
+APPROX = "eatta~approx"
 
 
 # -- models ----------------------------------------------------------------------------------------
@@ -321,6 +349,143 @@ def profile_steps(
     return out
 
 
+# -- compiled models -------------------------------------------------------------------------------
+class FeaturesClassifier(nn.Module):
+    """A ``features`` / ``classifier`` CNN: no rule by class splits it, discovery does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, stride=2, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.classifier = nn.Linear(32, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.features(x))
+
+
+def checked_run(name: str, model: nn.Module, stream: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """Method ``name``'s predictions over the stream and the weights after it, as one row."""
+    method, kw = ("eatta", {"grad_mode": "approx"}) if name == APPROX else (name, {})
+    if method == "eata":
+        x = stream[0][0]
+        kw["fisher_data"] = [torch.randn(x.shape, generator=torch.Generator().manual_seed(1))]
+    torch.manual_seed(0)
+    step = _timing.method_step(method, model, *stream[0], **kw).func
+    active = get_spec(method).active
+    outs = [step(x, labels=y) if active else step(x) for x, y in stream]
+    weights = [t.detach().reshape(-1) for t in model.state_dict().values() if t.is_floating_point()]
+    return torch.cat([torch.cat(outs).reshape(-1), *weights])
+
+
+def compile_check(backend: str) -> dict[str, Any]:
+    """The matrix: per model, per method, the largest |compiled - eager| after the steps."""
+    models: dict[str, tuple[Callable[[], nn.Module], int]] = {
+        "digits-cnn": (lambda: packaged_digits_source()[0], 32),
+        "features-classifier": (FeaturesClassifier, 16),
+    }
+    out: dict[str, Any] = {}
+    for label, (make, pixels) in models.items():
+        g = torch.Generator().manual_seed(0)
+        stream = [
+            (
+                torch.randn(16, 3, pixels, pixels, generator=g) * 0.8 + 0.1,
+                torch.randint(0, 10, (16,), generator=g),
+            )
+            for _ in range(CHECK_STEPS)
+        ]
+        rows: dict[str, Any] = {}
+        for name in [*available(), APPROX]:
+            torch._dynamo.reset()
+            base = make()
+            t0 = time.perf_counter()
+            try:
+                eager = checked_run(name, copy.deepcopy(base), stream)
+                compiled = torch.compile(copy.deepcopy(base), backend=backend)
+                diff = float((eager - checked_run(name, compiled, stream)).abs().max())
+                rows[name] = {"max_abs_diff": diff, "ok": diff <= 1e-4}
+            except Exception as err:  # reported, not raised: the matrix is the result
+                rows[name] = {"ok": False, "error": f"{type(err).__name__}: {err}"[:300]}
+            rows[name]["seconds"] = round(time.perf_counter() - t0, 1)
+            print(f"[{label}] {name}: {rows[name]}", flush=True)
+        out[label] = rows
+    return out
+
+
+def _compiled(base: nn.Module, args: argparse.Namespace, compiled: bool) -> nn.Module:
+    model = copy.deepcopy(base)
+    return torch.compile(model, backend=args.backend, mode=args.mode) if compiled else model
+
+
+def compile_timing(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Per model: inference and the steps, each eager and compiled (own model copies), timed."""
+    out: dict[str, Any] = {}
+    for name in args.models or COMPILE_MODELS:
+        case = _timing.MODELS[name]
+        x, y = (t.to(device) for t in _timing.random_batch(case, args.batch, seed=1))
+        torch.manual_seed(0)
+        base = case.build().to(device)
+        fns: dict[str, Callable[[], object]] = {}
+        for compiled in (False, True):
+            tag = " (compiled)" if compiled else ""
+            fns[f"inference{tag}"] = _timing.inference(_compiled(base, args, compiled).eval(), x)
+            for step, method, kw in COMPILED_STEPS:
+                model = _compiled(base, args, compiled)
+                fns[step + tag] = _timing.method_step(method, model, x, y, **kw)
+        t0 = time.perf_counter()
+        for fn in fns.values():  # compile (and recompile) outside the timing
+            for _ in range(3):
+                fn()
+        compile_s = time.perf_counter() - t0
+        clock = time.thread_time if args.cpu_time else time.perf_counter
+        samples = _timing.time_interleaved(
+            fns, repeats=args.repeats, warmup=args.warmup, device=device, clock=clock
+        )
+        pairs = [(n, "tent") for n in fns if n != "tent"]
+        pairs += [(f"{n} (compiled)", n) for n in fns if "(compiled)" not in n]
+        ratios = {f"{a}/{b}": _timing.ratio(samples, a, b) for a, b in pairs}
+        out[name] = {
+            "batch": args.batch,
+            "warm_up_and_compile_s": round(compile_s, 1),
+            "variants": {n: _timing.stats_ms(s) for n, s in samples.items()},
+            "time_ratios": ratios,
+        }
+        for key in ("eatta/tent", "eatta (compiled)/tent", "eatta (compiled)/eatta",
+                    "tent (compiled)/tent", "eatta-approx (compiled)/eatta-approx",
+                    "eatta-approx-head (compiled)/tent"):  # fmt: skip
+            r = ratios[key]
+            print(f"[{name}] {key}: median {r['median']:.3f} paired {r['paired']:.3f}", flush=True)
+    return out
+
+
+def compile_main(args: argparse.Namespace, device: torch.device) -> int:
+    """``--compile`` or ``--compile-check``, and its results file."""
+    warnings.simplefilter("ignore")
+    started = time.perf_counter()
+    meta = _common.machine(device)
+    check = args.compile_check
+    meta.update(backend=args.backend, mode=args.mode, steps=CHECK_STEPS if check else None)
+    if check:
+        data: dict[str, Any] = {"meta": meta, "check": compile_check(args.backend)}
+        path = args.out / f"compile_check_{args.backend}.json"
+    else:
+        meta.update(repeats=args.repeats, batch=args.batch, cpu_time=args.cpu_time)
+        data = {"meta": meta, "models": compile_timing(args, device)}
+        path = args.out / f"compile_step_{device.type}.json"
+    _common.finish_meta(meta, started)
+    _common.write_json(path, data)
+    print(f"wrote {path}")
+    return 0
+
+
 # -- the run ---------------------------------------------------------------------------------------
 def batch_for(case: ModelCase, batch: int, device: torch.device, channels_last: bool):
     x, y = _timing.random_batch(case, batch, seed=1)
@@ -428,18 +593,25 @@ def growth(case: ModelCase, args: argparse.Namespace, device: torch.device) -> d
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = _timing.timing_parser(__doc__)
-    p.add_argument("--models", nargs="+", choices=sorted(MODELS))
+    p.add_argument("--models", nargs="+", choices=sorted(_timing.MODELS))
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--audit-share", type=float, default=0.1, help="of the +audit variants")
-    p.add_argument("--repeats", type=int, help="timed rounds (default 25, quick 3)")
-    p.add_argument("--warmup", type=int, help="untimed rounds (default 3, quick 1)")
+    p.add_argument("--repeats", type=int, help="timed rounds (default 25, --compile 15; quick 3)")
+    p.add_argument("--warmup", type=int, help="untimed rounds (default 3, --compile and quick 1)")
     p.add_argument("--no-growth", action="store_true")
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--channels-last", action="store_true", help="channels-last model and input")
     p.add_argument("--tag", default="", help="suffix of the JSON file name (e.g. an env setting)")
+    p.add_argument("--compile", action="store_true", help="the steps compiled against eager")
+    p.add_argument("--compile-check", action="store_true", help="the compiled-model matrix")
+    p.add_argument("--backend", help="torch.compile backend (default inductor, check aot_eager)")
+    p.add_argument("--mode", help="torch.compile mode (e.g. max-autotune-no-cudagraphs)")
+    p.add_argument("--cpu-time", action="store_true", help="--compile: CPU time (--threads 1)")
     args = p.parse_args(argv)
-    _timing.fill_defaults(args, args.quick, repeats=(25, 3), warmup=(3, 1))
+    warmup = (1, 1) if args.compile else (3, 1)
+    _timing.fill_defaults(args, args.quick, repeats=(15 if args.compile else 25, 3), warmup=warmup)
     args.profile = args.profile and not args.quick
+    args.backend = args.backend or ("aot_eager" if args.compile_check else "inductor")
     return args
 
 
@@ -448,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     device = _timing.timing_device(args)
     if device is None:
         return 2
+    if args.compile or args.compile_check:
+        return compile_main(args, device)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     models = args.models or MODELS[: 4 if device.type == "cuda" and not args.quick else 2]

@@ -94,8 +94,8 @@ def compare(
 
 #: EATTA's steps (the split and two gradient passes through the compiled backbone; eatta-safe
 #: is eatta-stable's step with a fallback), and TENT for the methods that run the compiled
-#: model whole. Every registered method, on both models: ``benchmarks/compile_step.py --check``
-#: (about 20 minutes on a loaded 2-core machine; its last run is in
+#: model whole. Every registered method, on both models: ``benchmarks/step_benchmark.py
+#: --compile-check`` (about 20 minutes on a loaded 2-core machine; its last run is in
 #: ``benchmarks/results/compile_check_aot_eager.json``).
 EATTA_STEPS = ["eatta", "eatta-safe", "eatta~approx"]
 

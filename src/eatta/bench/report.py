@@ -544,14 +544,20 @@ def _moving_average(online: Sequence[Sequence[int]], span: int) -> tuple[np.ndar
     return cn, 100.0 * (cw - prev_w) / np.maximum(cn - prev_n, 1.0)
 
 
-def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str]) -> Path:
-    """PNG of the error along the stream (moving window of ~1/40 of it, or ~1/10 of a round), a
-    panel per dataset, a line per cell (mean over seeds), lines at domain or round boundaries."""
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing to files only (the Agg backend: no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_online_error(results: Sequence[CellResult], path: str | os.PathLike[str]) -> Path:
+    """PNG of the error along the stream (moving window of ~1/40 of it, or ~1/10 of a round), a
+    panel per dataset, a line per cell (mean over seeds), lines at domain or round boundaries."""
+    plt = pyplot()
     groups = _groups(results)
     fig, axes = plt.subplots(
         len(groups), 1, figsize=(13, 3.4 * len(groups)), squeeze=False, constrained_layout=True
