@@ -235,9 +235,34 @@ def run_cell(
             bar.close()
     wall += time.perf_counter() - t0 - ckpt_time
     cpu += time.thread_time() - cpu0 - ckpt_cpu
-    result = _summarize(spec, stream, online, grid_index, fp, wall, device, notes, hparams, tally)
-    result.seed, result.cpu_time_s, result.sessions = options.seed, cpu, sessions
-    _summaries(result, data, options, method, oracle, monitor)
+    counts = _summarize(stream, online, tally)
+    result = CellResult(
+        spec=spec,
+        grid_index=grid_index,
+        fingerprint=fp,
+        wall_time_s=wall,
+        images_per_s=counts["images"] / wall if wall > 0 else math.inf,
+        peak_mem_mb=None,
+        max_rss_mb=None,
+        device=str(device),
+        model_digest="",
+        hparams=hparams,
+        notes=notes,
+        seed=options.seed,
+        cpu_time_s=cpu,
+        sessions=sessions,
+        protocol=_protocol(data, options),
+        provenance={**data.provenance, **machine_provenance()},
+        **counts,
+    )
+    if monitor is not None:
+        result.monitor = monitor_summary(monitor, result.rounds, options.annotator)
+    if isinstance(method.fallback, SourceFallback):
+        result.fallback = fallback_summary(method.fallback, result.rounds)
+    if registry.get_spec(spec.method).active:
+        result.annotation = annotation_summary(
+            method, oracle, result.labels_used, options.annotator
+        )
     result.peak_mem_mb = _peak(device, rss_before, peak_prev)
     result.max_rss_mb = _max_rss_mb()
     result.model_digest = model_digest(method.model)
@@ -248,16 +273,9 @@ def run_cell(
     return result
 
 
-def _summaries(
-    result: CellResult,
-    data: BenchmarkData,
-    options: RunOptions,
-    method: Any,
-    oracle: Any,
-    monitor: Any,
-) -> None:
-    """The result's protocol, monitor, fallback, annotation and provenance records."""
-    result.protocol = {
+def _protocol(data: BenchmarkData, options: RunOptions) -> dict[str, Any]:
+    """The stream protocol a result records."""
+    return {
         "rounds": options.rounds,
         "dirichlet": options.dirichlet,
         "gradual": bool(data.config.get("gradual", False)),
@@ -268,15 +286,6 @@ def _summaries(
         **({"monitor": options.monitor.describe()} if options.monitor.active else {}),
         **({"online": True} if options.costs is not None else {}),
     }
-    if monitor is not None:
-        result.monitor = monitor_summary(monitor, result.rounds, options.annotator)
-    if isinstance(method.fallback, SourceFallback):
-        result.fallback = fallback_summary(method.fallback, result.rounds)
-    result.provenance = {**data.provenance, **machine_provenance()}
-    if registry.get_spec(result.spec.method).active:
-        result.annotation = annotation_summary(
-            method, oracle, result.labels_used, options.annotator
-        )
 
 
 def measure_costs(
@@ -361,7 +370,6 @@ def _progress_bar(spec: CellSpec, total: int, start: int) -> Any:
         unit="batch",
         leave=False,
         dynamic_ncols=True,
-        file=sys.stderr,
     )
 
 
@@ -460,17 +468,10 @@ def _milestone(spec: CellSpec, stream: TestStream, online: list[list[int]], t: i
 
 
 def _summarize(
-    spec: CellSpec,
-    stream: TestStream,
-    online: list[list[int]],
-    grid_index: int,
-    fp: str,
-    wall: float,
-    device: torch.device,
-    notes: list[str],
-    hparams: dict[str, Any],
-    tally: list[list[list[int]]] | None = None,
-) -> CellResult:
+    stream: TestStream, online: list[list[int]], tally: list[list[list[int]]]
+) -> dict[str, Any]:
+    """A result's images, errors and labels per domain visit (mixed streams: per round and
+    domain, counted per sample) and per round."""
     names = stream.visit_names
     first = list(stream.visit_first_batch)
     imgs, errs, labs = [], [], []
@@ -481,39 +482,26 @@ def _summarize(
         errs.append(100.0 * sum(r[1] for r in rows) / n)
         labs.append(sum(r[2] for r in rows))
     k = len(stream.domains)
-    if tally:  # mixed: one entry per (round, domain), counted per sample; labels per round
+    if tally:  # labels per round
         names = [d.name for _ in range(stream.rounds) for d in stream.domains]
         first = [f for f in first for _ in range(k)]
         labs = [labs[j // k] if j % k == 0 else 0 for j in range(len(names))]
         imgs = [c[0] for row in tally for c in row]
         errs = [100.0 * c[1] / c[0] if c[0] else 0.0 for row in tally for c in row]
-    images = sum(imgs)
-    round_errors = [float(np.mean(errs[r * k : (r + 1) * k])) for r in range(stream.rounds)]
-    return CellResult(
-        spec=spec,
-        grid_index=grid_index,
-        fingerprint=fp,
-        domains=list(names),
-        domain_images=imgs,
-        domain_errors=errs,
-        domain_labels=labs,
-        average_error=float(np.mean(errs)),
-        overall_error=100.0 * sum(r[1] for r in online) / images,
-        labels_used=sum(labs),
-        images=images,
-        wall_time_s=wall,
-        images_per_s=images / wall if wall > 0 else math.inf,
-        peak_mem_mb=None,
-        max_rss_mb=None,
-        device=str(device),
-        online=online,
-        domain_first_batch=first,
-        model_digest="",
-        hparams=hparams,
-        notes=notes,
-        rounds=stream.rounds,
-        round_errors=round_errors,
-    )
+    return {
+        "domains": list(names),
+        "domain_images": imgs,
+        "domain_errors": errs,
+        "domain_labels": labs,
+        "average_error": float(np.mean(errs)),
+        "overall_error": 100.0 * sum(r[1] for r in online) / sum(imgs),
+        "labels_used": sum(labs),
+        "images": sum(imgs),
+        "online": online,
+        "domain_first_batch": first,
+        "rounds": stream.rounds,
+        "round_errors": [float(np.mean(errs[r * k : (r + 1) * k])) for r in range(stream.rounds)],
+    }
 
 
 def run_grid(
