@@ -25,6 +25,7 @@ from torch import Tensor, nn
 import eatta.bench
 from eatta.bench import StreamProtocol
 from eatta.bench.flags import seed_list
+from eatta.bench.report import table_text
 from eatta.bench.results import CellResult, atomic_write_text
 from eatta.losses import default_entropy_margin, entropy
 
@@ -128,11 +129,7 @@ def markdown_table(
     header: Sequence[str], rows: Sequence[Sequence[object]], left: bool = False
 ) -> str:
     """A markdown table, the first column left-aligned, the others right (``left``: all left)."""
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] + ["---" if left else "---:"] * (len(header) - 1)) + "|",
-    ]
-    return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+    return table_text(header, rows, len(header) if left else 1)
 
 
 def replace_section(doc: Path, begin: str, end: str, text: str) -> None:

@@ -14,7 +14,7 @@ import json
 import os
 import warnings
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ __all__ = [
     "load_results",
     "markdown_table",
     "summary",
+    "table_text",
     "worse_than_source",
     "write_outputs",
 ]
@@ -380,13 +381,8 @@ def _dataset_table(dataset: str, rows: Sequence[CellResult]) -> str:
     )
     title += f"; mean ± std over {seeds}" if many else f"; {seeds}"
     head = [column for column, _ in table[0]]
-    lines = [
-        title + _kernels_text(rows),
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 2)) + "|",
-        *("| " + " | ".join(text for _, text in texts) + " |" for texts in table),
-    ]
+    body = [[text for _, text in texts] for texts in table]
+    lines = [title + _kernels_text(rows), "", table_text(head, body, left=2)]
     notes = [WORSE_NOTE] if compared else []
     notes += collapse_notes(rows)
     if sentence := stability_sentence(rows):
@@ -438,13 +434,7 @@ def monitor_table(cells: Sequence[Sequence[CellResult]], rounds: int) -> list[st
     (means over seeds) beside the true error."""
     level = next((c.monitor["level"] for cell in cells for c in cell if c.monitor), 0.05)
     head = ["Method", *[f"R{i + 1}" for i in range(rounds)]] if rounds > 1 else ["Method", "All"]
-    lines = [
-        f"Audited error % per round (uniform random audits: unbiased), estimate "
-        f"[{100 * (1 - level):g} % anytime-valid interval] / true error; means over seeds:",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|---|" + "---:|" * (len(head) - 1),
-    ]
+    rows = []
     for cell in cells:
         if not (mon := [c.monitor for c in cell if c.monitor]):
             continue
@@ -457,8 +447,20 @@ def monitor_table(cells: Sequence[Sequence[CellResult]], rounds: int) -> list[st
                 continue
             e, lo, hi = (np.mean([x[k] for x in ests]) for k in ("error", "low", "high"))
             row.append(f"{e:.1f} [{lo:.0f}, {hi:.0f}] / {true:.1f}")
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+        rows.append(row)
+    return [
+        f"Audited error % per round (uniform random audits: unbiased), estimate "
+        f"[{100 * (1 - level):g} % anytime-valid interval] / true error; means over seeds:",
+        "",
+        table_text(head, rows),
+    ]
+
+
+def table_text(head: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1) -> str:
+    """A markdown table, its first ``left`` columns left-aligned and the others right-aligned."""
+    rule = "|" + "|".join(["---"] * left + ["---:"] * (len(head) - left)) + "|"
+    lines = ["| " + " | ".join(map(str, cells)) + " |" for cells in (head, *rows)]
+    return "\n".join([lines[0], rule, *lines[1:]])
 
 
 def _number(value: float | None, spec: str) -> str | None:
@@ -536,12 +538,9 @@ def csv_text(results: Sequence[CellResult]) -> str:
 def _moving_average(online: Sequence[Sequence[int]], span: int) -> tuple[np.ndarray, np.ndarray]:
     """Images seen after each batch, and the error % over the last ``span`` batches."""
     arr = np.asarray(online, dtype=np.float64).reshape(-1, 3)
-    n, wrong = arr[:, 0], arr[:, 1]
-    cn, cw = np.cumsum(n), np.cumsum(wrong)
-    lo = np.maximum(np.arange(len(n)) - span, -1)
-    prev_n = np.where(lo >= 0, cn[np.maximum(lo, 0)], 0.0)
-    prev_w = np.where(lo >= 0, cw[np.maximum(lo, 0)], 0.0)
-    return cn, 100.0 * (cw - prev_w) / np.maximum(cn - prev_n, 1.0)
+    cn, cw = (np.concatenate([[0.0], np.cumsum(arr[:, i])]) for i in (0, 1))  # 0 before the first
+    lo = np.maximum(np.arange(1, len(arr) + 1) - span, 0)
+    return cn[1:], 100.0 * (cw[1:] - cw[lo]) / np.maximum(cn[1:] - cn[lo], 1.0)
 
 
 def pyplot() -> Any:

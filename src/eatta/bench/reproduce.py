@@ -16,7 +16,7 @@ import torch
 
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.grid import CellSpec, parse_shard, shard
-from eatta.bench.report import markdown_table, write_outputs
+from eatta.bench.report import markdown_table, table_text, write_outputs
 from eatta.bench.results import CellResult
 from eatta.bench.runner import RunOptions, run_grid
 
@@ -130,12 +130,7 @@ def comparison_table(
     numbers side by side per row, setting and dataset."""
     by_key = {(row.label, r.spec.dataset, r.spec.setting): r for row, r in measured}
     head = ["Method", "Set.", "Dataset", *[f"{c} paper / ours" for c in columns]]
-    lines = [
-        f"{unit}: published / measured",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|",
-    ]
+    body: list[list[str]] = []
     for setting, dataset, row in itertools.product(settings, datasets, rows):
         if (pub := published(row, setting, dataset)) is None:
             continue
@@ -150,8 +145,8 @@ def comparison_table(
         shown = row.label  # a preset that labels more per batch is named
         if res is not None and res.label != res.spec.label:
             shown = f"{row.label}: {res.label}"
-        lines.append("| " + " | ".join([shown, setting.upper()[0], dataset, *cells]) + " |")
-    return "\n".join(lines) + "\n"
+        body.append([shown, setting.upper()[0], dataset, *cells])
+    return f"{unit}: published / measured\n\n{table_text(head, body, left=3)}\n"
 
 
 def print_results(results: Sequence[CellResult]) -> None:
