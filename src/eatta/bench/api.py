@@ -470,10 +470,8 @@ def _plan(
     """Every option of :func:`run` checked, before anything is loaded or written."""
     if config.jobs is not None and not (is_int(config.jobs) and config.jobs >= 1):
         raise ValueError(f"jobs must be an int >= 1, got {config.jobs!r}")
-    switches = {"gradual": protocol.gradual, "reuse": config.reuse}
-    switches.update(progress=config.progress, plot=config.plot)
-    for switch, value in switches.items():
-        if not isinstance(value, bool):
+    for switch in ("reuse", "progress", "plot"):  # gradual: checked by StreamProtocol
+        if not isinstance(value := getattr(config, switch), bool):
             raise TypeError(f"{switch} must be True or False, got {value!r}")
     preloaded = isinstance(datasets, Mapping)
     if load is not None and (preloaded or loading):
@@ -512,8 +510,8 @@ def _plan(
         for k, n in budgets:
             for m in chosen:
                 check_fallback_budget(m, k, n)
-    buffer_list = _buffers(config.buffers)
-    return _Plan(requested, given_data, chosen, setting_list, budgets, buffer_list, seed_list)
+    buffers = _buffers(config.buffers)
+    return _Plan(requested, given_data, chosen, setting_list, budgets, buffers, seed_list)
 
 
 def _shard(shard: str | tuple[int, int] | None) -> tuple[int, int]:
