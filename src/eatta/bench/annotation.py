@@ -128,9 +128,8 @@ class AnnotatorOptions:
         """Plain description for fingerprints and ``results.json`` (the cost only where it sets
         the pace: elsewhere it changes no result)."""
         out: dict[str, Any] = {"delay": self.delay, "noise": self.noise, "feedback": self.feedback}
-        for key in ("pace", "stream_rate", "order", "patience"):  # only when set: older cells
-            if getattr(self, key) is not None:  # keep their fingerprints
-                out[key] = getattr(self, key)
+        paced = ("pace", "stream_rate", "order", "patience")  # only when set: old fingerprints hold
+        out |= {k: getattr(self, k) for k in paced if getattr(self, k) is not None}
         if self.stream_rate is not None:  # the pace follows from the seconds per answer
             out["seconds_per_answer"] = self.cost.per_request(self.feedback)
         return out

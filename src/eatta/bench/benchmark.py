@@ -50,11 +50,7 @@ class BenchmarkData:
         """Keys of ``provenance`` that differ from ``expected_provenance`` (none if unset)."""
         if not self.expected_provenance:
             return []
-        return [
-            k
-            for k, v in self.expected_provenance.items()
-            if k in self.provenance and self.provenance[k] != v
-        ]
+        return [k for k, v in self.expected_provenance.items() if self.provenance.get(k, v) != v]
 
 
 def prepare_domains(

@@ -74,6 +74,4 @@ class RunOptions:
 
     def overrides(self, method: str) -> dict[str, Any]:
         """Hyperparameter overrides for ``method``: those for all (``"*"``), then its own."""
-        out = dict(self.hparams.get("*", {}))
-        out.update(self.hparams.get(method, {}))
-        return out
+        return {**self.hparams.get("*", {}), **self.hparams.get(method, {})}

@@ -80,10 +80,7 @@ class CellResult:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("reused")
-        d["key"] = self.spec.key
-        d["label"] = self.label
-        d["format_version"] = RESULT_VERSION
-        return d
+        return d | {"key": self.spec.key, "label": self.label, "format_version": RESULT_VERSION}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CellResult:
