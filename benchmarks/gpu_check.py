@@ -2,23 +2,18 @@
 """The GPU path in one prepared call: step cost, peak memory and host syncs against TENT.
 
 Per model (ResNet-50 and ViT-B/16, random init, 224 px, batch 64; ``--tiny``: small ones at
-32 px, batch 8, the same path) and precision (fp32, bf16), variants on copies of one initial
-model: ``inference``, ``tent``, ``eatta`` (exact norms), ``eatta-stable``, ``eatta-approx`` and
-``eatta-safe``, the active ones given random labels; the floor in plain torch,
-``floor-two-pass`` (both losses' gradients by two passes, their sum applied) and
-``floor-one-pass`` (one pass, after the perturbed head's forward that scores the batch); with
-``--compile``, ``tent``, ``eatta`` and ``eatta-approx`` on ``torch.compile(model)``
-(``--compile-backend``, ``--compile-mode``; compiled and warmed before the timing). Phases:
-1. interleaved timing rounds until ``--rounds`` or the job's share of ``--budget-s`` is spent;
-2. after all timing, per variant: the peak memory while it is built and stepped
-``--memory-steps`` times, and the host syncs of one step (CUDA's sync debug mode;
-``torch.profiler``'s blocking runtime calls); 3. ``pytest -m gpu``, unless ``--skip-tests``.
+32 px, batch 8, the same path) and precision (fp32, bf16): the :data:`VARIANTS` (with
+``--compile``, also :data:`COMPILED`, on ``torch.compile(model)``) on copies of one initial model,
+the active ones given random labels. Phases: 1. interleaved timing rounds until ``--rounds`` or
+the job's share of ``--budget-s`` is spent; 2. after all timing, per variant: the peak memory
+while it is built and stepped ``--memory-steps`` times, and the host syncs of one step (CUDA's
+sync debug mode; ``torch.profiler``'s blocking runtime calls); 3. ``pytest -m gpu``, unless
+``--skip-tests``. bf16: a method with an ``autocast`` option is built with it, the others run
+inside ``torch.autocast``.
 
-bf16: a method with an ``autocast`` option is built with it, the others run inside
-``torch.autocast``. The JSON, rewritten after every phase of every job (``"complete": false``
-until the end; a failed job keeps its traceback and makes the exit status 1), holds the
-machine's facts, the measurements, the ratios to TENT and the issue's targets, each ``met`` or
-``missed``.
+The JSON, rewritten after every phase of every job (``"complete": false`` until the end; a failed
+job keeps its traceback and makes the exit status 1), holds the machine's facts, the
+measurements, the ratios to TENT and the issue's targets, each ``met`` or ``missed``.
 
     timeout 480 python benchmarks/gpu_check.py --device cuda   # benchmarks/results/gpu_check.json
     timeout 540 python benchmarks/gpu_check.py --device cuda --compile --precisions bf16 \
@@ -66,16 +61,9 @@ from eatta.methods.registry import get_spec  # noqa: E402
 from eatta.split import split_model  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "gpu_check.json"
-VARIANTS = (
-    "inference",
-    "tent",
-    "eatta",
-    "eatta-stable",
-    "eatta-approx",
-    "eatta-safe",
-    "floor-two-pass",
-    "floor-one-pass",
-)
+#: ``floor-two-pass``, ``floor-one-pass``: :func:`floor_step` (its two ways), in plain torch
+VARIANTS = tuple("inference tent eatta eatta-stable eatta-approx eatta-safe".split())
+VARIANTS += ("floor-two-pass", "floor-one-pass")
 #: with ``--compile``: these steps on ``torch.compile(model)``
 COMPILED = ("tent-compiled", "eatta-compiled", "eatta-approx-compiled")
 #: issue 54's bar

@@ -3,14 +3,12 @@
 Regenerates the section of ``docs/hiltta.md`` between ``<!-- hiltta:begin -->`` and
 ``<!-- hiltta:end -->`` and ``benchmarks/results/hiltta_study.json`` (``--report-only``: from
 that file). Every run is a cell of :func:`eatta.bench.run` under ``--out`` (finished cells are
-read back, so an interrupted study resumes). Parts, per stream (recurring, mixed, CCC):
-``main`` (``hiltta``, ``eatta``, ``eatta-stable`` at 1 and 3 labels a batch, TENT beside them)
-and ``select`` (HILTTA's choice of TENT's and ETA's learning rate alone, ``active_lr=0``,
-against their fixed rate), ``sar`` (HILTTA over SAR at 3 labels a batch, with the base SGD's
-momentum after a choice as the authors' loop leaves it, ``sar_momentum="last"``, and as the
-chosen candidate left it, ``"chosen"``; SAR alone at its fixed rate beside them); CPU seconds
-per batch over TENT's on the same cells. ``--parts`` reruns some parts and keeps the others'
-numbers from ``benchmarks/results/hiltta_study.json`` (same protocol only).
+read back, so an interrupted study resumes). Parts, per stream of :data:`STREAMS`: ``main``
+(:data:`MAIN` at 1 and 3 labels a batch, TENT beside them), ``select`` (HILTTA's choice of TENT's
+and ETA's learning rate alone against their fixed rate, :data:`SELECT`) and ``sar`` (HILTTA over
+SAR with the base SGD's momentum as the authors' loop leaves it and as the chosen candidate left
+it, SAR alone beside them, :data:`SAR`); CPU seconds per batch over TENT's on the same cells.
+``--parts`` reruns some parts and keeps the others' numbers from the JSON (same protocol only).
 
     python benchmarks/hiltta_study.py --seeds 0-2 --rounds 1 --limit 128 --out runs/hiltta
     python benchmarks/hiltta_study.py --seeds 0-2 --rounds 1 --limit 128 --parts sar --jobs 1

@@ -1,19 +1,15 @@
 """The online protocol's study: every registered method on one pass of digits-C at 1 label a
 batch, offline and online at the committed CPU costs.
 
-Regenerates the sections of ``docs/realtime.md`` between ``<!-- realtime-costs:begin -->`` and
-``<!-- realtime-costs:end -->`` (the costs table) and between ``<!-- realtime:begin -->`` and
-``<!-- realtime:end -->`` (the results table and the ranking), and the plot
-``docs/img/realtime.svg``.
+Regenerates the ``realtime-costs`` (the costs table) and ``realtime`` (the results table and the
+ranking) sections of ``docs/realtime.md`` and the plot ``docs/img/realtime.svg``. The run is
+``eatta-bench run --methods all --rounds 1 --protocol both --speeds
+src/eatta/bench/speeds_digits_cpu.json`` (its costs fix the schedule, so every CPU gives the same
+numbers under the same kernels: run it as ``ATEN_CPU_CAPABILITY=avx2``, like the main job); its
+``results.json`` is kept as ``benchmarks/results/realtime.json``.
 
     python benchmarks/realtime_study.py                # run (runs/realtime), keep, write the page
     python benchmarks/realtime_study.py --report-only  # the page from the committed results
-
-The run is ``eatta-bench run --methods all --rounds 1 --protocol both --speeds
-src/eatta/bench/speeds_digits_cpu.json`` (its costs fix the schedule, so every CPU gives the
-same numbers under the same kernels: run it as ``ATEN_CPU_CAPABILITY=avx2 python
-benchmarks/realtime_study.py``, like the main job); its ``results.json`` is kept as
-``benchmarks/results/realtime.json``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 #!/usr/bin/env python
 """What the source-model fallback costs a step: ``eatta-safe`` against ``eatta-stable`` (and TENT).
 
-On one batch per model, interleaved rounds, median of the per-round ratios: ``tent``;
-``eatta-stable`` (budget 1, a ground-truth oracle); ``eatta-safe`` while the adapted model is
-served (``fallback_start="adapted"``: the source model's forward on 16 of the 64 samples, the drawn
-request, the decision; the bar: at most 1.15x ``eatta-stable``); ``(serving source)``: the source
-model predicting on the whole batch beside the adapting one; ``(measure only)``: the estimates
-without acting on them (``fallback=False``); ``(exact step)``: on the exact two-backward step
-(the bar: at most 1.10x TENT); ``source forward on 16``: the kept source model's forward alone on
-the 16 samples it predicts on while the adapted model is served, the floor of what keeping it one
-step away costs. Single requests: ``benchmarks/small_batch_latency.py``.
-
-Models: ``digits-32`` (packaged weights) and ``resnet18-64`` (random init, 64 px, the head's
-weights times 40 so that part of the batch passes the entropy margin).
+On one batch per model (:func:`source_model`), interleaved rounds, median of the per-round ratios
+(:data:`RATIOS`) of the variants of :func:`_variants`: ``eatta-safe`` while the adapted model is
+served (the source model's forward on 16 of the 64 samples, the drawn request, the decision; the
+bar: at most 1.15x ``eatta-stable``), serving the source model, measuring only, on the exact step
+(the bar: at most 1.10x TENT), and the kept source model's forward alone on its 16 samples (the
+floor of keeping it one step away). Single requests: ``benchmarks/small_batch_latency.py``.
 
     python benchmarks/safe_step_cost.py            # writes benchmarks/results/safe_step_cost.json
     python benchmarks/safe_step_cost.py --quick    # smoke run, nothing written

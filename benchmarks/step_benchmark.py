@@ -1,29 +1,19 @@
 #!/usr/bin/env python
 """What one adaptation step costs over plain inference: TENT, EATTA, reference-style EATTA.
 
-Per model, on one batch, the variants are timed interleaved and their peak memory read in a
-separate call (``eatta-approx``: the largest over its refresh period): ``inference``, ``tent``;
-``eatta`` (:class:`eatta.EATTA`, budget 1, a ground-truth oracle, defaults) and by ``grad_mode``
-``eatta-two-pass``, ``eatta-batched`` (full runs only), ``eatta-approx`` (one backward pass,
-estimated norms); ``eatta-no-gnd`` (no gradient-norm debiasing); ``eatta-async-0`` (a zero-delay
-annotator) and ``eatta-async-0-late`` (with late-label handling); ``reference-style``
-(:class:`ReferenceStyleStep`, three backward passes); ``two-backward floor``; ``tent+audit`` and
-``eatta+audit`` (a monitor at ``--audit-share``, the paired guard); ``hiltta``.
+Per model (:data:`MODELS`: random init, the heads scaled until half the batch is confident), on
+one batch, the variants of :func:`build_variants` are timed interleaved and their peak memory read
+in a separate call (``eatta-approx``: the largest over its refresh period); also p50/p99 latency,
+the first update's parity of the exact variants, the growth with the batch size and the labels per
+batch, a ``torch.profiler`` breakdown by op category.
 
-Also: p50/p99 latency, the first update's parity of the exact variants, the growth with the batch
-size and the labels per batch, a ``torch.profiler`` breakdown by op category. Models:
-``resnet18-64`` and ``digits-32`` (random init, the heads scaled until half the batch is
-confident); ``resnet50-224`` and ``vit_b_16-224`` too on CUDA.
-
-``--compile`` (issue 54): inference and the TENT, ``eatta``, ``eatta-approx`` and
-``eatta-approx-head`` (``approx_proxy="head"``) steps on one batch (``digits-32`` and
-``resnet18-64`` by default, random init), the model eager and on ``torch.compile`` (``--backend``,
-inductor; warmed until compiled), timed interleaved (``--cpu-time --threads 1``: each call's CPU
-time, on a loaded machine); ratios to the eager TENT step and compiled over eager. With
-``--compile-check``: every registered method (and EATTA's approximate step) compiled (aot_eager)
-against eager, same weights and stream, 20 steps; the largest difference of the predictions and
-the adapted weights (the bar: 1e-4), on the digits CNN and on a ``features`` / ``classifier`` CNN
-(split by discovery). Results: ``compile_step_<device>.json``, ``compile_check_<backend>.json``.
+``--compile`` (issue 54): inference and :data:`COMPILED_STEPS`, the model eager and on
+``torch.compile`` (``--backend``, inductor; warmed until compiled), timed interleaved
+(``--cpu-time --threads 1``: each call's CPU time); ratios to the eager TENT step and compiled
+over eager. ``--compile-check``: every registered method (and EATTA's approximate step) compiled
+(aot_eager) against eager, same weights and stream, 20 steps; the largest difference of the
+predictions and the adapted weights (the bar: 1e-4), on the digits CNN and on a ``features`` /
+``classifier`` CNN. Results: ``compile_step_<device>.json``, ``compile_check_<backend>.json``.
 
     python benchmarks/step_benchmark.py                 # CPU, writes benchmarks/results/
     python benchmarks/step_benchmark.py --quick         # smoke run, benchmarks/results/quick/
