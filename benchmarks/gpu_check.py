@@ -91,12 +91,6 @@ CASES = {"resnet50": ("resnet50-224", "resnet-tiny"), "vit_b_16": ("vit_b_16-224
 Step = Callable[[], object]
 
 
-def model_case(family: str, tiny: bool) -> ModelCase:
-    """The model of a ``--models`` family (the full one named by the family)."""
-    full, small = CASES[family]
-    return _timing.MODELS[small] if tiny else replace(_timing.MODELS[full], name=family)
-
-
 # -- machine facts ---------------------------------------------------------------------------------
 def _run_text(cmd: list[str], timeout: float = 10.0) -> str | None:
     try:
@@ -557,7 +551,8 @@ def measure(args: argparse.Namespace, device: torch.device) -> int:
     out["settings"].update(bf16_supported=bf16_ok, bf16_check=bf16_why, **HOW)
     jobs: list[tuple[ModelCase, str, dict[str, Any]]] = []
     for family in args.models:
-        case = model_case(family, args.tiny)
+        full, small = CASES[family]  # the full model named by the family
+        case = _timing.MODELS[small] if args.tiny else replace(_timing.MODELS[full], name=family)
         facts = {"arch": case.arch, "image_size": case.resolution, "batch": case.batch}
         facts |= {"num_classes": case.num_classes, "init": INIT, "precisions": {}}
         entry = out["models"].setdefault(case.name, facts)
