@@ -537,7 +537,8 @@ class SourceFallback:
 
     def history(self) -> list[tuple[str, str]]:
         """Per served batch, in order: what served it (``"adapted"``, ``"source"``, ``"blend"``)
-        and why (``"evidence"``, ``"default"``, ``"sign"``)."""
+        and why (:data:`~eatta.monitor.serving.WHY`: ``"evidence"``, ``"default"``, ``"lean"``,
+        ``"sign"``)."""
         return self.rule.history()
 
     def stats(self) -> dict[str, Any]:
