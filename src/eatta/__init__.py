@@ -12,7 +12,7 @@ or build any registered method by name with the paper's per-dataset hyperparamet
     eatta.available()  # the names; eatta.describe("tent") lists its keys and defaults
 
 The parts live in their subpackages: :mod:`eatta.annotate` (who answers), :mod:`eatta.selection`,
-:mod:`eatta.balance`, :mod:`eatta.debias`, :mod:`eatta.buffer`, :mod:`eatta.noise`,
+:mod:`eatta.balance`, :mod:`eatta.debias`, :mod:`eatta.buffer`,
 :mod:`eatta.normalization`, :mod:`eatta.window`, :mod:`eatta.split`, :mod:`eatta.methods`.
 """
 

@@ -4,21 +4,28 @@ The whole model goes into eval mode, every BatchNorm normalizes with the statist
 batch, and only the chosen parameters stay trainable (docs/method.md §1). The BatchNorm part is
 TENT's (``configure_model`` in its public ``tent.py``); the mode is not: TENT calls
 ``model.train()``, so dropout and stochastic depth stay active during its adaptation, while here
-they are off (eval mode). For a model without dropout or
-stochastic depth the two agree; with them, call ``model.train()`` after :func:`configure` to get
-TENT's behaviour. The model is modified in place, as in TENT: BatchNorm running statistics are
-dropped (``track_running_stats=False``); keep a copy of the model if you need them later.
+they are off (eval mode). For a model without dropout or stochastic depth the two agree.
+
+The model is changed in place, and only in its modes: every BatchNorm layer is put in training
+mode with ``track_running_stats=False`` (it normalizes with the batch's statistics and never
+updates its running statistics, which stay in its ``state_dict()`` with their values); the other
+modules go to eval mode; ``requires_grad`` is set on the chosen parameters only. The model as it
+was is recorded first (:mod:`eatta.given`): a method's ``unwrap()`` gives it back bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from torch import nn
+
+from eatta.given import record
 
 __all__ = [
     "NORM_TYPES",
     "ParamFilter",
+    "batch_statistics_of",
     "collect_params",
     "configure",
     "configure_model",
@@ -39,14 +46,37 @@ ParamFilter = Callable[[str, nn.Module, str], bool]
 
 
 def configure_model(model: nn.Module) -> nn.Module:
-    """Eval mode everywhere; BatchNorm on batch statistics (in place; returns ``model``)."""
+    """Eval mode everywhere but BatchNorm, which normalizes with the batch's statistics (training
+    mode, ``track_running_stats=False``: its running statistics are kept, unused and unchanged);
+    in place, the model as given recorded first; returns ``model``."""
+    record(model)
     model.eval()
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.train()
             module.track_running_stats = False
-            module.running_mean = None
-            module.running_var = None
     return model
+
+
+@contextmanager
+def batch_statistics_of(model: nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Within (when ``enabled``), every BatchNorm of ``model`` normalizes with the statistics of
+    its input, as :func:`configure_model` sets it, its running statistics unused and unchanged;
+    the modes are restored after (e.g. a frozen model as given, evaluated like a configured
+    one)."""
+    layers = [
+        (m, m.training, m.track_running_stats)
+        for m in (model.modules() if enabled else ())
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
+    for m, _, _ in layers:
+        m.train()
+        m.track_running_stats = False
+    try:
+        yield
+    finally:
+        for m, training, track in layers:
+            m.training, m.track_running_stats = training, track
 
 
 def _named_selected(model: nn.Module, keep: ParamFilter) -> list[tuple[str, nn.Parameter]]:
@@ -143,9 +173,10 @@ def configure(model: nn.Module, select: str | ParamFilter = "norm") -> list[nn.P
     """Configure ``model`` for adaptation in place and return the parameters to optimize.
 
     Eval mode, BatchNorm on batch statistics, ``requires_grad`` only for the selection
-    (see :func:`collect_params`).
+    (see :func:`collect_params`); what it was is recorded (:mod:`eatta.given`).
     """
     params, _ = collect_params(model, select)
+    record(model)
     configure_model(model)
     model.requires_grad_(False)
     for p in params:

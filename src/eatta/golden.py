@@ -19,8 +19,7 @@ from eatta.balance import make_balance
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
 from eatta.methods.eatta import EATTA
-from eatta.noise import RecordedNoise
-from eatta.selection.perturbation import PerturbationSelector
+from eatta.selection.perturbation import PerturbationSelector, RecordedNoise
 
 __all__ = ["FieldReport", "ReplayReport", "TinyResNetLike", "build_model", "replay_trace"]
 

@@ -10,8 +10,10 @@ model(x)`` with both sharing the model's parameters. :func:`split_model` tries, 
 3. discovery on an example batch (the methods pass their first batch): one forward pass, under
    ``torch.no_grad`` and with the model's state restored afterwards, observes which ``nn.Linear``
    produced the output. If that layer ran once and ``layer(its input)`` equals the output exactly,
-   the head is that layer and the features are its input; the backbone runs the model and stops
-   as the head is entered (a hook lives on the head only during each backbone call). Models whose
+   the head is that layer and the features are its input. The backbone is the model's direct
+   child that produced that input, when there is one and it gives the same features run alone
+   (a ``features`` / ``classifier`` model); else it runs the model and stops as the head is
+   entered (a hook lives on the head only during each backbone call). Models whose
    output comes from a convolution, from several layers combined, from a layer run twice, or that
    return a tuple get :class:`SplitNotFoundError`.
 
@@ -38,7 +40,14 @@ from typing import Any, NamedTuple, Protocol, TypeGuard
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ModelSplit", "SplitNotFoundError", "backward_twice", "is_compiled", "split_model"]
+__all__ = [
+    "ModelSplit",
+    "SplitNotFoundError",
+    "backward_twice",
+    "check_split",
+    "is_compiled",
+    "split_model",
+]
 
 
 class SplitNotFoundError(TypeError):
@@ -268,14 +277,19 @@ def _discover(model: nn.Module, example: Tensor) -> ModelSplit:
     if not linears:
         raise _not_found(model, "it has no nn.Linear layer")
     calls: list[tuple[nn.Module, Any, Any]] = []
+    children: list[tuple[nn.Module, Any]] = []  # each direct child's output, in order
 
     def record(
         module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
         calls.append((module, _first_input(args, kwargs), output))
 
+    def child_output(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        children.append((module, output))
+
     with _state_restored(model), torch.no_grad(), _autocast_off(example.device):
         handles = [m.register_forward_hook(record, with_kwargs=True) for m in linears]
+        handles += [m.register_forward_hook(child_output) for m in model.children()]
         try:
             out = model(example)
         finally:
@@ -298,6 +312,13 @@ def _discover(model: nn.Module, example: Tensor) -> ModelSplit:
             raise _not_found(model, f"its final nn.Linear runs {runs} times per forward pass")
         if not isinstance(features, Tensor) or not torch.equal(head(features), out):
             raise _not_found(model, "its final nn.Linear does not reproduce the output alone")
+        # the head's input is a direct child's output (``features`` then ``classifier``): that
+        # child is the backbone, if it gives the same features run alone
+        child = next((m for m, o in children if o is features and m is not head), None)
+        if child is not None and sum(1 for m, _ in children if m is child) == 1:
+            again = child(example)
+            if isinstance(again, Tensor) and torch.equal(again, features):
+                return ModelSplit(child, head)
     return ModelSplit(_LinearInputFeatures(model, head), head)
 
 
@@ -434,3 +455,46 @@ def split_model(model: nn.Module, example: Tensor | None = None) -> ModelSplit:
         "first batch). Or pass it explicitly: split=(backbone, head), two modules sharing the "
         "model's parameters with head(backbone(x)) == model(x)."
     )
+
+
+def _tensors(out: Any) -> list[Tensor]:
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, tuple | list):
+        return [t for item in out for t in _tensors(item)]
+    return []
+
+
+def check_split(model: nn.Module, split: ModelSplit, example: Tensor) -> None:
+    """Refuse an explicit ``split`` that is not the model's, before anything changes: the
+    backbone's and the head's parameters must be the model's, and on ``example`` (the first
+    batch) ``head(backbone(x))`` must be ``[batch, classes]`` logits equal to the model's output
+    (or to one of the tensors it returns). One forward pass of each, under ``torch.no_grad``,
+    the model's buffers, modes and random generators left as they were."""
+    if is_compiled(model):  # compiled: compared on the eager modules it wraps
+        model = model._orig_mod  # type: ignore[assignment]  # OptimizedModule
+    own = {id(p) for p in model.parameters()}
+    for name, part in (("backbone", split.backbone), ("head", split.head)):
+        if not isinstance(part, nn.Module):
+            raise TypeError(f"split's {name} must be an nn.Module, got {type(part).__name__}")
+        foreign = [p for p in part.parameters() if id(p) not in own]
+        if foreign:
+            raise ValueError(
+                f"split's {name} holds {len(foreign)} parameter(s) that are not the model's: "
+                "give two modules of the model itself, split=(backbone, head)"
+            )
+    with _state_restored(model), torch.no_grad(), _autocast_off(example.device):
+        out = model(example)
+        logits = split.head(split.backbone(example))
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != len(example):
+        raise ValueError(
+            f"split's head(backbone(x)) returned {_describe(logits)}, not [batch, classes] logits"
+        )
+    if not any(t.shape == logits.shape and torch.allclose(t, logits) for t in _tensors(out)):
+        raise ValueError(
+            f"split's head(backbone(x)) (shape {tuple(logits.shape)}) differs from the model's "
+            f"output ({_describe(out)}): give the model's own feature extractor and classifier "
+            "head, whose composition is the model's logits"
+        )

@@ -2,25 +2,37 @@
 
 BatchNorm normalizes with the statistics of the batch, so a batch of a few samples gives noisy
 statistics and, adapted on, collapses the model (docs/small-batches.md); a batch of 1 cannot be
-normalized at all. With a window (``eatta.create(name, model, window=64)`` or
-:meth:`eatta.AdaptiveMethod.set_window`), each request is served by the current model on
+normalized at all. With a window (``eatta.create(name, model, window=64)``, or the same keyword
+to any method's constructor), each request is served by the current model on
 :class:`~eatta.normalization.MixedBatchNorm`'s EMA statistics (no dependence on the request's
 size), its samples join a :class:`SampleWindow` of the last ``size`` samples, and every
 ``every`` samples the method takes its usual step on the window, as if the window were a batch
 (a method's budget then counts these steps). After the step the window's statistics, under the
 updated parameters, are folded into the EMA.
 
-The window is a part of any method (``Tent(..., window=64)``, :mod:`eatta.methods.parts`, which
-serves the requests between steps and steps on the window when one is due); this module holds the
-window itself.
+The window is a part of any method (``Tent(..., window=64)``): a
+:class:`~eatta.hooks.Hook` that, before each step, serves a request smaller than the
+window with the current model and chooses what the step adapts on (the window's samples when a
+step is due, else nothing), and after it folds the step's statistics into the served ones.
 """
 
 from __future__ import annotations
 
+import contextvars
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from eatta._warn import warn_at_caller
+from eatta.hooks import Batch, HostMethod
+from eatta.normalization import (
+    MixedBatchNorm,
+    absorb_statistics,
+    batch_statistics,
+    use_mixed_norm,
+)
 
 __all__ = [
     "SMALL_BATCH",
@@ -30,6 +42,8 @@ __all__ = [
     "SampleWindow",
     "SmallBatchWarning",
     "check_window",
+    "small_batch_advice",
+    "warn_small_batch",
 ]
 
 #: The EMA rate of the statistics a window serves requests with (``eatta.create(...,
@@ -62,6 +76,56 @@ class SmallBatchWarning(UserWarning):
     :data:`SMALL_BATCH`), or for a step to average over (under :data:`SMALL_REQUEST`)."""
 
 
+#: How :class:`SmallBatchWarning` tells the user to set a window and to turn windowing off, in
+#: the terms of whoever runs the method (a command line sets its own flags: ``--window 64``).
+_ADVICE: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
+    "eatta_small_batch_advice",
+    default=("eatta.create(name, model, window=64)", "window=False"),
+)
+
+
+def small_batch_advice(window: str, off: str) -> contextvars.Token[tuple[str, str]]:
+    """Within the caller's context, :class:`SmallBatchWarning` suggests ``window`` to set a
+    window and ``off`` to turn windowing off (e.g. ``"--window 64"``, ``"--window 0"``);
+    returns the token to reset it with (``_ADVICE.reset``)."""
+    return _ADVICE.set((window, off))
+
+
+def warn_small_batch(
+    method: HostMethod, x: Tensor, run: int | None, window_off: bool
+) -> int | None:
+    """Warn once (:class:`SmallBatchWarning`) when a method without a window adapts on small
+    batches: under :data:`SMALL_BATCH` samples on a BatchNorm model (:data:`SMALL_REQUEST` on
+    another), on the stream's first batch or on a second in a row later (one short batch, a
+    domain's remainder, is no small-batch stream). ``run``: the small batches in a row so far
+    (-1 before the first batch; None once warned); returns the new count."""
+    if run is None or window_off:
+        return run
+    batchnorm = method.has_batchnorm
+    if x.shape[0] >= (SMALL_BATCH if batchnorm else SMALL_REQUEST):
+        return 0
+    first = run < 0
+    run = max(run, 0) + 1
+    if not first and run < 2:
+        return run
+    n, name = x.shape[0], type(method).__name__
+    why = (
+        f"{name} adapts a BatchNorm model on batches of {n} samples: their statistics are too "
+        "noisy to normalize and adapt on, and the error can rise far above the source "
+        "model's (docs/small-batches.md)"
+        if batchnorm
+        else f"{name} takes a step on every batch of {n} samples: each follows so few "
+        "samples' gradient that the error can drift up (the digits ViT lost 4-5 points at "
+        "batch 1; docs/benchmarks.md)"
+    )
+    window, off = _ADVICE.get()
+    warn_at_caller(
+        f"{why}. Adapt on a window of recent samples ({window}), or turn this warning off ({off})",
+        SmallBatchWarning,
+    )
+    return None
+
+
 def check_window(size: object, every: object = None) -> tuple[int, int]:
     """``(size, every)`` validated: a window of at least 2 samples, a step every ``every >= 1``
     samples (default: ``size``). Errors name the value."""
@@ -90,14 +154,32 @@ class SampleWindow:
     fails leaves the window as it was.
     """
 
-    def __init__(self, size: int, every: int | None = None, refresh: int | None = None) -> None:
+    #: the part's keyword and state key (:class:`~eatta.hooks.Hook`)
+    name = "window"
+    #: the window is emptied by every reset
+    measures = False
+
+    def __init__(
+        self,
+        size: int,
+        every: int | None = None,
+        refresh: int | None = None,
+        momentum: float = WINDOW_MOMENTUM,
+    ) -> None:
         self.size, self.every = check_window(size, every)
+        if isinstance(momentum, bool) or not isinstance(momentum, int | float):
+            raise TypeError(f"window momentum must be a number in (0, 1], got {momentum!r}")
+        if not 0 < momentum <= 1:
+            raise ValueError(f"window momentum must be in (0, 1], got {momentum!r}")
+        #: the EMA rate of the statistics requests are served with
+        self.momentum = float(momentum)
         if refresh is not None and (
             isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1
         ):
             raise ValueError(f"window refresh must be None or an int >= 1 sample, got {refresh!r}")
         #: samples between refreshes of the served statistics without a step (None: at steps only)
         self.refresh = refresh
+        self._labels: Tensor | None = None  # the request in progress's known labels
         self.since_refresh = 0
         self._x: Tensor | None = None
         self._y: Tensor | None = None
@@ -214,7 +296,121 @@ class SampleWindow:
         return self
 
     def __repr__(self) -> str:
-        return f"SampleWindow(size={self.size}, every={self.every}, refresh={self.refresh})"
+        return (
+            f"SampleWindow(size={self.size}, every={self.every}, refresh={self.refresh}, "
+            f"momentum={self.momentum})"
+        )
+
+    # -- as a part of a method ---------------------------------------------------------------
+    @classmethod
+    def build(cls, method: HostMethod, parts: Mapping[str, Any]) -> SampleWindow | None:
+        """The window a method's keywords ask for (:class:`~eatta.methods.base.Parts`:
+        ``window``, and ``window_every``, ``window_refresh``, ``window_momentum`` with a number of
+        samples; a ``window_refresh`` of None: refreshed at steps only), set up on ``method``.
+        None: no window."""
+        window = parts.get("window")
+        options = [k for k in ("window_every", "window_refresh", "window_momentum") if k in parts]
+        if window is True:
+            raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
+        if window is None or window is False or isinstance(window, SampleWindow):
+            if options:
+                where = "the SampleWindow" if isinstance(window, SampleWindow) else "window="
+                raise TypeError(f"{', '.join(options)} set(s) up a window: give them to {where}")
+            if not isinstance(window, SampleWindow):
+                return None
+            built = window
+        else:
+            momentum = parts.get("window_momentum")
+            built = cls(
+                window,
+                parts.get("window_every"),
+                parts.get("window_refresh", WINDOW_REFRESH),
+                WINDOW_MOMENTUM if momentum is None else momentum,
+            )
+        built.setup(method)
+        return built
+
+    def setup(self, method: HostMethod) -> None:
+        """Check that ``method`` adapts, and swap the model's BatchNorm layers for
+        :class:`~eatta.normalization.MixedBatchNorm` serving on EMA statistics at rate
+        :attr:`momentum` (layers swapped already must serve so)."""
+        if not method.adapts:
+            raise ValueError(
+                f"{type(method).__name__} does not adapt: a window has nothing to step"
+            )
+        use_mixed_norm(method.model, stats="ema", momentum=self.momentum)
+        for name, m in method.model.named_modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and not (
+                isinstance(m, MixedBatchNorm) and m.stats == "ema" and not m.update
+            ):
+                setting = ""
+                if isinstance(m, MixedBatchNorm):
+                    setting = f" with stats={m.stats!r}, update={m.update}"
+                raise ValueError(
+                    f"a window serves requests on the EMA statistics of MixedBatchNorm layers, "
+                    f"and layer {name!r} is a {type(m).__name__}{setting}"
+                )
+
+    def check(self, method: HostMethod, batch: Batch) -> None:
+        """Nothing to refuse: any request joins the window."""
+
+    def _known(self, method: HostMethod, batch: Batch) -> Tensor | None:
+        """The request's labels for the window (a simulated annotator's), if known: the ones
+        given, else the oracle's, else a part's auditor's, so that a step on the window can
+        audit its older samples too."""
+        if batch.labels is not None:
+            return batch.labels
+        oracle = getattr(method, "oracle", None)
+        for taker in method.label_takers():
+            known: Tensor | None = getattr(taker, "batch_labels", None)
+            if known is None:
+                continue
+            if len(known) != batch.x.shape[0]:
+                who = "oracle" if taker is oracle else "auditor"
+                raise ValueError(
+                    f"the {who} holds {len(known)} labels for a request of {batch.x.shape[0]} "
+                    "samples; give each request its own (method(x, labels=y))"
+                )
+            return known
+        return None
+
+    def before_step(self, method: HostMethod, batch: Batch) -> None:
+        """A request of ``size`` samples or more is stepped on as given; a smaller one is served
+        by the current model (no step), and completes the window's step when one is due."""
+        x = batch.x
+        self._labels = self._known(method, batch)
+        batch.around.append(batch_statistics)
+        if x.shape[0] >= self.size:
+            return
+        with torch.no_grad():
+            batch.adapted = method.logits(x)
+        if not self.due_after(x.shape[0]):
+            batch.step_x = batch.step_labels = None
+            return
+        wx, wy = self.contents_with(x, self._labels)
+        oracle = getattr(method, "oracle", None)
+        if bool((wy >= 0).any()) and hasattr(oracle, "set_labels"):
+            oracle.set_labels(wy)  # type: ignore[union-attr]  # checked just above
+        batch.step_x, batch.step_labels = wx, wy
+
+    def after_step(self, method: HostMethod, batch: Batch) -> None:
+        """Fold the step's statistics, under the updated parameters, into the served ones; then
+        the request joins the window."""
+        x, model = batch.x, method.model
+        if batch.stepped:
+            assert batch.step_x is not None
+            absorb_statistics(model, batch.step_x)
+        if x.shape[0] >= self.size:  # a full batch: stepped on as given, it fills the window
+            self.passed(x, self._labels)
+        elif batch.stepped:
+            self.commit(x, self._labels, stepped=True)
+            self.refreshed()
+        else:
+            self.commit(x, self._labels, stepped=False)
+            if self.refresh_due():
+                absorb_statistics(model, self.contents())
+                self.refreshed()
+        self._labels = None
 
 
 def _labels_for(x: Tensor, y: Tensor | None) -> Tensor:

@@ -32,7 +32,7 @@ from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.fingerprint import code_digest
 from eatta.bench.flags import LoadOptions, RunConfig, is_int
-from eatta.bench.grid import SETTINGS, STATIC_METHODS, CellSpec, make_grid, make_jobs, parse_shard
+from eatta.bench.grid import GIVEN, SETTINGS, CellSpec, is_static, make_grid, make_jobs, parse_shard
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.monitoring import MonitorOptions, check_fallback_budget
 from eatta.bench.options import RunOptions
@@ -102,9 +102,9 @@ def _names(value: str | Sequence[str], what: str) -> list[str]:
 
 
 def method_names(value: str | Sequence[str]) -> list[str]:
-    """Registered method names (lower case); ``"all"``: every method, ``source`` first."""
+    """Registered method names (lower case); ``"all"``: every method, the given model's first."""
     if isinstance(value, str) and value.strip().lower() == "all":
-        return sorted(registry.available(), key=lambda m: (m != "source", m))
+        return sorted(registry.available(), key=lambda m: (m != GIVEN, m))
     names = [m.lower() for m in _names(value, "methods")]
     known = set(registry.available())
     if bad := [m for m in names if m not in known]:
@@ -374,7 +374,7 @@ def _run_options(
         device=_device(config.device),
         hparams=_hparams(hparams, plan.methods),
     )
-    if options.weight_anchor is not None and set(plan.methods) <= STATIC_METHODS:
+    if options.weight_anchor is not None and all(is_static(m) for m in plan.methods):
         raise ValueError(
             f"weight_anchor pulls an adapting method's weights; {', '.join(plan.methods)} "
             "adapts none"
@@ -509,7 +509,7 @@ def _plan(
     if monitor.fallback:  # the audits come out of an active method's label budget
         for k, n in budgets:
             for m in chosen:
-                check_fallback_budget(m, k, n)
+                check_fallback_budget(registry.get_spec(m), k, n)
     buffers = _buffers(config.buffers)
     return _Plan(requested, given_data, chosen, setting_list, budgets, buffers, seed_list)
 
@@ -560,9 +560,9 @@ def _data(
     if protocol.mixed:
         if single := [n for n, b in data.items() if len(b.domains) < 2]:
             raise ValueError(f"mixed domains need at least two domains; {single} has one")
-    if "eata" in plan.methods:
+    for m in (m for m in plan.methods if "fisher_data" in registry.get_spec(m).needs):
         if missing := [n for n, b in data.items() if b.fisher_data is None]:
-            raise ValueError(f"eata needs clean source data (fisher_root) for {missing}")
+            raise ValueError(f"{m} needs clean source data (fisher_root) for {missing}")
     return data
 
 

@@ -188,7 +188,7 @@ class RunConfig:
     )
     weight_anchor: float | None = flag(
         "after each step pull the adapted weights toward the given ones, theta <- A theta + "
-        "(1 - A) theta_0 (ROID's weight ensembling, e.g. 0.99; eatta.methods.parts.WeightAnchor)",
+        "(1 - A) theta_0 (ROID's weight ensembling, e.g. 0.99; eatta.anchor.WeightAnchor)",
         type=float,
         metavar="A",
     )

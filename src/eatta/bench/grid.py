@@ -10,9 +10,10 @@ from typing import TypeVar
 from eatta.methods import registry
 
 __all__ = [
+    "GIVEN",
     "SETTINGS",
-    "STATIC_METHODS",
     "CellSpec",
+    "is_static",
     "make_grid",
     "make_jobs",
     "parse_shard",
@@ -22,8 +23,14 @@ __all__ = [
 
 #: ``"ctta"``: continual, never reset; ``"ftta"``: ``method.reset()`` at every domain change.
 SETTINGS = ("ctta", "ftta")
-#: Methods whose predictions do not depend on the setting (nothing to reset).
-STATIC_METHODS = frozenset({"source"})
+#: The method that serves the model as given: every table's reference row.
+GIVEN = "source"
+
+
+def is_static(method: str) -> bool:
+    """Whether ``method``'s predictions depend on nothing of the stream (it does not adapt: no
+    setting, reset, window or parts apply)."""
+    return not registry.get_spec(method).adapts
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ def make_grid(
             for method in methods:
                 spec = registry.get_spec(method)
                 name = spec.name.lower()
-                if name in STATIC_METHODS:
+                if is_static(name):
                     cells.append(CellSpec(ds, name, "-"))
                 elif not spec.active:
                     cells.append(CellSpec(ds, name, setting))

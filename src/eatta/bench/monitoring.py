@@ -8,18 +8,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from eatta.annotate.oracle import GroundTruthOracle
 from eatta.annotate.simulated import SimulatedAnnotator
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.flags import flag, is_int
+from eatta.methods.registry import MethodSpec
 from eatta.monitor import (
     GUARD_POLICIES,
     AccuracyMonitor,
     Guard,
     SourceFallback,
-    attach,
     check_policy,
     check_share,
 )
@@ -112,28 +110,22 @@ class MonitorOptions:
         ]
         return ", ".join(part for part in parts if part)
 
-    def attach_fallback(
-        self, method: Any, given: torch.nn.Module, annotator: AnnotatorOptions, seed: int
-    ) -> GroundTruthOracle | SimulatedAnnotator:
-        """Give ``method`` a :class:`SourceFallback`; returns its auditor (needs ``set_labels``)."""
+    def fallback_part(
+        self, annotator: AnnotatorOptions, seed: int
+    ) -> tuple[SourceFallback, GroundTruthOracle | SimulatedAnnotator]:
+        """A :class:`SourceFallback` for a method (its ``fallback=``) and its auditor (needs
+        ``set_labels``)."""
         auditor = annotator.build(seed + FALLBACK_SEED)
-        method.fallback = SourceFallback(given, auditor=auditor, audits=FALLBACK_AUDITS, seed=seed)
-        return auditor
+        return SourceFallback(auditor=auditor, audits=FALLBACK_AUDITS, seed=seed), auditor
 
-    def attach(
-        self, method: Any, source: torch.nn.Module, annotator: AnnotatorOptions, seed: int
+    def monitor_part(
+        self, annotator: AnnotatorOptions, seed: int
     ) -> tuple[AccuracyMonitor, GroundTruthOracle | SimulatedAnnotator]:
-        """Attach a monitor to ``method``; returns it and its auditor (needs ``set_labels``)."""
+        """A monitor for a method (its ``monitor=``) and its auditor (needs ``set_labels``)."""
         auditor = annotator.build(seed + AUDITOR_SEED)
         guard = None if self.guard is None else Guard(self.guard, self.guard_level, self.block)
-        monitor = attach(
-            method,
-            auditor,
-            source=source,
-            share=self.audit,
-            level=self.level,
-            guard=guard,
-            seed=seed,
+        monitor = AccuracyMonitor(
+            auditor, share=self.audit, level=self.level, guard=guard, seed=seed
         )
         return monitor, auditor
 
@@ -165,19 +157,16 @@ def monitor_summary(
     }
 
 
-def check_fallback_budget(method: str, labels: int, every: int) -> int:
-    """Audits a batch that ``--fallback`` takes out of ``method``'s label budget (0 for a
-    label-free method or one with its own fallback); an error when they would exceed it."""
-    from eatta.methods import registry
-
-    spec = registry.get_spec(method)
-    if not spec.active or "fallback" in spec.keys:
+def check_fallback_budget(spec: MethodSpec, labels: int, every: int) -> int:
+    """Audits a batch that ``--fallback`` takes out of the method's label budget (0 for a
+    label-free method or one that builds its own fallback); an error when they would exceed it."""
+    if not spec.active or spec.builds_fallback:
         return 0
     if every != 1 or labels < FALLBACK_AUDITS:
         raise ValueError(
-            f"--fallback takes {FALLBACK_AUDITS} audit every batch out of {method}'s label budget "
-            f"({labels} every {every} batch(es)): the split exceeds the budget; use eatta-safe, "
-            "whose own answers measure, or --labels >= 1 with --every 1"
+            f"--fallback takes {FALLBACK_AUDITS} audit every batch out of {spec.name}'s label "
+            f"budget ({labels} every {every} batch(es)): the split exceeds the budget; use a "
+            "method whose own answers measure (eatta-safe), or --labels >= 1 with --every 1"
         )
     return FALLBACK_AUDITS
 

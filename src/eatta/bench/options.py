@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from eatta.anchor import check_alpha
 from eatta.bench.annotation import AnnotatorOptions
 from eatta.bench.flags import is_int, is_positive
 from eatta.bench.monitoring import MonitorOptions
-from eatta.methods.parts import WeightAnchor
 from eatta.window import check_window
 
 __all__ = ["AUTO_WINDOW", "RunOptions"]
@@ -51,7 +51,7 @@ class RunOptions:
         if self.window not in (None, "auto", "off"):
             check_window(self.window)
         if self.weight_anchor is not None:
-            WeightAnchor(self.weight_anchor)  # refuses a value outside (0, 1]
+            check_alpha(self.weight_anchor)  # refuses a value outside (0, 1]
         if self.limit is not None and self.limit < 2:
             raise ValueError(f"limit must be >= 2 images per domain, got {self.limit}")
         if self.checkpoint_every < 0 or (self.workers is not None and self.workers < 0):

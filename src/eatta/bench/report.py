@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from eatta import __version__
+from eatta.bench.grid import GIVEN
 from eatta.bench.results import CellResult, atomic_write_text
 from eatta.data.stream import base_domain_name
 
@@ -190,13 +191,13 @@ def _source_key(r: CellResult) -> tuple[str, int, str]:
 
 def _sources(rows: Sequence[CellResult]) -> dict[tuple[str, int, str], CellResult]:
     """The unadapted source model's results among ``rows``, by dataset, seed and protocol."""
-    return {_source_key(r): r for r in rows if r.spec.method == "source"}
+    return {_source_key(r): r for r in rows if r.spec.method == GIVEN}
 
 
 def _source_last(rows: Sequence[CellResult]) -> float | None:
     """The unadapted source model's last-round error (mean over seeds), if it is in ``rows``."""
     for cell in _cells(rows):
-        if cell[0].spec.method == "source":
+        if cell[0].spec.method == GIVEN:
             return float(np.mean([c.round_errors[-1] for c in cell]))
     return None
 
@@ -223,7 +224,7 @@ def _worse_counts(
     """:func:`worse_than_source` for every seed of a cell; None for the source model itself or
     when a seed has no source result to compare with."""
     found = [sources.get(_source_key(c)) for c in cell]
-    if cell[0].spec.method == "source" or any(s is None for s in found):
+    if cell[0].spec.method == GIVEN or any(s is None for s in found):
         return None
     return [worse_than_source(c, s) for c, s in zip(cell, found, strict=True) if s is not None]
 
@@ -256,7 +257,7 @@ def collapse_notes(results: Sequence[CellResult]) -> list[str]:
         source = _source_last(rows)
         for cell in _cells(rows):
             r, pair = cell[0], _first_last(cell)
-            if pair is None or r.spec.method == "source":
+            if pair is None or r.spec.method == GIVEN:
                 continue
             first, last = pair
             if source is not None and last > source:
@@ -284,7 +285,7 @@ def stability_sentence(rows: Sequence[CellResult]) -> str | None:
     for cell in _cells(rows):
         if (pair := _first_last(cell)) is None:
             return None
-        if cell[0].spec.method == "source":
+        if cell[0].spec.method == GIVEN:
             continue
         first, last = pair
         near = abs(last - first - HOLD_POINTS) < KERNEL_SPREAD_POINTS

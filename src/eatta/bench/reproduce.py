@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from eatta.bench.benchmark import BenchmarkData
-from eatta.bench.grid import CellSpec, parse_shard, shard
+from eatta.bench.grid import GIVEN, CellSpec, parse_shard, shard
 from eatta.bench.report import markdown_table, table_text, write_outputs
 from eatta.bench.results import CellResult
 from eatta.bench.runner import RunOptions, run_grid
+from eatta.methods import registry
 
 __all__ = [
     "Row",
@@ -48,9 +49,9 @@ def row_cells(rows: Sequence[Row], dataset: str, setting: str) -> list[tuple[Row
     for row in rows:
         if row.method is None or setting not in row.published:
             continue
-        if row.method == "source":
-            spec = CellSpec(dataset, "source", "-")
-        elif row.labels or row.method in ("baseline", "eatta", "simatta", "cema"):
+        if row.method == GIVEN:
+            spec = CellSpec(dataset, GIVEN, "-")
+        elif row.labels or registry.get_spec(row.method).active:
             spec = CellSpec(dataset, row.method, setting, row.labels, 1, row.buffer)
         else:
             spec = CellSpec(dataset, row.method, setting)
@@ -134,7 +135,7 @@ def comparison_table(
     for setting, dataset, row in itertools.product(settings, datasets, rows):
         if (pub := published(row, setting, dataset)) is None:
             continue
-        res = by_key.get((row.label, dataset, "-" if row.method == "source" else setting))
+        res = by_key.get((row.label, dataset, "-" if row.method == GIVEN else setting))
         ours: Sequence[float | None] = [None] * len(columns)  # not measured or not implemented
         if res is not None and row.method is not None:
             ours = value(res)

@@ -12,6 +12,7 @@ from typing import Any
 
 from eatta.bench.checkpoint import atomic_write
 from eatta.bench.grid import CellSpec
+from eatta.methods import registry
 
 __all__ = ["RESULT_VERSION", "CellResult", "atomic_write_text", "domain_means", "row_label"]
 
@@ -116,7 +117,8 @@ def row_label(spec: CellSpec, hparams: Mapping[str, Any]) -> str:
     ``preset`` is named, and EATTA's ``steps`` (each labelling) multiply the labels per batch."""
     preset = hparams.get("preset")
     steps = hparams.get("steps", 2 if preset == "reference" else 1)
-    if spec.method != "eatta" or not isinstance(steps, int) or isinstance(steps, bool):
+    each_step = registry.get_spec(spec.method).labels_each_step
+    if not each_step or not isinstance(steps, int) or isinstance(steps, bool):
         steps = 1  # EATTA re-selects (and labels) at every step; other methods label once
     label = dataclasses.replace(spec, labels=spec.labels * max(steps, 1)).label
     return label.replace(spec.method, f"{spec.method} {preset}", 1) if preset else label

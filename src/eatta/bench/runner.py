@@ -15,7 +15,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from fractions import Fraction
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,13 @@ from torch import Tensor
 from torch.utils.data import ConcatDataset, DataLoader
 
 import eatta.realtime as rt
-from eatta.annotate.oracle import Oracle
 from eatta.bench.annotation import annotation_summary
-from eatta.bench.benchmark import BenchmarkData, OnDevice, prepare_domains
+from eatta.bench.benchmark import BenchmarkData, prepare_domains
+from eatta.bench.build import build_method
 from eatta.bench.checkpoint import atomic_write, rng_state, seed_all, set_rng_state
-from eatta.bench.fingerprint import fingerprint, model_digest, to_plain
-from eatta.bench.grid import STATIC_METHODS, CellSpec
-from eatta.bench.monitoring import check_fallback_budget, fallback_summary, monitor_summary
+from eatta.bench.fingerprint import fingerprint, model_digest
+from eatta.bench.grid import CellSpec, is_static
+from eatta.bench.monitoring import fallback_summary, monitor_summary
 from eatta.bench.options import RunOptions
 from eatta.bench.provenance import machine_provenance
 from eatta.bench.results import CellResult
@@ -43,59 +42,6 @@ from eatta.methods.base import AdaptiveMethod
 from eatta.monitor import SourceFallback
 
 __all__ = ["RunOptions", "measure_costs", "run_cell", "run_grid"]
-
-
-def _build_method(
-    spec: CellSpec, data: BenchmarkData, options: RunOptions, device: torch.device
-) -> tuple[AdaptiveMethod, Oracle | None, dict[str, Any]]:
-    spec_ = registry.get_spec(spec.method)
-    model = data.model_fn().to(device)
-    hp = options.overrides(spec.method)
-    if "seed" in spec_.keys:  # only methods that draw random numbers declare a seed
-        hp.setdefault("seed", options.seed)
-    if spec.buffer is not None:
-        hp["buffer"] = spec.buffer
-    if spec.method == "eata" and "fishers" not in hp and "fisher_data" not in hp:
-        if data.fisher_data is None:
-            raise ValueError(
-                f"EATA needs clean source data for its Fisher regularizer and {data.name!r} "
-                "provides none (CLI: --fisher-root for ImageNet)"
-            )
-        hp["fisher_data"] = OnDevice(data.fisher_data(device), device)
-    oracle: Oracle | None = None
-    window = None if spec.method in STATIC_METHODS else options.method_window()
-    labels: dict[str, Any] = {}  # a label-free method takes neither an oracle nor a budget
-    if spec_.active:
-        if data.oracle_fn is not None and options.annotator.simulated:
-            raise ValueError(
-                "label delay, noise and yes/no feedback are simulated from the ground truth; "
-                f"{data.name!r} is annotated by a model (leave out the model annotator)"
-            )
-        if data.oracle_fn is not None:
-            oracle = data.oracle_fn(device)
-        else:
-            oracle = options.annotator.build(options.seed)  # type: ignore[assignment]
-        per_batch = spec.labels  # less the audits --fallback takes out of the budget
-        if options.monitor.fallback:
-            per_batch -= check_fallback_budget(spec.method, spec.labels, spec.every)
-        budget = _budget(per_batch, spec.every, options.batch_size, window)
-        labels = {"oracle": oracle, "budget": budget}
-    if window is not None:
-        labels["window"] = window
-    if options.weight_anchor is not None and spec.method not in STATIC_METHODS:
-        labels["weight_anchor"] = options.weight_anchor
-    method = registry.create(spec.method, model, dataset=data.defaults_key, **labels, **hp)
-    shown = {k: v for k, v in spec_.hparams(data.defaults_key, hp).items() if k != "fisher_data"}
-    return method, oracle, to_plain(shown)
-
-
-def _budget(labels: int, every: int, batch_size: int, window: int | bool | None) -> Budget:
-    """``labels`` per ``every`` batches; with a window larger than the batch, the same rate per
-    sample counted in window steps: ``labels · window / (every · batch_size)``, reduced."""
-    if window is None or window is False or batch_size >= window:
-        return Budget(labels, every=every)
-    rate = Fraction(labels * int(window), every * batch_size)  # 0: Budget(0, every=1)
-    return Budget(rate.numerator, every=rate.denominator)
 
 
 def _serve(
@@ -115,7 +61,7 @@ def _serve(
         monitor.period = period
         auditor.set_labels(y)  # set with the monitor
     if (fb := method.fallback) is not None:
-        fb.period = period  # type: ignore[attr-defined]
+        fb.period = period
     if fallback_auditor is not None:
         fallback_auditor.set_labels(y)
     before = _answers_so_far(method) + _audited(fb)
@@ -153,124 +99,183 @@ def run_cell(
         done = CellResult.load(result_path)
         done.grid_index, done.reused = grid_index, True
         return done
-
-    device = torch.device(options.device)
-    stream = _stream(domains, data, options, device)
-    seed_all(options.seed)
-    rss_before = _memory_start()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    method, oracle, hparams = _build_method(spec, data, options, device)
-    monitor, auditor, fallback_auditor = _attach_monitor(spec, data, options, method, device)
-
-    # mixed streams: images and errors per (round, domain), counted per sample
-    tally = [[[0, 0] for _ in stream.domains] for _ in range(stream.rounds)] if stream.mixed else []
-    saved = _resume(ckpt_path, fp, device, method, oracle, auditor) if options.reuse else None
-    # cpu: this thread's CPU seconds, which unlike wall time a busy machine does not inflate
-    online: list[list[int]] = []  # to start from: batch, online record, wall s, session, peak MB
-    start, wall, cpu, sessions, peak_prev = 0, 0.0, 0.0, 1, None
-    if saved is not None:
-        start, online, tally = saved["position"], saved["online"], saved["tally"]
-        wall, cpu, peak_prev = saved["wall_time_s"], saved["cpu_time_s"], saved["peak_mem_mb"]
-        sessions = saved["sessions"] + 1
-    if spec.method in STATIC_METHODS and start == 0:  # predictions independent of the stream
-        t_static, c_static = time.perf_counter(), time.thread_time()
-        online, start = _static_online(method, stream, device, tally), len(stream)
-        wall, cpu = time.perf_counter() - t_static, time.thread_time() - c_static
-    batches = iter(stream.loader(start))  # creating the iterator draws from torch's global RNG,
-    if saved is not None:  # so the saved generator states are restored only afterwards
-        set_rng_state(saved["rng"], device)
-    gt, total = oracle if hasattr(oracle, "set_labels") else None, len(stream)
-    annotators = (gt, monitor, auditor, fallback_auditor)
-    n_seen, n_wrong = sum(b[0] for b in online), sum(b[1] for b in online)
-    terminal = options.progress and _is_terminal()
-    milestone_log = log if options.progress and not terminal else None
-    bar = _progress_bar(spec, total, start) if terminal else None
-    prev_domain = stream.locate(start - 1)[0] if start > 0 else None
-    cost = None if options.costs is None else options.costs[spec.method]
-    t0, cpu0 = time.perf_counter(), time.thread_time()
-    ckpt_time = ckpt_cpu = 0.0
-    try:
-        for t in range(start, total):
-            x, y = next(batches)
-            k = stream.locate(t)[0]
-            if spec.setting == "ftta" and prev_domain is not None and k != prev_domain:
-                method.reset(keep_monitor=True)  # the audits go on measuring the stream
-            prev_domain = k
-            y = torch.as_tensor(y, dtype=torch.long)
-            if cost is not None and not rt.adapts_on(t, cost):  # online: its last step still runs
-                rt.tick_annotator(oracle)  # an asynchronous annotator's clock runs on
-                served = rt.serve_without_adapting(method, x.to(device))
-                wrong_each, used = served.argmax(1).cpu() != y, 0
-            else:
-                period = stream.round_of_batch(t)
-                wrong_each, used = _serve(method, x, y, period, device, annotators)
-            wrong = int(wrong_each.sum())
-            if tally:
-                _count_domains(stream, t, wrong_each, tally)
-            online.append([len(y), wrong, used])
-            n_seen += len(y)
-            n_wrong += wrong
-            _show(bar, 100 * n_wrong / n_seen, stream.visit_names[k])
-            if milestone_log is not None and (line := _milestone(spec, stream, online, t)):
-                milestone_log(line)
-            every = options.checkpoint_every
-            if every and (t + 1) % every == 0 and t + 1 < total:  # none after the last batch
-                c0, cc0 = time.perf_counter(), time.thread_time()
-                # all a resume needs: the position, the method, annotators, RNGs, clocks and peak
-                state = {"fingerprint": fp, "spec": dataclasses.asdict(spec), "position": t + 1}
-                state.update(online=online, tally=tally, sessions=sessions)
-                state.update(method=method.state_dict(), annotator=_annotator_state(oracle))
-                state.update(auditor=_annotator_state(auditor), rng=rng_state(device))
-                state["wall_time_s"] = wall + (c0 - t0 - ckpt_time)
-                state["cpu_time_s"] = cpu + (cc0 - cpu0 - ckpt_cpu)
-                state["peak_mem_mb"] = _peak(device, rss_before, peak_prev)
-                atomic_write(ckpt_path, partial(torch.save, state))
-                ckpt_time += time.perf_counter() - c0
-                ckpt_cpu += time.thread_time() - cc0
-            if callback is not None:
-                callback(t, {"error": 100 * n_wrong / n_seen, "images": n_seen, "spec": spec})
-    finally:
-        if bar is not None:
-            bar.close()
-    wall += time.perf_counter() - t0 - ckpt_time
-    cpu += time.thread_time() - cpu0 - ckpt_cpu
-    counts = _summarize(stream, online, tally)
-    result = CellResult(
-        spec=spec,
-        grid_index=grid_index,
-        fingerprint=fp,
-        wall_time_s=wall,
-        images_per_s=counts["images"] / wall if wall > 0 else math.inf,
-        peak_mem_mb=None,
-        max_rss_mb=None,
-        device=str(device),
-        model_digest="",
-        hparams=hparams,
-        notes=notes,
-        seed=options.seed,
-        cpu_time_s=cpu,
-        sessions=sessions,
-        protocol=_protocol(data, options),
-        provenance={**data.provenance, **machine_provenance()},
-        **counts,
-    )
-    if monitor is not None:
-        result.monitor = monitor_summary(monitor, result.rounds, options.annotator)
-    if isinstance(method.fallback, SourceFallback):
-        result.fallback = fallback_summary(method.fallback, result.rounds)
-    if registry.get_spec(spec.method).active:
-        result.annotation = annotation_summary(
-            method, oracle, result.labels_used, options.annotator
-        )
-    result.peak_mem_mb = _peak(device, rss_before, peak_prev)
-    result.max_rss_mb = _max_rss_mb()
-    result.model_digest = model_digest(method.model)
-    if cost is not None:
-        result.realtime = {"cost": cost, **rt.batch_counts(total, cost)}
+    run = _CellRun(spec, data, options, domains, fp, ckpt_path)
+    run.stream(callback, log)
+    result = run.result(grid_index, notes)
     result.save(result_path)
     ckpt_path.unlink(missing_ok=True)
     return result
+
+
+class _CellRun:
+    """One cell on its way through the stream: the method and its annotators, the online
+    record, the clocks, the checkpoints (a resume continues bit for bit)."""
+
+    def __init__(
+        self,
+        spec: CellSpec,
+        data: BenchmarkData,
+        options: RunOptions,
+        domains: Any,
+        fp: str,
+        ckpt_path: Path,
+    ) -> None:
+        self.spec, self.data, self.options, self.fp, self.ckpt_path = (
+            spec,
+            data,
+            options,
+            fp,
+            ckpt_path,
+        )
+        self.device = device = torch.device(options.device)
+        self.stream_ = stream = _stream(domains, data, options, device)
+        seed_all(options.seed)
+        self.rss_before = _memory_start()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.built = built = build_method(spec, data, options, device)
+        self.method, self.oracle = built.method, built.oracle
+        # mixed streams: images and errors per (round, domain), counted per sample
+        self.tally = (
+            [[[0, 0] for _ in stream.domains] for _ in range(stream.rounds)] if stream.mixed else []
+        )
+        saved = (
+            _resume(ckpt_path, fp, device, self.method, self.oracle, built.auditor)
+            if options.reuse
+            else None
+        )
+        # cpu: this thread's CPU seconds, which unlike wall time a busy machine does not inflate
+        self.online: list[list[int]] = []  # per batch: images, errors, answers spent
+        self.start, self.wall, self.cpu, self.sessions, self.peak_prev = 0, 0.0, 0.0, 1, None
+        if saved is not None:
+            self.start, self.online, self.tally = saved["position"], saved["online"], saved["tally"]
+            self.wall, self.cpu = saved["wall_time_s"], saved["cpu_time_s"]
+            self.peak_prev, self.sessions = saved["peak_mem_mb"], saved["sessions"] + 1
+        if is_static(spec.method) and self.start == 0:  # predictions independent of the stream
+            t_static, c_static = time.perf_counter(), time.thread_time()
+            self.online = _static_online(self.method, stream, device, self.tally)
+            self.start = len(stream)
+            self.wall, self.cpu = time.perf_counter() - t_static, time.thread_time() - c_static
+        self.batches = iter(stream.loader(self.start))  # creating the iterator draws from
+        if saved is not None:  # torch's global RNG, so the saved states are restored only after
+            set_rng_state(saved["rng"], device)
+        self.cost = None if options.costs is None else options.costs[spec.method]
+        self.ckpt_time = self.ckpt_cpu = 0.0
+
+    def stream(
+        self,
+        callback: Callable[[int, dict[str, Any]], None] | None,
+        log: Callable[[str], None] | None,
+    ) -> None:
+        """Every batch from where the cell stands to the end of the stream."""
+        spec, stream, online = self.spec, self.stream_, self.online
+        oracle, built = self.oracle, self.built
+        gt, total = oracle if hasattr(oracle, "set_labels") else None, len(stream)
+        annotators = (gt, built.monitor, built.auditor, built.fallback_auditor)
+        n_seen, n_wrong = sum(b[0] for b in online), sum(b[1] for b in online)
+        terminal = self.options.progress and _is_terminal()
+        milestone_log = log if self.options.progress and not terminal else None
+        bar = _progress_bar(spec, total, self.start) if terminal else None
+        prev_domain = stream.locate(self.start - 1)[0] if self.start > 0 else None
+        self.t0, self.cpu0 = time.perf_counter(), time.thread_time()
+        try:
+            for t in range(self.start, total):
+                x, y = next(self.batches)
+                k = stream.locate(t)[0]
+                if spec.setting == "ftta" and prev_domain is not None and k != prev_domain:
+                    self.method.reset(keep_monitor=True)  # the audits go on measuring the stream
+                prev_domain = k
+                wrong_each, used = self._batch(
+                    t, x, torch.as_tensor(y, dtype=torch.long), annotators
+                )
+                wrong = int(wrong_each.sum())
+                if self.tally:
+                    _count_domains(stream, t, wrong_each, self.tally)
+                online.append([len(wrong_each), wrong, used])
+                n_seen += len(wrong_each)
+                n_wrong += wrong
+                _show(bar, 100 * n_wrong / n_seen, stream.visit_names[k])
+                if milestone_log is not None and (line := _milestone(spec, stream, online, t)):
+                    milestone_log(line)
+                every = self.options.checkpoint_every
+                if every and (t + 1) % every == 0 and t + 1 < total:  # none after the last batch
+                    self._checkpoint(t + 1)
+                if callback is not None:
+                    callback(t, {"error": 100 * n_wrong / n_seen, "images": n_seen, "spec": spec})
+        finally:
+            if bar is not None:
+                bar.close()
+        self.wall += time.perf_counter() - self.t0 - self.ckpt_time
+        self.cpu += time.thread_time() - self.cpu0 - self.ckpt_cpu
+
+    def _batch(self, t: int, x: Tensor, y: Tensor, annotators: Any) -> tuple[Tensor, int]:
+        """Batch ``t`` through the method, or served unadapted (online, between its steps):
+        which samples it got wrong, and the answers it spent."""
+        method, cost = self.method, self.cost
+        if cost is not None and not rt.adapts_on(t, cost):  # online: its last step still runs
+            rt.tick_annotator(self.oracle)  # an asynchronous annotator's clock runs on
+            served = rt.serve_without_adapting(method, x.to(self.device))
+            return served.argmax(1).cpu() != y, 0
+        period = self.stream_.round_of_batch(t)
+        return _serve(method, x, y, period, self.device, annotators)
+
+    def _checkpoint(self, position: int) -> None:
+        """All a resume needs: the position, the method, annotators, RNGs, clocks and peak."""
+        c0, cc0 = time.perf_counter(), time.thread_time()
+        state: dict[str, Any] = {
+            "fingerprint": self.fp,
+            "spec": dataclasses.asdict(self.spec),
+            "position": position,
+        }
+        state.update(online=self.online, tally=self.tally, sessions=self.sessions)
+        state.update(method=self.method.state_dict(), annotator=_annotator_state(self.oracle))
+        state.update(auditor=_annotator_state(self.built.auditor), rng=rng_state(self.device))
+        state["wall_time_s"] = self.wall + (c0 - self.t0 - self.ckpt_time)
+        state["cpu_time_s"] = self.cpu + (cc0 - self.cpu0 - self.ckpt_cpu)
+        state["peak_mem_mb"] = _peak(self.device, self.rss_before, self.peak_prev)
+        atomic_write(self.ckpt_path, partial(torch.save, state))
+        self.ckpt_time += time.perf_counter() - c0
+        self.ckpt_cpu += time.thread_time() - cc0
+
+    def result(self, grid_index: int, notes: Any) -> CellResult:
+        """The cell's result: errors per domain and round, labels, time, memory, its parts'."""
+        spec, data, options, device = self.spec, self.data, self.options, self.device
+        counts = _summarize(self.stream_, self.online, self.tally)
+        wall = self.wall
+        result = CellResult(
+            spec=spec,
+            grid_index=grid_index,
+            fingerprint=self.fp,
+            wall_time_s=wall,
+            images_per_s=counts["images"] / wall if wall > 0 else math.inf,
+            peak_mem_mb=None,
+            max_rss_mb=None,
+            device=str(device),
+            model_digest="",
+            hparams=self.built.hparams,
+            notes=notes,
+            seed=options.seed,
+            cpu_time_s=self.cpu,
+            sessions=self.sessions,
+            protocol=_protocol(data, options),
+            provenance={**data.provenance, **machine_provenance()},
+            **counts,
+        )
+        method = self.method
+        if self.built.monitor is not None:
+            result.monitor = monitor_summary(self.built.monitor, result.rounds, options.annotator)
+        if isinstance(method.fallback, SourceFallback):
+            result.fallback = fallback_summary(method.fallback, result.rounds)
+        if registry.get_spec(spec.method).active:
+            result.annotation = annotation_summary(
+                method, self.oracle, result.labels_used, options.annotator
+            )
+        result.peak_mem_mb = _peak(device, self.rss_before, self.peak_prev)
+        result.max_rss_mb = _max_rss_mb()
+        result.model_digest = model_digest(method.model)
+        if self.cost is not None:
+            result.realtime = {"cost": self.cost, **rt.batch_counts(len(self.stream_), self.cost)}
+        return result
 
 
 def _protocol(data: BenchmarkData, options: RunOptions) -> dict[str, Any]:
@@ -298,8 +303,8 @@ def measure_costs(
     # with a window: the requests of one window per timed call, r per request
     calls = -(-w // options.batch_size) if isinstance(w, int) and w > 1 else 1
     with torch.random.fork_rng(devices=[]):
-        adapting = [s for s in cells if s.method not in STATIC_METHODS]
-        methods = {s.method: _build_method(s, data, options, device)[0] for s in adapting}
+        adapting = [s for s in cells if not is_static(s.method)]
+        methods = {s.method: build_method(s, data, options, device).method for s in adapting}
         source = data.model_fn().to(device)
         y = torch.as_tensor(y)
         costs = rt.relative_costs(methods, source, x.to(device), labels=y, calls=calls)
@@ -342,22 +347,6 @@ def _stream(
         pin_memory=device.type == "cuda",
         persistent_workers=workers > 0,
     )
-
-
-def _attach_monitor(
-    spec: CellSpec, data: BenchmarkData, options: RunOptions, method: Any, device: torch.device
-) -> tuple[Any, Any, Any]:
-    """The monitor, its auditor and the fallback's auditor (None where not asked for)."""
-    monitor = auditor = fallback_auditor = None
-    if options.monitor.active and spec.method not in STATIC_METHODS:
-        with torch.random.fork_rng(devices=[]):  # the stream and method draw as without it
-            source = data.model_fn().to(device)  # the model as trained: the monitor's reference
-        given = (method, source, options.annotator, options.seed)
-        if options.monitor.audit > 0.0:
-            monitor, auditor = options.monitor.attach(*given)
-        if options.monitor.fallback and method.fallback is None:
-            fallback_auditor = options.monitor.attach_fallback(*given)
-    return monitor, auditor, fallback_auditor
 
 
 def _progress_bar(spec: CellSpec, total: int, start: int) -> Any:

@@ -13,21 +13,16 @@ Baseline). It uses the two norms EATTA already computes: no extra backward pass.
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import Tensor
-
-from eatta.debias.gradnorm import GradNormDebiaser, LossWeights
+from eatta.debias.gradnorm import GradNormDebiaser
 
 __all__ = ["BoundedGradNormDebiaser"]
 
 
 class BoundedGradNormDebiaser(GradNormDebiaser):
-    """GND weights clamped: ``γ_sup = max(s, sup_floor)``, ``γ_unsup = min(u, unsup_cap)``.
+    """GND weights bounded: ``γ_sup = max(s, sup_floor)``, ``γ_unsup = min(u, unsup_cap)``.
 
     ``s, u`` are the faithful (EMA-smoothed) weights of :class:`GradNormDebiaser`, whose EMA
-    state evolves exactly as the faithful one's (the clamp acts on the applied weights only).
+    state evolves exactly as the faithful one's (the bounds act on the applied weights only).
     ``sup_floor=0, unsup_cap=2`` gives back the faithful weights. ``LossWeights.sup_raw`` /
     ``unsup_raw`` stay the unclamped Eq. 4-5 values. A degenerate step (no confident unlabelled
     sample, or both norms zero) is weighted as by the faithful debiaser (1 and 0 or 1).
@@ -36,7 +31,7 @@ class BoundedGradNormDebiaser(GradNormDebiaser):
         alpha: EMA factor of the underlying weights (0.8 as in the paper).
         sup_floor: lower bound of the labelled weight, in ``[0, 2]``.
         unsup_cap: upper bound of the entropy weight, in ``[0, 2]``.
-        ema: smooth the weights by the EMA before clamping.
+        ema: smooth the weights by the EMA before bounding them.
     """
 
     def __init__(
@@ -47,50 +42,7 @@ class BoundedGradNormDebiaser(GradNormDebiaser):
         unsup_cap: float = 1.0,
         ema: bool = True,
     ) -> None:
-        for name, value in (("sup_floor", sup_floor), ("unsup_cap", unsup_cap)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-            if not 0.0 <= float(value) <= 2.0:
-                raise ValueError(f"{name} must be in [0, 2], got {value}")
-        super().__init__(alpha=alpha, normalize=True, ema=ema)
-        self.sup_floor = float(sup_floor)
-        self.unsup_cap = float(unsup_cap)
-
-    @property
-    def current(self) -> tuple[Tensor, Tensor] | None:
-        """The applied (clamped) EMA weights ``(sup, unsup)``, or None before the first update."""
-        ema = super().current
-        if ema is None:
-            return None
-        return self._clamp(*ema)
-
-    def _clamp(self, sup: Tensor, unsup: Tensor) -> tuple[Tensor, Tensor]:
-        return sup.clamp(min=self.sup_floor), unsup.clamp(max=self.unsup_cap)
-
-    def weights(self, g_sup: Tensor, g_unsup: Tensor, has_unsup: Tensor) -> LossWeights:
-        """Faithful GND weights for this step (updating the EMA), then clamped."""
-        w = super().weights(g_sup, g_unsup, has_unsup)
-        total = g_sup + g_unsup
-        valid = has_unsup & (total > 0) & torch.isfinite(total)
-        sup, unsup = self._clamp(w.sup, w.unsup)
-        return LossWeights(
-            torch.where(valid, sup, w.sup),
-            torch.where(valid, unsup, w.unsup),
-            w.sup_raw,
-            w.unsup_raw,
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "sup_floor": self.sup_floor, "unsup_cap": self.unsup_cap}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("sup_floor", "unsup_cap"):
-            if key in state and float(state[key]) != getattr(self, key):
-                raise ValueError(
-                    f"state was saved with {key}={state[key]}, this debiaser has "
-                    f"{getattr(self, key)}"
-                )
-        super().load_state_dict(state)
+        super().__init__(alpha, True, ema, sup_floor=sup_floor, unsup_cap=unsup_cap)
 
     def __repr__(self) -> str:
         return (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -10,29 +10,13 @@ from torch import Tensor
 __all__ = ["GradNormDebiaser", "LossWeights"]
 
 
-class LossWeights(tuple[Tensor, ...]):
+class LossWeights(NamedTuple):
     """``(sup, unsup, sup_raw, unsup_raw)`` tensors: applied weights and the raw Eq. 4-5 values."""
 
-    __slots__ = ()
-
-    def __new__(cls, sup: Tensor, unsup: Tensor, sup_raw: Tensor, unsup_raw: Tensor) -> LossWeights:
-        return super().__new__(cls, (sup, unsup, sup_raw, unsup_raw))
-
-    @property
-    def sup(self) -> Tensor:
-        return self[0]
-
-    @property
-    def unsup(self) -> Tensor:
-        return self[1]
-
-    @property
-    def sup_raw(self) -> Tensor:
-        return self[2]
-
-    @property
-    def unsup_raw(self) -> Tensor:
-        return self[3]
+    sup: Tensor
+    unsup: Tensor
+    sup_raw: Tensor
+    unsup_raw: Tensor
 
 
 class GradNormDebiaser:
@@ -44,14 +28,36 @@ class GradNormDebiaser:
 
     A degenerate step (no confident unlabelled sample, or both norms zero) weights the labelled
     term 1 and the empty term 0, and leaves the EMA untouched.
+
+    ``sup_floor`` and ``unsup_cap`` bound the applied weights of a valid step,
+    ``γ_sup = max(s, sup_floor)``, ``γ_unsup = min(u, unsup_cap)`` (``s, u`` the EMA-smoothed
+    weights, whose EMA evolves unclamped; ``LossWeights.sup_raw`` / ``unsup_raw`` stay the Eq. 4-5
+    values). The faithful defaults, 0 and 2, bound nothing (the weights lie in [0, 2]) and no
+    clamp runs; :class:`~eatta.debias.bounded.BoundedGradNormDebiaser` sets both to 1.
     """
 
-    def __init__(self, alpha: float = 0.8, normalize: bool = True, ema: bool = True) -> None:
+    def __init__(
+        self,
+        alpha: float = 0.8,
+        normalize: bool = True,
+        ema: bool = True,
+        *,
+        sup_floor: float = 0.0,
+        unsup_cap: float = 2.0,
+    ) -> None:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"EMA alpha must be in [0, 1], got {alpha}")
+        for name, value in (("sup_floor", sup_floor), ("unsup_cap", unsup_cap)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            if not 0.0 <= float(value) <= 2.0:
+                raise ValueError(f"{name} must be in [0, 2], got {value}")
         self.alpha = float(alpha)
         self.normalize = normalize
         self.ema = ema
+        self.sup_floor, self.unsup_cap = float(sup_floor), float(unsup_cap)
+        #: whether the bounds can change a weight (else the faithful weights, no clamp)
+        self.bounded = self.sup_floor > 0.0 or self.unsup_cap < 2.0
         self._state: Tensor | None = None  # [ema_sup, ema_unsup, initialized]
 
     @property
@@ -61,10 +67,13 @@ class GradNormDebiaser:
 
     @property
     def current(self) -> tuple[Tensor, Tensor] | None:
-        """The EMA weights ``(sup, unsup)``, or None before the first update."""
+        """The applied EMA weights ``(sup, unsup)`` (bounded), or None before the first update."""
         if self._state is None or not bool(self._state[2]):
             return None
-        return self._state[0], self._state[1]
+        sup, unsup = self._state[0], self._state[1]
+        if not self.bounded:
+            return sup, unsup
+        return sup.clamp(min=self.sup_floor), unsup.clamp(max=self.unsup_cap)
 
     def weights(self, g_sup: Tensor, g_unsup: Tensor, has_unsup: Tensor) -> LossWeights:
         """Weights for this step from the two global gradient norms; updates the EMA."""
@@ -99,6 +108,9 @@ class GradNormDebiaser:
         zero = torch.zeros_like(g_sup)
         sup = torch.where(valid, applied_sup, one)
         unsup = torch.where(valid, applied_unsup, torch.where(has_unsup, one, zero))
+        if self.bounded:  # γ_sup = max(s, sup_floor), γ_unsup = min(u, unsup_cap) where valid
+            sup = torch.where(valid, sup.clamp(min=self.sup_floor), sup)
+            unsup = torch.where(valid, unsup.clamp(max=self.unsup_cap), unsup)
         return LossWeights(sup, unsup, raw_sup, raw_unsup)
 
     def reset(self) -> None:
@@ -119,8 +131,17 @@ class GradNormDebiaser:
         return self
 
     def state_dict(self) -> dict[str, Any]:
-        return {"state": None if self._state is None else self._state.clone()}
+        state: dict[str, Any] = {"state": None if self._state is None else self._state.clone()}
+        if self.bounded:
+            state.update(sup_floor=self.sup_floor, unsup_cap=self.unsup_cap)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("sup_floor", "unsup_cap"):
+            if float(state.get(key, (0.0, 2.0)[key == "unsup_cap"])) != getattr(self, key):
+                raise ValueError(
+                    f"state was saved with {key}={state.get(key)}, this debiaser has "
+                    f"{getattr(self, key)}"
+                )
         s = state["state"]
         self._state = None if s is None else s.clone()

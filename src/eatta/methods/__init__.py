@@ -10,7 +10,7 @@ from eatta.methods import baseline as baseline
 from eatta.methods import cema as cema
 from eatta.methods import cotta as cotta
 from eatta.methods import eatta as eatta
-from eatta.methods import eatta_variants as eatta_variants
+from eatta.methods import eatta_family as eatta_family
 from eatta.methods import eta as eta
 from eatta.methods import hiltta as hiltta
 from eatta.methods import rdumb as rdumb

@@ -1,25 +1,77 @@
-"""The base of every adaptation method: wrap a model, predict, adapt in place, reset, save."""
+"""The base of every adaptation method: wrap a model, predict, adapt in place, reset, save.
+
+A batch goes through :meth:`AdaptiveMethod.forward` in one place: the request is checked (its
+tensor, its labels, then every part's own check) before anything changes; every part's
+``before_step``; the method's step (:meth:`AdaptiveMethod.forward_and_adapt`, a subclass's, as one
+transaction); every part's ``after_step``; and a reset if a part asked for one. The parts are
+:class:`~eatta.hooks.Hook` objects given to the constructor as keywords (:class:`Parts`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import TypedDict, Unpack
 
-from eatta._finite import is_finite
-from eatta.methods.parts import StepParts, WithParts
+from eatta._finite import DeferredFiniteCheck, all_finite
+from eatta.anchor import WeightAnchor, check_alpha
+from eatta.given import AsGiven, forget, record, recorded
+from eatta.hooks import Batch, Hook
 from eatta.normalization import has_batchnorm
-from eatta.split import ModelSplit, split_model
+from eatta.split import ModelSplit, SplitNotFoundError, check_split, split_model
+from eatta.window import (
+    SMALL_BATCH,
+    SMALL_REQUEST,
+    WINDOW_MOMENTUM,
+    WINDOW_REFRESH,
+    SampleWindow,
+    warn_small_batch,
+)
 
-__all__ = ["AdaptiveMethod", "InvalidInputError"]
+__all__ = [
+    "AdaptiveMethod",
+    "InvalidInputError",
+    "Parts",
+    "check_parts",
+    "is_finite",
+    "read_logits",
+    "unique_params",
+]
 
 
 class InvalidInputError(ValueError):
     """The batch cannot be adapted on (wrong dtype, rank, device, size, or non-finite values)."""
+
+
+class Parts(TypedDict, total=False):
+    """The parts every method's constructor and ``eatta.create`` take (None or absent: none)."""
+
+    #: adapt on a window of the last ``window`` samples, for requests of 1 to a few
+    #: (:class:`~eatta.window.SampleWindow`); False: windowing off explicitly
+    window: int | bool | SampleWindow | None
+    #: the window steps every this many samples (default: its size)
+    window_every: int | None
+    #: samples between refreshes of the served statistics between steps (None: at steps only)
+    window_refresh: int | None
+    #: the EMA rate of the statistics a window serves requests with
+    window_momentum: float | None
+    #: ``α`` of the pull toward the given weights after each step (:mod:`eatta.anchor`)
+    weight_anchor: float | None
+    #: the given model beside the adapted one (:class:`eatta.monitor.SourceFallback`)
+    fallback: Hook | None
+    #: audited accuracy and a guard (:class:`eatta.monitor.AccuracyMonitor`)
+    monitor: Hook | None
+
+
+#: The order parts run in: the anchor's pull before the window folds the statistics in; the
+#: monitor scores a request before the fallback decides on it.
+_ORDER = ("weight_anchor", "window", "monitor", "fallback")
 
 
 def _expected_rank(model: nn.Module) -> int | None:
@@ -35,23 +87,27 @@ def _expected_rank(model: nn.Module) -> int | None:
     return None
 
 
-class AdaptiveMethod(WithParts, nn.Module):
+class AdaptiveMethod(nn.Module):
     """A test-time adaptation method around ``model``: ``forward(x)`` predicts and adapts.
 
-    Holds the model (as submodule ``model``) and its optimizer. ``reset()`` restores the model,
-    the optimizer and all method state as they were when the method was created.
-    ``state_dict()`` holds the model's state plus, as extra state, the optimizer's and the
-    method's, so ``load_state_dict`` resumes a stream exactly. Subclasses implement
-    :meth:`forward_and_adapt` and list their stateful components in :meth:`state_parts`.
+    Holds the model (as submodule ``model``) and its optimizer. Wrapping changes the model in
+    place (its modes, the parameters it adapts; :func:`eatta.configure`), never its other values:
+    ``reset()`` restores the model (parameters and buffers), the optimizer and all method state
+    as they were when the method was created, and :meth:`unwrap` gives back the model exactly as
+    it was given. ``state_dict()`` holds the model's state plus, as extra state, the
+    optimizer's, the method's and its parts', so ``load_state_dict`` resumes a stream exactly.
+    Subclasses implement :meth:`forward_and_adapt` and list their stateful components in
+    :meth:`state_parts`.
 
     Each step is one transaction (:meth:`step`): the state parts are snapshotted before it and
     restored if it raises, so a failed step leaves no trace; the model and optimizer are never
     touched before everything that can fail has run (validate, then mutate).
 
-    The parts that compose with any method (:mod:`eatta.methods.parts`: a window of recent
-    samples, the given model as a fallback, a monitor, a weight anchor) are given to a method's
-    constructor, whose last line attaches them once everything they bind to is built
-    (``self.attach(**parts)``), or to :meth:`attach` later.
+    ``train()`` and ``eval()`` change nothing of how a method adapts or serves: the wrapped
+    model keeps the modes wrapping set (dropout off, BatchNorm on the batch's statistics), and
+    a method adapts on every batch whatever its mode, so calling ``eval()`` before serving is
+    harmless. To serve without adapting, use the model itself (:meth:`unwrap`) or
+    ``eatta.create("source", model)``.
     """
 
     #: Whether forward updates the model (False: predictions only, fine under inference_mode).
@@ -64,15 +120,11 @@ class AdaptiveMethod(WithParts, nn.Module):
         *,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        **parts: Unpack[Parts],
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-        self.model = model
-        self.optimizer = optimizer
-        self.check_finite = check_finite
-        self._split = ModelSplit(*split) if split is not None else None
-        self._split_example: Tensor | None = None  # the batch in progress, to find the split on
         if optimizer is not None:
             owned = {id(p) for p in model.parameters()}
             foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in owned]
@@ -80,11 +132,27 @@ class AdaptiveMethod(WithParts, nn.Module):
                 raise ValueError(
                     f"the optimizer holds {len(foreign)} parameter(s) that are not the model's"
                 )
+        self._as_given: AsGiven = record(model)
+        self.model = model
+        self.optimizer = optimizer
+        self.check_finite = check_finite
+        self._split = ModelSplit(*split) if split is not None else None
+        self._split_given = split is not None  # read through, and checked on the first batch
+        self._split_checked = split is None
         self._has_batchnorm = has_batchnorm(model)
         self._rank = _expected_rank(model)
+        self._given: nn.Module | None = None  # the frozen copy of the model as given, on demand
+        #: the input's finiteness read at the step's host synchronisation on an accelerator
+        #: (a method that reads it there sets it; :class:`~eatta._finite.DeferredFiniteCheck`)
+        self._deferred: DeferredFiniteCheck | None = None
+        self._released = False
         self.last_step: Any = None  # what the last step did (method-specific record)
         self._saved_parts: list[tuple[Any, Any]] | None = None  # the open transaction's snapshot
-        self._parts = StepParts(self)  # window, fallback, monitor, weight anchor: none yet
+        self._asked_mark = 0  # the request's answer records before the open transaction
+        self.batch: Batch | None = None  # the request in progress
+        self.hooks: list[Hook] = _build_parts(self, parts)
+        self._window_off = parts.get("window") is False
+        self._small_run: int | None = -1  # small batches in a row (-1: none yet; None: warned)
         self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._initial_optimizer = (
             copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
@@ -99,7 +167,8 @@ class AdaptiveMethod(WithParts, nn.Module):
         :func:`eatta.split.split_model`), and kept.
         """
         if self._split is None:
-            self._split = split_model(self.model, example=self._split_example)
+            example = None if self.batch is None else self.batch.step_x
+            self._split = split_model(self.model, example=example)
         return self._split
 
     @property
@@ -126,6 +195,66 @@ class AdaptiveMethod(WithParts, nn.Module):
         :class:`eatta.methods.active.ActiveMethod`)."""
         return 0
 
+    def part(self, name: str) -> Any:
+        """The part given as ``name`` (a key of :class:`Parts`), or None."""
+        return next((h for h in self.hooks if h.name == name), None)
+
+    @property
+    def window(self) -> SampleWindow | None:
+        """The small-batch window; None: each batch adapted on as given."""
+        found: SampleWindow | None = self.part("window")
+        return found
+
+    @property
+    def fallback(self) -> Any:
+        """The given model beside the adapted one, served on evidence
+        (:class:`eatta.monitor.SourceFallback`); None: the adapted model is always served."""
+        return self.part("fallback")
+
+    @property
+    def monitor(self) -> Any:
+        """Audited accuracy and guard (:class:`eatta.monitor.AccuracyMonitor`); None: none."""
+        return self.part("monitor")
+
+    @property
+    def weight_anchor(self) -> Any:
+        """The pull back toward the given weights after each step; None: no pull."""
+        return self.part("weight_anchor")
+
+    # -- the model as given ------------------------------------------------------------------
+    @property
+    def given(self) -> nn.Module:
+        """A frozen copy of the model as it was given (eval mode, its running statistics), made
+        on first use: the one copy the method's parts compare the adapted model with."""
+        if self._given is None:
+            self._given = self._as_given.copy()
+        return self._given
+
+    @torch.no_grad()
+    def given_logits(self, x: Tensor) -> Tensor:
+        """The given model's logits for ``x`` (its own statistics: per sample, batch-free)."""
+        given = self.given
+        ref = next(given.parameters(), None)
+        if ref is not None and (ref.device != x.device or ref.dtype != x.dtype):
+            given.to(device=x.device, dtype=x.dtype)
+        return read_logits(given(x.detach()), given)
+
+    def unwrap(self) -> nn.Module:
+        """The model exactly as it was given (modes, modules, parameters, buffers, memory format,
+        ``requires_grad``), restored in place and returned; the method cannot be used after."""
+        if recorded(self.model) is self._as_given:
+            forget(self.model)
+        self._released = True
+        return self._as_given.restore()
+
+    def train(self, mode: bool = True) -> AdaptiveMethod:
+        """Set the method's flag only: the wrapped model keeps the modes wrapping set, and the
+        method adapts whatever its mode (see the class docstring)."""
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        self.training = mode
+        return self
+
     # -- prediction ------------------------------------------------------------------------
     def forward(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
         """Predict on ``x`` (logits, computed before this batch's update) and adapt.
@@ -134,17 +263,52 @@ class AdaptiveMethod(WithParts, nn.Module):
         have ``set_labels``, e.g. :class:`~eatta.annotate.GroundTruthOracle`); it reveals only
         those the method asks for.
         """
-        x, labels = self._take_request(x, labels)
+        batch = self._begin(x, labels)
         try:
-            return self._parts.serve(x, labels, self._known_labels(x, labels))
+            for hook in self.hooks:
+                hook.before_step(self, batch)
+            if batch.step_x is not None:
+                if self.hooks:
+                    batch.step_logits = self._step_within(batch)
+                else:
+                    batch.step_logits = self.step(batch.step_x)
+                if batch.adapted is None:
+                    batch.adapted = batch.step_logits
+            batch.served = batch.adapted
+            for hook in self.hooks:
+                hook.after_step(self, batch)
+            if batch.reset is not None:
+                self.reset(keep_monitor=True)
+            assert batch.served is not None
+            return batch.served
         finally:
-            end_batch = getattr(getattr(self, "oracle", None), "end_batch", None)
-            if end_batch is not None:  # labels belong to one batch
-                end_batch()
+            self.batch = None
+            for taker in self.label_takers():
+                end_batch = getattr(taker, "end_batch", None)
+                if end_batch is not None:  # labels belong to one batch
+                    end_batch()
 
-    def _take_request(self, x: Tensor, labels: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    def _step_within(self, batch: Batch) -> Tensor:
+        """The step, inside the contexts the parts asked for."""
+        assert batch.step_x is not None
+        with contextlib.ExitStack() as stack:
+            for enter in batch.around:
+                stack.enter_context(enter())
+            return self.step(batch.step_x)
+
+    def label_takers(self) -> list[object]:
+        """Who may be given a simulated annotator's labels: the oracle, the parts' auditors."""
+        takers = [getattr(self, "oracle", None)]
+        takers += [getattr(h, "auditor", None) for h in self.hooks]
+        return [t for t in takers if t is not None]
+
+    def _begin(self, x: Tensor, labels: Tensor | None) -> Batch:
         """Check a request (and its simulated labels) before anything changes; give the labels
         to the oracle."""
+        if self._released:
+            raise RuntimeError(
+                f"this {type(self).__name__} gave its model back (unwrap()); wrap it anew"
+            )
         if self.adapts and torch.is_inference_mode_enabled():
             raise RuntimeError(
                 f"{type(self).__name__} adapts with autograd and cannot run under "
@@ -154,56 +318,42 @@ class AdaptiveMethod(WithParts, nn.Module):
         self.check_input(x)
         if x.is_inference():  # made under inference_mode: a normal copy can be saved for backward
             x = x.clone()
-        oracle = getattr(self, "oracle", None)
         if labels is not None:
-            takers = [oracle, *self._parts.auditors()]
+            takers = self.label_takers()
             if not any(hasattr(t, "set_labels") for t in takers):
                 raise TypeError(
-                    f"{type(self).__name__}(x, labels=...) needs an oracle (or a monitor's "
-                    "auditor) with set_labels (a GroundTruthOracle)"
+                    f"{type(self).__name__}(x, labels=...) needs an oracle (or a part's auditor) "
+                    "with set_labels (a GroundTruthOracle)"
                 )
             labels = torch.as_tensor(labels)
             if labels.shape != (x.shape[0],):
                 raise InvalidInputError(
                     f"labels must have shape ({x.shape[0]},), got {tuple(labels.shape)}"
                 )
-        self._parts.check(x, labels)
+        batch = Batch(x, labels, step_x=x, step_labels=labels)
+        if not self._split_checked:
+            check_split(self.model, self.split, x)
+            self._split_checked = True
+        for hook in self.hooks:
+            hook.check(self, batch)
+        if self._small_run is not None and self.adapts and self.window is None:
+            if x.shape[0] < (SMALL_BATCH if self._has_batchnorm else SMALL_REQUEST):
+                self._small_run = warn_small_batch(self, x, self._small_run, self._window_off)
+            else:
+                self._small_run = 0
+        oracle = getattr(self, "oracle", None)
         if labels is not None and hasattr(oracle, "set_labels"):
             oracle.set_labels(labels)  # type: ignore[union-attr]  # checked just above
-        return x, labels
-
-    def _known_labels(self, x: Tensor, labels: Tensor | None) -> Tensor | None:
-        """A windowed request's labels for the window (a simulated annotator's), if known: the
-        oracle's, else an auditor's (a label-free method's fallback or monitor), so that a step
-        on the window can audit its older samples too."""
-        if self.window is None or labels is not None:
-            return labels
-        for taker in (getattr(self, "oracle", None), *self._parts.auditors()):
-            known: Tensor | None = getattr(taker, "batch_labels", None)
-            if known is None:
-                continue
-            if len(known) != x.shape[0]:
-                raise InvalidInputError(
-                    f"the {'oracle' if taker is getattr(self, 'oracle', None) else 'auditor'} "
-                    f"holds {len(known)} labels for a request of {x.shape[0]} samples; give "
-                    "each request its own (method(x, labels=y))"
-                )
-            return known
-        return None
+        self.batch = batch
+        return batch
 
     def step(self, x: Tensor) -> Tensor:
         """One step on ``x`` (a batch, or a window's samples) as one transaction, gradients on:
-        :meth:`forward_and_adapt`'s logits. The parts run around it
-        (:meth:`eatta.methods.parts.StepParts.step`); call ``method(x)`` to serve a request."""
-        if self._split is None:
-            self._split_example = x
-        try:
-            with self.transaction(), torch.enable_grad():
-                return self.forward_and_adapt(x)
-        finally:
-            self._split_example = None
+        :meth:`forward_and_adapt`'s logits. Call ``method(x)`` to serve a request."""
+        with self.transaction(), torch.enable_grad():
+            return self.forward_and_adapt(x)
 
-    @contextmanager
+    @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """Snapshot :meth:`state_parts`; restore them if the body raises."""
         outer = self._saved_parts
@@ -230,6 +380,7 @@ class AdaptiveMethod(WithParts, nn.Module):
             snap = getattr(part, "snapshot", None)
             saved.append((part, snap() if snap is not None else copy.deepcopy(part.state_dict())))
         self._saved_parts = saved
+        self._asked_mark = 0 if self.batch is None else len(self.batch.asked)
 
     def restore_parts(self) -> None:
         """Restore every part to the open transaction's snapshot."""
@@ -239,12 +390,35 @@ class AdaptiveMethod(WithParts, nn.Module):
                 restore(token)
             else:
                 part.load_state_dict(copy.deepcopy(token))
+        if self.batch is not None:  # what the failed step asked is no longer the request's
+            del self.batch.asked[self._asked_mark :]
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
+        """The method's step on ``x``: its logits before the update (a subclass's)."""
         raise NotImplementedError
 
-    def check_input(self, x: Tensor) -> None:
-        """Raise :class:`InvalidInputError` for a batch that cannot be adapted on."""
+    # -- reading the model -----------------------------------------------------------------
+    def logits(self, x: Tensor) -> Tensor:
+        """The model's ``[batch, classes]`` logits for ``x``: through the split when one was
+        given, else the model's output, which must then be a tensor (a dict or a tuple is
+        refused with a message naming ``split=``)."""
+        if self._split_given:
+            assert self._split is not None
+            backbone, head = self._split
+            return read_logits(head(backbone(x)), self.model, what="the split's head")
+        return read_logits(self.model(x), self.model)
+
+    def features_and_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(z, o)``: the backbone's features and the head's ``[batch, classes]`` logits."""
+        if self._split is None:
+            self._split = split_model(self.model, example=x)
+        backbone, head = self._split
+        z = backbone(x)
+        return z, read_logits(head(z), self.model, what="the head")
+
+    def check_input(self, x: Tensor, *, finite: bool | None = None) -> None:
+        """Raise :class:`InvalidInputError` for a batch that cannot be adapted on (``finite``:
+        whether to check its values are finite now; None: as ``check_finite`` says)."""
         if not isinstance(x, Tensor):
             raise InvalidInputError(f"input must be a torch.Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
@@ -254,8 +428,8 @@ class AdaptiveMethod(WithParts, nn.Module):
             raise InvalidInputError(f"input must be {want}, got shape {tuple(x.shape)}")
         if x.shape[0] == 0:
             raise InvalidInputError("input batch is empty")
-        if x.shape[0] == 1 and self._has_batchnorm and self.window is None:
-            off = " with windowing turned off (window=False)" if self._parts.window_off else ""
+        if x.shape[0] == 1 and self._has_batchnorm and self.window is None and self.adapts:
+            off = " with windowing turned off (window=False)" if self._window_off else ""
             raise InvalidInputError(
                 f"a batch of 1 (input shape {tuple(x.shape)}) cannot be adapted on{off}: the "
                 "model's BatchNorm layers normalize with the statistics of the batch; create the "
@@ -270,20 +444,26 @@ class AdaptiveMethod(WithParts, nn.Module):
                 raise InvalidInputError(
                     f"input dtype {x.dtype} differs from the model's {ref.dtype}"
                 )
-        if self.check_finite and not is_finite(x):
+        finite = self.check_finite if finite is None else finite
+        deferred = self._deferred
+        if deferred is not None and x.device.type != "cpu":  # read at the step's host sync
+            finite = not deferred.begin(x if finite else None, self.model) and finite
+        if finite and not is_finite(x):
             raise InvalidInputError("input contains NaN or infinite values")
 
     # -- state -------------------------------------------------------------------------------
     def reset(self, *, keep_monitor: bool = False) -> None:
-        """Restore model, optimizer and method state to their values at creation; the window is
-        emptied, and the monitor and the fallback, if any (:mod:`eatta.monitor`), are cleared
-        too unless ``keep_monitor`` (a guard's reset, or a benchmark's reset at each domain,
-        keeps measuring the same stream)."""
+        """Restore model (parameters and buffers), optimizer and method state to their values
+        at creation; every part is cleared too, except, with ``keep_monitor``, the parts that
+        measure the stream (the monitor, the fallback: a reset their evidence asked for, or a
+        benchmark's reset at each domain, keeps measuring the same stream)."""
         self.model.load_state_dict(self._initial_model)
         if self.optimizer is not None and self._initial_optimizer is not None:
             self.optimizer.load_state_dict(copy.deepcopy(self._initial_optimizer))
         self.reset_method_state()
-        self._parts.reset(keep_monitor=keep_monitor)
+        for hook in self.hooks:
+            if not (keep_monitor and hook.measures):
+                hook.reset()
 
     def state_parts(self) -> dict[str, Any]:
         """Named stateful components (budget, selector, buffer, ...), each with ``reset()``,
@@ -325,19 +505,6 @@ class AdaptiveMethod(WithParts, nn.Module):
         ref = next(self.model.parameters(), None)
         return None if ref is None else ref.device
 
-    def features_and_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``(z, o)``: the backbone's features and the head's ``[batch, classes]`` logits."""
-        if self._split is None:
-            self._split = split_model(self.model, example=x)
-        backbone, head = self._split
-        z = backbone(x)
-        o = head(z)
-        if o.dim() != 2:
-            raise RuntimeError(
-                f"the head must return [batch, classes] logits, got {tuple(o.shape)}"
-            )
-        return z, o
-
     def state_signature(self) -> dict[str, Any]:
         """What a saved state must match to load: the method's class and its state parts (their
         names and types), so a state from another method or configuration is refused."""
@@ -349,7 +516,9 @@ class AdaptiveMethod(WithParts, nn.Module):
                 if part is not None
             },
         }
-        signature.update(self._parts.signature())
+        window = self.window
+        if window is not None:
+            signature["window"] = [window.size, window.every]
         return signature
 
     def get_extra_state(self) -> dict[str, Any]:
@@ -357,7 +526,7 @@ class AdaptiveMethod(WithParts, nn.Module):
             "signature": self.state_signature(),
             "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
             "method": self.method_state(),
-            **self._parts.state_dict(),  # the monitor's, the fallback's, the window's
+            **{hook.name: hook.state_dict() for hook in self.hooks},
         }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
@@ -372,7 +541,95 @@ class AdaptiveMethod(WithParts, nn.Module):
             # from a live method would otherwise keep moving with it
             self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
         self.load_method_state(state.get("method", {}))
-        self._parts.load_state_dict(state, self.device)
+        device = self.device
+        for hook in self.hooks:
+            if state.get(hook.name) is not None:
+                hook.load_state_dict(copy.deepcopy(state[hook.name]))
+                move = getattr(hook, "to", None)
+                if device is not None and move is not None:
+                    move(device)
+
+
+def check_parts(parts: Mapping[str, Any]) -> None:
+    """The parts' own checks, before any method or model is touched: unknown keywords, the
+    window's numbers, the anchor's ``α``, the fallback's and the monitor's kinds."""
+    unknown = set(parts) - set(Parts.__annotations__)
+    if unknown:
+        raise TypeError(
+            f"unknown part(s) {', '.join(sorted(unknown))}; the parts are "
+            f"{', '.join(Parts.__annotations__)}"
+        )
+    window = parts.get("window")
+    if window is True:
+        raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
+    if window is not None and window is not False and not isinstance(window, SampleWindow):
+        SampleWindow(
+            window,
+            parts.get("window_every"),
+            parts.get("window_refresh", WINDOW_REFRESH),
+            parts.get("window_momentum") or WINDOW_MOMENTUM,
+        )
+    if parts.get("weight_anchor") is not None:
+        check_alpha(parts["weight_anchor"])
+    for name in ("monitor", "fallback"):
+        part = parts.get(name)
+        if part is not None and (not isinstance(part, Hook) or part.name != name):
+            raise TypeError(
+                f"{name}= takes a part whose name is {name!r} (an eatta.monitor "
+                f"{'SourceFallback' if name == 'fallback' else 'AccuracyMonitor'}), got "
+                f"{type(part).__name__}"
+            )
+
+
+def read_logits(out: Any, model: nn.Module, *, what: str = "the model") -> Tensor:
+    """``out`` if it is ``[batch, classes]`` logits; else a :class:`SplitNotFoundError` saying
+    what ``what`` returned and how to pass ``split=`` (the one place every method reads a model's
+    output, so a dict or a tuple is refused the same way everywhere)."""
+    if isinstance(out, Tensor) and out.dim() == 2:
+        return out
+    if isinstance(out, dict):
+        keys = ", ".join(repr(k) for k in out)
+        got = f"a dict (keys {keys})"
+    elif isinstance(out, tuple | list):
+        got = f"a {type(out).__name__} of {len(out)}"
+    else:
+        got = (
+            f"a {type(out).__name__}"
+            if not isinstance(out, Tensor)
+            else f"shape {tuple(out.shape)}"
+        )
+    raise SplitNotFoundError(
+        f"{what} ({type(model).__name__}) returned {got}, not [batch, classes] logits: pass "
+        "split=(backbone, head), two modules sharing the model's parameters whose "
+        "head(backbone(x)) is the logits, e.g. split=(model.backbone, model.classifier)"
+    )
+
+
+def is_finite(x: Tensor) -> bool:
+    """``bool(all_finite(x))``, read now (it syncs the device): on the CPU the two extremes are
+    read as Python floats, which spares the small tensor ops that dominate a request of one
+    sample."""
+    if x.device.type != "cpu" or not x.is_floating_point() or x.numel() == 0:
+        return bool(all_finite(x))
+    lo, hi = torch.aminmax(x)
+    return math.isfinite(lo.item()) and math.isfinite(hi.item())
+
+
+def _build_parts(method: AdaptiveMethod, parts: Parts) -> list[Hook]:
+    """The parts given as keywords, checked and in the order they run (:data:`_ORDER`)."""
+    check_parts(parts)
+    hooks: dict[str, Hook] = {}
+    alpha = parts.get("weight_anchor")
+    if alpha is not None:
+        hooks["weight_anchor"] = WeightAnchor(alpha, method)
+    window = SampleWindow.build(method, parts)
+    if window is not None:
+        hooks["window"] = window
+    for name in ("monitor", "fallback"):
+        part: Hook | None = parts.get(name)  # type: ignore[assignment]  # checked: a Hook
+        if part is not None:
+            hooks[name] = part
+    return [hooks[name] for name in _ORDER if name in hooks]
 
 
 def _describe(signature: dict[str, Any]) -> str:

@@ -4,84 +4,69 @@ EATTA paper, Sec. 4 and supplementary: the baseline "builds on TENT, randomly se
 specified number of samples from each online batch for manual annotation and then performs ATTA
 using Eq. 2": cross-entropy on the labelled samples plus the entropy of the confident
 (``H < 0.4 ln C``) unlabelled samples, both with weight ``γ = 1``. It is EATTA with its three
-components switched off: random selection, no class balancing, no gradient-norm debiasing.
+components switched off (random selection, no class balancing, no gradient-norm debiasing), so
+it is built as one (:func:`baseline`): the registered ``"baseline"`` is an
+:class:`~eatta.methods.eatta.EATTA`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from typing_extensions import Unpack
 
+from eatta.annotate.asking import DEFAULT_LABEL_EXPIRY
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
-from eatta.methods._active import DEFAULT_LABEL_EXPIRY
-from eatta.methods.base import AdaptiveMethod
+from eatta.methods.base import AdaptiveMethod, Parts
 from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.selection.uncertainty import RandomSelector
 from eatta.split import ModelSplit
 
-__all__ = ["Baseline"]
+__all__ = ["BaselineConfig", "baseline"]
 
 
-class Baseline(EATTA):
-    """EATTA's step with uniformly random selection, no class balancing and weights 1, 1.
-
-    Args:
-        model: a classifier prepared with :func:`eatta.configure` (in place).
-        optimizer: over the trainable parameters (TENT's: SGD lr 2.5e-4, momentum 0.9).
-        oracle: ``oracle(selected_inputs, indices) -> labels``, or an asynchronous annotator
-            (classes or yes/no; see :class:`~eatta.methods.eatta.EATTA`).
-        budget: labels per batch (int) or a :class:`~eatta.budget.Budget`.
-        seed: seed of the random selection.
-        buffer: optional replay buffer of labelled samples (capacity or :class:`LabelBuffer`).
-        entropy_margin: confident-sample threshold; default ``0.4 ln C``.
-        label_expiry: steps an asynchronous request waits for its answer before it expires.
-        split: ``(backbone, head)`` for models whose split is not found automatically.
-        check_finite: refuse batches with NaN or infinite values.
-        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
-            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        oracle: Oracle,
-        budget: int | Budget = 1,
-        seed: int = 0,
-        buffer: LabelBuffer | int | None = None,
-        entropy_margin: float | None = None,
-        label_expiry: int = DEFAULT_LABEL_EXPIRY,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
-    ) -> None:
-        super().__init__(
-            model,
-            optimizer,
-            oracle=oracle,
-            budget=budget,
-            selector=RandomSelector(seed),
-            balance=None,
-            debiaser=GradNormDebiaser(normalize=False),
-            buffer=buffer,
-            entropy_margin=entropy_margin,
-            label_expiry=label_expiry,
-            split=split,
-            check_finite=check_finite,
-        )
-        self.attach(**parts)
+def baseline(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    oracle: Oracle,
+    budget: int | Budget = 1,
+    seed: int = 0,
+    buffer: LabelBuffer | int | None = None,
+    entropy_margin: float | None = None,
+    label_expiry: int = DEFAULT_LABEL_EXPIRY,
+    split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
+    check_finite: bool = True,
+    **parts: Unpack[Parts],
+) -> EATTA:
+    """The Baseline: EATTA's step with uniformly random selection (``seed``), no class
+    balancing and weights 1, 1; the other arguments as :class:`~eatta.methods.eatta.EATTA`'s
+    (TENT's optimizer: SGD lr 2.5e-4, momentum 0.9)."""
+    return EATTA(
+        model,
+        optimizer,
+        oracle=oracle,
+        budget=budget,
+        selector=RandomSelector(seed),
+        balance=None,
+        debiaser=GradNormDebiaser(normalize=False),
+        buffer=buffer,
+        entropy_margin=entropy_margin,
+        label_expiry=label_expiry,
+        split=split,
+        check_finite=check_finite,
+        **parts,
+    )
 
 
 @dataclass(frozen=True)
@@ -96,11 +81,11 @@ class BaselineConfig(ActiveConfig):
 
 
 def _build_baseline(
-    model: nn.Module, cfg: BaselineConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: BaselineConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     assert oracle is not None
     params = configure(model, cfg.params)
-    return Baseline(
+    return baseline(
         model,
         make_optimizer(params, cfg),
         oracle=oracle,
@@ -110,6 +95,7 @@ def _build_baseline(
         entropy_margin=cfg.entropy_margin,
         split=cfg.split,
         label_expiry=cfg.label_expiry,
+        **parts,
     )
 
 

@@ -34,27 +34,27 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
+from eatta.annotate.asking import DEFAULT_LABEL_EXPIRY
 from eatta.annotate.oracle import Oracle
 from eatta.balance import NoClassBalance, Selection
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.losses import entropy
-from eatta.methods._active import DEFAULT_LABEL_EXPIRY
-from eatta.methods.active import ActiveMethod, late_samples
-from eatta.methods.base import AdaptiveMethod
+from eatta.methods.active import ActiveMethod
+from eatta.methods.base import AdaptiveMethod, Parts
 from eatta.methods.config import ActiveConfig, ParamSelection, hparam
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
+from eatta.methods.replay import late_samples
 from eatta.selection.dynamic_margin import DynamicMarginSelector
 from eatta.split import ModelSplit
 
-__all__ = ["CEMA", "CEMAStep"]
+__all__ = ["CEMA", "CEMARecord"]
 
 
 @dataclass
-class CEMAStep:
+class CEMARecord:
     """What one CEMA step did."""
 
     logits: Tensor
@@ -125,6 +125,7 @@ class CEMA(ActiveMethod):
             label_expiry=label_expiry,
             split=split,
             check_finite=check_finite,
+            **parts,
         )
         self.selector = selector if selector is not None else DynamicMarginSelector(strict=True)
         self.balance = NoClassBalance()
@@ -133,8 +134,7 @@ class CEMA(ActiveMethod):
         self.entropy_margin = entropy_margin
         for p in self._train:
             p.requires_grad_(True)
-        self.last_step: CEMAStep | None = None
-        self.attach(**parts)
+        self.last_step: CEMARecord | None = None
 
     def thresholds(self, num_classes: int) -> tuple[float, float]:
         """The current ``(E_max^t, E_min)``."""
@@ -157,7 +157,7 @@ class CEMA(ActiveMethod):
         assert ans.selection is not None  # selects on every batch
         band = ans.selection.update["band"]
         lab_idx, lab_y = ans.indices, ans.targets
-        record = CEMAStep(
+        record = CEMARecord(
             logits=o.detach(),
             band=band,
             thresholds=ans.selection.update["thresholds"],
@@ -177,7 +177,7 @@ class CEMA(ActiveMethod):
             if self.buffer is not None:
                 self.buffer.add(late_x, late_y)
         self._update(x, band, lab_idx, lab_y, num_classes, record, late_x, late_y)
-        self.asking_committed()
+        self.asking.committed()
         self.last_step = record
         return o.detach()
 
@@ -188,7 +188,7 @@ class CEMA(ActiveMethod):
         lab_idx: Tensor,
         lab_y: Tensor,
         num_classes: int,
-        record: CEMAStep,
+        record: CEMARecord,
         late_x: Tensor | None = None,
         late_y: Tensor | None = None,
     ) -> None:
@@ -211,7 +211,7 @@ class CEMA(ActiveMethod):
         inputs = torch.cat(rows)
         if len(inputs) == 0 or (self.has_batchnorm and len(inputs) < 2):
             return  # nothing uploaded, or one sample that BatchNorm cannot normalize alone
-        logits = self.model(inputs)
+        logits = self.logits(inputs)
         margin = (
             self.entropy_margin if self.entropy_margin is not None else 0.4 * math.log(num_classes)
         )
@@ -264,7 +264,7 @@ class CEMAConfig(ActiveConfig):
 
 
 def _build_cema(
-    model: nn.Module, cfg: CEMAConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: CEMAConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     assert oracle is not None
     params = configure(model, cfg.params)
@@ -288,6 +288,7 @@ def _build_cema(
         entropy_margin=cfg.entropy_margin,
         split=cfg.split,
         label_expiry=cfg.label_expiry,
+        **parts,
     )
 
 

@@ -29,8 +29,8 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type
 from torch import nn
 from typing_extensions import Self
 
+from eatta.annotate.asking import DEFAULT_LABEL_EXPIRY
 from eatta.configure import ParamFilter
-from eatta.methods._active import DEFAULT_LABEL_EXPIRY
 from eatta.split import ModelSplit
 
 __all__ = [

@@ -48,16 +48,15 @@ from typing_extensions import Unpack
 from eatta._compat import import_torchvision
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
-from eatta.configure import configure
-from eatta.methods.base import AdaptiveMethod
+from eatta.configure import batch_statistics_of, configure
+from eatta.methods.base import AdaptiveMethod, Parts, read_logits
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
 from eatta.split import ModelSplit
 
-__all__ = ["CoTTA", "CoTTAStep", "TTAAugment", "cotta_param_filter", "symmetric_cross_entropy"]
+__all__ = ["CoTTA", "CoTTARecord", "TTAAugment", "cotta_param_filter", "symmetric_cross_entropy"]
 
 
 def symmetric_cross_entropy(student: Tensor, teacher: Tensor) -> Tensor:
@@ -153,7 +152,7 @@ class TTAAugment:
 
 
 @dataclass
-class CoTTAStep:
+class CoTTARecord:
     """What one CoTTA step did (tensors detached)."""
 
     student_logits: Tensor
@@ -204,10 +203,9 @@ class CoTTA(AdaptiveMethod):
             raise ValueError(f"restore_prob must be in [0, 1], got {restore_prob!r}")
         if not isinstance(num_augmentations, int) or num_augmentations < 1:
             raise ValueError(f"num_augmentations must be an integer >= 1, got {num_augmentations}")
-        super().__init__(model, optimizer, split=split, check_finite=check_finite)
+        super().__init__(model, optimizer, split=split, check_finite=check_finite, **parts)
         self._train = trainable(optimizer, "CoTTA")
-        self.teacher = copy.deepcopy(model).requires_grad_(False)
-        self.anchor = copy.deepcopy(model).requires_grad_(False)
+        self.teacher = copy.deepcopy(model).requires_grad_(False)  # the mean teacher (EMA)
         self.ema_momentum = float(ema_momentum)
         self.restore_prob = float(restore_prob)
         self.ap_threshold = float(ap_threshold)
@@ -217,18 +215,19 @@ class CoTTA(AdaptiveMethod):
         self.generator = torch.Generator().manual_seed(self.seed)
         names = {id(p): n for n, p in model.named_parameters()}
         self._source_names = [names[id(p)] for p in self._train]
-        self.last_step: CoTTAStep | None = None
-        self.attach(**parts)
+        self.last_step: CoTTARecord | None = None
 
     # -- the step ----------------------------------------------------------------------------
     @torch.no_grad()
     def _teacher_prediction(self, x: Tensor) -> tuple[Tensor, float, bool]:
-        confidence = float(self.anchor(x).softmax(dim=1).amax(dim=1).mean())
+        with batch_statistics_of(self.given):  # the anchor: the model as given, as configured
+            anchor = self.given_logits(x)
+        confidence = float(anchor.softmax(dim=1).amax(dim=1).mean())
         if confidence >= self.ap_threshold:
-            return self.teacher(x), confidence, False
+            return read_logits(self.teacher(x), self.teacher), confidence, False
         total: Tensor | None = None
         for _ in range(self.num_augmentations):  # one augmented batch per forward: bounded memory
-            out = self.teacher(self.augment(x, self.generator))
+            out = read_logits(self.teacher(self.augment(x, self.generator)), self.teacher)
             total = out if total is None else total + out
         assert total is not None
         return total / self.num_augmentations, confidence, True
@@ -236,7 +235,7 @@ class CoTTA(AdaptiveMethod):
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         rng = self.generator.get_state()
         try:
-            student = self.model(x)
+            student = self.logits(x)
             teacher, confidence, augmented = self._teacher_prediction(x)
             loss = symmetric_cross_entropy(student, teacher.detach()).mean()
             set_grads(loss, self._train)
@@ -247,7 +246,7 @@ class CoTTA(AdaptiveMethod):
         self.optimizer.zero_grad(set_to_none=True)
         self._update_teacher()
         self._restore()
-        self.last_step = CoTTAStep(
+        self.last_step = CoTTARecord(
             student_logits=student.detach(),
             teacher_logits=teacher.detach(),
             anchor_confidence=confidence,
@@ -309,7 +308,7 @@ class CoTTAConfig(OptimizerConfig):
 
 
 def _build_cotta(
-    model: nn.Module, cfg: CoTTAConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: CoTTAConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     params = configure(model, cfg.params)
     return CoTTA(
@@ -322,6 +321,7 @@ def _build_cotta(
         augment=cfg.augment,
         seed=cfg.seed,
         split=cfg.split,
+        **parts,
     )
 
 

@@ -32,27 +32,25 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
-from eatta._finite import is_finite
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods.base import AdaptiveMethod, InvalidInputError
+from eatta.methods.base import AdaptiveMethod, InvalidInputError, Parts, is_finite
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
 from eatta.split import ModelSplit
 
-__all__ = ["ETA", "EATAFisher", "ETAStep", "FisherInfo", "compute_fishers"]
+__all__ = ["ETA", "EATAFisher", "ETARecord", "FisherInfo", "compute_fishers"]
 
 #: Parameter name -> (Fisher information, parameter value it was measured at).
 FisherInfo = dict[str, tuple[Tensor, Tensor]]
 
 
 @dataclass
-class ETAStep:
+class ETARecord:
     """What one ETA step did (tensors detached, on the model's device)."""
 
     logits: Tensor
@@ -97,7 +95,7 @@ class ETA(AdaptiveMethod):
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin!r}")
         if not 0.0 <= prob_momentum <= 1.0:
             raise ValueError(f"prob_momentum must be in [0, 1], got {prob_momentum!r}")
-        super().__init__(model, optimizer, split=split, check_finite=check_finite)
+        super().__init__(model, optimizer, split=split, check_finite=check_finite, **parts)
         self.entropy_margin = entropy_margin
         self.d_margin = float(d_margin)
         self.prob_momentum = float(prob_momentum)
@@ -105,15 +103,14 @@ class ETA(AdaptiveMethod):
         self.model_probs: Tensor | None = None
         self.num_reliable = 0
         self.num_kept = 0
-        self.last_step: ETAStep | None = None
-        self.attach(**parts)
+        self.last_step: ETARecord | None = None
 
     def regularizer(self) -> Tensor | None:
         """An extra loss term added to the entropy loss (None for ETA)."""
         return None
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
-        logits = self.model(x)
+        logits = self.logits(x)
         if logits.dim() != 2:
             raise RuntimeError(f"the model must return [batch, classes], got {tuple(logits.shape)}")
         margin = (
@@ -146,7 +143,7 @@ class ETA(AdaptiveMethod):
                 self.model_probs = m * self.model_probs + (1 - m) * mean
         self.num_reliable += int(reliable.sum())
         self.num_kept += n_kept
-        self.last_step = ETAStep(
+        self.last_step = ETARecord(
             logits=logits.detach(),
             entropy=h.detach(),
             reliable=reliable,
@@ -290,11 +287,11 @@ class EATAFisher(ETA):
             prob_momentum=prob_momentum,
             split=split,
             check_finite=check_finite,
+            **parts,
         )
         self.fisher_alpha = float(fisher_alpha)
         self._named = dict(model.named_parameters())
         self.fishers: FisherInfo = self._checked(fishers)
-        self.attach(**parts)
 
     def _checked(self, fishers: Mapping[str, tuple[Tensor, Tensor]]) -> FisherInfo:
         if not fishers:
@@ -369,14 +366,14 @@ def _eta_kwargs(cfg: ETAConfig) -> dict[str, Any]:
 
 
 def _build_eta(
-    model: nn.Module, cfg: ETAConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: ETAConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     params = configure(model, cfg.params)
-    return ETA(model, make_optimizer(params, cfg), **_eta_kwargs(cfg))
+    return ETA(model, make_optimizer(params, cfg), **_eta_kwargs(cfg), **parts)
 
 
 def _build_eata(
-    model: nn.Module, cfg: EATAConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: EATAConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     fishers, data = cfg.fishers, cfg.fisher_data
     if fishers is None and data is None:
@@ -394,6 +391,7 @@ def _build_eata(
         fishers=fishers,
         fisher_alpha=cfg.fisher_alpha,
         **_eta_kwargs(cfg),
+        **parts,
     )
 
 
@@ -413,5 +411,6 @@ register(
         config=EATAConfig,
         datasets=DATASET_PRESETS["eata"],
         summary="EATA: ETA plus a Fisher regularizer from clean data (fisher_data=)",
+        needs=("fisher_data",),
     )
 )

@@ -78,16 +78,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
+from eatta.annotate.asking import DEFAULT_LABEL_EXPIRY
 from eatta.annotate.oracle import Oracle
 from eatta.balance import NoClassBalance
 from eatta.budget import Budget
-from eatta.configure import configure
-from eatta.methods._active import DEFAULT_LABEL_EXPIRY
+from eatta.configure import batch_statistics_of, configure
 from eatta.methods.active import ActiveMethod
-from eatta.methods.base import AdaptiveMethod
+from eatta.methods.base import AdaptiveMethod, Parts, read_logits
 from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.eta import ETA
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.sar import SAM, SAR, sar_params
@@ -95,7 +94,7 @@ from eatta.methods.tent import Tent
 from eatta.selection.kmargin import KMarginSelector
 from eatta.split import ModelSplit
 
-__all__ = ["DEFAULT_GRIDS", "HILTTA", "HILTTAStep", "min_max", "smooth"]
+__all__ = ["DEFAULT_GRIDS", "HILTTA", "HILTTARecord", "min_max", "smooth"]
 
 #: The authors' grids (run.sh), per tuned hyperparameter.
 LR_GRID = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3)
@@ -129,7 +128,7 @@ def smooth(previous: Tensor | None, current: Tensor, momentum: float) -> Tensor:
 
 
 @dataclass
-class HILTTAStep:
+class HILTTARecord:
     """What one HILTTA step did."""
 
     logits: Tensor
@@ -165,8 +164,8 @@ class HILTTA(ActiveMethod):
         budget: labels per batch (>= 1), or a :class:`~eatta.budget.Budget`.
         candidates: the values tried per batch, in order (default: the base's grid of run.sh).
         tune: ``"lr"`` or ``"d_margin"`` (ETA only); default: the base's, as in run.sh.
-        anchor: the source model, before configuring (default: a frozen copy of ``model`` as it
-            is now; pass the unconfigured model so the anchor keeps its running statistics).
+        anchor: the source model (default: the method's copy of the model as it was given,
+            :attr:`~eatta.AdaptiveMethod.given`, running statistics included).
         anchor_stats: ``"batch"`` (the anchor's BatchNorm layers normalise with the statistics
             of its input, as the authors' ImageNet anchor in train mode) or ``"running"``.
         active_optimizer: optimizer of the supervised step (default Adam, lr ``active_lr``,
@@ -237,17 +236,15 @@ class HILTTA(ActiveMethod):
             raise TypeError("HILTTA's base method needs an optimizer (its lr is tuned)")
         super().__init__(
             model, base.optimizer, oracle=oracle, budget=budget, label_expiry=label_expiry,
-            split=split, check_finite=check_finite,
+            split=split, check_finite=check_finite, **parts,
         )  # fmt: skip
         object.__setattr__(self, "_base", base)  # not a submodule: its model is ours
         self.base_name, self.tune, self.candidates = name, tune, grid
         self.selector = KMarginSelector()
         self.balance = NoClassBalance()
-        frozen = anchor if anchor is not None else copy.deepcopy(model)
-        if anchor_stats == "batch":
-            configure(frozen, "norm")  # eval mode, BatchNorm on the statistics of its input
-        frozen.requires_grad_(False)
-        self.anchor = frozen.eval()
+        if anchor is not None:
+            anchor = anchor.requires_grad_(False).eval()
+        self._anchor = anchor  # None: the method's copy of the model as given
         self.anchor_stats = anchor_stats
         self.sar_momentum = sar_momentum
         self.active_optimizer = active_optimizer or torch.optim.Adam(
@@ -258,10 +255,14 @@ class HILTTA(ActiveMethod):
         self.score_momentum = float(score_momentum)
         self.scores: Tensor | None = None
         self._initial_value = self.value
-        self.last_step: HILTTAStep | None = None
-        self.attach(**parts)
+        self.last_step: HILTTARecord | None = None
 
     # -- the base and its hyperparameter ---------------------------------------------------
+    @property
+    def anchor(self) -> nn.Module:
+        """The source model the candidates are compared with (frozen, eval mode)."""
+        return self.given if self._anchor is None else self._anchor
+
     @property
     def base(self) -> AdaptiveMethod:
         """The label-free method whose hyperparameter is chosen."""
@@ -305,7 +306,7 @@ class HILTTA(ActiveMethod):
             late_x = torch.stack([a.request.sample for a in late]).to(x.device, x.dtype)
             late_y = torch.tensor([a.label for a in late], dtype=torch.long, device=x.device)
             pool_x, pool_y = torch.cat([pool_x, late_x]), torch.cat([pool_y, late_y])
-        record = HILTTAStep(logits=o.detach(), selected=lab_idx, labels=lab_y, late=len(late))
+        record = HILTTARecord(logits=o.detach(), selected=lab_idx, labels=lab_y, late=len(late))
 
         start, scores = self._copy(), self.scores  # the rollback point (their saved_model[0])
         try:
@@ -333,24 +334,23 @@ class HILTTA(ActiveMethod):
             self.scores = scores
             raise
         self.charge(answers)
-        self.asking_committed()
+        self.asking.committed()
         record.scores = None if self.scores is None else self.scores.clone()
         self.last_step = record
         return o.detach()
 
     def _choose(
-        self, xu: Tensor, pool_x: Tensor, pool_y: Tensor, copies: list[_Copy], record: HILTTAStep
+        self, xu: Tensor, pool_x: Tensor, pool_y: Tensor, copies: list[_Copy], record: HILTTARecord
     ) -> int:
         """Score every candidate copy; update the average; the lowest average wins."""
         inputs = torch.cat([xu, pool_x])
         n = xu.shape[0]
-        self.anchor.eval()
-        with torch.no_grad():
-            given = self.anchor(inputs)[:n].softmax(dim=1)
+        with torch.no_grad(), batch_statistics_of(self.anchor, self.anchor_stats == "batch"):
+            given = read_logits(self.anchor(inputs), self.anchor)[:n].softmax(dim=1)
             anchor_losses, ce_losses = [], []
             for c in copies:
                 self.model.load_state_dict(c.model)
-                out = self.model(inputs)
+                out = self.logits(inputs)
                 anchor_losses.append(float(F.mse_loss(out[:n].softmax(dim=1), given)))
                 ce_losses.append(float(F.cross_entropy(out[n:], pool_y)))
         ranks = min_max(anchor_losses) + min_max(ce_losses)
@@ -364,7 +364,7 @@ class HILTTA(ActiveMethod):
         try:
             for p in self._active_params:
                 p.requires_grad_(True)
-            loss = F.cross_entropy(self.model(inputs)[rows], labels)
+            loss = F.cross_entropy(self.logits(inputs)[rows], labels)
             grads = torch.autograd.grad(loss, self._active_params, allow_unused=True)
             for p, g in zip(self._active_params, grads, strict=True):
                 p.grad = g
@@ -510,7 +510,7 @@ def _build_base(model: nn.Module, cfg: HILTTAConfig) -> AdaptiveMethod:
 
 
 def _build_hiltta(
-    model: nn.Module, cfg: HILTTAConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: HILTTAConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     assert oracle is not None
     if budget.per_batch < 1:  # before the model is configured
@@ -527,7 +527,6 @@ def _build_hiltta(
         _check_candidates(cfg.candidates, cfg.tune or DEFAULT_GRIDS[cfg.base][0])
     if cfg.tune == "d_margin" and cfg.base != "eta":
         raise ValueError(f"tune='d_margin' needs base='eta', got base={cfg.base!r}")
-    anchor = copy.deepcopy(model).eval()  # the source model, before configuring
     base = _build_base(model, cfg)
     return HILTTA(
         model,
@@ -536,13 +535,13 @@ def _build_hiltta(
         budget=budget,
         candidates=cfg.candidates,
         tune=cfg.tune,
-        anchor=anchor,
         anchor_stats=cfg.anchor_stats,
         active_lr=cfg.active_lr,
         score_momentum=cfg.score_momentum,
         split=cfg.split,
         label_expiry=cfg.label_expiry,
         sar_momentum=cfg.sar_momentum,
+        **parts,
     )
 
 

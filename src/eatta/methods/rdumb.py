@@ -30,10 +30,9 @@ from typing_extensions import Unpack
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
-from eatta.methods.base import AdaptiveMethod
+from eatta.methods.base import AdaptiveMethod, Parts
 from eatta.methods.config import hparam
 from eatta.methods.eta import ETA, ETAConfig, _eta_kwargs
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.split import ModelSplit
@@ -86,10 +85,10 @@ class RDumb(ETA):
             prob_momentum=prob_momentum,
             split=split,
             check_finite=check_finite,
+            **parts,
         )
         self.reset_every = interval
         self.num_steps = 0
-        self.attach(**parts)
 
     @property
     def num_resets(self) -> int:
@@ -131,12 +130,11 @@ class RDumbConfig(ETAConfig):
 
 
 def _build_rdumb(
-    model: nn.Module, cfg: RDumbConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: RDumbConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     params = configure(model, cfg.params)
-    return RDumb(
-        model, make_optimizer(params, cfg), reset_every=cfg.reset_every, **_eta_kwargs(cfg)
-    )
+    optimizer = make_optimizer(params, cfg)
+    return RDumb(model, optimizer, reset_every=cfg.reset_every, **_eta_kwargs(cfg), **parts)
 
 
 register(

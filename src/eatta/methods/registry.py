@@ -17,9 +17,9 @@ submodules, this one included).
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +28,10 @@ from torch import nn
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
-from eatta.methods.base import AdaptiveMethod
+from eatta.given import undone_on_error
+from eatta.methods.base import AdaptiveMethod, Parts, check_parts
 from eatta.methods.config import MethodConfig, OptimizerConfig, check_keys, type_name
-from eatta.methods.parts import WeightAnchor
 from eatta.methods.presets import DATASETS
-from eatta.normalization import use_mixed_norm
-from eatta.window import WINDOW_MOMENTUM, WINDOW_REFRESH, SampleWindow
 
 __all__ = [
     "DATASETS",
@@ -47,18 +45,21 @@ __all__ = [
     "register",
 ]
 
-#: ``build(model, config, oracle, budget)``: the method around ``model``.
-Builder = Callable[[nn.Module, Any, "Oracle | None", Budget], AdaptiveMethod]
+#: ``build(model, config, oracle, budget, **parts)``: the method around ``model``, with the
+#: parts (:class:`~eatta.methods.base.Parts`) given to its constructor.
+Builder = Callable[..., AdaptiveMethod]
 
 
 @dataclass
 class MethodSpec:
     """How to build one method.
 
-    ``build(model, config, oracle, budget)`` returns the method; ``config`` is an instance of
-    ``config`` (the method's :class:`MethodConfig` subclass: every key it accepts, with types and
-    defaults), already validated and merged with the dataset's row of ``datasets`` and the
-    caller's overrides. ``active`` methods need an oracle.
+    ``build(model, config, oracle, budget, **parts)`` returns the method; ``config`` is an
+    instance of ``config`` (the method's :class:`MethodConfig` subclass: every key it accepts,
+    with types and defaults), already validated and merged with the dataset's row of
+    ``datasets`` and the caller's overrides; ``parts`` go to the method's constructor as they
+    are. ``active`` methods need an oracle. The other fields are what a harness must know of the
+    method (:mod:`eatta.bench` reads them, never a method's name).
     """
 
     name: str
@@ -67,6 +68,14 @@ class MethodSpec:
     config: type[MethodConfig] = MethodConfig
     datasets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     summary: str = ""
+    #: whether the method adapts (False: its predictions do not depend on the stream)
+    adapts: bool = True
+    #: what it needs that no key gives, the harness's to provide (``"fisher_data"``)
+    needs: tuple[str, ...] = ()
+    #: whether it builds its own fallback (no other may be given; its answers measure)
+    builds_fallback: bool = False
+    #: whether every optimizer step asks anew (its ``steps`` key multiplies the labels a batch)
+    labels_each_step: bool = False
 
     def __post_init__(self) -> None:
         for dataset, row in self.datasets.items():  # a typo in a table fails at registration
@@ -114,8 +123,12 @@ def get_spec(name: str) -> MethodSpec:
     """The registered method ``name`` (case-insensitive); :class:`KeyError` if there is none."""
     try:
         return _REGISTRY[name.lower()]
-    except KeyError:
-        raise KeyError(f"unknown method {name!r}; available: {', '.join(available())}") from None
+    except (KeyError, AttributeError):
+        near = difflib.get_close_matches(str(name).lower().replace("_", "-"), available(), n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise KeyError(
+            f"unknown method {name!r}; {hint}available: {', '.join(available())}"
+        ) from None
 
 
 def available() -> list[str]:
@@ -139,33 +152,6 @@ def describe(name: str) -> str:
 
 def _short(value: Any) -> str:
     return getattr(value, "__name__", None) or repr(value)
-
-
-@contextmanager
-def _restored_on_error(model: nn.Module) -> Iterator[None]:
-    """Undo what configuring and building did to ``model`` if the build raises.
-
-    Restores training flags, buffers (BatchNorm running statistics), BatchNorm's
-    ``track_running_stats``, and each parameter's ``requires_grad`` and storage (memory format).
-    """
-    modules = [
-        (m, m.training, dict(m._buffers), getattr(m, "track_running_stats", None))
-        for m in model.modules()
-    ]
-    params = [(p, p.requires_grad, p.data) for p in model.parameters()]
-    try:
-        yield
-    except BaseException:
-        for m, training, buffers, track in modules:
-            m.training = training
-            m._buffers.clear()
-            m._buffers.update(buffers)
-            if track is not None:
-                m.track_running_stats = track
-        for p, requires_grad, data in params:
-            p.data = data
-            p.requires_grad_(requires_grad)
-        raise
 
 
 def _refuse_label_arguments(
@@ -194,75 +180,53 @@ def create(
     dataset: str = "default",
     oracle: Oracle | None = None,
     budget: int | Budget | None = None,
-    window: int | bool | None = None,
-    window_every: int | None = None,
-    window_momentum: float = WINDOW_MOMENTUM,
-    window_refresh: int | None = WINDOW_REFRESH,
-    weight_anchor: float | None = None,
-    **overrides: Any,
+    **keywords: Any,
 ) -> AdaptiveMethod:
     """Build method ``name`` around ``model`` with the dataset's defaults and the overrides.
 
+    ``name`` is one of :func:`available` (``eatta.available()``: ``baseline``, ``cema``,
+    ``cotta``, ``eata``, ``eatta``, ``eatta-safe``, ``eatta-stable``, ``eta``, ``hiltta``,
+    ``rdumb``, ``sar``, ``simatta``, ``source``, ``tent``); :func:`describe` lists its keys.
+
+    What wrapping does to ``model``: it is changed in place and becomes the method's
+    ``method.model``: eval mode except BatchNorm, which normalizes with the batch's statistics
+    (its running statistics kept, unused), ``requires_grad`` on the adapted parameters only,
+    and, with ``window=``, BatchNorm layers swapped for MixedBatchNorm. Its values change only
+    as the method adapts; ``method.reset()`` restores them, and ``method.unwrap()`` gives the
+    model back exactly as it was given. Pass ``copy.deepcopy(model)`` to keep yours untouched.
+
     ``dataset`` picks a row of per-dataset defaults (``"default"`` or one of :data:`DATASETS`).
-    ``overrides`` are the method's hyperparameters (see :func:`describe`), checked first: an
-    unknown key or a mistyped value raises :class:`TypeError`, a disallowed value
-    :class:`ValueError`, with ``model`` untouched. If building fails later, the changes to
-    ``model`` (modes, BatchNorm statistics, ``requires_grad``) are undone.
+    The other keywords are the method's hyperparameters (:func:`describe`) and its parts, the
+    keywords every method's constructor takes too (:class:`~eatta.methods.base.Parts`:
+    ``window`` with ``window_every``, ``window_refresh``, ``window_momentum``;
+    ``weight_anchor``; ``fallback``; ``monitor``). Everything is checked first: an unknown key
+    or a mistyped value raises :class:`TypeError`, a disallowed value :class:`ValueError`, with
+    ``model`` untouched; if building fails later, every change to ``model`` is undone.
 
     ``oracle`` and ``budget`` (default 1 label per batch) are for active methods; a label-free
     method given either, or a key that only the label-taking methods have (``buffer``,
     ``label_expiry``), raises :class:`TypeError` naming the method and the label-taking ones.
-
-    ``window``: adapt on a window of the last ``window`` samples, stepping every
-    ``window_every`` samples (default ``window``), for requests of 1 to a few samples
-    (:mod:`eatta.window`): the model's BatchNorm layers are first swapped for
-    :class:`~eatta.normalization.MixedBatchNorm` (EMA statistics at rate ``window_momentum``)
-    and the budget counts window steps; ``window_refresh``: refresh the served statistics from
-    the window every that many samples between steps (None: at steps only). ``False``:
-    windowing off (no small-batch warning; a batch of 1 on a BatchNorm model is an error);
-    None: unset (a warning at small batches).
-
-    ``weight_anchor``: after each step, pull the weights the method adapts back toward the
-    given model's, ``θ ← α·θ + (1 − α)·θ₀`` with ``α = weight_anchor`` in (0, 1]
-    (:class:`~eatta.methods.parts.WeightAnchor`; ROID's 0.99); None: no pull.
     """
     spec = get_spec(name)
+    parts: dict[str, Any] = {k: v for k, v in keywords.items() if k in Parts.__annotations__}
+    overrides = {k: v for k, v in keywords.items() if k not in parts}
     if not spec.active:
         _refuse_label_arguments(spec, oracle, budget, overrides)
-    check_keys(spec.name, overrides, spec.keys, also=("dataset", "oracle", "budget"))
+    check_keys(
+        spec.name,
+        overrides,
+        spec.keys,
+        also=("dataset", "oracle", "budget", *Parts.__annotations__),
+    )
     if spec.active and oracle is None:
         raise ValueError(f"method {spec.name!r} is active: pass oracle=")
-    if window is True:
-        raise TypeError("window=True is ambiguous: give a number of samples, e.g. window=64")
-    sample_window = None  # the parts' own checks first, before the model is touched
-    if window is not None and window is not False:
-        sample_window = SampleWindow(window, window_every, window_refresh)
-    if weight_anchor is not None:
-        WeightAnchor(weight_anchor)
+    check_parts(parts)  # the parts' own checks, before the model is touched
     config = spec.config_for(dataset, overrides)
     budget = Budget.coerce(1 if budget is None else budget)
-    with _restored_on_error(model), _swaps_undone_on_error(model):
-        if sample_window is not None:
-            use_mixed_norm(model, stats="ema", momentum=window_momentum)
-        method = spec.build(model, config, oracle, budget)
-        method.attach(
-            window=window if sample_window is None else sample_window, weight_anchor=weight_anchor
-        )
-        return method
-
-
-@contextmanager
-def _swaps_undone_on_error(model: nn.Module) -> Iterator[None]:
-    """Put the model's original child modules back if the body (a swap of its BatchNorm
-    layers, then the build) raises."""
-    children = [(parent, dict(parent._modules)) for parent in model.modules()]
-    try:
-        yield
-    except BaseException:
-        for parent, modules in children:
-            parent._modules.clear()
-            parent._modules.update(modules)
-        raise
+    with undone_on_error(model):
+        if spec.active:
+            return spec.build(model, config, oracle, budget, **parts)
+        return spec.build(model, config, None, budget, **parts)
 
 
 def merge_overrides(

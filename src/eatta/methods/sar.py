@@ -39,15 +39,14 @@ from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import NORM_TYPES, configure
 from eatta.losses import default_entropy_margin, entropy, masked_mean
-from eatta.methods.base import AdaptiveMethod
+from eatta.methods.base import AdaptiveMethod, Parts
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
 from eatta.split import ModelSplit
 
-__all__ = ["SAM", "SAR", "SARStep", "sar_param_filter", "sar_params"]
+__all__ = ["SAM", "SAR", "SARRecord", "sar_param_filter", "sar_params"]
 
 
 class SAM(torch.optim.Optimizer):
@@ -184,7 +183,7 @@ def sar_params(model: nn.Module) -> list[nn.Parameter]:
 
 
 @dataclass
-class SARStep:
+class SARRecord:
     """What one SAR step did (tensors detached)."""
 
     logits: Tensor
@@ -235,7 +234,7 @@ class SAR(AdaptiveMethod):
         if optimizer is None:
             raise TypeError("SAR needs an optimizer (a SAM, or a base optimizer to wrap)")
         sam = optimizer if isinstance(optimizer, SAM) else SAM(optimizer, rho=rho)
-        super().__init__(model, sam, split=split, check_finite=check_finite)
+        super().__init__(model, sam, split=split, check_finite=check_finite, **parts)
         self.sam = sam
         self.entropy_margin = entropy_margin
         self.reset_constant = float(reset_constant)
@@ -243,11 +242,10 @@ class SAR(AdaptiveMethod):
         self._train: Sequence[nn.Parameter] = trainable(sam, "SAR")
         self.ema: float | None = None
         self.num_recoveries = 0
-        self.last_step: SARStep | None = None
-        self.attach(**parts)
+        self.last_step: SARRecord | None = None
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
-        logits = self.model(x)
+        logits = self.logits(x)
         if logits.dim() != 2:
             raise RuntimeError(f"the model must return [batch, classes], got {tuple(logits.shape)}")
         margin = (
@@ -261,7 +259,7 @@ class SAR(AdaptiveMethod):
         set_grads(loss1, self._train)
         self.sam.first_step(zero_grad=True)
         try:
-            h2 = entropy(self.model(x))
+            h2 = entropy(self.logits(x))
             reliable2 = reliable1 & (h2.detach() < margin)
             loss2, n2 = masked_mean(h2, reliable2)
             set_grads(loss2, self._train)
@@ -275,7 +273,7 @@ class SAR(AdaptiveMethod):
         recovered = self.ema is not None and self.ema < self.reset_constant
         if recovered:
             self._recover()
-        self.last_step = SARStep(
+        self.last_step = SARRecord(
             logits=logits.detach(),
             reliable_first=reliable1,
             reliable_second=reliable2,
@@ -329,7 +327,7 @@ class SARConfig(OptimizerConfig):
 
 
 def _build_sar(
-    model: nn.Module, cfg: SARConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: SARConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     params = sar_params(model) if cfg.params == "sar" else configure(model, cfg.params)
     return SAR(
@@ -339,6 +337,7 @@ def _build_sar(
         reset_constant=cfg.reset_constant,
         ema_momentum=cfg.ema_momentum,
         split=cfg.split,
+        **parts,
     )
 
 

@@ -24,7 +24,6 @@ to ``0.4 ln C``, the EATTA paper's SimATTA setting, instead of SimATTA's per-dat
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,29 +32,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
+from eatta.annotate.asking import DEFAULT_LABEL_EXPIRY
 from eatta.annotate.oracle import Oracle
 from eatta.annotate.pending import Arrived
 from eatta.balance import NoClassBalance
 from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
-from eatta.configure import configure
+from eatta.configure import batch_statistics_of, configure
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods._active import DEFAULT_LABEL_EXPIRY, commit_late
-from eatta.methods.active import ActiveMethod, late_samples
-from eatta.methods.base import AdaptiveMethod
+from eatta.methods.active import ActiveMethod
+from eatta.methods.base import AdaptiveMethod, Parts
 from eatta.methods.config import ActiveConfig, ParamSelection, hparam
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
+from eatta.methods.replay import commit_late, late_samples
 from eatta.selection.base import SelectionContext
 from eatta.selection.clustering import IncrementalClusteringSelector
 from eatta.split import ModelSplit
 
-__all__ = ["SimATTA", "SimATTAStep"]
+__all__ = ["SimATTA", "SimATTARecord"]
 
 
 @dataclass
-class SimATTAStep:
+class SimATTARecord:
     """What one SimATTA step did."""
 
     logits: Tensor
@@ -137,6 +136,7 @@ class SimATTA(ActiveMethod):
             label_expiry=label_expiry,
             split=split,
             check_finite=check_finite,
+            **parts,
         )
         self.selector = IncrementalClusteringSelector(
             max_anchors, entropy_bound=high_entropy_bound, keep_inputs=refresh_anchors
@@ -151,19 +151,16 @@ class SimATTA(ActiveMethod):
         self.refresh_anchors = refresh_anchors
         for p in self._train:
             p.requires_grad_(True)
-        teacher = None
-        if use_teacher:
-            teacher = copy.deepcopy(model).requires_grad_(False)
         # Kept out of the module tree: constant, so not part of state_dict() or parameters().
-        object.__setattr__(self, "_teacher", teacher)
-        self._teacher: nn.Module | None
-        self.last_step: SimATTAStep | None = None
-        self.attach(**parts)
+        self.use_teacher = bool(use_teacher)
+        self.last_step: SimATTARecord | None = None
 
     @property
     def teacher(self) -> nn.Module | None:
-        """The frozen copy of the initial model that labels source-like samples."""
-        return self._teacher
+        """The frozen initial model that labels source-like samples: the method's copy of the
+        model as given, on the batch's statistics as the adapted model (None: the current
+        model labels them)."""
+        return self.given if self.use_teacher else None
 
     # -- the step ----------------------------------------------------------------------------
     def forward_and_adapt(self, x: Tensor) -> Tensor:
@@ -186,10 +183,10 @@ class SimATTA(ActiveMethod):
         self._add_late(x, ans.late)
         if len(src_idx):
             self.source_buffer.add(x[src_idx], src_y)
-        self.asking_committed()
+        self.asking.committed()
 
         # 3. fine-tune on both buffers, then refresh the anchors' features
-        record = SimATTAStep(
+        record = SimATTARecord(
             logits=o.detach(), selected=lab_idx, labels=lab_y, source_like=src_idx.cpu()
         )
         self._fine_tune(record)
@@ -219,12 +216,12 @@ class SimATTA(ActiveMethod):
         empty = torch.empty(0, dtype=torch.long, device=x.device)
         if self.source_per_batch == 0:
             return empty, empty
-        net = self._teacher if self._teacher is not None else self.model
-        ref = next(net.parameters(), None)
-        if ref is not None and ref.device != x.device:
-            net.to(x.device)
         with torch.no_grad():
-            logits = net(x)
+            if self.use_teacher:
+                with batch_statistics_of(self.given):
+                    logits = self.given_logits(x)
+            else:
+                logits = self.logits(x)
         h = entropy(logits)
         bound = (
             self.low_entropy_bound
@@ -235,7 +232,7 @@ class SimATTA(ActiveMethod):
         keep = order[h[order] < bound]
         return keep, logits.argmax(dim=1)[keep]
 
-    def _fine_tune(self, record: SimATTAStep) -> None:
+    def _fine_tune(self, record: SimATTARecord) -> None:
         n_lab, n_src = len(self.labelled), len(self.source_buffer)
         if self.steps == 0 or n_lab + n_src == 0:
             return
@@ -265,9 +262,9 @@ class SimATTA(ActiveMethod):
         """Logits of each part, each part a batch of its own (as SimATTA's two forward passes);
         parts are joined when one of them is a single sample and the model has BatchNorm."""
         if self.has_batchnorm and any(len(px) < 2 for px, _ in parts) and len(parts) > 1:
-            joint = self.model(torch.cat([px for px, _ in parts]))
+            joint = self.logits(torch.cat([px for px, _ in parts]))
             return list(joint.split([len(px) for px, _ in parts]))
-        return [self.model(px) for px, _ in parts]
+        return [self.logits(px) for px, _ in parts]
 
     # -- state -------------------------------------------------------------------------------
     def state_parts(self) -> dict[str, Any]:
@@ -305,7 +302,7 @@ class SimATTAConfig(ActiveConfig):
 
 
 def _build_simatta(
-    model: nn.Module, cfg: SimATTAConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: SimATTAConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     assert oracle is not None
     params = configure(model, cfg.params)
@@ -327,6 +324,7 @@ def _build_simatta(
         seed=cfg.seed,
         split=cfg.split,
         label_expiry=cfg.label_expiry,
+        **parts,
     )
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
-from eatta.methods.base import AdaptiveMethod
+from eatta.methods.base import AdaptiveMethod, Parts
 from eatta.methods.config import MethodConfig
-from eatta.methods.parts import Parts
 from eatta.methods.registry import MethodSpec, register
 from eatta.split import ModelSplit
 
@@ -30,23 +31,17 @@ class Source(AdaptiveMethod):
         check_finite: bool = True,
         **parts: Unpack[Parts],
     ) -> None:
-        super().__init__(model.eval(), None, split=split, check_finite=check_finite)
-        self.attach(**parts)
-
-    def check_input(self, x: Tensor) -> None:
-        if isinstance(x, Tensor) and x.dim() >= 1 and x.shape[0] == 1:
-            return super().check_input(torch.cat([x, x]))  # batch of 1 is fine without adapting
-        super().check_input(x)
+        super().__init__(model.eval(), None, split=split, check_finite=check_finite, **parts)
 
     @torch.no_grad()
     def forward_and_adapt(self, x: Tensor) -> Tensor:
-        return self.model(x)
+        return self.logits(x)
 
 
 def _build_source(
-    model: nn.Module, cfg: MethodConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: MethodConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
-    return Source(model, split=cfg.split)
+    return Source(model, split=cfg.split, **parts)
 
 
-register(MethodSpec("source", _build_source, summary="no adaptation"))
+register(MethodSpec("source", _build_source, summary="no adaptation", adapts=False))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -19,9 +20,8 @@ from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import entropy
-from eatta.methods.base import AdaptiveMethod, unique_params
+from eatta.methods.base import AdaptiveMethod, Parts, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
-from eatta.methods.parts import Parts
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.split import ModelSplit
@@ -80,15 +80,14 @@ class Tent(AdaptiveMethod):
     ) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-        super().__init__(model, optimizer, split=split, check_finite=check_finite)
+        super().__init__(model, optimizer, split=split, check_finite=check_finite, **parts)
         self.steps = steps
         self._train = trainable(optimizer, "TENT")
-        self.attach(**parts)
 
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         first: Tensor | None = None
         for _ in range(self.steps):
-            logits = self.model(x)
+            logits = self.logits(x)
             if first is None:
                 first = logits.detach()
             set_grads(entropy(logits).mean(), self._train)
@@ -112,10 +111,10 @@ class TentConfig(OptimizerConfig):
 
 
 def _build_tent(
-    model: nn.Module, cfg: TentConfig, oracle: Oracle | None, budget: Budget
+    model: nn.Module, cfg: TentConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     params = configure(model, cfg.params)
-    return Tent(model, make_optimizer(params, cfg), steps=cfg.steps, split=cfg.split)
+    return Tent(model, make_optimizer(params, cfg), steps=cfg.steps, split=cfg.split, **parts)
 
 
 register(

@@ -3,20 +3,21 @@
 - :mod:`eatta.monitor.audit`: which samples are audited (a uniform random share);
 - :mod:`eatta.monitor.confseq`: anytime-valid confidence sequences and fixed-sample bounds;
 - :mod:`eatta.monitor.guard`: the paired block test and the reset policy;
-- :mod:`eatta.monitor.monitor`: the monitor a method carries as ``method.monitor``;
+- :mod:`eatta.monitor.monitor`: the monitor a method carries as ``method.monitor``
+  (``monitor=AccuracyMonitor(auditor)``);
 - :mod:`eatta.monitor.fallback`: the source model beside the adapted one, served when the answers
   (the method's own, drawn with known probabilities, or audits) say adapting is worse; its parts:
-  :mod:`eatta.monitor.scoring` (answers into observations), :mod:`eatta.monitor.betting` (the
-  test), :mod:`eatta.monitor.signs` (label-free signs), :mod:`eatta.monitor.serving` (what
-  serves each batch and why, the blend).
+  :mod:`eatta.monitor.evidence` (answers into observations, and the test on them),
+  :mod:`eatta.monitor.signs` (label-free signs), :mod:`eatta.monitor.serving` (what serves each
+  batch and why, the blend).
 
 See ``docs/guard.md``.
 """
 
 from eatta.monitor.audit import AuditSampler, check_share
-from eatta.monitor.fallback import FallbackEvent, SourceFallback
+from eatta.monitor.fallback import FallbackEvent, SourceFallback, safe_parts
 from eatta.monitor.guard import GUARD_POLICIES, Guard, ResetEvent, check_policy
-from eatta.monitor.monitor import AccuracyMonitor, Estimate, Interval, attach
+from eatta.monitor.monitor import AccuracyMonitor, Estimate, Interval
 
 __all__ = [
     "GUARD_POLICIES",
@@ -28,7 +29,7 @@ __all__ = [
     "Interval",
     "ResetEvent",
     "SourceFallback",
-    "attach",
     "check_policy",
     "check_share",
+    "safe_parts",
 ]

@@ -1,14 +1,15 @@
 """The live accuracy monitor: audited answers score the adapted model and the source model.
 
-:class:`AccuracyMonitor` is attached to any method (:func:`attach`, or ``create(...,
-auditor=...)``) and runs after each step: it draws the batch's audited samples
+:class:`AccuracyMonitor` is a part of any method (``monitor=AccuracyMonitor(auditor)``, a
+:class:`~eatta.hooks.Hook`) and runs after each step: it draws the batch's audited samples
 (:class:`~eatta.monitor.audit.AuditSampler`, a uniform random share), records the prediction the
-model served for each (the step's logits, before its update) and the frozen source model's
-prediction on the same samples (one extra forward pass of the audited samples only), and asks the
-auditor for their labels. Each answer, whenever it arrives, scores both predictions; yes/no answers
-score the adapted prediction exactly, and the source one when the two agree or the answer is "yes"
-(the source is then wrong); after a "no" on a sample where they differ the source is counted
-wrong, so with yes/no feedback the source accuracy is a lower bound.
+model served for each (the step's logits, before its update) and the given model's prediction on the
+same samples (the method's one copy of the model as given, :attr:`eatta.AdaptiveMethod.given`: one
+extra forward pass of the audited samples only), and asks the auditor for their labels. Each answer,
+whenever it arrives, scores both predictions; yes/no answers score the adapted prediction exactly,
+and the source one when the two agree or the answer is "yes" (the source is then wrong); after a
+"no" on a sample where they differ the source is counted wrong, so with yes/no feedback the source
+accuracy is a lower bound.
 
 Estimates (:meth:`AccuracyMonitor.estimate`): accuracy of the adapted and the source model and
 their paired difference, each with an anytime-valid interval (:mod:`eatta.monitor.confseq`),
@@ -18,8 +19,9 @@ The method's own label requests (the selected, most uncertain samples) are not u
 accuracy is biased low.
 
 With a :class:`~eatta.monitor.guard.Guard`, each audit of the current model also feeds its test,
-and on a positive test the method is reset to its source state (``method.reset()`` with the
-monitor kept): the event is counted and logged in :attr:`AccuracyMonitor.resets`.
+and on a positive test the method is reset to its source state (through the batch,
+``batch.reset``: the method resets once, the monitor kept): the event is counted and logged in
+:attr:`AccuracyMonitor.resets`.
 
 State: :meth:`state_dict` (part of the method's ``state_dict()``, so a resumed stream continues
 bit-identically); ``method.reset()`` by the user clears the monitor too (a new stream), a guard's
@@ -28,39 +30,24 @@ reset keeps it (it restarts only the guard's blocks and the since-reset tallies)
 
 from __future__ import annotations
 
-import copy
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
-from typing_extensions import Protocol
 
 from eatta.annotate.base import is_asynchronous
 from eatta.annotate.oracle import ABSTAIN, OracleError, validate_labels
 from eatta.annotate.requests import Answer, LabelRequest, check_feedback
+from eatta.hooks import Batch, HostMethod
 from eatta.monitor.audit import AuditSampler, check_share
 from eatta.monitor.confseq import check_level, mixture_radius
-from eatta.monitor.guard import Guard, ResetEvent
+from eatta.monitor.evidence import paired
+from eatta.monitor.guard import GUARD_POLICIES, Guard, ResetEvent
 
-
-class AdaptiveMethod(Protocol):
-    """What the monitor needs of a method (:class:`eatta.methods.base.AdaptiveMethod`), declared
-    here so that the method's module and this one need not import each other."""
-
-    model: nn.Module
-    _initial_model: dict[str, Tensor]
-    monitor: Any
-
-    def reset(self, *, keep_monitor: bool = False) -> None: ...
-
-    def attach(self, *, monitor: Any = None) -> None: ...
-
-
-__all__ = ["AccuracyMonitor", "Estimate", "Interval", "attach"]
+__all__ = ["AccuracyMonitor", "Estimate", "Interval"]
 
 _COUNTERS = ("requested", "received", "skipped", "expired", "refused", "dropped")
 
@@ -126,31 +113,39 @@ class AccuracyMonitor:
     Args:
         auditor: who labels the audits: a synchronous ``oracle(inputs, indices)`` or an
             asynchronous annotator (``submit``/``collect``/``cancel``, label or yes/no feedback).
-        source: the source model, frozen (a copy is kept, in eval mode): what the adapted model
-            is compared with. Give it as trained (BatchNorm with running statistics): it then
-            predicts on the audited samples only. A source whose BatchNorm normalizes with batch
-            statistics (a configured model) predicts on the whole batch instead.
+            The adapted model is compared with the method's copy of the model as given (a given
+            model whose BatchNorm normalizes with batch statistics predicts on the whole batch).
         share: the share of the stream's samples audited, in [0, 1].
         level: error level of the intervals, in (0, 1) (0.05: 95 % intervals).
-        guard: a :class:`Guard` (resets the method on evidence), or None (only measure).
+        guard: a :class:`Guard` (resets the method on evidence), a policy name
+            (:data:`~eatta.monitor.guard.GUARD_POLICIES`, with ``guard_level`` and ``block``),
+            or None (only measure).
         recent: audits in the recent window.
         label_expiry: steps an asynchronous audit may wait for its answer before it expires.
         seed: the audit sampler's seed.
     """
 
+    name = "monitor"
+    measures = True
+
     def __init__(
         self,
         auditor: object,
-        source: nn.Module,
         *,
         share: float = 0.05,
         level: float = 0.05,
-        guard: Guard | None = None,
+        guard: Guard | str | None = None,
+        guard_level: float = 0.05,
+        block: int = 1000,
         recent: int = 500,
         label_expiry: int = 256,
         seed: int = 0,
     ) -> None:
         share = check_share(share)
+        if isinstance(guard, str):
+            if guard not in GUARD_POLICIES:
+                raise ValueError(f"guard must be one of {GUARD_POLICIES}, got {guard!r}")
+            guard = Guard(guard, guard_level, block)
         self.level = check_level(level)
         if auditor is None:
             raise ValueError("the monitor needs an auditor (an oracle or annotator for audits)")
@@ -164,8 +159,6 @@ class AccuracyMonitor:
                 "auditor must be a callable oracle(inputs, indices) or an asynchronous annotator "
                 f"(submit/collect/cancel), got {type(auditor).__name__}"
             )
-        if not isinstance(source, nn.Module):
-            raise TypeError(f"source must be an nn.Module, got {type(source).__name__}")
         if guard is not None and not isinstance(guard, Guard):
             raise TypeError(f"guard must be a Guard or None, got {type(guard).__name__}")
         if guard is not None and share == 0.0:
@@ -174,13 +167,7 @@ class AccuracyMonitor:
             if isinstance(v, bool) or not isinstance(v, int) or v < least:
                 raise ValueError(f"{name} must be an int >= {least}, got {v!r}")
         self.auditor = auditor
-        self.source = copy.deepcopy(source).eval().requires_grad_(False)
-        # BatchNorm on batch statistics (a configured model): its prediction for a sample depends
-        # on the batch, so the source then sees the whole batch (one forward pass of it)
-        self.source_sees_batch = any(
-            isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats
-            for m in self.source.modules()
-        )
+        self._sees_batch: bool | None = None  # whether the given model needs the whole batch
         self.sampler = AuditSampler(share, seed)
         self.guard = guard
         self.recent = recent
@@ -201,11 +188,26 @@ class AccuracyMonitor:
         self._recent: deque[int] = deque(maxlen=self.recent)  # 2 * adapted + source
         self.resets: list[ResetEvent] = []
 
-    # -- the step -------------------------------------------------------------------------------
+    # -- the hook -------------------------------------------------------------------------------
+    def check(self, method: HostMethod, batch: Batch) -> None:
+        """Nothing to refuse."""
+
+    def before_step(self, method: HostMethod, batch: Batch) -> None:
+        """Nothing before the step."""
+
+    def after_step(self, method: HostMethod, batch: Batch) -> None:
+        """Audit the request (its adapted predictions), score, and ask for a reset when the
+        guard says so."""
+        assert batch.adapted is not None
+        self.observe(method, batch.x, batch.adapted, batch.labels)
+        if self._due is not None:
+            batch.reset = "the monitor's guard: the adapted model degraded"
+            self._reset_logged()
+
     def observe(
-        self, method: AdaptiveMethod, x: Tensor, logits: Tensor, labels: Tensor | None = None
+        self, method: HostMethod, x: Tensor, logits: Tensor, labels: Tensor | None = None
     ) -> None:
-        """After ``method``'s step on ``x`` (``logits``: its predictions): audit, score, guard.
+        """``x`` was served ``logits`` (the adapted model's): audit, score.
 
         ``labels``: the batch's true labels for an auditor simulated from them (``set_labels``).
         """
@@ -216,7 +218,7 @@ class AccuracyMonitor:
             self._expire()
             idx = self.sampler.draw(x.shape[0])
             if len(idx):
-                self._ask(x, logits, idx)
+                self._ask(method, x, logits, idx)
             if self.asynchronous:
                 before = self._overall.n
                 self._collect()
@@ -227,23 +229,20 @@ class AccuracyMonitor:
             end = getattr(self.auditor, "end_batch", None)
             if end is not None:
                 end()
-        self._check_guard(method)
 
-    @torch.no_grad()
-    def _source_predictions(self, x: Tensor) -> Tensor:
-        ref = next(self.source.parameters(), None)
-        if ref is not None and (ref.device != x.device or ref.dtype != x.dtype):
-            self.source.to(device=x.device, dtype=x.dtype)
-        out = self.source(x)
-        return out.argmax(1)
-
-    def _ask(self, x: Tensor, logits: Tensor, idx: Tensor) -> None:
+    def _ask(self, method: HostMethod, x: Tensor, logits: Tensor, idx: Tensor) -> None:
         rows = idx.to(x.device)
         adapted = logits.detach()[rows.to(logits.device)].argmax(1).cpu()
-        if self.source_sees_batch:
-            source = self._source_predictions(x.detach())[rows].cpu()
+        if self._sees_batch is None:  # BatchNorm on batch statistics: a sample's prediction
+            # depends on its batch, so the given model then sees the whole batch
+            self._sees_batch = any(
+                isinstance(m, nn.modules.batchnorm._BatchNorm) and not m.track_running_stats
+                for m in method.given.modules()
+            )
+        if self._sees_batch:
+            source = method.given_logits(x.detach())[rows].argmax(1).cpu()
         else:
-            source = self._source_predictions(x.detach()[rows]).cpu()
+            source = method.given_logits(x.detach()[rows]).argmax(1).cpu()
         if not self.asynchronous:
             try:
                 answer = self.auditor(x.detach()[rows], idx.clone())  # type: ignore[operator]
@@ -257,8 +256,9 @@ class AccuracyMonitor:
                     self.counts["skipped"] += 1
                     continue
                 self.counts["received"] += 1
-                a, s = int(y == int(adapted[j])), int(y == int(source[j]))
-                self._score(a, s, self.period, self.epoch)
+                self._score(
+                    *paired(y, None, int(adapted[j]), int(source[j])), self.period, self.epoch
+                )
             return
         samples = x.detach()[rows].clone()
         scores = logits.detach()[rows.to(logits.device)].clone()
@@ -309,11 +309,8 @@ class AccuracyMonitor:
             self.counts["skipped"] += 1
             return True
         self.counts["received"] += 1
-        if ans.label is not None:
-            a, s = int(ans.label == audit.adapted), int(ans.label == audit.source)
-        else:  # yes/no on the adapted prediction
-            a = int(bool(ans.correct))
-            s = a if audit.source == audit.adapted else 0
+        # yes/no: the given model counted wrong after a "no" where the two differ (a lower bound)
+        a, s = paired(ans.label, ans.correct, audit.adapted, audit.source, unknown=0)
         self._score(a, s, audit.period, audit.epoch)
         return True
 
@@ -330,14 +327,14 @@ class AccuracyMonitor:
 
     _due: ResetEvent | None = None
 
-    def _check_guard(self, method: AdaptiveMethod) -> None:
+    def _reset_logged(self) -> None:
+        """The guard's reset, asked for: logged, and the guard's test restarted."""
         event, self._due = self._due, None
         if event is None:
             return
         event = ResetEvent(
             **{**event.to_dict(), "step": self.step, "audits_total": self._overall.n}
         )
-        method.reset(keep_monitor=True)
         self.resets.append(event)
         self.epoch += 1
         self._segment = _Tally()
@@ -440,44 +437,3 @@ class AccuracyMonitor:
         self.sampler.load_state_dict(state["sampler"])
         if self.guard is not None and state.get("guard") is not None:
             self.guard.load_state_dict(state["guard"])
-
-
-def attach(
-    method: AdaptiveMethod,
-    auditor: object,
-    *,
-    source: nn.Module | None = None,
-    share: float = 0.05,
-    level: float = 0.05,
-    guard: str | Guard | None = None,
-    guard_level: float = 0.05,
-    block: int = 1000,
-    recent: int = 500,
-    label_expiry: int = 256,
-    seed: int = 0,
-) -> AccuracyMonitor:
-    """Attach an :class:`AccuracyMonitor` to ``method`` (as ``method.monitor``) and return it.
-
-    ``source``: the source model (default: a copy of the method's model as it was created, which
-    for a configured model normalizes with batch statistics: give the model as trained when you
-    can). ``guard``: a policy name (``"paired"``, ``"source"``, ``"drift"``), a :class:`Guard`,
-    or None; ``guard_level`` and ``block`` configure a guard given by name. Everything is checked
-    before the method is touched.
-    """
-    if isinstance(guard, str):
-        guard = Guard(guard, guard_level, block)
-    if source is None:
-        source = copy.deepcopy(method.model)
-        source.load_state_dict(method._initial_model)
-    monitor = AccuracyMonitor(
-        auditor,
-        source,
-        share=share,
-        level=level,
-        guard=guard,
-        recent=recent,
-        label_expiry=label_expiry,
-        seed=seed,
-    )
-    method.attach(monitor=monitor)
-    return monitor

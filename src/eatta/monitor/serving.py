@@ -8,7 +8,7 @@ Three predictors can serve a batch: the adapted model ``f_a``, the model as give
 (served as logits: its softmax is that mean). Each served batch is recorded with one of four
 reasons (:data:`WHY`):
 
-- ``"evidence"``: the answers decided (:class:`~eatta.monitor.betting.SignTest`). ``"better"``
+- ``"evidence"``: the answers decided (:class:`~eatta.monitor.evidence.SignTest`). ``"better"``
   serves the adapted model; ``"worse"`` serves the given one (and, with ``reset``, resets the
   adapted method). A "worse" while the given model serves already is a decision too, recorded as
   ``"adapted found worse"``: the evidence starts over from every decision.
@@ -33,6 +33,7 @@ from typing import Any
 
 from torch import Tensor
 
+from eatta.monitor.evidence import SignTest
 from eatta.monitor.signs import LabelFreeSigns
 
 __all__ = ["SERVED", "START", "WHY", "FallbackEvent", "ServingRule", "blend_logits"]
@@ -99,7 +100,45 @@ class ServingRule:
         self._log = bytearray()
         self._counts = [0] * (len(SERVED) * len(WHY))
 
-    def decide(
+    def serve(
+        self,
+        logits: Tensor,
+        given: Tensor | None,
+        test: SignTest,
+        signs: LabelFreeSigns,
+        *,
+        note: bool,
+        refresh: bool = True,
+    ) -> Tensor:
+        """What serves a batch: ``logits`` (the adapted model's), ``given`` (the given model's,
+        None while the adapted model is served) or their blend. ``refresh``: after a step,
+        first read what serves it off the answers (``start="blend"``); ``note``: the batch is
+        served (not a window's step, whose predictions nobody sees)."""
+        if refresh and self.start == "blend":
+            self.refresh(signs, test.mean)
+        out = logits
+        if self.serving != "adapted":
+            assert given is not None  # predicted on the whole batch while it serves
+            if given.shape[1] != logits.shape[1]:
+                raise ValueError(
+                    f"the adapted model predicts {logits.shape[1]} classes, the given model "
+                    f"{given.shape[1]}: the fallback cannot serve one in place of the other"
+                )
+            out = blend_logits(logits, given) if self.serving == "blend" else given.to(logits.dtype)
+        if note:
+            self.note()
+        return out
+
+    def decide(self, test: SignTest, step: int, signs: LabelFreeSigns) -> bool:
+        """Act on ``test``'s verdict after ``step`` (a decision clears it: the evidence starts
+        over); True when the adapted method must be reset."""
+        evidence = (test.answers, test.mean, test.up, test.down)
+        reset = self._act(test.decided(), step, evidence, signs)
+        if self._decided:
+            test.clear()
+        return reset
+
+    def _act(
         self,
         verdict: str | None,
         step: int,
@@ -107,8 +146,7 @@ class ServingRule:
         signs: LabelFreeSigns,
     ) -> bool:
         """Act on the test's ``verdict`` (``"better"``, ``"worse"`` or None) after ``step``;
-        True when the adapted method must be reset (the caller resets it and clears the test
-        whenever :meth:`decided_now` says so)."""
+        True when the adapted method must be reset."""
         self._decided = False
         if not self.act:
             return False
@@ -154,10 +192,6 @@ class ServingRule:
             self.prior_switches += 1
             self.serving = want
         self.why = why
-
-    def decided_now(self) -> bool:
-        """Whether the last :meth:`decide` took a decision (the evidence then starts over)."""
-        return self._decided
 
     def _event(self, kind: str, step: int, evidence: tuple[int, float, float, float]) -> None:
         m, mean, up, down = evidence

@@ -42,7 +42,9 @@ class SelectionContext:
 
     ``features`` and ``logits`` carry the autograd graph of the step; selectors must only read them
     (use ``.detach()``). ``backbone`` is the feature extractor, for selectors that re-run the model
-    on transformed inputs (e.g. PLPD); None when the method does not provide it.
+    on transformed inputs (e.g. PLPD); None when the method does not provide it. ``reference``
+    and ``candidates``: the given model's predictions, for a selector that draws by disagreement
+    (:class:`~eatta.selection.drawn.DisagreementDraw`).
     """
 
     inputs: Tensor
@@ -52,6 +54,11 @@ class SelectionContext:
     backbone: nn.Module | None = None
     #: a flag to read with the selection (see :class:`DeferredRead`); None: none
     deferred: DeferredRead | None = None
+    #: the given model's class for each sample (-1 where it did not predict), when a part of
+    #: the method predicted with it (the fallback); None: not known
+    reference: Tensor | None = None
+    #: the positions the given model predicted on (None: all, or not known)
+    candidates: Tensor | None = None
 
     @cached_property
     def probs(self) -> Tensor:

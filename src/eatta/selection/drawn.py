@@ -9,11 +9,12 @@ of the model's accuracy. :class:`DisagreementDraw` instead draws the ``k`` reque
 
 where ``s`` is the wrapped selector's score (the perturbation difference by default) mixed with a
 little uniform mass so that every sample can be asked, and ``D`` the samples on which the adapted
-model and the reference model (the model as the user gave it; set :attr:`reference` before each
-step) predict different classes. With ``D`` empty the whole draw follows the scores.
+model and the reference model (the model as the user gave it, whose predictions the method's
+fallback puts in the selection context, ``ctx.reference``) predict different classes. With
+``D`` empty, or no reference, the whole draw follows the scores.
 
 The reference may have predicted on only some of the batch, a uniformly drawn subset ``S`` of
-``m`` samples (:attr:`candidates`; its forward pass then costs ``m / n`` of a full one): the
+``m`` samples (``ctx.candidates``; its forward pass then costs ``m / n`` of a full one): the
 draw is then made within ``S`` with ``n`` replaced by ``m``, and ``d_I / (m q_I)`` estimates the
 mean over ``S`` without bias, hence, ``S`` being uniform, the batch's mean.
 
@@ -24,8 +25,9 @@ models disagree on is also one of the adapted model's most contested predictions
 from. Each answer ``y`` to a request for sample ``i`` then gives the unbiased per-batch estimate
 ``(1[y = a_i] - 1[y = r_i]) / (n q_i)`` of the batch's mean paired difference (Horvitz-Thompson
 with one draw; ``k`` draws average ``k`` of them), bounded in absolute value by
-``1 / (1 - explore)`` on ``D`` and 0 elsewhere. :attr:`last_draw` records ``q`` of the drawn
-samples and how often each was drawn, for the estimator (:mod:`eatta.monitor.fallback`).
+``1 / (1 - explore)`` on ``D`` and 0 elsewhere. The selection carries the :class:`Draw` (``q`` of
+the drawn samples and how often each was drawn: ``selection.update["draw"]``) for the estimator
+(:mod:`eatta.monitor.fallback`).
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ def inclusion_probabilities(scores: Tensor, disagree: Tensor | None, explore: fl
 class DisagreementDraw:
     """Selector that draws requests from :func:`inclusion_probabilities` (module docstring).
 
+    ``draws = True``: its answers are drawn with known probabilities, so a fallback may score
+    them (:class:`~eatta.monitor.SourceFallback`).
+
     Args:
         base: the selector whose per-sample score guides the draw off the disagreements (a
             :class:`~eatta.selection.base.ScoreSelector`; default: the perturbation selector).
@@ -130,15 +135,10 @@ class DisagreementDraw:
                 f"{type(base).__name__}"
             )
         self.base = base
+        self.draws = True
         self.explore = check_explore(explore)
         self.seed = int(seed)
         self._gen = torch.Generator().manual_seed(self.seed)
-        #: the reference model's classes for the batch in progress (set before each step)
-        self.reference: Tensor | None = None
-        #: positions the reference predicted on (None: all); outside them it is not read
-        self.candidates: Tensor | None = None
-        #: the last draw (read by the estimator after the step)
-        self.last_draw: Draw | None = None
 
     def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection:
         if not isinstance(balance, NoClassBalance):
@@ -149,8 +149,8 @@ class DisagreementDraw:
         n = ctx.inputs.shape[0]
         scores = self.base.score(ctx)
         disagree = None
-        if self.reference is not None:
-            ref = self.reference.to(ctx.pseudo_labels.device)
+        if ctx.reference is not None:
+            ref = ctx.reference.to(ctx.pseudo_labels.device)
             if ref.shape != ctx.pseudo_labels.shape:
                 raise ValueError(
                     f"reference predictions have shape {tuple(ref.shape)}, the batch "
@@ -158,10 +158,10 @@ class DisagreementDraw:
                 )
             disagree = ref != ctx.pseudo_labels
         sub_scores, sub_dis = scores.detach(), disagree  # the whole batch: no gather
-        if self.candidates is None:
+        if ctx.candidates is None:
             pool = torch.arange(n)
         else:
-            pool = self.candidates.cpu()
+            pool = ctx.candidates.cpu()
             if len(pool):
                 lo, hi = pool.aminmax()
                 if int(lo) < 0 or int(hi) >= n:
@@ -170,7 +170,6 @@ class DisagreementDraw:
             sub_dis = None if disagree is None else disagree[pool.to(disagree.device)]
         q = inclusion_probabilities(sub_scores, sub_dis, self.explore).cpu()
         if k <= 0 or len(pool) == 0:
-            self.last_draw = None
             return Selection(torch.empty(0, dtype=torch.long), [], {"scores": scores})
         drawn = torch.multinomial(q.float(), k, replacement=True, generator=self._gen)
         pos, counts = torch.unique(drawn, sorted=True, return_counts=True)
@@ -180,8 +179,8 @@ class DisagreementDraw:
         )
         n_dis = 0 if sub_dis is None else int(sub_dis.sum())
         bound = answer_bound(q, None if sub_dis is None else sub_dis.cpu())
-        self.last_draw = Draw(idx, q[pos], counts, k, len(pool), n_dis, bound)
-        return Selection(idx, classes, {"scores": scores})
+        draw = Draw(idx, q[pos], counts, k, len(pool), n_dis, bound)
+        return Selection(idx, classes, {"scores": scores, "draw": draw})
 
     def commit(self, ctx: SelectionContext, selection: Selection, labels: Tensor) -> None:
         self.base.commit(ctx, selection, labels)
@@ -189,9 +188,6 @@ class DisagreementDraw:
     def reset(self) -> None:
         self.base.reset()
         self._gen.manual_seed(self.seed)
-        self.reference = None
-        self.candidates = None
-        self.last_draw = None
 
     def state_dict(self) -> dict[str, Any]:
         return {"base": self.base.state_dict(), "generator": self._gen.get_state()}

@@ -1,4 +1,4 @@
-"""Cheap estimates of EATTA's two gradient norms, for the one-backward step (grad_mode="approx").
+"""The approximate gradient (``grad_mode="approx"``): EATTA's two norms estimated cheaply, one pass.
 
 The exact step needs ``g_sup = ||∇L_sup||`` and ``g_unsup = ||∇L_unsup||`` over the adapted
 parameters: two backward passes through the whole network. Gradient-norm debiasing only uses
@@ -22,15 +22,17 @@ the estimates of the steps between.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
 from eatta.configure import NORM_TYPES
+from eatta.gradients.exact import ExactGradient, GradientStrategy, SegmentPlan, dense
 
 __all__ = [
+    "ApproxGradient",
     "NormCalibration",
     "ProxyName",
     "feature_grad",
@@ -182,3 +184,90 @@ def check_proxy(name: str) -> ProxyName:
     if name not in get_args(ProxyName):
         raise ValueError(f"approx_proxy must be one of {get_args(ProxyName)}, got {name!r}")
     return name  # type: ignore[return-value]  # checked above
+
+
+class ApproxGradient(ExactGradient):
+    """One backward pass on the weighted sum, its weights from estimated norms.
+
+    ``proxy``: ``"last-norm"`` (the norms over the backbone's last normalization layer's affine
+    parameters, found with the split: on the first batch for models only a batch splits),
+    ``"head"`` (at the head's input features) or ``"auto"`` (``"last-norm"`` where the backbone
+    has such a layer, else ``"head"``; :attr:`proxy` says which once the split is found).
+    ``calibration``: the refresh schedule and scales.
+    """
+
+    approximate = True
+
+    def __init__(
+        self,
+        strategy: GradientStrategy,
+        train: Sequence[nn.Parameter],
+        measure: Sequence[nn.Parameter],
+        needs_norms: bool,
+        proxy: ProxyName,
+        calibration: NormCalibration,
+        backbone: Callable[[], nn.Module],
+    ) -> None:
+        super().__init__(strategy, train, measure, needs_norms)
+        self.backbone = backbone  # the split's, when the proxy is looked for
+        self.proxy: ProxyName = proxy
+        self.calibration = calibration
+        self.covers_update = False  # estimated norms say nothing of the update's finiteness
+        self.proxy_params: list[nn.Parameter] | None = None if proxy != "head" else []
+        self._measure = list(measure)
+
+    def find_proxy(self) -> None:
+        """Find the "last-norm" parameters in the backbone if not found yet (``"auto"``
+        without any: the head's input instead; ``"last-norm"`` without any: an error)."""
+        if self.proxy_params is not None:
+            return
+        params = last_norm_params(self.backbone(), self._measure)
+        if not params and self.proxy == "last-norm":
+            raise ValueError(
+                "approx_proxy='last-norm' needs a normalization layer with measured affine "
+                "parameters in the backbone; use approx_proxy='head' (or 'auto')"
+            )
+        self.proxy = "last-norm" if params else "head"
+        self.proxy_params = params
+
+    def plan(self, o: Tensor) -> SegmentPlan | None:
+        if not self.calibration.due:
+            return None  # between refreshes: one backward pass, no plan
+        return super().plan(o)
+
+    def norms(
+        self,
+        loss_sup: Tensor,
+        loss_unsup: Tensor,
+        plan: SegmentPlan | None = None,
+        features: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        self.measured = self.estimated = False
+        if not self.needs_norms:
+            return super().norms(loss_sup, loss_unsup)
+        if self.proxy_params is None:  # the split is known by now
+            self.find_proxy()
+        cal = self.calibration
+        at: list[Tensor] = list(self.proxy_params or [])
+        if self.proxy == "head" and features is not None:
+            at = [features]
+        due = cal.due
+        cal.advance()  # rolled back with the other parts if the step is skipped
+        est = proxy_norms(loss_sup, loss_unsup, at)
+        if not due:  # the estimates, scaled as the last refresh said
+            self._losses = (loss_sup, loss_unsup)
+            self.estimated = True
+            return cal.scale(*est)
+        exact = super().norms(loss_sup, loss_unsup, plan)
+        cal.refresh(est, exact)
+        return exact
+
+    def weighted(self, w_sup: Tensor, w_unsup: Tensor) -> list[Tensor]:
+        if (
+            self.estimated and self._losses is not None
+        ):  # one pass: ∇(γ_sup·L_sup + γ_unsup·L_unsup)
+            loss_sup, loss_unsup = self._losses
+            self._losses = None
+            total = w_sup * loss_sup + w_unsup * loss_unsup
+            return dense(torch.autograd.grad(total, self.train, allow_unused=True), self.train)
+        return super().weighted(w_sup, w_unsup)
