@@ -45,19 +45,27 @@ class WeightAnchor:
             raise ValueError(
                 f"{type(method).__name__} updates no parameter: a weight anchor has nothing to pull"
             )
-        self._pairs: list[tuple[nn.Parameter, Tensor]] = method.params_at_creation()  # (θ, θ₀)
+        self._method = method
+        self._pairs: list[tuple[nn.Parameter, Tensor]] | None = None  # (θ, θ₀), on first use
         self._versions: list[int] = []
+
+    @property
+    def pairs(self) -> list[tuple[nn.Parameter, Tensor]]:
+        """Each anchored parameter ``θ`` with ``θ₀``, its value when the method was created."""
+        if self._pairs is None:
+            self._pairs = self._method.params_at_creation()
+        return self._pairs
 
     def check(self, method: HostMethod, batch: Batch) -> None:
         """Nothing to refuse."""
 
     def before_step(self, method: HostMethod, batch: Batch) -> None:
         """Note each parameter's version (its count of in-place changes)."""
-        self._versions = [theta._version for theta, _ in self._pairs]
+        self._versions = [theta._version for theta, _ in self.pairs]
 
     def after_step(self, method: HostMethod, batch: Batch) -> None:
         """Pull the parameters back if the step wrote any."""
-        pairs, versions = self._pairs, self._versions
+        pairs, versions = self.pairs, self._versions
         if any(theta._version != v for (theta, _), v in zip(pairs, versions, strict=True)):
             self.pull()
 
@@ -67,10 +75,11 @@ class WeightAnchor:
         a = self.alpha
         if a == 1:
             return
-        for i, (theta, theta0) in enumerate(self._pairs):
+        pairs = self.pairs
+        for i, (theta, theta0) in enumerate(pairs):
             if theta0.device != theta.device or theta0.dtype != theta.dtype:  # the model moved:
                 theta0 = theta0.to(theta)  # θ₀ follows it once, not a copy every step
-                self._pairs[i] = (theta, theta0)
+                pairs[i] = (theta, theta0)
             theta.copy_(a * theta + (1 - a) * theta0)
 
     def reset(self) -> None:

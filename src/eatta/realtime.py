@@ -104,13 +104,13 @@ def serve_without_adapting(method: Any, x: Tensor) -> Tensor:
     model = _serving_model(method)
     saved = [(b, b.clone()) for b in model.buffers()]
     try:
-        out: Tensor = model(x)
+        out: Tensor = method.logits_of(model, x) if model is not method.model else method.logits(x)
     finally:
         for b, value in saved:
             b.copy_(value)
     fallback = getattr(method, "fallback", None)
     if fallback is not None:  # the source model or the blend where that is served now
-        out = fallback.serve(x, out)
+        out = fallback.serve(method, x, out)
     return out
 
 

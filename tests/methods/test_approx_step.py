@@ -15,7 +15,7 @@ from conftest import confident_cnn
 from eatta import EATTA, GroundTruthOracle
 from eatta.debias import BoundedGradNormDebiaser, GradNormDebiaser, LossWeights
 from eatta.losses import entropy, masked_mean
-from eatta.methods._approx import (
+from eatta.gradients.approx import (
     NormCalibration,
     feature_grad,
     last_norm_params,
@@ -260,8 +260,8 @@ def test_refresh_scales_the_estimates_by_the_last_exact_ratio():
 def test_exact_step_is_the_default_and_records_exact_norms():
     x, y = _batch()
     method = create("eatta", confident_cnn(), oracle=GroundTruthOracle())
-    assert method.grad_mode == "auto" and method.approx_proxy is None
-    assert method.approx_refresh is None
+    assert method.grad_mode == "auto" and not method.gradient.approximate
+    assert not hasattr(method.gradient, "calibration")
     method(x, labels=y)
     assert not method.last_step.grad_norms_approx
     assert "grad_norm_estimate" not in method.method_state()
@@ -275,8 +275,8 @@ def test_stable_variant_builds_the_approximate_step_with_bounded_weights():
         grad_mode="approx",
         approx_refresh=8,
     )
-    assert method.grad_mode == "approx" and method.approx_refresh == 8
-    assert method.approx_proxy == "last-norm"
+    assert method.grad_mode == "approx" and method.gradient.calibration.period == 8
+    assert method.gradient.proxy == "last-norm"
     assert isinstance(method.debiaser, BoundedGradNormDebiaser)
     x, y = _batch()
     method(x, labels=y)
@@ -295,10 +295,10 @@ def test_calibration_state_round_trips_and_skips_roll_back():
     assert state  # model and method state
     other = _method(confident_cnn(), grad_mode="approx", approx_refresh=4)
     other.load_state_dict(state)
-    assert other._calibration.steps == 2
-    assert torch.equal(other._calibration._scale, method._calibration._scale)
+    assert other.gradient.calibration.steps == 2
+    assert torch.equal(other.gradient.calibration._scale, method.gradient.calibration._scale)
     method.reset()
-    assert method._calibration.steps == 0 and method._calibration._scale is None
+    assert method.gradient.calibration.steps == 0 and method.gradient.calibration._scale is None
     mismatch = _method(confident_cnn(), grad_mode="approx", approx_refresh=3)
     with pytest.raises(ValueError, match="approx_refresh=4"):
         mismatch.load_state_dict(state)
@@ -309,7 +309,7 @@ def test_calibration_state_round_trips_and_skips_roll_back():
         skipper.model[-1].weight.mul_(float("inf"))
     with pytest.warns(RuntimeWarning, match="skipped"):
         skipper(x, labels=y)
-    assert skipper.skipped_steps == 1 and skipper._calibration.steps == 1
+    assert skipper.skipped_steps == 1 and skipper.gradient.calibration.steps == 1
 
 
 # -- bad input -----------------------------------------------------------------------------------
@@ -322,12 +322,12 @@ def test_bad_refresh_period_is_an_error_naming_it(bad):
 def test_auto_proxy_is_the_last_norm_layer_where_there_is_one_else_the_head():
     """The default runs the approximate step on every model the exact step runs on."""
     with_norm = _method(confident_cnn(), grad_mode="approx")
-    assert with_norm.approx_proxy == "last-norm" and with_norm._proxy_params
+    assert with_norm.gradient.proxy == "last-norm" and with_norm.gradient.proxy_params
     no_norm = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 5))
     params = list(no_norm[0].parameters())
     opt = torch.optim.SGD(params, lr=0.1)
     method = EATTA(no_norm, opt, oracle=GroundTruthOracle(), grad_mode="approx")
-    assert method.approx_proxy == "head"
+    assert method.gradient.proxy == "head"
     x, y = _batch()
     before = [p.detach().clone() for p in params]
     method(x, labels=y)
@@ -346,7 +346,7 @@ def test_eatta_safe_runs_on_a_model_without_normalization_layers():
         for _ in range(2):
             assert torch.isfinite(method(x, labels=y)).all()
         assert method.labels_used == 2
-    assert method.approx_proxy == "head"
+    assert method.gradient.proxy == "head"
     given, adapted = mlp.parameters(), method.model.parameters()
     assert any(not torch.equal(a, b) for a, b in zip(given, adapted, strict=True))
 
@@ -418,7 +418,7 @@ def test_approx_on_a_custom_model_finds_its_proxy_on_the_first_batch(size):
     assert record.grad_norms_approx  # one backward pass on estimated norms
     assert method.labels_used == 1
     bn = method.model.features[1]
-    assert [id(p) for p in method._proxy_params] == [id(bn.weight), id(bn.bias)]
+    assert [id(p) for p in method.gradient.proxy_params] == [id(bn.weight), id(bn.bias)]
     assert any(not torch.equal(a, p) for a, p in zip(before, method.params, strict=True))
 
 

@@ -35,7 +35,7 @@ from eatta.annotate import (
     ThreadedAnnotator,
 )
 from eatta.losses import complementary_cross_entropy, default_entropy_margin, entropy
-from eatta.methods.baseline import Baseline
+from eatta.methods.baseline import baseline as make_baseline
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -314,7 +314,7 @@ def test_a_late_label_reaches_the_class_history_when_it_arrives():
     ann = SimulatedAnnotator(delay=1)
     m = build("eatta", ann, budget=1, balance="last-k")
     m(xs[0], labels=ys[0])
-    (r1,) = m._asking.pending.state_dict()["requests"]
+    (r1,) = m.asking.pending.state_dict()["requests"]
     assert m.balance.classes == [] and m.last_step.class_history == []
     m(xs[1], labels=ys[1])
     assert m.last_step.late == 1
@@ -451,12 +451,14 @@ def test_a_failed_step_cancels_its_requests_and_the_method_goes_on(monkeypatch):
     m = build("eatta", ann, budget=1)
     m(xs[0], labels=ys[0])
     before = full_state(m)
-    real = EATTA._confident_entropy
+    import eatta.methods.eatta as eatta_module
 
-    def boom(self, *a):
+    real = eatta_module.masked_mean
+
+    def boom(*a):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(EATTA, "_confident_entropy", boom)
+    monkeypatch.setattr(eatta_module, "masked_mean", boom)  # fails inside the step
     with pytest.raises(RuntimeError, match="boom"):
         m(xs[1], labels=ys[1])
     failed = ann.requests[-1].id
@@ -465,7 +467,7 @@ def test_a_failed_step_cancels_its_requests_and_the_method_goes_on(monkeypatch):
     assert after["method"]["pending"].pop("retries") == 1
     before["method"]["pending"].pop("retries")
     assert differences(before, after) == []
-    monkeypatch.setattr(EATTA, "_confident_entropy", real)
+    monkeypatch.setattr(eatta_module, "masked_mean", real)
     ann.answer(ann.requests[0].id, 3)
     m(xs[1], labels=ys[1])  # the retry asks under a new id and takes the late answer
     m(xs[2], labels=ys[2])
@@ -475,13 +477,15 @@ def test_a_failed_step_cancels_its_requests_and_the_method_goes_on(monkeypatch):
 
 def fail_once_after_collect(monkeypatch):
     """Make the next EATTA step fail after it collected its answers (then work again)."""
-    real = EATTA._confident_entropy
+    import eatta.methods.eatta as eatta_module
 
-    def boom(self, *a):
-        monkeypatch.setattr(EATTA, "_confident_entropy", real)
+    real = eatta_module.masked_mean
+
+    def boom(*a):
+        monkeypatch.setattr(eatta_module, "masked_mean", real)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(EATTA, "_confident_entropy", boom)
+    monkeypatch.setattr(eatta_module, "masked_mean", boom)  # fails inside the step
 
 
 def test_answers_collected_by_a_failed_step_are_applied_by_the_next(monkeypatch):
@@ -582,7 +586,7 @@ def assert_params(m, expected):
 def baseline(ann, margin=None, buffer=None, budget=1):
     model = confident_cnn()
     params = eatta.configure(model)
-    return Baseline(
+    return make_baseline(
         model,
         torch.optim.SGD(params, lr=LR),
         oracle=ann,
@@ -626,7 +630,7 @@ def test_a_late_label_joins_the_buffer():
     (r,) = ann.requests
     ann.answer(r.id, 4)
     m(xs[1], labels=ys[1])
-    bx, by = m.buffer.contents()
+    bx, by = m.replay.buffer.contents()
     assert len(by) == 1 and by.tolist() == [4] and torch.equal(bx[0], r.sample)
 
 
@@ -811,7 +815,7 @@ def test_states_of_other_configurations_are_refused():
     with pytest.raises(ValueError, match="pending=PendingLabels"):
         plain.load_state_dict(lazy.state_dict())
     assert differences(before, full_state(plain)) == []
-    with pytest.raises(ValueError, match=r"saved by EATTA .* into Baseline"):
+    with pytest.raises(ValueError, match=r"saved by EATTA .*PerturbationSelector.* into EATTA"):
         build("baseline", GroundTruthOracle()).load_state_dict(plain.state_dict())
 
 
@@ -936,7 +940,7 @@ def test_a_model_oracle_answers_asynchronously_with_its_argmax():
         assert isinstance(ann, ThreadedAnnotator) and ann.feedback == "label"
         m = build("eatta", ann, budget=2, balance="last-k")
         m(xs[0])
-        requests = list(m._asking.pending.state_dict()["requests"])
+        requests = list(m.asking.pending.state_dict()["requests"])
         assert ann.wait(timeout=10)
         m(xs[1])
         with torch.no_grad():
@@ -1015,4 +1019,4 @@ def test_label_expiry_with_a_synchronous_oracle_is_an_error_naming_it():
     # the default is fine with either kind, and a non-default one with an asynchronous annotator
     eatta.create("eatta", confident_cnn(), oracle=eatta.GroundTruthOracle())
     m = eatta.create("eatta", confident_cnn(), oracle=SimulatedAnnotator(), label_expiry=8)
-    assert m._asking is not None and m._asking.pending.label_expiry == 8
+    assert m.asking.pending is not None and m.asking.pending.label_expiry == 8

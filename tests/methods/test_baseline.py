@@ -15,7 +15,8 @@ from _active_method_checks import (
 import eatta
 from conftest import confident_cnn
 from eatta.balance import NoClassBalance
-from eatta.methods.baseline import Baseline
+from eatta.methods.baseline import baseline
+from eatta.methods.eatta import EATTA
 from eatta.methods.registry import create
 from eatta.selection import RandomSelector
 
@@ -27,7 +28,7 @@ def make(oracle, budget=1, lr=0.05, seed=0, **kw):
     model = confident_cnn()
     params = eatta.configure(model)
     opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
-    return Baseline(model, opt, oracle=oracle, budget=budget, seed=seed, **kw)
+    return baseline(model, opt, oracle=oracle, budget=budget, seed=seed, **kw)
 
 
 def test_components_are_random_no_balance_unit_weights():
@@ -92,7 +93,8 @@ def test_random_selection_frequencies_are_uniform():
 
 def test_registry_defaults_are_tents():
     m = create("baseline", confident_cnn(), oracle=Answers(), budget=2)
-    assert isinstance(m, Baseline) and m.budget.per_batch == 2
+    assert isinstance(m, EATTA) and isinstance(m.selector, RandomSelector)  # an EATTA, so built
+    assert m.budget.per_batch == 2
     group = m.optimizer.param_groups[0]
     assert isinstance(m.optimizer, torch.optim.SGD)
     assert group["lr"] == 2.5e-4 and group["momentum"] == 0.9

@@ -21,7 +21,7 @@ from eatta import EATTA, Budget, GroundTruthOracle, InvalidInputError, OracleErr
 from eatta.buffer import LabelBuffer
 from eatta.debias import GradNormDebiaser
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods.eatta import StepOptions
+import eatta.gradients.exact
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -235,9 +235,9 @@ def wide_cnn() -> nn.Sequential:
 @pytest.mark.parametrize("labelled", [True, False], ids=["labelled", "no-label"])
 def test_default_path_runs_at_most_two_backward_passes(labelled):
     m = make(wide_cnn(), budget=1 if labelled else 0)
-    assert m.grad_mode == "auto" and not eatta.methods._grads.has_module_hooks(m.model)
+    assert m.grad_mode == "auto" and not eatta.gradients.exact.has_module_hooks(m.model)
     x = torch.randn(16, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    plan = m._plan(m.model(x))
+    plan = m.gradient.plan(m.model(x))
     assert plan is not None and plan.cuts  # the default path segments this graph
     passes = {n: 0 for n in trained_names(m)}
     named = dict(m.model.named_parameters())
@@ -259,8 +259,8 @@ def test_buffer_replays_into_the_supervised_loss(batch):
     ref = copy.deepcopy(m.model)
     m(x, labels=y)
     rec = m.last_step
-    bx, by = m.buffer.contents()  # full, and a batch of 3 replays all of it (in some order)
-    assert len(m.buffer) == 3 and torch.equal(bx[-1:], x[rec.selected])
+    bx, by = m.replay.buffer.contents()  # full, and a batch of 3 replays all of it (in some order)
+    assert len(m.replay.buffer) == 3 and torch.equal(bx[-1:], x[rec.selected])
     assert torch.equal(by[-1:], y[rec.selected])
     with torch.no_grad():
         own = F.cross_entropy(ref(x)[rec.selected], y[rec.selected])
@@ -361,8 +361,8 @@ def test_constructor_errors():
     other = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="not the model's"):
         EATTA(model, torch.optim.SGD(other.parameters(), lr=0.1), oracle=lambda *a: None)
-    with pytest.raises(TypeError, match="options"):  # the keywords are the one way (StepOptions)
-        EATTA(model, opt, oracle=lambda *a: None, grad_mode="batched", options=StepOptions())
+    with pytest.raises(TypeError, match="options"):  # the keywords are the one way
+        EATTA(model, opt, oracle=lambda *a: None, grad_mode="batched", options=object())
     with pytest.raises(ValueError, match="steps"):
         EATTA(model, opt, oracle=lambda *a: None, steps=0)
 
@@ -390,7 +390,7 @@ def test_a_failure_anywhere_in_the_step_rolls_every_part_back(batch, monkeypatch
         raise Boom(where)
 
     if where == "gradients":
-        monkeypatch.setattr(m.gradients, "grads", fail)
+        monkeypatch.setattr(m.gradient.strategy, "grads", fail)
     elif where == "debiaser":
         monkeypatch.setattr(m.debiaser, "weights", fail)
     else:  # validate before mutate: the last thing that can fail comes before any commit
@@ -409,7 +409,7 @@ def test_a_failed_second_step_keeps_the_first(batch, monkeypatch):
     x, y = batch
     m = make(steps=2)
     calls = {"n": 0}
-    real = m.gradients.grads
+    real = m.gradient.strategy.grads
 
     def second_fails(*args, **kwargs):
         calls["n"] += 1
@@ -417,7 +417,7 @@ def test_a_failed_second_step_keeps_the_first(batch, monkeypatch):
             raise Boom("second step")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(m.gradients, "grads", second_fails)
+    monkeypatch.setattr(m.gradient.strategy, "grads", second_fails)
     with pytest.raises(Boom):
         m(x, labels=y)
     assert m.labels_used == 1 and m.budget.batches_seen == 1  # step 1 committed, step 2 undone
@@ -573,8 +573,8 @@ def test_loaded_state_moves_to_the_models_device(batch, monkeypatch):
     # a model "on" another device: every part that holds tensors follows it, none is reset
     monkeypatch.setattr(type(b), "device", property(lambda self: torch.device("meta")))
     b.load_state_dict(a.state_dict())
-    assert b.buffer._store[0].device.type == "meta" and b.debiaser._state.device.type == "meta"
-    assert len(b.buffer) == 1 and b.labels_used == 1
+    assert b.replay.buffer._store[0].device.type == "meta" and b.debiaser._state.device.type == "meta"
+    assert len(b.replay.buffer) == 1 and b.labels_used == 1
 
 
 @pytest.mark.gpu
@@ -588,7 +588,7 @@ def test_resume_on_another_device_continues_the_stream(tmp_path):
     model = confident_cnn().cuda()
     b = make(model=model, buffer=8, budget=2)
     b.load_state_dict(torch.load(tmp_path / "s.pt", map_location="cpu", weights_only=True))
-    assert b.buffer._store[0].is_cuda and b.debiaser._state.is_cuda
+    assert b.replay.buffer._store[0].is_cuda and b.debiaser._state.is_cuda
     tail_b = run_stream(b, [x.cuda() for x in xs[3:]], ys[3:])
     for p, q in zip(tail_a, tail_b, strict=True):
         torch.testing.assert_close(q.cpu(), p, rtol=1e-4, atol=1e-4)
@@ -677,15 +677,11 @@ def test_without_allowance_nothing_is_selected_asked_or_planned(batch, monkeypat
     asked, planned = [], []
     oracle = GroundTruthOracle()
     m = make(budget=Budget(1, every=2), oracle=lambda i, idx: asked.append(1) or oracle(i, idx))
-    plan = m.gradients.plan
-    monkeypatch.setattr(m.gradients, "plan", lambda *a: planned.append(1) or plan(*a))
+    plan = m.gradient.strategy.plan
+    monkeypatch.setattr(m.gradient.strategy, "plan", lambda *a: planned.append(1) or plan(*a))
     selections = []
-    select = eatta.methods.active.select_and_ask  # the active layer asks for every method
-    monkeypatch.setattr(
-        eatta.methods.active,
-        "select_and_ask",
-        lambda *a, **k: selections.append(1) or select(*a, **k),
-    )
+    select = m.selector.select  # what the active layer asks through, for every method
+    monkeypatch.setattr(m.selector, "select", lambda *a, **k: selections.append(1) or select(*a, **k))
     for _ in range(2):
         oracle.set_labels(y)
         m(x)
@@ -735,7 +731,7 @@ def test_the_first_label_is_replayed_at_once(batch):
     ref = copy.deepcopy(m.model)
     m(x, labels=y)
     rec = m.last_step
-    assert len(m.buffer) == 1
+    assert len(m.replay.buffer) == 1
     with torch.no_grad():
         own = F.cross_entropy(ref(x)[rec.selected], y[rec.selected])
         replayed = F.cross_entropy(ref(x[rec.selected]), y[rec.selected])
@@ -783,10 +779,9 @@ def test_state_saved_before_skip_counting_loads_with_no_skips(batch):
 def test_the_finite_check_adds_no_reduction_when_the_norms_cover_the_update(batch, monkeypatch):
     x, y = batch
     calls = []
-    norm = eatta.methods.update.global_norm
+    norm = eatta.gradients.exact.global_norm
     counted = lambda g: calls.append(1) or norm(g)  # noqa: E731
-    monkeypatch.setattr(eatta.methods.eatta_step, "global_norm", counted)
-    monkeypatch.setattr(eatta.methods.update, "global_norm", counted)
+    monkeypatch.setattr(eatta.gradients.exact, "global_norm", counted)
     make()(x, labels=y)  # trained = measured: the two norms saw every gradient
     assert len(calls) == 2
     calls.clear()

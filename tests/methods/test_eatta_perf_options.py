@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -18,7 +17,9 @@ from eatta import EATTA, GroundTruthOracle, InvalidInputError
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params
 from eatta.losses import entropy
-from eatta.methods._grads import (
+from eatta.gradients import check_gradient, make_gradient
+from eatta.gradients.exact import (
+    Batched,
     Segmented,
     TwoPass,
     batched_grads,
@@ -26,7 +27,6 @@ from eatta.methods._grads import (
     segmented_grads,
     two_pass_grads,
 )
-from eatta.methods.step_options import StepOptions
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -83,8 +83,8 @@ def make(model: nn.Module, segment_min_bytes: int | None = None, **kw) -> EATTA:
     params = eatta.configure(model)
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True)
     method = EATTA(model, opt, oracle=GroundTruthOracle(), **kw)
-    if segment_min_bytes is not None and isinstance(method.gradients, Segmented):
-        method.gradients.min_bytes = segment_min_bytes if method.gradients.auto else 0.0
+    if segment_min_bytes is not None and isinstance(method.gradient.strategy, Segmented):
+        method.gradient.strategy.min_bytes = segment_min_bytes if method.gradient.strategy.auto else 0.0
     return method
 
 
@@ -148,41 +148,48 @@ def test_auto_plans_segments_from_the_logits_for_large_graphs_only():
     x = stream(n=1)[0][0]
     auto, seg = make(tiny_resnet()), make(tiny_resnet(), grad_mode="segmented")
     two = make(tiny_resnet(), grad_mode="two-pass")
-    assert isinstance(auto.gradients, Segmented) and isinstance(two.gradients, TwoPass)
-    small = auto._plan(auto.model(x))  # a few KiB of activations: not worth segmenting
+    assert isinstance(auto.gradient.strategy, Segmented)
+    assert isinstance(two.gradient.strategy, TwoPass)
+    small = auto.gradient.plan(auto.model(x))  # a few KiB of activations: not worth segmenting
     assert small is not None and not small.cuts
-    assert 0 < small.graph_bytes < auto.options.segment_min_bytes == 32 * 2**20
-    assert len(seg._plan(seg.model(x)).cuts) >= 1  # asked for explicitly: segmented anyway
+    assert 0 < small.graph_bytes < auto.gradient.strategy.min_bytes == 32 * 2**20
+    assert len(seg.gradient.plan(seg.model(x)).cuts) >= 1  # asked for explicitly: segmented anyway
     eager = make(tiny_resnet(), segment_min_bytes=0)
-    assert len(eager._plan(eager.model(x)).cuts) >= 1
-    assert two._plan(two.model(x)) is None
+    assert len(eager.gradient.plan(eager.model(x)).cuts) >= 1
+    assert two.gradient.plan(two.model(x)) is None
 
 
 def test_invalid_options_are_rejected():
+    model = tiny_resnet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match="grad_mode"):
-        make(tiny_resnet(), grad_mode="fast")
+        make(model, grad_mode="fast")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match="grad_segments"):
-        StepOptions(grad_segments=0)
+        check_gradient("auto", segments=0)
     with pytest.raises(ValueError, match="segment_min_bytes"):
-        StepOptions(segment_min_bytes=-1)
-    with pytest.raises(TypeError):
-        StepOptions(segments=3)  # unknown options are errors
-    assert StepOptions(grad_segments=1, segment_min_bytes=0).grad_segments == 1  # the bounds
+        check_gradient("auto", segment_min_bytes=-1)
+    with pytest.raises(ValueError, match="approx_proxy"):
+        check_gradient("approx", proxy="middle")
+    with pytest.raises(ValueError, match="approx_refresh"):
+        check_gradient("approx", refresh=0)
+    check_gradient("auto", segments=1, segment_min_bytes=0)  # the bounds
 
 
-def test_options_are_immutable_and_default_to_four_segments():
-    options = StepOptions()
-    assert (options.grad_mode, options.grad_segments) == ("auto", 4)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        options.grad_segments = 2  # type: ignore[misc]
-    segmented = options.gradient_strategy(tiny_resnet())
-    assert (segmented.segments, segmented.auto) == (4, True)
+def test_the_gradient_is_chosen_once_and_defaults_to_four_segments():
+    model = tiny_resnet()
+    params = list(model.parameters())
+    gradient = make_gradient("auto", model, params, params)
+    assert (gradient.strategy.segments, gradient.strategy.auto) == (4, True)
+    assert isinstance(make_gradient("two-pass", model, params, params).strategy, TwoPass)
+    with pytest.raises(TypeError, match="backbone"):  # the approximate one estimates at it
+        make_gradient("approx", model, params, params)
 
 
-def test_keywords_fill_the_options():
+def test_keywords_set_the_step():
     m = make(tiny_resnet(), grad_mode="batched", autocast=True)
-    assert m.options == StepOptions(grad_mode="batched", autocast=True)
     assert (m.grad_mode, m.autocast, m.channels_last) == ("batched", True, False)
+    assert isinstance(m.gradient.strategy, Batched)
 
 
 def test_grad_modes_reproduce_the_golden_traces(monkeypatch):
@@ -360,7 +367,7 @@ def test_deferred_finite_check_raises_before_any_state_change(monkeypatch, label
     xs, ys = stream()
     budget = eatta.Budget(1) if labelled else eatta.Budget(1, every=2)
     method = make(tiny_resnet(), budget=budget)
-    monkeypatch.setattr(method, "_defer_finite", lambda x: True)
+    method._finite.everywhere = True  # the accelerator's path, on the CPU
     run(method, xs[:1], ys[:1])  # a first step, so there is state to keep
     before, revealed = exact_state(method), method.oracle.revealed
     bad = xs[1].clone()
@@ -382,13 +389,13 @@ def test_deferred_finite_check_raises_before_any_state_change(monkeypatch, label
 @pytest.mark.parametrize("deferred", [True, False], ids=["accelerator", "cpu"])
 def test_check_input_defers_the_finiteness_read_only_where_it_saves_a_sync(monkeypatch, deferred):
     method = make(tiny_resnet())
-    monkeypatch.setattr(method, "_defer_finite", lambda x: deferred)
+    method._finite.everywhere = deferred  # the accelerator's path, on the CPU
     bad = stream(n=1)[0][0].clone()
     bad[0, 0, 0, 0] = float("inf")
     if deferred:  # no host sync now: a flag on the device, read at the step's sync
         method.check_input(bad)
         assert method._finite.flag is not None and not bool(method._finite.flag)
-        assert method.check_finite  # switched back on after the deferred call
+        assert method.check_finite  # unchanged by the deferred call
     else:
         with pytest.raises(InvalidInputError, match="NaN or infinite"):
             method.check_input(bad)
@@ -397,27 +404,27 @@ def test_check_input_defers_the_finiteness_read_only_where_it_saves_a_sync(monke
 
 def test_finite_check_is_deferred_only_off_the_cpu_and_for_side_effect_free_forwards():
     method = make(tiny_resnet())
-    assert not method._defer_finite(torch.zeros(2, 3, 8, 8))
+    assert not method._finite.applies(torch.zeros(2, 3, 8, 8), method.model)
     meta = torch.empty(2, 3, 8, 8, device="meta")
-    assert method._defer_finite(meta)
+    assert method._finite.applies(meta, method.model)
     torch.manual_seed(0)
     stats = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 2))
     params = list(stats[1].parameters())
     updating = EATTA(stats.train(), torch.optim.SGD(params, lr=0.1), oracle=GroundTruthOracle())
-    assert not updating._defer_finite(meta)  # train-mode BN would update running stats
+    assert not updating._finite.applies(meta, updating.model)  # train-mode BN: running stats
 
 
 def test_auto_keeps_two_plain_passes_when_the_model_has_hooks():
     xs, ys = stream(n=1)
     method = make(tiny_resnet(), segment_min_bytes=0)  # would segment, were it not for hooks
-    assert method.gradients.active
+    assert method.gradient.strategy.active
     calls = []
 
     def count(mod: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
         out.register_hook(lambda g: calls.append(1))
 
     method.model[1].register_forward_hook(count)
-    assert not method.gradients.active
+    assert not method.gradient.strategy.active
     run(method, xs, ys)
     assert len(calls) == 2  # one per backward pass, none repeated at a cut
 
@@ -435,8 +442,8 @@ def test_grad_modes_agree_when_norms_are_measured_over_more_parameters(mode):
         method = EATTA(
             model, opt, oracle=GroundTruthOracle(), grad_norm_params=norms, grad_mode=grad_mode
         )
-        if isinstance(method.gradients, Segmented):
-            method.gradients.min_bytes = 0  # segment even these small graphs
+        if isinstance(method.gradient.strategy, Segmented):
+            method.gradient.strategy.min_bytes = 0  # segment even these small graphs
         return method
 
     xs, ys = stream()

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from eatta.methods import _grads
-from eatta.methods._grads import (
+from eatta.gradients import exact as _grads
+from eatta.gradients.exact import (
     Segmented,
     has_module_hooks,
     plan_segments,

@@ -629,14 +629,16 @@ def test_create_on_the_packaged_digits_cnn(base):
         out = m(x, labels=y)
         assert out.shape == (32, 10) and torch.isfinite(out).all()
     assert m.labels_used == 6
-    assert m.anchor.training is False
+    # the anchor is the method's one copy of the model as given (eval mode, its running
+    # statistics), read on its input's statistics with anchor_stats="batch" (the default)
+    assert m.anchor is m.given and m.anchor.training is False
     norms = [b for b in m.anchor.modules() if isinstance(b, torch.nn.BatchNorm2d)]
-    assert norms and all(b.running_mean is None for b in norms)  # input statistics
+    assert norms and all(b.running_mean is not None for b in norms)
+    assert m.anchor_stats == "batch"
     running = eatta.create(
         "hiltta", packaged_digits_source()[0], oracle=GroundTruthOracle(), anchor_stats="running"
     )
-    norms = [b for b in running.anchor.modules() if isinstance(b, torch.nn.BatchNorm2d)]
-    assert norms and all(b.running_mean is not None for b in norms)
+    assert running.anchor is running.given and running.anchor_stats == "running"
 
 
 def test_create_on_a_torchvision_resnet():

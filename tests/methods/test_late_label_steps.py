@@ -37,7 +37,7 @@ def test_a_late_label_enters_l_sup_at_its_age_weight() -> None:
     m = _build(SimulatedAnnotator(delay=2), late_weight="age", late_half_life=1.0)
     for t in range(2):
         m(xs[t], labels=ys[t])
-    late = m._asking.pending._entries  # the request of step 1, answered at step 3
+    late = m.asking.pending._entries  # the request of step 1, answered at step 3
     (entry,) = [e for e in late.values() if e.request.step == 1]
     x, y = xs[2], ys[2]
     # the late sample run with the batch through the model as it is before step 3
@@ -53,7 +53,7 @@ def test_without_labels_the_step_takes_etas_filtered_entropy() -> None:
     xs, ys = _stream(2)
     m = _build(SimulatedAnnotator(delay="never"))
     m(xs[0], labels=ys[0])
-    first = m.late_labels.state_dict()["probs"]
+    first = m.replay.late.state_dict()["probs"]
     assert first is not None  # the fallback ran and started its moving average
     with torch.no_grad():
         o = m.model(xs[1])
@@ -62,7 +62,7 @@ def test_without_labels_the_step_takes_etas_filtered_entropy() -> None:
     probs = o.softmax(1)
     asked = None
     m(xs[1], labels=ys[1])
-    asked = m._asking.pending._entries
+    asked = m.asking.pending._entries
     # the selected sample is excluded; the rest: reliable and non-redundant, weighted
     sel = [e.request.index for e in asked.values() if e.request.step == 2]
     mask = h < margin
@@ -81,11 +81,11 @@ def test_no_fallback_keeps_the_plain_entropy_term() -> None:
     with torch.no_grad():
         h = entropy(m.model(xs[0]))
     m(xs[0], labels=ys[0])
-    asked = [e.request.index for e in m._asking.pending._entries.values()]
+    asked = [e.request.index for e in m.asking.pending._entries.values()]
     mask = h < default_entropy_margin(C)
     mask[asked] = False
     assert float(m.last_step.loss_unsup) == pytest.approx(float(h[mask].mean()), rel=1e-5)
-    assert m.late_labels.state_dict()["probs"] is None
+    assert m.replay.late.state_dict()["probs"] is None
 
 
 @pytest.mark.parametrize(
@@ -124,14 +124,14 @@ def _late_step(xs, ys, sample=None):
     m = _build(SimulatedAnnotator(delay=2), late_weight="similarity")
     for t in range(2):
         m(xs[t], labels=ys[t])
-    (entry,) = [e for e in m._asking.pending._entries.values() if e.request.step == 1]
+    (entry,) = [e for e in m.asking.pending._entries.values() if e.request.step == 1]
     label = torch.tensor([int(ys[0][entry.request.index])])
     x = xs[2]
     if sample is not None:
         entry.request.sample.copy_(sample(x))
     backbone, head = m.split
     with torch.no_grad():  # the batch and the late sample through the model before the step
-        z = m.options.features(backbone, torch.cat([x, entry.request.sample.unsqueeze(0)]))
+        z = m._features(backbone, torch.cat([x, entry.request.sample.unsqueeze(0)]))
         ce = F.cross_entropy(head(z[-1:]), label)
     w = float(typicality(z[-1:], z[:-1])[0])
     m(x, labels=ys[2])
@@ -164,16 +164,16 @@ def test_labels_16_batches_late_from_another_domain_count_less() -> None:
     for t in range(4):  # the first four batches: another domain (brighter, one channel lit)
         xs[t] = xs[t] * 0.2 + torch.tensor([6.0, 0.0, 0.0]).view(1, 3, 1, 1)
     m = _build(SimulatedAnnotator(delay=16), late_weight="similarity")
-    assert m.late_labels is not None
+    assert m.replay.late is not None
     seen: dict[int, float] = {}
-    weigh = m.late_labels.weights
+    weigh = m.replay.late.weights
 
     def spy(asked: list[int], now: int, **kw: torch.Tensor) -> torch.Tensor:
         w = weigh(asked, now, **kw)
         seen.update(zip(asked, w.tolist(), strict=True))
         return w
 
-    m.late_labels.weights = spy  # type: ignore[method-assign]
+    m.replay.late.weights = spy  # type: ignore[method-assign]
     for t in range(24):
         out = m(xs[t], labels=ys[t])
         assert torch.isfinite(out).all()

@@ -1,5 +1,5 @@
-"""The parts (eatta.methods.parts): every registered method takes them as keywords, from its class
-and from ``create``; bad parts are refused before anything changes; the weight anchor's pull is
+"""The parts (eatta.methods.base.Parts, eatta.hooks): every registered method takes them as
+keywords, from its class and from ``create``; bad parts are refused before anything changes; the weight anchor's pull is
 exactly ``θ ← α·θ + (1 − α)·θ₀``, alone, with a window at requests of 1 and 8, and with
 eatta-safe's fallback and the approximate step; ``reset()`` and ``state_dict()`` keep it exact."""
 
@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 import eatta
 from conftest import confident_cnn, image_batches, nested_equal
-from eatta.methods.baseline import Baseline
+from eatta.methods.baseline import baseline
 from eatta.methods.cema import CEMA
 from eatta.methods.cotta import CoTTA
 from eatta.methods.eatta import EATTA
@@ -31,7 +31,6 @@ from eatta.methods.tent import Tent
 from eatta.monitor.fallback import SourceFallback
 from eatta.monitor.monitor import AccuracyMonitor
 from eatta.normalization import use_mixed_norm
-from eatta.selection.drawn import DisagreementDraw
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -62,7 +61,7 @@ def eata(model: nn.Module, **parts: Any) -> EATAFisher:
 
 #: Each registered method from its class, the parts given to the constructor.
 CLASSES: dict[str, Callable[..., eatta.AdaptiveMethod]] = {
-    "baseline": lambda m, **p: Baseline(m, sgd(m), oracle=oracle(), **p),
+    "baseline": lambda m, **p: baseline(m, sgd(m), oracle=oracle(), **p),
     "cema": lambda m, **p: CEMA(m, sgd(m), oracle=oracle(), **p),
     "cotta": lambda m, **p: CoTTA(m, sgd(m, "all"), **p),
     "eata": eata,
@@ -101,9 +100,8 @@ def test_every_method_takes_the_parts_from_its_class(name: str) -> None:
     afterwards: requests of 8 on a window of 16, a step every 2 requests, the fallback deciding
     and the monitor auditing at each."""
     model = windowed_model()
-    given = copy.deepcopy(model).eval()
-    fallback = SourceFallback(copy.deepcopy(given), auditor=oracle())
-    monitor = AccuracyMonitor(oracle(), copy.deepcopy(given), share=0.5)
+    fallback = SourceFallback(auditor=oracle())
+    monitor = AccuracyMonitor(oracle(), share=0.5)
     if name == "source":  # it never adapts: a window or an anchor has nothing to act on
         for part, message in (("window", "does not adapt"), ("weight_anchor", "updates no")):
             with pytest.raises(ValueError, match=message):
@@ -174,39 +172,43 @@ def test_a_bad_anchor_is_refused_before_anything_changes(alpha: Any, error: type
     assert nested_equal(opt.state_dict(), opt_state)
 
 
-def stepped_tent() -> eatta.AdaptiveMethod:
-    """TENT with a window, two window steps into a stream (momentum in its optimizer)."""
-    model = windowed_model()
-    method = Tent(model, sgd(model), window=16)
-    for x, _ in requests(32, 8):
-        method(x)
-    return method
-
-
 @pytest.mark.parametrize(
     ("parts", "error", "message"),
     [
         ({"weight_anchor": 2.0, "window": 8}, ValueError, "weight_anchor"),
         ({"window": True, "weight_anchor": ALPHA}, TypeError, "window=True"),
         ({"window": 1, "weight_anchor": ALPHA}, ValueError, "at least 2"),
-        ({"weight_anchor": ALPHA, "fallback": "unwired"}, ValueError, r"fallback\.listen"),
+        ({"weight_anchor": ALPHA, "window_every": 4}, TypeError, "window_every"),
+        ({"weight_anchor": ALPHA, "fallback": "not a part"}, TypeError, "fallback="),
         ({"weight_anchor": ALPHA, "windw": 8}, TypeError, "unknown part"),
     ],
 )
 def test_bad_parts_are_refused_together_before_anything_changes(
     parts: dict[str, Any], error: type, message: str
 ) -> None:
-    """Attached mid-stream: one bad part, and none is attached; the model, the optimizer, the
-    window and its counters are bit-identical."""
-    method = stepped_tent()
-    if parts.get("fallback") == "unwired":  # measures by requests this method never makes
-        parts["fallback"] = SourceFallback(confident_cnn(), draw=DisagreementDraw())
-    before = copy.deepcopy(method.state_dict())
+    """Given to the constructor with good ones: the bad part is refused before any is built;
+    the model (its modules too: no BatchNorm swapped for the window) and the optimizer are
+    bit-identical."""
+    model = confident_cnn()
+    opt = sgd(model)
+    model_state, opt_state = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    kinds = [type(m) for m in model.modules()]
     with pytest.raises(error, match=message):
-        method.attach(**parts)
+        Tent(model, opt, **parts)
+    assert nested_equal(model.state_dict(), model_state)
+    assert nested_equal(opt.state_dict(), opt_state)
+    assert [type(m) for m in model.modules()] == kinds
+
+
+def test_a_fallback_with_no_answers_to_read_is_refused_on_the_first_request() -> None:
+    """A fallback that reads the method's own drawn answers, on a method that draws none: its
+    check refuses the first request, before the method changes."""
+    model = confident_cnn()
+    method = Tent(model, sgd(model), fallback=SourceFallback())
+    before = copy.deepcopy(method.state_dict())
+    with pytest.raises(ValueError, match="auditor="):
+        method(requests(8, 8)[0][0])
     assert nested_equal(method.state_dict(), before)
-    assert method.weight_anchor is None and method.fallback is None
-    assert method.window is not None and method.window.size == 16
 
 
 # -- the pull -------------------------------------------------------------------------------------
@@ -254,12 +256,12 @@ def test_the_anchor_follows_the_model_to_another_dtype() -> None:
     torch.testing.assert_close(plain(x), anchored(x), rtol=0, atol=0)
     anchor = anchored.weight_anchor
     assert anchor is not None
-    for (theta, theta0), stepped in zip(anchor._pairs, trained(plain), strict=True):
+    for (theta, theta0), stepped in zip(anchor.pairs, trained(plain), strict=True):
         assert theta.dtype == theta0.dtype == torch.float64
         assert torch.equal(theta, ALPHA * stepped + (1 - ALPHA) * theta0)
-    kept = [t0 for _, t0 in anchor._pairs]
+    kept = [t0 for _, t0 in anchor.pairs]
     anchored(image_batches(2, size=16)[1].double())
-    assert all(t0 is k for (_, t0), k in zip(anchor._pairs, kept, strict=True))
+    assert all(t0 is k for (_, t0), k in zip(anchor.pairs, kept, strict=True))
 
 
 def test_alpha_one_changes_nothing() -> None:

@@ -6,7 +6,12 @@ as ``pinned_defaults.json``, on that code); a change of any default lr, optimize
 trained parameter set or method setting shows up here as a difference. Re-captured once after
 the step refactor moved ``grad_mode`` / ``autocast`` / ``channels_last`` into ``EATTA.options``
 (checked value for value against the first capture; nothing else differed), now with public
-attributes only.
+attributes only. Re-captured after the assembly rework (issue 60): every difference was a moved
+attribute with its value unchanged (``options.*`` -> ``autocast``, ``channels_last``,
+``grad_mode``; ``gradients.*`` -> ``gradient.strategy.*``; ``buffer``/``late_labels``/
+``nearest_replay`` -> ``replay``; eatta-safe's ``fallback.draw`` -> its ``selector``; the
+debiaser's bounds, 0 and 2 for the faithful one), or a new attribute (``asking``, ``batch``,
+``gradient``'s flags, SimATTA's ``use_teacher``).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from _active_method_checks import (
 import eatta
 from conftest import confident_cnn
 from eatta.balance import NoClassBalance
+from eatta.configure import batch_statistics_of
 from eatta.methods.registry import create
 from eatta.methods.simatta import SimATTA
 from eatta.selection.base import SelectionContext
@@ -85,7 +86,7 @@ def test_source_like_samples_are_the_teachers_confident_predictions():
     taken = 0
     for x, y in zip(xs, ys, strict=True):
         oracle.y = y
-        with torch.no_grad():
+        with torch.no_grad(), batch_statistics_of(m.teacher):  # read as SimATTA reads it
             t = m.teacher(x)
         m(x)
         p = t.softmax(1)

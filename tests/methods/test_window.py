@@ -20,8 +20,8 @@ from eatta.window import SampleWindow, SmallBatchWarning
 class Recorder(AdaptiveMethod):
     """Records each step's batch and the labels its oracle holds; adapts nothing."""
 
-    def __init__(self, model: nn.Module, oracle: eatta.GroundTruthOracle) -> None:
-        super().__init__(model)
+    def __init__(self, model: nn.Module, oracle: eatta.GroundTruthOracle, **parts) -> None:
+        super().__init__(model, **parts)
         self.oracle = oracle
         self.seen: list[tuple[Tensor, Tensor | None]] = []
 
@@ -40,10 +40,9 @@ def _requests(sizes: list[int], seed: int = 0) -> list[tuple[Tensor, Tensor]]:
 
 def _recorder(window: int, every: int | None = None) -> Recorder:
     model = tiny_cnn().eval()
-    use_mixed_norm(model, stats="ema")
-    method = Recorder(model, eatta.GroundTruthOracle())
-    method.set_window(window, every)
-    return method
+    use_mixed_norm(model, stats="ema")  # swapped already: the window keeps these layers
+    oracle = eatta.GroundTruthOracle()
+    return Recorder(model, oracle, window=window, window_every=every, window_refresh=None)
 
 
 def test_steps_every_n_samples_on_the_last_window_in_order() -> None:
@@ -176,11 +175,23 @@ def test_bad_windows_name_the_value() -> None:
         SampleWindow(8, -2)
 
 
-def test_set_window_needs_mixed_layers() -> None:
-    method = eatta.create("tent", tiny_cnn())
-    with pytest.raises(ValueError, match="layer '1' is a BatchNorm2d"):
-        method.set_window(8)
-    assert method.window is None
+def test_a_window_swaps_the_batchnorm_layers_and_refuses_layers_that_cannot_serve() -> None:
+    """A constructor given window= serves on EMA statistics: it swaps every BatchNorm for a
+    MixedBatchNorm (the optimizer's parameters kept); a MixedBatchNorm on batch statistics
+    cannot serve a request of one, and is refused by name before any state is taken."""
+    from eatta.methods.tent import Tent
+
+    model = tiny_cnn()
+    params = eatta.configure(model)
+    method = Tent(model, torch.optim.SGD(params, lr=0.1), window=8)
+    layers = mixed_norm_layers(method.model)
+    assert len(layers) == 2 and all(m.stats == "ema" and not m.update for m in layers)
+    assert {id(p) for p in method.params} == {id(p) for p in params}
+    batch_stats = tiny_cnn()
+    use_mixed_norm(batch_stats, stats="batch")
+    params = eatta.configure(batch_stats)
+    with pytest.raises(ValueError, match=r"layer '1' is a MixedBatchNorm with stats='batch'"):
+        Tent(batch_stats, torch.optim.SGD(params, lr=0.1), window=8)
 
 
 def test_a_batch_of_one_without_a_window_is_an_error_saying_what_to_do() -> None:
@@ -190,6 +201,13 @@ def test_a_batch_of_one_without_a_window_is_an_error_saying_what_to_do() -> None
     with pytest.raises(InvalidInputError, match=r"window=64"):
         _tent(None)(x)
     assert _tent(8)(x).shape == (1, 5)
+
+
+def test_a_stream_of_small_batches_warns_on_its_first_batch() -> None:
+    method = _tent(None)
+    with pytest.warns(SmallBatchWarning, match=r"batches of 4 samples") as record:
+        method(torch.randn(4, 3, 8, 8))  # the first batch: a small-batch stream, told at once
+    assert len([w for w in record if w.category is SmallBatchWarning]) == 1
 
 
 def test_small_batches_warn_once_unless_decided() -> None:
@@ -222,7 +240,7 @@ def _layernorm_mlp() -> nn.Module:
 
 def test_a_model_without_batchnorm_warns_only_on_requests_of_a_few_samples() -> None:
     """LayerNorm: batches of 8 or more adapt quietly (no statistics to spoil); a run of
-    batches of 2 warns once, naming the window; set_window(False) silences it."""
+    batches of 2 warns once, naming the window; window=False silences it."""
     method = eatta.create("tent", _layernorm_mlp(), params="all")
     with warnings.catch_warnings():
         warnings.simplefilter("error", SmallBatchWarning)
@@ -313,7 +331,7 @@ def test_the_source_model_fallback_decides_at_the_windows_steps_and_serves_betwe
     assert fallback is not None
     for i, (x, y) in enumerate(_requests([2] * 8)):
         out = method(x, labels=y)
-        torch.testing.assert_close(out, fallback.source_logits(x), rtol=0, atol=0)
+        torch.testing.assert_close(out, method.given_logits(x), rtol=0, atol=0)
         assert fallback.step == (i + 1) // 4  # a step every 4 requests of 2
     assert method.window is not None and method.window.steps == 2
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from eatta.gradients.approx import ApproxGradient, NormCalibration, ProxyName, check_proxy
 from eatta.gradients.exact import Batched, ExactGradient, Segmented, TwoPass
+from eatta.split import SplitNotFoundError
 
 __all__ = [
     "GRAD_MODES",
@@ -96,4 +97,10 @@ def make_gradient(
         return ExactGradient(strategy, train, measure, needs_norms)
     if backbone is None:
         raise TypeError("grad_mode='approx' needs backbone= (the split's feature extractor)")
-    return ApproxGradient(strategy, train, measure, needs_norms, proxy, calibration, backbone)
+    gradient = ApproxGradient(strategy, train, measure, needs_norms, proxy, calibration, backbone)
+    if proxy != "head":  # found now where the split is known without a batch (an early error)
+        try:
+            gradient.find_proxy()
+        except SplitNotFoundError:
+            pass  # the split, and the proxy with it, are found on the first batch
+    return gradient

@@ -142,6 +142,7 @@ class AdaptiveMethod(nn.Module):
         self._has_batchnorm = has_batchnorm(model)
         self._rank = _expected_rank(model)
         self._given: nn.Module | None = None  # the frozen copy of the model as given, on demand
+        self._twin_splits: dict[int, Any] = {}  # the explicit split's modules in each model copy
         #: the input's finiteness read at the step's host synchronisation on an accelerator
         #: (a method that reads it there sets it; :class:`~eatta._finite.DeferredFiniteCheck`)
         self._deferred: DeferredFiniteCheck | None = None
@@ -226,18 +227,32 @@ class AdaptiveMethod(nn.Module):
     def given(self) -> nn.Module:
         """A frozen copy of the model as it was given (eval mode, its running statistics), made
         on first use: the one copy the method's parts compare the adapted model with."""
-        if self._given is None:
-            self._given = self._as_given.copy()
+        if self._given is None:  # not a submodule: not in state_dict(), not moved by .to()
+            object.__setattr__(self, "_given", self._as_given.copy())
+        assert self._given is not None
         return self._given
 
     @torch.no_grad()
     def given_logits(self, x: Tensor) -> Tensor:
-        """The given model's logits for ``x`` (its own statistics: per sample, batch-free)."""
+        """The given model's logits for ``x`` (its own statistics: per sample, batch-free), read
+        as the adapted model's are: through its split's modules when a split was given."""
         given = self.given
         ref = next(given.parameters(), None)
         if ref is not None and (ref.device != x.device or ref.dtype != x.dtype):
             given.to(device=x.device, dtype=x.dtype)
-        return read_logits(given(x.detach()), given)
+        return self.logits_of(given, x.detach())
+
+    def logits_of(self, twin: nn.Module, x: Tensor) -> Tensor:
+        """The logits of ``twin``, a copy of the model (the given one, a method's teacher), for
+        ``x``, read as the model's are: through the same split's modules when one was given."""
+        if self._split_given and self._split is not None:
+            split = self._twin_splits.get(id(twin))
+            if split is None:
+                split = self._twin_splits[id(twin)] = _same_modules(self.model, twin, self._split)
+            if split is not False:
+                backbone, head = split  # type: ignore[misc]  # a ModelSplit
+                return read_logits(head(backbone(x)), twin, what="the split's head")
+        return read_logits(twin(x), twin)
 
     def unwrap(self) -> nn.Module:
         """The model exactly as it was given (modes, modules, parameters, buffers, memory format,
@@ -446,7 +461,8 @@ class AdaptiveMethod(nn.Module):
                 )
         finite = self.check_finite if finite is None else finite
         deferred = self._deferred
-        if deferred is not None and x.device.type != "cpu":  # read at the step's host sync
+        if deferred is not None and (x.device.type != "cpu" or deferred.everywhere):  # read at
+            # the step's host synchronisation (on the CPU there is no sync to save)
             finite = not deferred.begin(x if finite else None, self.model) and finite
         if finite and not is_finite(x):
             raise InvalidInputError("input contains NaN or infinite values")
@@ -613,6 +629,17 @@ def is_finite(x: Tensor) -> bool:
         return bool(all_finite(x))
     lo, hi = torch.aminmax(x)
     return math.isfinite(lo.item()) and math.isfinite(hi.item())
+
+
+def _same_modules(model: nn.Module, twin: nn.Module, split: ModelSplit) -> ModelSplit | bool:
+    """``split``'s modules (submodules of ``model``) as they are in ``twin``, a copy of
+    ``model`` (False when they are not ``model``'s submodules)."""
+    names = {id(m): name for name, m in model.named_modules()}
+    found = [names.get(id(part)) for part in split]
+    if any(name is None for name in found):
+        return False
+    backbone, head = (twin.get_submodule(name) for name in found)  # type: ignore[arg-type]
+    return ModelSplit(backbone, head)
 
 
 def _build_parts(method: AdaptiveMethod, parts: Parts) -> list[Hook]:

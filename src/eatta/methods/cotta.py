@@ -49,7 +49,7 @@ from eatta._compat import import_torchvision
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import batch_statistics_of, configure
-from eatta.methods.base import AdaptiveMethod, Parts, read_logits
+from eatta.methods.base import AdaptiveMethod, Parts
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
@@ -217,6 +217,12 @@ class CoTTA(AdaptiveMethod):
         self._source_names = [names[id(p)] for p in self._train]
         self.last_step: CoTTARecord | None = None
 
+    @property
+    def anchor(self) -> nn.Module:
+        """The frozen source model whose confidence decides the augmentation: the method's copy
+        of the model as given, read on the batch's statistics as the adapted model is."""
+        return self.given
+
     # -- the step ----------------------------------------------------------------------------
     @torch.no_grad()
     def _teacher_prediction(self, x: Tensor) -> tuple[Tensor, float, bool]:
@@ -224,10 +230,10 @@ class CoTTA(AdaptiveMethod):
             anchor = self.given_logits(x)
         confidence = float(anchor.softmax(dim=1).amax(dim=1).mean())
         if confidence >= self.ap_threshold:
-            return read_logits(self.teacher(x), self.teacher), confidence, False
+            return self.logits_of(self.teacher, x), confidence, False
         total: Tensor | None = None
         for _ in range(self.num_augmentations):  # one augmented batch per forward: bounded memory
-            out = read_logits(self.teacher(self.augment(x, self.generator)), self.teacher)
+            out = self.logits_of(self.teacher, self.augment(x, self.generator))
             total = out if total is None else total + out
         assert total is not None
         return total / self.num_augmentations, confidence, True

@@ -46,7 +46,7 @@ from eatta.methods.active import ActiveMethod
 from eatta.methods.base import InvalidInputError, Parts, read_logits, unique_params
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.replay import Replay, commit_late
-from eatta.methods.step_record import StepRecord, answer_text
+from eatta.methods.step_record import StepRecord, late_answers
 from eatta.selection.base import Selector
 from eatta.selection.perturbation import PerturbationSelector
 from eatta.split import ModelSplit, backward_twice, is_compiled
@@ -118,8 +118,7 @@ class EATTA(ActiveMethod):
         self.balance = make_balance(balance)
         self.debiaser = debiaser if debiaser is not None else GradNormDebiaser()
         self.entropy_margin = entropy_margin
-        self.steps = steps
-        self.skipped_steps = 0  # steps skipped for non-finite gradients
+        self.steps, self.skipped_steps = steps, 0  # skipped: for non-finite gradients
         self._finite = self._deferred = DeferredFiniteCheck()
         measure = self._train if grad_norm_params is None else unique_params(grad_norm_params)
         for p in measure:
@@ -131,12 +130,11 @@ class EATTA(ActiveMethod):
         )  # fmt: skip
         self.grad_mode: GradMode = grad_mode
         buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
-        late = late_labels if self.asynchronous else None
-        replay = Replay(
+        late = late_labels if self.asynchronous else None  # None: no buffer, no late answer
+        self.replay = None if buffer is None and not self.asynchronous else Replay(
             buffer=buffer, late=late, features=self._features, batchnorm=self._has_batchnorm
-        )
-        self.replay = None if buffer is None and late is None else replay  # None: nothing to replay
-        self._twice = backward_twice if is_compiled(model) else None
+        )  # fmt: skip
+        self._compiled = is_compiled(model)
         self.last_step: StepRecord | None = None
 
     def _features(self, backbone: nn.Module, x: Tensor) -> Tensor:
@@ -149,7 +147,7 @@ class EATTA(ActiveMethod):
     def forward_and_adapt(self, x: Tensor) -> Tensor:
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        twice = self._twice(self.model) if self._twice else contextlib.nullcontext()
+        twice = backward_twice(self.model) if self._compiled else contextlib.nullcontext()
         with twice:  # a compiled backbone: its backward runs twice
             logits = self._step(x)
             for _ in range(self.steps - 1):
@@ -259,12 +257,12 @@ class EATTA(ActiveMethod):
         measured, r.grad_norms_approx = self.gradient.measured, self.gradient.estimated
         r.selected, r.labels, r.negatives = lab.indices, lab.targets, lab.negatives
         r.requested = lab.indices if lab.selection is None else lab.selection.indices
-        r.late = [(a.request.step, a.request.index, answer_text(a)) for a in lab.late]
+        r.late, r.late_answers = len(lab.late), late_answers(lab.late) if lab.late else []
         r.class_history = list(getattr(self.balance, "classes", []))
         r.loss_unsup, r.weights = loss_unsup.detach(), w
         r.loss_sup = None if loss_sup is None else loss_sup.detach()
-        r.grad_norm_sup = g_sup if measured or r.grad_norms_approx else None
-        r.grad_norm_unsup = g_unsup if measured or r.grad_norms_approx else None
+        shown = measured or r.grad_norms_approx  # else the debiaser's 1, 1 without norms
+        r.grad_norm_sup, r.grad_norm_unsup = (g_sup, g_unsup) if shown else (None, None)
         labelled = loss_sup is not None and w is not None  # else the entropy loss alone
         r.loss = (w.sup * loss_sup + w.unsup * loss_unsup if labelled else loss_unsup).detach()
         self.last_step = r

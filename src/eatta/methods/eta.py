@@ -36,7 +36,7 @@ from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods.base import AdaptiveMethod, InvalidInputError, Parts, is_finite
+from eatta.methods.base import AdaptiveMethod, InvalidInputError, Parts, is_finite, read_logits
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
@@ -199,6 +199,7 @@ def compute_fishers(
     model: nn.Module,
     data: Iterable[Any],
     params: Sequence[nn.Parameter] | None = None,
+    split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
 ) -> FisherInfo:
     """Diagonal Fisher information of ``params`` on clean data, as EATA's code computes it.
 
@@ -213,6 +214,8 @@ def compute_fishers(
         model: the source model.
         data: clean (source-like) batches, e.g. a DataLoader.
         params: parameters to measure; default every parameter with ``requires_grad``.
+        split: ``(backbone, head)`` to read the logits through, for a model whose output is not
+            them (as the methods read it: :func:`eatta.methods.base.read_logits`).
     """
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -237,7 +240,11 @@ def compute_fishers(
                     )
                 if not is_finite(x):
                     raise InvalidInputError("fisher_data contains NaN or infinite values")
-                logits = model(x.to(device=ref.device, dtype=ref.dtype))
+                x = x.to(device=ref.device, dtype=ref.dtype)
+                if split is None:
+                    logits = read_logits(model(x), model)
+                else:
+                    logits = read_logits(split[1](split[0](x)), model, what="the split's head")
                 loss = F.cross_entropy(logits, logits.detach().argmax(dim=1))
                 grads = torch.autograd.grad(loss, [named[n] for n in names], allow_unused=True)
                 for n, g in zip(names, grads, strict=True):
@@ -384,7 +391,7 @@ def _build_eata(
     params = configure(model, cfg.params)
     if fishers is None:
         assert data is not None  # checked above
-        fishers = compute_fishers(model, data, params)
+        fishers = compute_fishers(model, data, params, split=cfg.split)
     return EATAFisher(
         model,
         make_optimizer(params, cfg),

@@ -346,7 +346,10 @@ class HILTTA(ActiveMethod):
         inputs = torch.cat([xu, pool_x])
         n = xu.shape[0]
         with torch.no_grad(), batch_statistics_of(self.anchor, self.anchor_stats == "batch"):
-            given = read_logits(self.anchor(inputs), self.anchor)[:n].softmax(dim=1)
+            if self._anchor is None:  # the model as given, read as the adapted model is
+                given = self.given_logits(inputs)[:n].softmax(dim=1)
+            else:
+                given = read_logits(self._anchor(inputs), self._anchor)[:n].softmax(dim=1)
             anchor_losses, ce_losses = [], []
             for c in copies:
                 self.model.load_state_dict(c.model)

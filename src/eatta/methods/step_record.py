@@ -10,7 +10,7 @@ from torch import Tensor
 from eatta.annotate.pending import Arrived
 from eatta.debias import LossWeights
 
-__all__ = ["StepRecord", "answer_text"]
+__all__ = ["StepRecord", "late_answers"]
 
 #: No sample: the default of the record's index fields (never written into: a step that records
 #: indices sets tensors of its own).
@@ -29,7 +29,8 @@ class StepRecord:
 
     ``requested``: this batch's samples sent to the annotator; ``selected``/``labels``: those
     answered with a class in this step (with a late annotator, empty until the answer lands:
-    ``late`` lists the earlier requests answered in this step, as ``(step asked, sample, answer)``).
+    ``late`` counts the earlier requests answered in this step, ``late_answers`` lists them as
+    ``(step asked, sample, answer)``).
     ``negatives``: this batch's samples answered "no". ``skipped``: the gradients were not
     finite, so no update was applied and no state changed. ``grad_norms_approx``: the norms are
     the approximate step's estimates. Printed, it is a short summary; the tensors are its fields.
@@ -51,7 +52,8 @@ class StepRecord:
     loss: Tensor | None = None
     skipped: bool = False
     negatives: Tensor = _NONE
-    late: list[tuple[int, int, str]] = field(default_factory=list)
+    late: int = 0
+    late_answers: list[tuple[int, int, str]] = field(default_factory=list)
     grad_norms_approx: bool = False
 
     def __repr__(self) -> str:
@@ -62,7 +64,7 @@ class StepRecord:
             f"asked {self.requested.tolist()}",
             f"answered {dict(zip(self.selected.tolist(), self.labels.tolist(), strict=True))}",
             *([f"no on {self.negatives.tolist()}"] if len(self.negatives) else []),
-            *([f"late {self.late}"] if self.late else []),
+            *([f"late {self.late_answers}"] if self.late_answers else []),
             f"loss {_short(self.loss)} (sup {_short(self.loss_sup)}, "
             f"unsup {_short(self.loss_unsup)} on {_short(self.num_unsup)})",
             "weights -" if w is None else f"weights {_short(w.sup)} / {_short(w.unsup)}",
@@ -70,6 +72,13 @@ class StepRecord:
         return f"StepRecord({', '.join(parts)})"
 
 
-def answer_text(answer: Arrived) -> str:
-    """A late answer in words: ``"class 3"`` or ``"not 3"`` (a "no" on the prediction)."""
-    return f"class {answer.label}" if answer.label is not None else f"not {answer.not_label}"
+def late_answers(late: list[Arrived]) -> list[tuple[int, int, str]]:
+    """Late answers as ``(step asked, sample, "class 3" | "not 3")`` (a "no" on the prediction)."""
+    return [
+        (
+            a.request.step,
+            a.request.index,
+            f"class {a.label}" if a.label is not None else f"not {a.not_label}",
+        )
+        for a in late
+    ]

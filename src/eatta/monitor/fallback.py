@@ -277,7 +277,7 @@ class SourceFallback:
                 batch.served = out
         if batch.step_x is not batch.x:  # a request served between a window's steps
             assert batch.adapted is not None
-            batch.served = self._serve(method, batch.x, batch.adapted)
+            batch.served = self.serve(method, batch.x, batch.adapted)
 
     def _stepped(
         self, method: HostMethod, batch: Batch, x: Tensor, logits: Tensor, served: bool
@@ -303,9 +303,10 @@ class SourceFallback:
         self._given_logits = self._given_pred = self._subset = None
         return out
 
-    def _serve(self, method: HostMethod, x: Tensor, logits: Tensor) -> Tensor:
-        """A request served between steps: ``logits`` (the adapted model's), the given model's
-        or their blend, whichever is served now."""
+    def serve(self, method: HostMethod, x: Tensor, logits: Tensor) -> Tensor:
+        """A request served without a step (between a window's steps, or skipped by the online
+        protocol): ``logits`` (the adapted model's), the given model's or their blend, whichever
+        is served now; recorded as served."""
         given = None if self.rule.serving == "adapted" else method.given_logits(x)
         return self.rule.serve(logits, given, self.test, self.signs, note=True, refresh=False)
 
