@@ -15,9 +15,9 @@ import eatta.methods.base
 from conftest import confident_cnn
 from eatta import EATTA, GroundTruthOracle
 from eatta.annotate import SimulatedAnnotator
+from eatta.annotate.asking import AnswerRecord
 from eatta.annotate.pending import Arrived
 from eatta.annotate.requests import Answer, LabelRequest
-from eatta.annotate.asking import AnswerRecord
 from eatta.methods.active import ActiveMethod
 from eatta.methods.baseline import baseline
 from eatta.methods.cema import CEMA

@@ -14,7 +14,6 @@ import eatta
 from conftest import confident_cnn
 from eatta import EATTA, GroundTruthOracle
 from eatta.debias import BoundedGradNormDebiaser, GradNormDebiaser, LossWeights
-from eatta.losses import entropy, masked_mean
 from eatta.gradients.approx import (
     NormCalibration,
     feature_grad,
@@ -22,6 +21,7 @@ from eatta.gradients.approx import (
     logit_grad_ce,
     logit_grad_entropy,
 )
+from eatta.losses import entropy, masked_mean
 from eatta.methods.registry import create
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)

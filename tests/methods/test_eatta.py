@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import eatta
+import eatta.gradients.exact
 from _state_checks import assert_reset_state, assert_same_state, differences, exact_state
 from conftest import confident_cnn, tiny_cnn
 from eatta import EATTA, Budget, GroundTruthOracle, InvalidInputError, OracleError
 from eatta.buffer import LabelBuffer
 from eatta.debias import GradNormDebiaser
 from eatta.losses import default_entropy_margin, entropy
-import eatta.gradients.exact
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -573,7 +573,9 @@ def test_loaded_state_moves_to_the_models_device(batch, monkeypatch):
     # a model "on" another device: every part that holds tensors follows it, none is reset
     monkeypatch.setattr(type(b), "device", property(lambda self: torch.device("meta")))
     b.load_state_dict(a.state_dict())
-    assert b.replay.buffer._store[0].device.type == "meta" and b.debiaser._state.device.type == "meta"
+    assert (
+        b.replay.buffer._store[0].device.type == "meta" and b.debiaser._state.device.type == "meta"
+    )
     assert len(b.replay.buffer) == 1 and b.labels_used == 1
 
 
@@ -681,7 +683,9 @@ def test_without_allowance_nothing_is_selected_asked_or_planned(batch, monkeypat
     monkeypatch.setattr(m.gradient.strategy, "plan", lambda *a: planned.append(1) or plan(*a))
     selections = []
     select = m.selector.select  # what the active layer asks through, for every method
-    monkeypatch.setattr(m.selector, "select", lambda *a, **k: selections.append(1) or select(*a, **k))
+    monkeypatch.setattr(
+        m.selector, "select", lambda *a, **k: selections.append(1) or select(*a, **k)
+    )
     for _ in range(2):
         oracle.set_labels(y)
         m(x)

@@ -16,7 +16,6 @@ from conftest import GOLDEN_DIR, confident_cnn
 from eatta import EATTA, GroundTruthOracle, InvalidInputError
 from eatta.buffer import LabelBuffer
 from eatta.configure import collect_params
-from eatta.losses import entropy
 from eatta.gradients import check_gradient, make_gradient
 from eatta.gradients.exact import (
     Batched,
@@ -27,6 +26,7 @@ from eatta.gradients.exact import (
     segmented_grads,
     two_pass_grads,
 )
+from eatta.losses import entropy
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -84,7 +84,9 @@ def make(model: nn.Module, segment_min_bytes: int | None = None, **kw) -> EATTA:
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True)
     method = EATTA(model, opt, oracle=GroundTruthOracle(), **kw)
     if segment_min_bytes is not None and isinstance(method.gradient.strategy, Segmented):
-        method.gradient.strategy.min_bytes = segment_min_bytes if method.gradient.strategy.auto else 0.0
+        method.gradient.strategy.min_bytes = (
+            segment_min_bytes if method.gradient.strategy.auto else 0.0
+        )
     return method
 
 

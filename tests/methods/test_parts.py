@@ -1,7 +1,8 @@
 """The parts (eatta.methods.base.Parts, eatta.hooks): every registered method takes them as
-keywords, from its class and from ``create``; bad parts are refused before anything changes; the weight anchor's pull is
-exactly ``θ ← α·θ + (1 − α)·θ₀``, alone, with a window at requests of 1 and 8, and with
-eatta-safe's fallback and the approximate step; ``reset()`` and ``state_dict()`` keep it exact."""
+keywords, from its class and from ``create``; bad parts are refused before anything changes; the
+weight anchor's pull is exactly ``θ ← α·θ + (1 − α)·θ₀``, alone, with a window at requests of 1 and
+8, and with eatta-safe's fallback and the approximate step; ``reset()`` and ``state_dict()`` keep it
+exact."""
 
 from __future__ import annotations
 
