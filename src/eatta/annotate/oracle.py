@@ -140,7 +140,8 @@ def validate_labels(answer: object, count: int, num_classes: int) -> Tensor | No
     bad = (labels < ABSTAIN) | (labels >= num_classes)
     if bool(bad.any()):
         raise OracleError(
-            f"oracle labels must be in [0, {num_classes}) or {ABSTAIN} to abstain, "
-            f"got {labels[bad].tolist()}"
+            f"the annotator's labels must be classes of the model, in [0, {num_classes}), or "
+            f"{ABSTAIN} to abstain; got {labels[bad].tolist()} (with method(x, labels=y), y "
+            "holds them)"
         )
     return labels

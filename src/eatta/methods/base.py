@@ -74,17 +74,16 @@ class Parts(TypedDict, total=False):
 _ORDER = ("weight_anchor", "window", "monitor", "fallback")
 
 
-def _expected_rank(model: nn.Module) -> int | None:
+def _expected_input(model: nn.Module) -> tuple[int | None, int | None]:
+    """The rank and the channels of the batches the model's first layer takes (a convolution;
+    None: not known, e.g. a Linear or a transformer first)."""
     for m in model.modules():
-        if isinstance(m, nn.Conv1d):
-            return 3
-        if isinstance(m, nn.Conv2d):
-            return 4
-        if isinstance(m, nn.Conv3d):
-            return 5
+        for rank, kind in ((3, nn.Conv1d), (4, nn.Conv2d), (5, nn.Conv3d)):
+            if isinstance(m, kind):
+                return rank, m.in_channels
         if isinstance(m, nn.Linear):
-            return None
-    return None
+            return None, None
+    return None, None
 
 
 class AdaptiveMethod(nn.Module):
@@ -140,7 +139,7 @@ class AdaptiveMethod(nn.Module):
         self._split_given = split is not None  # read through, and checked on the first batch
         self._split_checked = split is None
         self._has_batchnorm = has_batchnorm(model)
-        self._rank = _expected_rank(model)
+        self._rank, self._channels = _expected_input(model)
         self._given: nn.Module | None = None  # the frozen copy of the model as given, on demand
         self._twin_splits: dict[int, Any] = {}  # the explicit split's modules in each model copy
         #: the input's finiteness read at the step's host synchronisation on an accelerator
@@ -443,6 +442,11 @@ class AdaptiveMethod(nn.Module):
             raise InvalidInputError(f"input must be {want}, got shape {tuple(x.shape)}")
         if x.shape[0] == 0:
             raise InvalidInputError("input batch is empty")
+        if self._channels is not None and x.shape[1] != self._channels:
+            raise InvalidInputError(
+                f"input has {x.shape[1]} channel(s) per sample (shape {tuple(x.shape)}) and the "
+                f"model's first convolution takes {self._channels}"
+            )
         if x.shape[0] == 1 and self._has_batchnorm and self.window is None and self.adapts:
             off = " with windowing turned off (window=False)" if self._window_off else ""
             raise InvalidInputError(
