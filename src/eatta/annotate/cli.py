@@ -18,33 +18,53 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from eatta._cli import HelpFormatter
 from eatta.annotate.paced import ORDERS, Order
 from eatta.annotate.queue import LabelQueue
 
 __all__ = ["main"]
 
+_SERVE = (
+    "Serve the labelling page and its JSON API for a label queue. On 127.0.0.1 (the default) a "
+    "token is optional; any other host needs one: --token, $EATTA_ANNOTATE_TOKEN, or one "
+    "generated at start. The URL printed at start carries it; --port 0 picks a free port."
+)
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eatta-annotate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="eatta-annotate",
+        description="Serve the labelling page for a label queue, or print the queue's numbers.",
+        formatter_class=HelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the labelling page and its JSON API")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the labelling page and its JSON API",
+        description=_SERVE,
+        formatter_class=HelpFormatter,
+    )
     serve.add_argument("--queue", required=True, help="the label queue file (SQLite)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind")
     serve.add_argument("--port", type=int, default=8765, help="port (0: a free one)")
     serve.add_argument(
         "--token",
         default=os.environ.get("EATTA_ANNOTATE_TOKEN"),
-        help="token every request must carry (default $EATTA_ANNOTATE_TOKEN; generated when "
-        "--host is not loopback)",
+        help="token every request must carry (default: $EATTA_ANNOTATE_TOKEN; one is generated "
+        "when --host is not loopback)",
     )
     serve.add_argument(
         "--order",
         choices=ORDERS,
         default="newest",
-        help="which pending request the page shows first (default newest: see "
-        "docs/real-annotators.md)",
+        help="which pending request the page shows first (see docs/real-annotators.md)",
     )
-    stats = sub.add_parser("stats", help="print the queue's numbers as JSON")
+    stats = sub.add_parser(
+        "stats",
+        help="print the queue's numbers as JSON",
+        description="Print the label queue's numbers as JSON.",
+        formatter_class=HelpFormatter,
+    )
     stats.add_argument("--queue", required=True, help="the label queue file (SQLite)")
     return parser
 
