@@ -16,15 +16,29 @@ from collections.abc import Callable
 from eatta.data._layout import DatasetLayoutError
 from eatta.models.backbones import WeightsUnavailableError
 
-__all__ = ["USAGE_ERROR", "USER_ERRORS", "HelpFormatter", "exit_on_user_error", "says_default"]
+__all__ = [
+    "USAGE_ERROR",
+    "USER_ERRORS",
+    "HelpFormatter",
+    "UsageError",
+    "exit_on_user_error",
+    "says_default",
+]
 
 #: The exit status of a user's mistake: argparse's for a bad flag, and eatta's for the rest.
 USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A command's own check of what the user gave failed (the message says what to change)."""
+
+
 #: The library's exceptions for a mistake in what the user gave rather than in eatta.
 USER_ERRORS: tuple[type[Exception], ...] = (
     DatasetLayoutError,
     WeightsUnavailableError,
     FileNotFoundError,
+    UsageError,
 )
 
 _QUOTED = re.compile(r"'[^']*'")
@@ -50,11 +64,12 @@ class HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
-def exit_on_user_error(prog: str, call: Callable[[], int | None]) -> int:
-    """``call()``'s exit status (None: 0); a user's mistake (:data:`USER_ERRORS`) is printed as
-    ``PROG: error: MESSAGE`` and gives :data:`USAGE_ERROR`."""
+def exit_on_user_error(prog: str, call: Callable[[], object]) -> int:
+    """``call()``'s exit status (the int it returns, else 0); a user's mistake
+    (:data:`USER_ERRORS`) is printed as ``PROG: error: MESSAGE`` and gives :data:`USAGE_ERROR`."""
     try:
-        return call() or 0
+        status = call()
     except USER_ERRORS as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return USAGE_ERROR
+    return status if isinstance(status, int) else 0

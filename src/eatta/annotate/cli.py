@@ -18,7 +18,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from eatta._cli import HelpFormatter
+from eatta._cli import HelpFormatter, UsageError, exit_on_user_error
 from eatta.annotate.paced import ORDERS, Order
 from eatta.annotate.queue import LabelQueue
 
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--queue", required=True, help="the label queue file (SQLite)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind")
-    serve.add_argument("--port", type=int, default=8765, help="port (0: a free one)")
+    serve.add_argument("--port", type=_port, default=8765, help="port (0: a free one)")
     serve.add_argument(
         "--token",
         default=os.environ.get("EATTA_ANNOTATE_TOKEN"),
@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     stats.add_argument("--queue", required=True, help="the label queue file (SQLite)")
     return parser
+
+
+def _port(text: str) -> int:
+    """``--port``: 0 to 65535."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {text!r}")
+    return int(text)
 
 
 def _url(host: str, port: int, token: str | None) -> str:
@@ -98,7 +105,10 @@ def serve(queue: str, host: str, port: int, token: str | None, order: Order = "n
     token = token_for(host, token)
     LabelQueue(queue).close()  # create the file and fail early on a bad path or schema
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family)
+    try:
+        sock = socket.create_server((host, port), family=family)
+    except OSError as err:  # taken, or not an address of this machine
+        raise UsageError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     bound = sock.getsockname()[1]
     app = make_app(queue, token=token, order=order)
     config = uvicorn.Config(
@@ -117,8 +127,13 @@ def serve(queue: str, host: str, port: int, token: str | None, order: Order = "n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``eatta-annotate``; the exit status (130 when stopped with Ctrl-C)."""
+    """Entry point of ``eatta-annotate``; the exit status: 2 for a user's mistake (a bad flag, a
+    queue's folder that does not exist, a port taken), 130 when stopped with Ctrl-C."""
     args = _parser().parse_args(argv)
+    return exit_on_user_error("eatta-annotate", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         try:
             serve(args.queue, args.host, args.port, args.token, args.order)

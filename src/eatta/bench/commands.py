@@ -243,6 +243,10 @@ def merge(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What ``eatta-bench`` reports as a usage error: its options are checked with ValueError.
+_USAGE_ERRORS: tuple[type[Exception], ...] = (ValueError, KeyError, *USER_ERRORS)
+
+
 def exit_status(call: Callable[[], int]) -> int:
     """``call()``'s exit status: 2 for a usage error (a bad option value, missing data or
     weights), printed as ``eatta-bench: error: ...``; 130 for Ctrl-C. Other errors propagate."""
@@ -251,7 +255,7 @@ def exit_status(call: Callable[[], int]) -> int:
     except KeyboardInterrupt as stop:
         print(f"eatta-bench: {stop if str(stop) else 'interrupted'}", file=sys.stderr)
         return 130
-    except (ValueError, KeyError, *USER_ERRORS) as err:  # options are checked with ValueError
+    except _USAGE_ERRORS as err:
         print(f"eatta-bench: error: {err}", file=sys.stderr)
         return USAGE_ERROR
 
