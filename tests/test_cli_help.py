@@ -138,3 +138,12 @@ def test_the_formatter_prints_a_default_once_and_only_a_real_one():
     assert "unset --d" in text and "a switch --e" in text
     assert "a value named 'default' (default: x)" in text
     assert says_default("x (default: 1)") and not says_default("the value 'default'")
+
+
+def test_the_environments_token_is_used_but_never_printed_in_help(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("EATTA_ANNOTATE_TOKEN", "s3cret")
+    assert "s3cret" not in _help_text("eatta-annotate serve", capsys)
+    served: list[object] = []
+    monkeypatch.setattr(annotate_cli, "serve", lambda *args: served.append(args))
+    assert annotate_cli.main(["serve", "--queue", str(tmp_path / "q.db")]) == 0
+    assert served == [(str(tmp_path / "q.db"), "127.0.0.1", 8765, "s3cret", "newest")]

@@ -49,7 +49,6 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, default=8765, help="port (0: a free one)")
     serve.add_argument(
         "--token",
-        default=os.environ.get("EATTA_ANNOTATE_TOKEN"),
         help="token every request must carry (default: $EATTA_ANNOTATE_TOKEN; one is generated "
         "when --host is not loopback)",
     )
@@ -136,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         try:
-            serve(args.queue, args.host, args.port, args.token, args.order)
+            # read here, not as the parser's default: a secret has no place in --help
+            token = args.token or os.environ.get("EATTA_ANNOTATE_TOKEN")
+            serve(args.queue, args.host, args.port, token, args.order)
         except KeyboardInterrupt:
             return 130
         return 0
