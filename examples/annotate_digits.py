@@ -38,8 +38,9 @@ from typing import Any
 import torch
 
 import eatta
+from eatta._cli import exit_on_user_error
 from eatta.annotate import LabelQueue, LabelRequest
-from eatta.data import TestStream, digits_c_domains
+from eatta.data import DIGITS_C_CORRUPTIONS, TestStream, digits_c_domains
 from eatta.models.digits_cnn import packaged_digits_source
 
 CORRUPTIONS = ("gaussian_noise", "defocus_blur", "snow", "fog", "contrast", "elastic_transform")
@@ -137,7 +138,14 @@ def main() -> int:
     parser.add_argument("--noise", type=float, default=0.0, help="--simulate: wrong share")
     parser.add_argument("--interval", type=float, default=None, help="seconds between batches")
     parser.add_argument("--batches", type=int, default=None, help="stop after this many batches")
-    parser.add_argument("--corruptions", nargs="+", default=list(CORRUPTIONS))
+    parser.add_argument(
+        "--corruptions",
+        nargs="+",
+        default=list(CORRUPTIONS),
+        choices=DIGITS_C_CORRUPTIONS,
+        metavar="NAME",
+        help="digits-C corruptions, in order",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--checkpoint", help="checkpoint file (default: QUEUE.ckpt)")
     parser.add_argument("--checkpoint-every", type=int, default=1, help="batches between saves")
@@ -248,7 +256,7 @@ def adapt(
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        sys.exit(exit_on_user_error("annotate_digits.py", main))  # a mistake: one line, status 2
     except KeyboardInterrupt:  # before the first batch: nothing to resume
         print("stopped before adapting; no checkpoint was written", file=sys.stderr)
         sys.exit(130)

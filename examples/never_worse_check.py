@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -46,6 +47,7 @@ from torch import Tensor, nn
 from torch.utils.data import ConcatDataset
 
 import eatta.bench
+from eatta._cli import exit_on_user_error
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.results import domain_means
@@ -447,5 +449,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     return report
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a user's mistake: one line, exit status 2
+    sys.exit(exit_on_user_error("never_worse_check.py", main))

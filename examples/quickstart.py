@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 import time
 
 import torch
 
 import eatta
-from eatta.data import TestStream, digits_c_domains
+from eatta._cli import exit_on_user_error
+from eatta.data import DIGITS_C_CORRUPTIONS, TestStream, digits_c_domains
 from eatta.models.digits_cnn import packaged_digits_source
 
 CORRUPTIONS = ("gaussian_noise", "defocus_blur", "snow", "fog", "contrast", "elastic_transform")
@@ -25,7 +27,14 @@ CORRUPTIONS = ("gaussian_noise", "defocus_blur", "snow", "fog", "contrast", "ela
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corruptions", nargs="+", default=list(CORRUPTIONS))
+    parser.add_argument(
+        "--corruptions",
+        nargs="+",
+        default=list(CORRUPTIONS),
+        choices=DIGITS_C_CORRUPTIONS,
+        metavar="NAME",
+        help="digits-C corruptions, in order",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -67,5 +76,5 @@ def main() -> None:
     )
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # a user's mistake: one line, exit status 2
+    sys.exit(exit_on_user_error("quickstart.py", main))

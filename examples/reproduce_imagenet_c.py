@@ -24,6 +24,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from eatta._cli import exit_on_user_error
 from eatta.bench.reproduce import (
     Row,
     add_common_args,
@@ -116,5 +117,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a missing dataset or weights: one line, exit status 2
+    sys.exit(exit_on_user_error("reproduce_imagenet_c.py", main))

@@ -20,6 +20,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from eatta._cli import exit_on_user_error
 from eatta.bench.reproduce import (
     Row,
     add_common_args,
@@ -104,16 +105,20 @@ def _canonical(seq: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     settings = [s.strip() for s in args.setting.split(",") if s.strip()]
     rows = ROWS
     if args.rows:
         keep = {m.strip() for m in args.rows.split(",")}
         rows = tuple(r for r in ROWS if r.method in keep)
-    sequences = [_canonical(s) for s in args.sequence.split(",") if s.strip()]
+    try:
+        sequences = [_canonical(s) for s in args.sequence.split(",") if s.strip()]
+    except ValueError as err:  # a domain that is not one of PACS's
+        p.error(f"--sequence: {err}")
     unknown = [s for s in sequences if s not in SEQUENCES]
     if unknown:
-        raise SystemExit(f"no published numbers for sequence(s) {unknown}; use {SEQUENCES}")
+        p.error(f"no published numbers for sequence(s) {unknown}; use {SEQUENCES}")
     data = {}
     for seq in sequences:
         b = pacs_benchmark(
@@ -158,5 +163,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a missing dataset or weights: one line, exit status 2
+    sys.exit(exit_on_user_error("reproduce_pacs.py", main))

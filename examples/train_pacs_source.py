@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
+from eatta._cli import exit_on_user_error
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
@@ -91,9 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from eatta.data.pacs import PACS, ResizeTransform, pacs_domain
     from eatta.models.backbones import resnet18
 
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     if not 0.0 <= args.holdout < 1.0:
-        raise SystemExit(f"--holdout must be in [0, 1), got {args.holdout}")
+        p.error(f"--holdout must be in [0, 1), got {args.holdout}")
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     )
@@ -160,5 +163,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a missing dataset or weights: one line, exit status 2
+    sys.exit(exit_on_user_error("train_pacs_source.py", main))

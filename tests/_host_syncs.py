@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,8 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
+
+import eatta
 
 aten = torch.ops.aten
 
@@ -51,12 +54,17 @@ _INDEX = {"index", "index_put", "index_put_", "_index_put_impl_"}
 _FACTORIES = ("zeros", "ones", "empty", "full", "randn", "rand", "randint", "arange", "eye")
 
 
+#: The installed package's folder: a site is a frame in it, whatever the checkout's folder is named.
+_PACKAGE = os.path.dirname(os.path.abspath(eatta.__file__)) + os.sep
+
+
 def _site() -> str:
-    frames = [f for f in traceback.extract_stack() if "/eatta/" in f.filename]
+    """``file:line`` of the innermost frame inside the package, the file relative to it."""
+    frames = [f for f in traceback.extract_stack() if f.filename.startswith(_PACKAGE)]
     if not frames:
         return "?"
     f = frames[-1]
-    return f"{f.filename.rsplit('/eatta/', 1)[-1]}:{f.lineno}"
+    return f"{f.filename[len(_PACKAGE) :]}:{f.lineno}"
 
 
 class HostSyncCounter(TorchDispatchMode):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 
 def run(code: str) -> subprocess.CompletedProcess:
@@ -45,3 +46,35 @@ def test_other_import_errors_are_not_hidden():
         """
     )
     assert out.stdout.strip() == "ImportError", out.stderr
+
+
+INSTALL = Path(__file__).resolve().parents[1] / "docs" / "start" / "install.md"
+
+
+def test_user_code_imports_torchvision_and_timm_after_eatta_compat():
+    """The README's install, then user code as docs/start/install.md writes it: the public call
+    first, then the plain imports (in a fresh interpreter)."""
+    out = run(
+        """
+        from eatta.compat import import_timm
+
+        import_timm()
+        import timm
+        import torchvision
+
+        tv, tm = torchvision.models.resnet18(), timm.create_model("resnet18")
+        print(type(tv).__name__, type(tm).__name__)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ResNet", "ResNet"]
+
+
+def test_what_install_md_says_of_a_plain_import_is_true():
+    """A plain ``import torchvision`` works (a CPU torchvision) or fails as the page says."""
+    page = " ".join(INSTALL.read_text(encoding="utf-8").split())
+    quoted = "fails with `operator torchvision::nms does not exist`"
+    assert quoted in page and "`eatta.compat.import_torchvision()`" in page
+    out = run("import torchvision")
+    if out.returncode != 0:
+        assert "operator torchvision::nms does not exist" in out.stderr.splitlines()[-1]

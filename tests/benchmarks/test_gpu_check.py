@@ -249,6 +249,26 @@ def test_sync_warnings_are_counted_by_site_and_the_mode_restored(gpu_check, monk
     assert got == {"count": 3, "sites": {f"benchmarks/test_gpu_check.py:{line}": 3}}
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="benchmarks/gpu_check.py's _short labels a file by the last path part named eatta, so "
+    "a checkout in a folder named eatta (git clone's name) gets 'eatta/tests/...'; the fix, "
+    "relative to the package's parent, ROOT/tests and ROOT, is for the owner of benchmarks/ "
+    "(then drop this mark)",
+)
+def test_a_sync_site_does_not_depend_on_the_checkouts_folder_name(gpu_check, monkeypatch, tmp_path):
+    import eatta.methods.base as inside
+
+    clone = tmp_path / "eatta"  # what `git clone` names the folder
+    monkeypatch.setattr(gpu_check, "ROOT", clone)
+    short = gpu_check._short
+    assert short(str(clone / "tests" / "benchmarks" / "test_gpu_check.py")) == (
+        "benchmarks/test_gpu_check.py"
+    )
+    assert short(str(clone / "benchmarks" / "gpu_check.py")) == "benchmarks/gpu_check.py"
+    assert short(inside.__file__) == "eatta/methods/base.py"
+
+
 def test_the_gpu_marked_tests_run_in_a_subprocess(gpu_check):
     files = gpu_check.gpu_test_files()
     assert "tests/methods/test_eatta.py" in files

@@ -18,35 +18,61 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from eatta._cli import HelpFormatter, UsageError, exit_on_user_error
 from eatta.annotate.paced import ORDERS, Order
 from eatta.annotate.queue import LabelQueue
 
 __all__ = ["main"]
 
+_SERVE = (
+    "Serve the labelling page and its JSON API for a label queue. On 127.0.0.1 (the default) a "
+    "token is optional; any other host needs one: --token, $EATTA_ANNOTATE_TOKEN, or one "
+    "generated at start. The URL printed at start carries it; --port 0 picks a free port."
+)
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eatta-annotate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="eatta-annotate",
+        description="Serve the labelling page for a label queue, or print the queue's numbers.",
+        formatter_class=HelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the labelling page and its JSON API")
+    serve = sub.add_parser(
+        "serve",
+        help="serve the labelling page and its JSON API",
+        description=_SERVE,
+        formatter_class=HelpFormatter,
+    )
     serve.add_argument("--queue", required=True, help="the label queue file (SQLite)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8765, help="port (0: a free one)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind")
+    serve.add_argument("--port", type=_port, default=8765, help="port (0: a free one)")
     serve.add_argument(
         "--token",
-        default=os.environ.get("EATTA_ANNOTATE_TOKEN"),
-        help="token every request must carry (default $EATTA_ANNOTATE_TOKEN; generated when "
-        "--host is not loopback)",
+        help="token every request must carry (default: $EATTA_ANNOTATE_TOKEN; one is generated "
+        "when --host is not loopback)",
     )
     serve.add_argument(
         "--order",
         choices=ORDERS,
         default="newest",
-        help="which pending request the page shows first (default newest: see "
-        "docs/real-annotators.md)",
+        help="which pending request the page shows first (see docs/real-annotators.md)",
     )
-    stats = sub.add_parser("stats", help="print the queue's numbers as JSON")
+    stats = sub.add_parser(
+        "stats",
+        help="print the queue's numbers as JSON",
+        description="Print the label queue's numbers as JSON.",
+        formatter_class=HelpFormatter,
+    )
     stats.add_argument("--queue", required=True, help="the label queue file (SQLite)")
     return parser
+
+
+def _port(text: str) -> int:
+    """``--port``: 0 to 65535."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {text!r}")
+    return int(text)
 
 
 def _url(host: str, port: int, token: str | None) -> str:
@@ -78,7 +104,10 @@ def serve(queue: str, host: str, port: int, token: str | None, order: Order = "n
     token = token_for(host, token)
     LabelQueue(queue).close()  # create the file and fail early on a bad path or schema
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family)
+    try:
+        sock = socket.create_server((host, port), family=family)
+    except OSError as err:  # taken, or not an address of this machine
+        raise UsageError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     bound = sock.getsockname()[1]
     app = make_app(queue, token=token, order=order)
     config = uvicorn.Config(
@@ -97,11 +126,18 @@ def serve(queue: str, host: str, port: int, token: str | None, order: Order = "n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``eatta-annotate``; the exit status (130 when stopped with Ctrl-C)."""
+    """Entry point of ``eatta-annotate``; the exit status: 2 for a user's mistake (a bad flag, a
+    queue's folder that does not exist, a port taken), 130 when stopped with Ctrl-C."""
     args = _parser().parse_args(argv)
+    return exit_on_user_error("eatta-annotate", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
         try:
-            serve(args.queue, args.host, args.port, args.token, args.order)
+            # read here, not as the parser's default: a secret has no place in --help
+            token = args.token or os.environ.get("EATTA_ANNOTATE_TOKEN")
+            serve(args.queue, args.host, args.port, token, args.order)
         except KeyboardInterrupt:
             return 130
         return 0

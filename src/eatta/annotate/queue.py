@@ -210,6 +210,9 @@ class LabelQueue:
         self.class_names = None if class_names is None else [str(c) for c in class_names]
         self.to_image = to_image
         self._lock = threading.RLock()
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):  # SQLite would say only "unable to open database file"
+            raise FileNotFoundError(f"label queue {self.path!r}: no folder {folder!r}")
         self._db = sqlite3.connect(
             self.path, timeout=timeout, isolation_level=None, check_same_thread=False
         )

@@ -13,6 +13,7 @@ from typing import Any
 
 from eatta.annotate.cost import AnnotatorCost
 from eatta.annotate.oracle import GroundTruthOracle
+from eatta.annotate.paced import DEFAULT_PATIENCE
 from eatta.annotate.requests import FEEDBACK, Feedback, check_feedback
 from eatta.annotate.simulated import SimulatedAnnotator, parse_delay
 from eatta.bench.flags import _int, flag
@@ -68,12 +69,13 @@ class AnnotatorOptions:
         metavar="R",
     )
     order: str | None = flag(
-        "with a pace: which waiting request the person answers next (default newest)",
+        "with a pace: which waiting request the person answers next (default: newest)",
         name="label-order",
         metavar="newest|oldest",
     )
     patience: int | None = flag(
-        "with a pace: batches a request waits before the person drops it (default 64)",
+        "with a pace: batches a request waits before the person drops it "
+        f"(default: {DEFAULT_PATIENCE})",
         name="label-patience",
         type=int,
         metavar="N",

@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from eatta._cli import HelpFormatter
 from eatta.bench import commands
 from eatta.bench.commands import run_parser
 
@@ -28,6 +29,7 @@ def main_parser() -> argparse.ArgumentParser:
         prog="eatta-bench",
         description="Benchmark test-time adaptation methods. Options without a subcommand (or "
         "no arguments at all: the long-term digits-C benchmark) mean 'run'.",
+        formatter_class=HelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     parents = {"run": run_parser(add_help=False), "merge": commands.merge_parser(add_help=False)}
@@ -43,6 +45,7 @@ def main_parser() -> argparse.ArgumentParser:
         "list",
         help=_HELP["list"],
         description="List the registered methods with their --hp keys and the datasets' layouts.",
+        formatter_class=HelpFormatter,
     )
     # parsed by eatta.bench.sweep.main: its unknown options are run options
     sub.add_parser("sweep", help=_HELP["sweep"], add_help=False)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from eatta._cli import USAGE_ERROR, USER_ERRORS, HelpFormatter
 from eatta.annotate.cost import AnnotatorCost
 from eatta.bench import api, flags
 from eatta.bench.annotation import AnnotatorOptions
@@ -21,7 +22,6 @@ from eatta.bench.protocol import StreamProtocol
 from eatta.bench.report import load_results, markdown_table, write_outputs
 from eatta.bench.suites import DATASETS, LAYOUTS
 from eatta.methods import registry
-from eatta.models.backbones import WeightsUnavailableError
 
 __all__ = [
     "check_run_args",
@@ -61,7 +61,7 @@ def run_parser(add_help: bool = True) -> argparse.ArgumentParser:
         description="Benchmark test-time adaptation methods. Without --dataset: the long-term "
         "embedded digits-C benchmark (10 rounds, CPU, about 2.5 minutes on 2 cores; --rounds 1 "
         "for one pass).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         add_help=add_help,
     )
     g = p.add_argument_group("what to run")
@@ -109,6 +109,7 @@ def merge_parser(add_help: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eatta-bench merge",
         description="Merge the finished cells of several output folders (e.g. --shard runs).",
+        formatter_class=HelpFormatter,
         add_help=add_help,
     )
     p.add_argument("dirs", nargs="+", help="output folders")
@@ -242,17 +243,21 @@ def merge(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What ``eatta-bench`` reports as a usage error: its options are checked with ValueError.
+_USAGE_ERRORS: tuple[type[Exception], ...] = (ValueError, KeyError, *USER_ERRORS)
+
+
 def exit_status(call: Callable[[], int]) -> int:
-    """``call()``'s exit status: 2 for a usage error (bad input, missing data or weights), printed
-    as ``eatta-bench: error: ...``; 130 for Ctrl-C. Other errors propagate."""
+    """``call()``'s exit status: 2 for a usage error (a bad option value, missing data or
+    weights), printed as ``eatta-bench: error: ...``; 130 for Ctrl-C. Other errors propagate."""
     try:
         return call()
     except KeyboardInterrupt as stop:
         print(f"eatta-bench: {stop if str(stop) else 'interrupted'}", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, KeyError, WeightsUnavailableError) as err:
+    except _USAGE_ERRORS as err:
         print(f"eatta-bench: error: {err}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
 
 
 def run_main(argv: Sequence[str]) -> int:

@@ -163,14 +163,14 @@ class RunConfig:
         "label only every N-th batch", 1, type=_ints, cli_default="1", metavar="N[,N]"
     )
     buffers: int | Sequence[int | None] | None = flag(
-        "labelled-sample buffer size for active methods ('default': the method's own)",
+        "labelled-sample buffer size for active methods (default: 'default', the method's own)",
         name="buffer",
         type=_buffers,
         cli_default="default",
         metavar="N[,N]",
     )
     seeds: int | Sequence[int] = flag(
-        "run every cell once per seed and report mean ± std (replaces --seed)",
+        "run every cell once per seed and report mean ± std (instead of --seed)",
         0,
         type=seed_list,
         cli_default=None,
@@ -195,7 +195,8 @@ class RunConfig:
     realtime: str | None = flag(
         "offline: the stream waits for every step; online (Alfarra et al.): a step costing r "
         "source predictions adapts on one batch in ceil(r), the others served unadapted "
-        "(docs/realtime.md); both: side by side (default: both for eatta-bench alone)",
+        "(docs/realtime.md); both: side by side (default: offline; both for eatta-bench "
+        "without arguments, the main job)",
         choices=("offline", "online", "both"),
         name="protocol",
     )
@@ -212,20 +213,21 @@ class RunConfig:
         "job array (sbatch --array=0-<n-1>) or EATTA_SHARD=i/n",
         metavar="i/n|auto",
     )
-    out: str | None = flag("output folder (default ./runs/<name>)")
-    name: str | None = flag("run name for the default output folder")
+    out: str | None = flag("output folder (default: runs/NAME, NAME from --name)")
+    name: str | None = flag("run name, for runs/NAME (default: the datasets joined by '+')")
     workers: int | None = flag(
         "data-loading worker processes (default: 0 on the CPU, up to 8 on a GPU)", type=int
     )
     device: str = flag("cpu, cuda, cuda:1, or auto", "auto")
     jobs: int | None = flag(
-        "cells run in parallel processes of one thread each (default: every core for "
-        "digits-C on the CPU, else 1); results are identical to a serial run",
+        "cells run in parallel processes of one thread each (default: every core for the "
+        "embedded datasets (digits-c, mnist, digits-deployed) on the CPU, else 1); results are "
+        "identical to a serial run",
         type=int,
     )
     threads: int | None = flag(
-        "torch CPU threads (default: 1 for digits-C and mnist, whose tiny convolutions only "
-        "lose from intra-op parallelism, else torch's default)",
+        "torch CPU threads (default: 1 for the embedded datasets on the CPU, whose tiny "
+        "convolutions only lose from intra-op parallelism, else torch's own)",
         type=int,
     )
     checkpoint_every: int = flag(
@@ -262,7 +264,8 @@ class LoadOptions:
         cli_default="P-A-C-S",
     )
     severity: int | None = flag(
-        "corruption severity of digits-c and imagenet-c (default 5; other datasets have none)",
+        "corruption severity (default: 5 for digits-c and imagenet-c, 2 for digits-deployed; "
+        "the other datasets have none)",
         type=_severity,
         metavar="1-5",
     )
@@ -272,12 +275,12 @@ class LoadOptions:
         cli_default="all",
     )
     image_size: int = flag(
-        "input size for ImageNet-R/K/A and PACS (224; smaller for smoke tests)", 224, type=int
+        "input size for ImageNet-R/K/A and PACS (smaller for smoke tests)", 224, type=int
     )
     backbone: str | None = flag(
-        "digits-cnn (digits-C, mnist, digits-deployed default, BatchNorm), digits-vit (the same "
-        "datasets, LayerNorm); "
-        "resnet50_bn (ImageNet default), resnet50_gn, vit_b_16; resnet18 (PACS)"
+        "the model: digits-cnn (BatchNorm) or digits-vit (LayerNorm) for digits-c, mnist and "
+        "digits-deployed; resnet50_bn, resnet50_gn or vit_b_16 for ImageNet; resnet18 for PACS "
+        "(default: the first of each)"
     )
     checkpoint: str | None = flag(
         "local weights; for PACS '{source}' becomes the source domain letter"
@@ -289,5 +292,5 @@ class LoadOptions:
     oracle_checkpoint: str | None = flag("the annotating model's weights")
     fisher_root: str | None = flag("clean ImageNet images (<wnid>/*) for EATA's Fisher regularizer")
     cache_dir: str | None = flag(
-        "digits-C cache (default $EATTA_CACHE/digits-c or ~/.cache/eatta/digits-c)"
+        "digits-C cache (default: $EATTA_CACHE/digits-c, else ~/.cache/eatta/digits-c)"
     )

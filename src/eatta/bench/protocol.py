@@ -20,7 +20,7 @@ class StreamProtocol:
 
     rounds: int | None = flag(
         "recurring: repeat the domain sequence R times, each round reshuffled "
-        "(default: 10 for the digits-C main job, else 1)",
+        "(default: 10 when digits-c is the only dataset, else 1)",
         type=int,
     )
     gradual: bool = flag(

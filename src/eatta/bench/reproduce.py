@@ -59,9 +59,28 @@ def row_cells(rows: Sequence[Row], dataset: str, setting: str) -> list[tuple[Row
     return out
 
 
+def _settings(text: str) -> str:
+    """``--setting``: ctta, ftta or both, checked as argparse checks a type."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names or any(s not in ("ctta", "ftta") for s in names):
+        raise argparse.ArgumentTypeError(f"settings are ctta, ftta or ctta,ftta, got {text!r}")
+    return text
+
+
+def _shard(text: str) -> str:
+    """``--shard``: ``i/n`` or ``auto``, checked before anything loads."""
+    if text.strip().lower() == "auto":
+        return text  # read from the job array's environment when the rows run
+    try:
+        parse_shard(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def add_common_args(p: argparse.ArgumentParser) -> None:
     """Options every reproduction script shares with ``eatta-bench``."""
-    p.add_argument("--setting", default="ctta,ftta", help="ctta, ftta or ctta,ftta")
+    p.add_argument("--setting", default="ctta,ftta", type=_settings, help="ctta, ftta or ctta,ftta")
     rows = "only rows of these methods, comma-separated (e.g. source,tent,eatta)"
     p.add_argument("--rows", help=rows)
     p.add_argument("--checkpoint", help="local model weights")
@@ -73,7 +92,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image-size", type=int, default=224, help="input size (224 in the paper)")
     p.add_argument("--device", default="auto")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--shard", metavar="i/n")
+    p.add_argument("--shard", metavar="i/n", type=_shard, help="run only this shard of the rows")
     p.add_argument("--checkpoint-every", type=int, default=100)
     for flag in ("--no-progress", "--no-plot"):
         p.add_argument(flag, action="store_true")

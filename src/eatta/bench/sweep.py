@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 import eatta
+from eatta._cli import HelpFormatter
 from eatta.bench import api, commands
 from eatta.bench.flags import is_int, split_csv
 from eatta.bench.grid import CellSpec, make_grid, make_jobs
@@ -769,12 +770,13 @@ def sweep_parser() -> argparse.ArgumentParser:
         "options (everything after -- is); each shard runs 'eatta-bench run RUN-OPTIONS "
         "--shard i/n --out DIR/shard-i'.",
         allow_abbrev=False,
+        formatter_class=HelpFormatter,
         usage="eatta-bench sweep --out DIR [sweep options] [--] [run options]",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="the sweep folder")
     count = "number of shards (default: --jobs locally, one run per shard on Slurm)"
     p.add_argument("--shards", type=int, metavar="N", help=count)
-    mine = "slurm (default; a recorded sweep keeps its own) or local processes"
+    mine = "slurm or local processes (default: slurm; a recorded sweep keeps its own)"
     p.add_argument("--launcher", choices=LAUNCHERS, help=mine)
     for name, text in (
         ("dry-run", "list the runs and shards with their size; submit nothing"),
@@ -782,12 +784,12 @@ def sweep_parser() -> argparse.ArgumentParser:
         ("resubmit", "continue the sweep recorded in DIR: submit the shards without results"),
     ):
         p.add_argument(f"--{name}", action="store_true", help=text)
-    limit = f"time limit per job: minutes or [D-]H:MM:SS (Slurm default {SLURM_DEFAULT_TIME_MIN} "
-    p.add_argument("--time", metavar="T", help=limit + "min; local: none)")
+    limit = f"time limit per job: minutes or [D-]H:MM:SS (default: {SLURM_DEFAULT_TIME_MIN} min "
+    p.add_argument("--time", metavar="T", help=limit + "on Slurm, none locally)")
     g = p.add_argument_group("Slurm")
     g.add_argument("--partition", help="Slurm partition")
     for name, text in (
-        ("gpus", "GPUs per job (0)"),
+        ("gpus", "GPUs per job (default: 0)"),
         ("cpus", "CPUs per job (also its torch threads; default: the partition's)"),
         ("array-parallelism", "at most N jobs of the array at once (default: no limit)"),
     ):
