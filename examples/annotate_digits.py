@@ -38,8 +38,8 @@ from typing import Any
 import torch
 
 import eatta
-from eatta._cli import exit_on_user_error
 from eatta.annotate import LabelQueue, LabelRequest
+from eatta.console import exit_on_user_error
 from eatta.data import DIGITS_C_CORRUPTIONS, TestStream, digits_c_domains
 from eatta.models.digits_cnn import packaged_digits_source
 

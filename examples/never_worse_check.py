@@ -47,10 +47,10 @@ from torch import Tensor, nn
 from torch.utils.data import ConcatDataset
 
 import eatta.bench
-from eatta._cli import exit_on_user_error
 from eatta.bench import AnnotatorOptions, StreamProtocol
 from eatta.bench.benchmark import BenchmarkData
 from eatta.bench.results import domain_means
+from eatta.console import exit_on_user_error
 from eatta.data.deployed import deployed_domains
 from eatta.data.digits import digits_c_domains, digits_source, digits_test
 from eatta.data.mnist import mnist_digits

@@ -18,7 +18,7 @@ import time
 import torch
 
 import eatta
-from eatta._cli import exit_on_user_error
+from eatta.console import exit_on_user_error
 from eatta.data import DIGITS_C_CORRUPTIONS, TestStream, digits_c_domains
 from eatta.models.digits_cnn import packaged_digits_source
 

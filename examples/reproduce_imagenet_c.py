@@ -24,7 +24,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from eatta._cli import exit_on_user_error
 from eatta.bench.reproduce import (
     Row,
     add_common_args,
@@ -34,6 +33,7 @@ from eatta.bench.reproduce import (
     run_rows,
 )
 from eatta.bench.suites import imagenet_benchmark
+from eatta.console import exit_on_user_error
 
 #: method.md §7 (paper Table 1): average error % over the 15 corruptions.
 ROWS: tuple[Row, ...] = (

@@ -20,7 +20,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from eatta._cli import exit_on_user_error
 from eatta.bench.reproduce import (
     Row,
     add_common_args,
@@ -30,6 +29,7 @@ from eatta.bench.reproduce import (
     run_rows,
 )
 from eatta.bench.suites import pacs_benchmark
+from eatta.console import exit_on_user_error
 
 SEQUENCES = ("P-A-C-S", "A-C-P-S", "C-A-S-P", "S-C-P-A")
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
-from eatta._cli import exit_on_user_error
+from eatta.console import exit_on_user_error
 
 
 def parser() -> argparse.ArgumentParser:

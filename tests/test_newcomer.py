@@ -107,3 +107,25 @@ def test_a_wrong_channel_count_is_told_in_the_users_terms(name: str) -> None:
     method = eatta.create(name, confident_cnn(), **kw)
     with pytest.raises(eatta.InvalidInputError, match=r"1 channel\(s\).*\(16, 1, 8, 8\).*takes 3"):
         method(torch.rand(16, 1, 8, 8))
+
+
+def test_a_small_batch_warning_under_eatta_bench_names_its_flag(monkeypatch) -> None:
+    """Under ``eatta-bench`` the small-batch warning says ``--window 64``, not a Python call."""
+    import warnings
+
+    from eatta.bench import cli
+    from eatta.window import _ADVICE, SmallBatchWarning, small_batch_advice
+
+    token = small_batch_advice("unset", "unset")
+    try:
+        monkeypatch.setattr(cli.commands, "run", lambda args, argv: 0)
+        assert cli.main(["--methods", "tent", "--batch-size", "8"]) == 0
+        method = eatta.create("tent", confident_cnn())
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", SmallBatchWarning)
+            method(torch.rand(8, 3, 8, 8))
+        (w,) = [w for w in seen if w.category is SmallBatchWarning]
+        assert "--window 64" in str(w.message) and "--window off" in str(w.message)
+        assert "eatta.create" not in str(w.message)
+    finally:
+        _ADVICE.reset(token)

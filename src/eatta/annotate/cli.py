@@ -18,9 +18,9 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from eatta._cli import HelpFormatter, UsageError, exit_on_user_error
 from eatta.annotate.paced import ORDERS, Order
 from eatta.annotate.queue import LabelQueue
+from eatta.console import HelpFormatter, UsageError, exit_on_user_error
 
 __all__ = ["main"]
 

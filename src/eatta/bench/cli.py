@@ -7,9 +7,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from eatta._cli import HelpFormatter
 from eatta.bench import commands
 from eatta.bench.commands import run_parser
+from eatta.console import HelpFormatter
+from eatta.window import small_batch_advice
 
 __all__ = ["COMMANDS", "main", "main_parser", "run_parser"]
 
@@ -54,6 +55,7 @@ def main_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``eatta-bench``; the exit status. No subcommand (options first): ``run``."""
+    small_batch_advice("--window 64", "--window off")  # a warning names this command's flags
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]

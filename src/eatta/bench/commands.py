@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from eatta._cli import USAGE_ERROR, USER_ERRORS, HelpFormatter
 from eatta.annotate.cost import AnnotatorCost
 from eatta.bench import api, flags
 from eatta.bench.annotation import AnnotatorOptions
@@ -21,6 +20,7 @@ from eatta.bench.monitoring import DEFAULT_AUDIT_SHARE, MonitorOptions
 from eatta.bench.protocol import StreamProtocol
 from eatta.bench.report import load_results, markdown_table, write_outputs
 from eatta.bench.suites import DATASETS, LAYOUTS
+from eatta.console import USAGE_ERROR, USER_ERRORS, HelpFormatter
 from eatta.methods import registry
 
 __all__ = [

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 import eatta
-from eatta._cli import HelpFormatter
 from eatta.bench import api, commands
 from eatta.bench.flags import is_int, split_csv
 from eatta.bench.grid import CellSpec, make_grid, make_jobs
 from eatta.bench.grid import shard as shard_jobs
 from eatta.bench.results import atomic_write_text
 from eatta.bench.suites import DATASETS, digits_grid_name
+from eatta.console import HelpFormatter
 from eatta.data.digits import DIGITS_C_CORRUPTIONS, digits_split
 from eatta.data.pacs import PACS_LETTERS, parse_pacs_sequence
 
