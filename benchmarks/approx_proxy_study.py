@@ -3,7 +3,7 @@
 
 The exact EATTA step adapts along digits-C (severity 5, one label per batch, digits-c defaults);
 at every step, beside the exact norms ``g_sup``, ``g_unsup``, it records the estimates of
-:mod:`eatta.methods._approx` on the same graph (``last-norm``: the last normalization layer's
+:mod:`eatta.gradients.approx` on the same graph (``last-norm``: the last normalization layer's
 affine parameters; ``head``: the gradients at the head's input) and derives refresh candidates
 from the trajectory (``stale-N``: the exact norms of the last step ``t mod N == 0``;
 ``last-norm+refresh-N``, ``head+refresh-N``: the estimate scaled at each refresh, as
@@ -37,10 +37,10 @@ from eatta.annotate.oracle import GroundTruthOracle
 from eatta.configure import configure_model
 from eatta.data.digits import digits_c_domains
 from eatta.data.stream import TestStream
-from eatta.methods._approx import last_norm_params, proxy_norms
+from eatta.gradients.approx import last_norm_params, proxy_norms
+from eatta.gradients.exact import ExactGradient
 from eatta.methods.eatta import EATTA
 from eatta.methods.registry import create
-from eatta.methods.update import ExactUpdate
 from eatta.models.digits_cnn import packaged_digits_source
 
 OUT = _common.RESULTS / "approx_proxy_study.json"
@@ -49,19 +49,19 @@ REFRESH = (4, 16, 64)
 ALPHA = 0.8
 
 
-class Recorder(ExactUpdate):
+class Recorder(ExactGradient):
     """The exact update, recording the estimates next to the exact norms at every step."""
 
     rows: list[tuple[float, ...]]
     backbone: Callable[[], nn.Module]
 
-    def norms(self, loss_sup, loss_unsup, needs_norms, plan=None, features=None):  # type: ignore[no-untyped-def]
+    def norms(self, loss_sup, loss_unsup, plan=None, features=None):  # type: ignore[no-untyped-def]
         est: tuple[float, ...] = ()
         if features is not None:
             a, b = proxy_norms(loss_sup, loss_unsup, last_norm_params(self.backbone(), self.train))
             c, d = proxy_norms(loss_sup, loss_unsup, [features])
             est = (float(a), float(b), float(c), float(d))
-        g_sup, g_unsup = super().norms(loss_sup, loss_unsup, needs_norms, plan, features)
+        g_sup, g_unsup = super().norms(loss_sup, loss_unsup, plan, features)
         if est and self.measured:
             self.rows.append((float(g_sup), float(g_unsup), *est))
         return g_sup, g_unsup
@@ -95,8 +95,8 @@ def trajectory(kind: str, rounds: int, limit: int | None) -> np.ndarray:
     model = _model(kind, prep(batches[0][0]))
     oracle = GroundTruthOracle()
     method = create("eatta", model, dataset="digits-c", oracle=oracle, budget=1, seed=0)
-    assert isinstance(method, EATTA) and type(method._update) is ExactUpdate
-    update = method._update
+    assert isinstance(method, EATTA) and type(method.gradient) is ExactGradient
+    update = method.gradient
     update.__class__ = Recorder  # same state, the recording norms
     assert isinstance(update, Recorder)
     update.rows, update.backbone = [], lambda: method.split.backbone

@@ -252,11 +252,19 @@ def floor_step(
 
 # -- memory and syncs ------------------------------------------------------------------------------
 def _short(path: str) -> str:
-    parts = Path(path).parts
-    for anchor in ("eatta", "torch", "benchmarks"):
-        if anchor in parts:
-            return "/".join(parts[len(parts) - parts[::-1].index(anchor) - 1 :])
-    return Path(path).name
+    """``path`` relative to the first of the package's parent, torch's parent, the tests and the
+    checkout that holds it (so the checkout's folder name never shows), else its file name."""
+    p = Path(path).resolve()
+    roots = (
+        Path(eatta.__file__).resolve().parent.parent,
+        Path(torch.__file__).resolve().parent.parent,
+        ROOT / "tests",
+        ROOT,
+    )
+    for root in roots:
+        if p.is_relative_to(root):
+            return p.relative_to(root).as_posix()
+    return p.name
 
 
 def count_syncs_debug(step: Step, device: torch.device) -> dict[str, Any]:

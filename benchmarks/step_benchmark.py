@@ -53,7 +53,7 @@ from eatta.methods.late_labels import LateLabels
 from eatta.methods.registry import available, get_spec
 from eatta.methods.tent import Tent
 from eatta.models.digits_cnn import packaged_digits_source
-from eatta.monitor import attach
+from eatta.monitor import AccuracyMonitor
 
 LR = 2.5e-4
 #: ``--models``: the first two are the default on the CPU and in a quick run, all four on CUDA.
@@ -203,24 +203,19 @@ def build_variants(
     def new() -> tuple[nn.Module, list[nn.Parameter]]:
         return fresh(case, state, device, channels_last)
 
-    def tent() -> Tent:
+    def tent(**parts: Any) -> Tent:
         model, params = new()
-        return Tent(model, sgd(params))
+        return Tent(model, sgd(params), **parts)
 
     def active(oracle: Any = None, **kw: Any) -> Callable[[], object]:
         model, params = new()
         oracle = oracle or eatta.GroundTruthOracle()
         return partial(eatta.EATTA(model, sgd(params), oracle=oracle, **kw), x, labels=y)
 
-    def audited(step: partial[object]) -> partial[object]:
-        # the monitor's source model: the same weights in eval mode with (default) running
-        # statistics, so a sample's prediction does not depend on its batch
-        source = case.build()
-        source.load_state_dict(state, strict=False)
-        source = source.to(device).eval()
-        oracle = eatta.GroundTruthOracle()
-        attach(step.func, oracle, source=source, share=audit_share, guard="paired")
-        return step
+    def audit() -> AccuracyMonitor:
+        # compared with the method's copy of the model as given (eval mode, its running
+        # statistics), so a sample's prediction does not depend on its batch
+        return AccuracyMonitor(eatta.GroundTruthOracle(), share=audit_share, guard="paired")
 
     variants: dict[str, Callable[[], object]] = {"inference": _timing.inference(new()[0], x)}
     variants["tent"] = partial(tent(), x)
@@ -228,8 +223,8 @@ def build_variants(
         variants["eatta" if mode == "auto" else f"eatta-{mode}"] = active(grad_mode=mode)
     variants["eatta-no-gnd"] = active(debiaser=GradNormDebiaser(normalize=False))
     variants["eatta-async-0"] = active(SimulatedAnnotator(delay=0))
-    variants["tent+audit"] = audited(partial(tent(), x, labels=y))
-    variants["eatta+audit"] = audited(active())
+    variants["tent+audit"] = partial(tent(monitor=audit()), x, labels=y)
+    variants["eatta+audit"] = active(monitor=audit())
     # eatta-stable's late-label handling; a step without late labels
     variants["eatta-async-0-late"] = active(SimulatedAnnotator(delay=0), late_labels=LateLabels())
     model, params = new()

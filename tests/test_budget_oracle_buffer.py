@@ -12,7 +12,7 @@ from conftest import confident_cnn
 from eatta import Budget, GroundTruthOracle
 from eatta.annotate.oracle import ModelOracle, OracleError, validate_labels
 from eatta.buffer import LabelBuffer
-from eatta.noise import GaussianNoise, RecordedNoise
+from eatta.selection.perturbation import GaussianNoise, RecordedNoise
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches

@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-from eatta._cli import HelpFormatter, says_default
 from eatta.annotate import cli as annotate_cli
 from eatta.annotate.paced import DEFAULT_PATIENCE, PersonPace
 from eatta.bench import api, sweep
 from eatta.bench import cli as bench_cli
+from eatta.console import HelpFormatter, says_default
 
 #: reST a docstring may carry into a help text: ``literal``, :role:`x`, `x`, x: (a field list)
 _REST = re.compile(r"``|:(func|mod|class|meth|attr|data|ref|doc):|`[^`]+`|::")

@@ -18,9 +18,11 @@ def test_configure_sets_eval_batch_stats_and_norm_params():
     model.add_module("gn", nn.GroupNorm(1, 5))
     model.train()
     params = eatta.configure(model)
-    assert not model.training and not any(m.training for m in model.modules())
     bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    assert all(m.running_mean is None and not m.track_running_stats for m in bns)
+    assert not any(m.training for m in model.modules() if not isinstance(m, nn.BatchNorm2d))
+    assert all(m.training for m in bns)  # training mode on the batch's statistics
+    assert bns and all(not m.track_running_stats for m in bns)  # batch statistics
+    assert all(m.running_mean is not None for m in bns)  # kept, unused: reset() gives them back
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {
         "0.1.weight",

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import eatta
 from conftest import nested_equal, tiny_cnn
-from eatta._finite import all_finite, is_finite
+from eatta._finite import all_finite
+from eatta.methods.base import is_finite
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 BAD = [math.nan, math.inf, -math.inf]

@@ -10,8 +10,8 @@ import eatta
 
 #: Names that left the top level (issue 35), and the module each is imported from now.
 MOVED = {
-    "GaussianNoise": "eatta.noise",
-    "RecordedNoise": "eatta.noise",
+    "GaussianNoise": "eatta.selection.perturbation",
+    "RecordedNoise": "eatta.selection.perturbation",
     "GradNormDebiaser": "eatta.debias",
     "LabelBuffer": "eatta.buffer",
     "LastKClasses": "eatta.balance",

@@ -205,17 +205,22 @@ def test_use_mixed_norm_swaps_in_place_sharing_parameters() -> None:
     assert use_mixed_norm(model) == []  # already swapped: left as they are
 
 
-def test_use_mixed_norm_after_configure_needs_the_source_and_changes_nothing() -> None:
+def test_use_mixed_norm_after_configure_reads_the_running_statistics_configure_kept() -> None:
+    """configure() keeps each BatchNorm's running statistics (it only stops using them), so the
+    mixed layers start from them, with or without ``source=``."""
     given = tiny_cnn()
-    model = copy.deepcopy(given)
-    eatta.configure(model)
-    kinds = [type(m) for m in model.modules()]
-    with pytest.raises(ValueError, match=r"'1'.*source="):
-        use_mixed_norm(model)
-    assert [type(m) for m in model.modules()] == kinds  # nothing swapped
-    use_mixed_norm(model, source=given, weight=0.0)
+    with torch.no_grad():
+        for m in given.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
     x = torch.randn(3, 3, 8, 8)
-    assert torch.equal(model(x), given.eval()(x))
+    want = copy.deepcopy(given).eval()(x)
+    for source in (None, given):
+        model = copy.deepcopy(given)
+        eatta.configure(model)
+        use_mixed_norm(model, source=source, weight=0.0)
+        assert torch.equal(model(x), want)
 
 
 def test_a_window_on_batchnorm_without_running_statistics_is_refused_before_any_change() -> None:

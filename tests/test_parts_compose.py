@@ -17,8 +17,8 @@ from eatta.annotate.simulated import SimulatedAnnotator
 from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.methods.eatta import EATTA
 from eatta.models.digits_cnn import packaged_digits_source
-from eatta.monitor.fallback import SourceFallback
-from eatta.normalization import use_mixed_norm
+from eatta.monitor.fallback import SourceFallback, safe_parts
+from eatta.normalization import MixedBatchNorm
 from eatta.selection.drawn import DisagreementDraw
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
@@ -141,51 +141,62 @@ def test_every_part_together_at_any_request_size(name: str, size: int) -> None:
 
 
 def test_the_class_path_builds_eatta_safe_without_assigning_anything() -> None:
-    """EATTA(..., fallback=..., window=...) from the classes, as eatta-safe is registered."""
+    """EATTA(..., window=..., **safe_parts()) from the classes, as eatta-safe is registered."""
     model = digits_model()
-    given = copy.deepcopy(model)
-    use_mixed_norm(model, stats="ema", momentum=1.0)
+    given = copy.deepcopy(model).eval()
     params = eatta.configure(model, "norm")
-    draw = DisagreementDraw(explore=0.25)
-    fallback = SourceFallback(given, draw=draw)
     method = EATTA(
         model,
         torch.optim.SGD(params, lr=0.001),
-        oracle=fallback.listen(eatta.GroundTruthOracle()),
-        selector=draw,
-        balance=None,
+        oracle=eatta.GroundTruthOracle(),
         debiaser=BoundedGradNormDebiaser(),
         window=64,
-        fallback=fallback,
+        **safe_parts(explore=0.25),
     )
-    assert method.fallback is fallback and method.window is not None
+    fallback = method.fallback
+    assert isinstance(fallback, SourceFallback) and method.window is not None
+    assert isinstance(method.selector, DisagreementDraw)
     for x, y in stream(96, 8):
         torch.testing.assert_close(method(x, labels=y), given(x), rtol=0, atol=0)
     assert method.window.steps == 1 and fallback.step == 1 and fallback.answers == 1
 
 
-def test_a_fallback_not_wired_to_the_methods_requests_is_refused_before_anything() -> None:
-    model = digits_model()
-    draw = DisagreementDraw()
-    fallback = SourceFallback(copy.deepcopy(model), draw=draw)
-    params = eatta.configure(model, "norm")
-    with pytest.raises(ValueError, match=r"fallback\.listen"):
-        EATTA(
-            model,
-            torch.optim.SGD(params, lr=0.001),
-            oracle=eatta.GroundTruthOracle(),  # not fallback.listen(...): it would never hear
-            selector=draw,
-            balance=None,
-            fallback=fallback,
-        )
-    assert fallback.step == 0
-
-
-def test_a_window_on_plain_batchnorm_is_refused_naming_the_fix() -> None:
+def test_a_fallback_without_drawn_answers_is_refused_before_anything() -> None:
+    """The fallback reads the method's own answers only when they are drawn with known
+    probabilities: with the plain perturbation selector the first request is refused, the model
+    and the parts as they were."""
     model = digits_model()
     params = eatta.configure(model, "norm")
-    with pytest.raises(ValueError, match="use_mixed_norm"):
-        EATTA(model, torch.optim.SGD(params, lr=0.001), oracle=eatta.GroundTruthOracle(), window=64)
+    fallback = SourceFallback()
+    method = EATTA(
+        model,
+        torch.optim.SGD(params, lr=0.001),
+        oracle=eatta.GroundTruthOracle(),
+        balance=None,
+        fallback=fallback,
+    )
+    before = copy.deepcopy(method.state_dict())
+    x, y = stream(16, 16)[0]
+    with pytest.raises(ValueError, match="DisagreementDraw"):
+        method(x, labels=y)
+    assert nested_equal(method.state_dict(), before) and fallback.step == 0
+
+
+def test_a_window_on_plain_batchnorm_serves_on_ema_statistics_and_gives_the_model_back() -> None:
+    """The window swaps each BatchNorm for a MixedBatchNorm (EMA statistics from the running
+    ones), so a request of one sample is served; unwrap() gives the plain BatchNorm back."""
+    model = digits_model()
+    kinds = [type(m) for m in model.modules()]
+    state = copy.deepcopy(model.state_dict())
+    params = eatta.configure(model, "norm")
+    method = EATTA(
+        model, torch.optim.SGD(params, lr=0.001), oracle=eatta.GroundTruthOracle(), window=64
+    )
+    assert any(isinstance(m, MixedBatchNorm) for m in method.model.modules())
+    x, y = stream(1, 1)[0]
+    assert method(x, labels=y).shape == (1, 10)
+    back = method.unwrap()
+    assert [type(m) for m in back.modules()] == kinds and nested_equal(back.state_dict(), state)
 
 
 def test_a_label_free_method_with_a_window_audits_the_windows_older_samples() -> None:
@@ -195,9 +206,8 @@ def test_a_label_free_method_with_a_window_audits_the_windows_older_samples() ->
     older sample's unknown label, -1, reached the auditor)."""
     model = digits_model()
     auditor = SimulatedAnnotator(delay=2)
-    fallback = SourceFallback(copy.deepcopy(model), auditor=auditor)
-    method = eatta.create("tent", model, window=64)
-    method.attach(fallback=fallback)
+    fallback = SourceFallback(auditor=auditor)
+    method = eatta.create("tent", model, window=64, fallback=fallback)
     assert method.window is not None
     for x, y in stream(16 * 16, 16):
         auditor.set_labels(y)

@@ -188,6 +188,29 @@ def test_wrapping_keeps_the_batchnorm_statistics_in_the_state_dict() -> None:
     assert method.given is not model and method.given.training is False
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_weights_loaded_after_configuring_are_the_given_ones(channels_last: bool) -> None:
+    model = _plain_cnn()
+    params = eatta.configure(model)  # the modes as given are recorded here ...
+    trained = _plain_cnn(seed=1)
+    model.load_state_dict(trained.state_dict())  # ... the weights are loaded after
+    trained.eval()
+    optimizer = torch.optim.SGD(params, lr=0.01)
+    method = eatta.EATTA(model, optimizer, oracle=SimulatedAnnotator(), channels_last=channels_last)
+    probe = torch.rand(8, 3, 8, 8, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        expected = trained(probe)
+        torch.testing.assert_close(method.given_logits(probe), expected, rtol=0, atol=0)
+    for x, y in _batches(3):
+        method(x, labels=y)
+    back = method.unwrap()
+    assert back.training is False and all(p.requires_grad for p in back.parameters())
+    assert nested_equal(back.state_dict(), trained.state_dict())
+    assert all(p.is_contiguous() for p in back.parameters())  # the memory format as given
+    with torch.no_grad():
+        torch.testing.assert_close(back(probe), expected, rtol=0, atol=0)
+
+
 def _safe(annotator: Any) -> eatta.AdaptiveMethod:
     return eatta.create("eatta-stable", _plain_cnn(), oracle=annotator, budget=1)
 

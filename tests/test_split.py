@@ -284,7 +284,7 @@ def test_discovered_split_gives_the_same_step_as_the_explicit_one():
             split=split,
         )
         logits = [m(x), m(x.flip(0))]
-        runs.append((logits, [p.detach().clone() for p in params], m.gradients.active))
+        runs.append((logits, [p.detach().clone() for p in params], m.gradient.strategy.active))  # type: ignore[union-attr]
     (la, pa, sa), (lb, pb, sb) = runs
     assert all(torch.equal(a, b) for a, b in zip(la + pa, lb + pb, strict=True))
     assert sa and sb  # no hook stays on the model, so "auto" still segments the gradients

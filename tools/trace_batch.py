@@ -8,7 +8,7 @@ while it serves the third, by module, consecutive calls in one module counted on
     python tools/trace_batch.py --path eatta                  # and the path itself
 
 ``modules`` is how many library modules the batch entered, ``moves`` how many times it went from
-one to another. ``tests/test_trace.py`` holds the bounds of issue 60 with :func:`trace`.
+one to another. ``tests/test_structure.py`` holds the bounds of issue 60 with :func:`trace`.
 """
 
 from __future__ import annotations

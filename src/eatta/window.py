@@ -19,7 +19,8 @@ step is due, else nothing), and after it folds the step's statistics into the se
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -84,11 +85,15 @@ _ADVICE: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
 )
 
 
-def small_batch_advice(window: str, off: str) -> contextvars.Token[tuple[str, str]]:
-    """Within the caller's context, :class:`SmallBatchWarning` suggests ``window`` to set a
-    window and ``off`` to turn windowing off (e.g. ``"--window 64"``, ``"--window 0"``);
-    returns the token to reset it with (``_ADVICE.reset``)."""
-    return _ADVICE.set((window, off))
+@contextmanager
+def small_batch_advice(window: str, off: str) -> Iterator[None]:
+    """Within, :class:`SmallBatchWarning` suggests ``window`` to set a window and ``off`` to
+    turn windowing off (a command line's flags: ``"--window 64"``, ``"--window off"``)."""
+    token = _ADVICE.set((window, off))
+    try:
+        yield
+    finally:
+        _ADVICE.reset(token)
 
 
 def warn_small_batch(

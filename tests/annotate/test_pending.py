@@ -1,6 +1,6 @@
 """PendingLabels, the method's side of an asynchronous annotator: request ids, expiry at exactly
 ``label_expiry`` steps, matching answers, counters, reset, snapshot/restore and state round trips;
-AsyncAsking's cancellations and ``commit_late``'s bookkeeping."""
+Asking's cancellations (an asynchronous annotator) and ``commit_late``'s bookkeeping."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import torch
 
 from conftest import bytes_round_trip, nested_equal
 from eatta.annotate import Answer, PendingLabels, SimulatedAnnotator
+from eatta.annotate.asking import Asking
+from eatta.annotate.asking import _current as current_answers
 from eatta.annotate.base import QueuedAnnotator
 from eatta.balance import Selection
-from eatta.methods._active import AsyncAsking, commit_late, current_answers
+from eatta.methods.replay import commit_late
 
 C = 4
 
@@ -257,7 +259,7 @@ def test_ids_of_two_runs_differ():
     assert PendingLabels().nonce != PendingLabels().nonce
 
 
-# -- AsyncAsking and commit_late ---------------------------------------------------------------
+# -- Asking and commit_late --------------------------------------------------------------------
 
 
 class Recorder(QueuedAnnotator):
@@ -271,7 +273,7 @@ class Recorder(QueuedAnnotator):
 
 def test_expired_requests_are_cancelled_at_the_annotator_after_the_step_commits():
     rec = Recorder()
-    asking = AsyncAsking(rec, "label", label_expiry=0)
+    asking = Asking(rec, "eatta", binary=False, label_expiry=0)
     asking.begin()
     x, o = batch()
     sel = Selection(torch.tensor([1]), [0])
@@ -288,7 +290,7 @@ def test_expired_requests_are_cancelled_at_the_annotator_after_the_step_commits(
 
 def test_a_rolled_back_step_cancels_what_it_sent_and_not_its_expiries():
     rec = Recorder()
-    asking = AsyncAsking(rec, "label", label_expiry=0)
+    asking = Asking(rec, "eatta", binary=False, label_expiry=0)
     asking.begin()
     x, o = batch()
     reqs = asking.pending.ask(Selection(torch.tensor([0]), [0]), x, o, "label")
@@ -357,7 +359,7 @@ def test_commit_late_gives_each_label_its_own_steps_selection_and_the_selector_a
 
 def test_a_simulated_annotator_and_pending_labels_agree_on_late_arrivals():
     ann = SimulatedAnnotator(delay=2)
-    asking = AsyncAsking(ann, "label", label_expiry=5)
+    asking = Asking(ann, "eatta", binary=False, label_expiry=5)
     lates = []
     for t in range(6):
         asking.begin()

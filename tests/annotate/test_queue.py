@@ -348,12 +348,11 @@ def test_images_are_stored_with_requests_or_left_out(path: Path) -> None:
 def test_audits_are_told_apart_and_the_monitor_is_published_for_the_page(path: Path) -> None:
     import eatta
     from conftest import tiny_cnn
-    from eatta.monitor import attach
+    from eatta.monitor import AccuracyMonitor
 
     q = LabelQueue(path)
-    method = eatta.create("tent", tiny_cnn(5))
-    source = tiny_cnn(5, seed=3).eval()
-    attach(method, q, source=source, share=0.5, seed=0)
+    method = eatta.create("tent", tiny_cnn(5), monitor=AccuracyMonitor(q, share=0.5, seed=0))
+    source = method.given
     x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     method(x)
     audits = q.pending()

@@ -249,13 +249,6 @@ def test_sync_warnings_are_counted_by_site_and_the_mode_restored(gpu_check, monk
     assert got == {"count": 3, "sites": {f"benchmarks/test_gpu_check.py:{line}": 3}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="benchmarks/gpu_check.py's _short labels a file by the last path part named eatta, so "
-    "a checkout in a folder named eatta (git clone's name) gets 'eatta/tests/...'; the fix, "
-    "relative to the package's parent, ROOT/tests and ROOT, is for the owner of benchmarks/ "
-    "(then drop this mark)",
-)
 def test_a_sync_site_does_not_depend_on_the_checkouts_folder_name(gpu_check, monkeypatch, tmp_path):
     import eatta.methods.base as inside
 

@@ -156,14 +156,13 @@ def _setup_resnet(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _setup_guard(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """As ``model``, with ``auditor`` (a ground-truth oracle holding ``y``) and
-    ``model_as_trained`` (a copy of the source model)."""
+    """As ``model``, with ``auditor`` (a ground-truth oracle holding ``y``)."""
     import eatta
 
     _setup_model(ns, monkeypatch)
     auditor = eatta.GroundTruthOracle()
     auditor.set_labels(ns["y"])
-    ns.update(auditor=auditor, model_as_trained=copy.deepcopy(ns["model"]))
+    ns.update(auditor=auditor)
 
 
 def _setup_stream(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from eatta._cli import USAGE_ERROR, UsageError, exit_on_user_error
+from eatta.console import USAGE_ERROR, UsageError, exit_on_user_error
 from eatta.data.imagenet import CORRUPTIONS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -22,7 +22,11 @@ from eatta.methods.registry import get_spec
 from eatta.models.digits_cnn import packaged_digits_source
 from eatta.split import SplitNotFoundError, is_compiled, split_model
 
-pytestmark = pytest.mark.small_batches
+pytestmark = [
+    pytest.mark.small_batches,
+    # torch's own compile path calls its deprecated torch.jit.script_method (not eatta's code)
+    pytest.mark.filterwarnings("ignore:.*torch.jit.script_method.*:DeprecationWarning"),
+]
 
 STEPS = 20
 TOL = 1e-4

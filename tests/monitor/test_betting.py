@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from eatta.monitor.betting import BET_CAP, SignTest, drift_answers
+from eatta.monitor.evidence import BET_CAP, SignTest, drift_answers
 
 
 def test_wealth_follows_the_bets_by_hand():

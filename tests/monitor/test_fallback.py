@@ -14,10 +14,9 @@ import eatta
 from conftest import bytes_round_trip, nested_equal, tiny_cnn
 from eatta.annotate.oracle import GroundTruthOracle, OracleError
 from eatta.annotate.requests import Answer
-from eatta.methods.base import AdaptiveMethod
-from eatta.methods.parts import Parts
-from eatta.monitor.betting import drift_answers
-from eatta.monitor.fallback import SourceFallback
+from eatta.methods.base import AdaptiveMethod, Parts
+from eatta.monitor.evidence import drift_answers
+from eatta.monitor.fallback import SourceFallback, safe_parts
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -26,17 +25,18 @@ C = 6
 
 
 class Fixed(AdaptiveMethod):
-    """A 'method' that serves a fixed classifier and counts the resets asked of it."""
+    """A 'method' given ``given`` that serves a fixed classifier, ``fixed`` (as if it had
+    adapted to it), and counts the resets asked of it."""
 
     adapts = False
 
-    def __init__(self, model: nn.Module, **parts: Unpack[Parts]) -> None:
-        super().__init__(model)
+    def __init__(self, given: nn.Module, fixed: nn.Module, **parts: Unpack[Parts]) -> None:
+        super().__init__(given, **parts)
+        self.fixed = fixed
         self.resets = 0
-        self.attach(**parts)
 
     def forward_and_adapt(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+        return self.fixed(x)
 
     def reset(self, *, keep_monitor: bool = False) -> None:
         self.resets += 1
@@ -78,17 +78,17 @@ class CountingOracle(GroundTruthOracle):
 
 def guarded(adapted: list[int], given: list[int], **kw):  # type: ignore[no-untyped-def]
     auditor = CountingOracle()
-    fallback = SourceFallback(linear(given), auditor=auditor, **kw)
-    method = Fixed(linear(adapted), fallback=fallback)
+    fallback = SourceFallback(auditor=auditor, **kw)
+    method = Fixed(linear(given), linear(adapted), fallback=fallback)
     return method, auditor
 
 
 def served_by(method: Fixed, x: torch.Tensor, out: torch.Tensor) -> str:
     fb = method.fallback
     assert fb is not None
-    if torch.equal(out, method.model(x)):
+    if torch.equal(out, method.fixed(x)):
         return "adapted"
-    assert torch.equal(out, fb.source_logits(x))
+    assert torch.equal(out, method.given_logits(x))
     return "source"
 
 
@@ -143,7 +143,7 @@ def test_the_estimate_is_the_paired_difference_by_hand():
 def test_measure_only_never_switches():
     method, _ = guarded(HALF_WRONG, RIGHT, act=False)
     for x, y in batches(20):
-        assert torch.equal(method(x, labels=y), method.model(x))
+        assert torch.equal(method(x, labels=y), method.fixed(x))
     fb = method.fallback
     assert isinstance(fb, SourceFallback)
     assert fb.events == [] and method.resets == 0
@@ -164,7 +164,7 @@ def test_a_model_that_drifts_after_it_was_trusted_is_caught_within_the_stated_an
     for x, y in data[:300]:
         method(x, labels=y)
     assert fb.serving == "adapted" and [e.kind for e in fb.events] == ["serve adapted"]
-    method.model.load_state_dict(linear(DRIFTED).state_dict())
+    method.fixed.load_state_dict(linear(DRIFTED).state_dict())
     bound = drift_answers(fb.recent, fb.level)
     assert bound == 22
     caught = None
@@ -193,28 +193,17 @@ def test_a_model_that_drifts_after_it_was_trusted_is_caught_within_the_stated_an
 )
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises((ValueError, TypeError), match=match):
-        SourceFallback(linear(RIGHT), auditor=GroundTruthOracle(), **kw)
-
-
-def test_a_source_model_of_other_classes_is_refused_when_attached():
-    other = nn.Linear(C, C + 1)
-    fb = SourceFallback(other, auditor=GroundTruthOracle())
-    with pytest.raises(ValueError, match="7 classes"):
-        Fixed(linear(RIGHT), fallback=fb)
-    method = Fixed(linear(RIGHT))
-    with pytest.raises(ValueError, match="7 classes"):
-        method.fallback = fb
-    assert method.fallback is None
+        SourceFallback(auditor=GroundTruthOracle(), **kw)
 
 
 def test_labels_outside_the_given_models_classes_are_refused_before_any_change():
-    method, auditor = guarded(RIGHT, HALF_WRONG)
+    method, _ = guarded(RIGHT, HALF_WRONG)
     x, y = batches(1)[0]
     before = copy.deepcopy(method.fallback.state_dict())  # type: ignore[union-attr]
-    with pytest.raises(ValueError, match="outside the source model's 6 classes"):
-        method(x, labels=torch.where(y == 0, torch.full_like(y, C), y))
+    with pytest.raises(OracleError, match=r"classes of the model, in \[0, 6\)"):
+        method(x, labels=torch.full_like(y, C))
     assert nested_equal(method.fallback.state_dict(), before)  # type: ignore[union-attr]
-    assert auditor.asked == [] and auditor.batch_labels is None
+    assert method.fallback.answers == 0  # type: ignore[union-attr]
 
 
 class StrayAuditor:
@@ -233,28 +222,44 @@ class StrayAuditor:
 
 
 def test_an_audit_answer_for_a_sample_never_asked_about_is_an_error():
-    fb = SourceFallback(linear(HALF_WRONG), auditor=StrayAuditor())
-    method = Fixed(linear(RIGHT), fallback=fb)
+    fb = SourceFallback(auditor=StrayAuditor())
+    method = Fixed(linear(HALF_WRONG), linear(RIGHT), fallback=fb)
     x, _ = batches(1)[0]
     with pytest.raises(OracleError, match="never asked"):
         method(x)
     assert fb.answers == 0 and fb.test.answers == 0
 
 
-def test_draw_and_auditor_together_are_refused():
-    from eatta.selection.drawn import DisagreementDraw
-
-    with pytest.raises(ValueError, match="not both"):
-        SourceFallback(linear(RIGHT), draw=DisagreementDraw(), auditor=GroundTruthOracle())
+def test_safe_parts_read_the_methods_own_answers_and_refuse_an_auditor():
+    with pytest.raises(TypeError, match="no auditor="):
+        safe_parts(auditor=GroundTruthOracle())
+    parts = safe_parts(recent=8)
+    assert parts["balance"] is None and parts["selector"].draws
+    assert parts["fallback"].auditor is None and parts["fallback"].recent == 8
 
 
 @pytest.mark.parametrize("kw", [{"audits": 2}, {"explore": 0.5}])
-def test_audit_settings_with_the_methods_own_draw_are_refused(kw):
-    """With draw= no audit is made: an audit setting would be silently ignored."""
-    from eatta.selection.drawn import DisagreementDraw
-
+def test_audit_settings_without_an_auditor_are_refused(kw):
+    """Without an auditor no audit is made: an audit setting would be silently ignored."""
     with pytest.raises(ValueError, match="audits= and explore="):
-        SourceFallback(linear(RIGHT), draw=DisagreementDraw(), **kw)
+        SourceFallback(**kw)
+
+
+def test_a_fallback_without_answers_to_read_is_refused_before_any_change():
+    """No auditor and a selector that does not draw: nothing it could measure with."""
+    method = eatta.create(
+        "eatta",
+        trained_cnn(),
+        oracle=GroundTruthOracle(),
+        lr=0.05,
+        fallback=SourceFallback(),
+        balance=None,
+    )
+    before = copy.deepcopy(method.state_dict())
+    x, y = cnn_stream(1)[0]
+    with pytest.raises(ValueError, match="DisagreementDraw"):
+        method(x, labels=y)
+    assert nested_equal(method.state_dict(), before)
 
 
 # -- eatta-safe: the registered method ---------------------------------------------------------
@@ -285,8 +290,8 @@ def test_eatta_safe_keeps_the_source_model_and_serves_it_first():
     method = eatta.create("eatta-safe", model, oracle=oracle, lr=0.05)
     fb = method.fallback
     assert isinstance(fb, SourceFallback)
-    assert nested_equal(fb.given.state_dict(), given.state_dict())  # running statistics kept
-    assert model[1].running_mean is None  # the adapted copy normalizes with the batch
+    assert nested_equal(method.given.state_dict(), given.state_dict())  # running statistics kept
+    assert not model[1].track_running_stats  # the adapted model normalizes with the batch
     x, y = cnn_stream(1)[0]
     out = method(x, labels=y)
     assert torch.equal(out, given(x))  # served: the source model, batch-free
@@ -341,59 +346,60 @@ def test_eatta_safe_refuses_a_class_history_before_touching_the_model():
 def test_without_answers_a_collapsed_source_model_gives_way_to_the_adapted_one():
     """No answer ever comes: the label-free collapse test alone decides what is served."""
     collapsed = [0] * C  # the source model puts every sample in class 0
-    method = Fixed(linear(RIGHT))
-    method.fallback = SourceFallback(linear(collapsed), auditor=lambda x, i: None, start="auto")
+    fb = SourceFallback(auditor=lambda x, i: None, start="auto")
+    method = Fixed(linear(collapsed), linear(RIGHT), fallback=fb)
     data = batches(6)
     out = method(*data[0][:1])  # the first batch: no history yet, the source model is served
-    assert torch.equal(out, method.fallback.given(data[0][0]))  # type: ignore[union-attr]
-    ratio_before = method.fallback.collapse_ratio()  # type: ignore[union-attr]
+    assert torch.equal(out, method.given_logits(data[0][0]))
+    ratio_before = fb.signs.collapse_ratio()
     assert ratio_before == 0.0  # entropy 0 against the adapted model's spread
     for x, _ in data[1:]:
-        assert torch.equal(method(x), method.model(x))  # served: the adapted model
+        assert torch.equal(method(x), method.fixed(x))  # served: the adapted model
     assert method.fallback.stats()["answers"] == 0  # type: ignore[union-attr]
-    assert method.fallback.prior_switches == 1  # type: ignore[union-attr]
+    assert fb.stats()["prior_switches"] == 1
 
 
 def test_without_answers_a_working_source_model_is_kept():
     """Spread predictions, and the two differ on one class of six (about 17 % of the samples,
     under the threshold, here 0.4)."""
-    method = Fixed(linear([0, 1, 2, 3, 4, 0]))
-    method.fallback = SourceFallback(
-        linear(RIGHT), auditor=lambda x, i: None, prior_disagreement=0.4, start="auto"
-    )
+    fb = SourceFallback(auditor=lambda x, i: None, prior_disagreement=0.4, start="auto")
+    method = Fixed(linear(RIGHT), linear([0, 1, 2, 3, 4, 0]), fallback=fb)
     for x, _ in batches(6):
-        assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
-    fb = method.fallback
-    assert fb.collapse_ratio() >= 0.9 and fb.disagreement_rate() < 0.4  # type: ignore[union-attr]
+        assert torch.equal(method(x), method.given_logits(x))
+    assert fb.signs.collapse_ratio() >= 0.9 and fb.signs.disagreement_rate() < 0.4
 
 
 def test_without_answers_models_far_apart_serve_the_adapted_one():
     """Neither collapsed, but they disagree on half the samples: the source model's statistics
     no longer fit, the adapted model is served."""
-    method = Fixed(linear(RIGHT))
-    method.fallback = SourceFallback(linear(HALF_WRONG), auditor=lambda x, i: None, start="auto")
+    fb = SourceFallback(auditor=lambda x, i: None, start="auto")
+    method = Fixed(linear(HALF_WRONG), linear(RIGHT), fallback=fb)
     data = batches(6)
     method(data[0][0])
-    assert method.fallback.disagreement_rate() > 0.3  # type: ignore[union-attr]
+    assert fb.signs.disagreement_rate() > 0.3
     for x, _ in data[1:]:
-        assert torch.equal(method(x), method.model(x))
+        assert torch.equal(method(x), method.fixed(x))
 
 
 def test_start_given_waits_for_evidence_whatever_the_collapse():
-    method = Fixed(linear(RIGHT))
-    method.fallback = SourceFallback(linear([0] * C), auditor=lambda x, i: None, start="source")
+    fb = SourceFallback(auditor=lambda x, i: None, start="source")
+    method = Fixed(linear([0] * C), linear(RIGHT), fallback=fb)
     for x, _ in batches(5):
-        assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
+        assert torch.equal(method(x), method.given_logits(x))
 
 
 def test_without_answers_the_source_model_serves_by_default():
     """No answer, no evidence: the default start serves the source model, even where the
     unvalidated label-free signs would serve the adapted one."""
-    method = Fixed(linear(RIGHT))
-    method.fallback = SourceFallback(linear([0] * C), auditor=lambda x, i: None)
+    fb = SourceFallback(auditor=lambda x, i: None)
+    method = Fixed(linear([0] * C), linear(RIGHT), fallback=fb)
+    signs = SourceFallback(auditor=lambda x, i: None, start="auto")
+    twin = Fixed(linear([0] * C), linear(RIGHT), fallback=signs)
     for x, _ in batches(5):
-        assert torch.equal(method(x), method.fallback.given(x))  # type: ignore[union-attr]
-    assert method.fallback.prior_choice() == "adapted"  # type: ignore[union-attr]
+        assert torch.equal(method(x), method.given_logits(x))
+        twin(x)
+    assert fb.stats()["prior_switches"] == 0
+    assert signs.stats()["prior_switches"] == 1 and signs.serving == "adapted"
 
 
 def test_undecided_evidence_keeps_what_is_served_whatever_the_label_free_signs_say():
@@ -407,11 +413,11 @@ def test_undecided_evidence_keeps_what_is_served_whatever_the_label_free_signs_s
     fb = method.fallback
     assert isinstance(fb, SourceFallback)
     assert fb.serving == "source" and fb.events  # the adapted one was shown worse
-    fb.given.load_state_dict(linear([0, 1, 2, 5, 3, 4]).state_dict())
+    method.given.load_state_dict(linear([0, 1, 2, 5, 3, 4]).state_dict())
     answers, total = fb.test.answers, fb.test.total
     for x, y in data[30:]:  # now both err on classes 3-5, differently: every estimate is 0
         method(x, labels=y)
-    assert fb.prior_choice() == "adapted"
+    assert fb.signs.choice() == "adapted"
     assert fb.test.answers == answers + 30 and fb.test.total == total
     assert fb.serving == "source"
 
@@ -423,15 +429,15 @@ def test_an_adapted_model_found_worse_while_the_source_serves_can_still_be_trust
     for the adapted model. (Before, the detector's wealth stayed above its threshold while the
     recent answers favoured the adapted model and its "worse" blocked every "better": with the
     up bettor at 1e22 the source model was still served.)"""
-    fb = SourceFallback(linear([0, 1, 2, 3, 4, 0]), auditor=GroundTruthOracle(), reset=False)
-    method = Fixed(linear([0, 1, 3, 4, 2, 5]), fallback=fb)
+    fb = SourceFallback(auditor=GroundTruthOracle(), reset=False)
+    method = Fixed(linear([0, 1, 2, 3, 4, 0]), linear([0, 1, 3, 4, 2, 5]), fallback=fb)
     data = batches(300, seed=2)
     for x, y in data[:60]:
         assert served_by(method, x, method(x, labels=y)) == "source"
     found = [e for e in fb.events if e.kind == "adapted found worse"]
     assert found and all(e.down >= 20.0 for e in found) and fb.stats()["switches"] == 0
     assert method.resets == 0
-    method.model.load_state_dict(linear(RIGHT).state_dict())
+    method.fixed.load_state_dict(linear(RIGHT).state_dict())
     for x, y in data[60:]:
         method(x, labels=y)
         if fb.serving == "adapted":

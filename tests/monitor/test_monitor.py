@@ -13,7 +13,7 @@ from _state_checks import differences, exact_state
 from conftest import bytes_round_trip, tiny_cnn
 from eatta.annotate import Answer, SimulatedAnnotator
 from eatta.annotate.oracle import GroundTruthOracle
-from eatta.monitor import AccuracyMonitor, AuditSampler, Guard, attach
+from eatta.monitor import AccuracyMonitor, AuditSampler, Guard
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)
 pytestmark = pytest.mark.small_batches
@@ -29,19 +29,21 @@ def stream(n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def tent(seed: int = 0) -> eatta.methods.base.AdaptiveMethod:
-    return eatta.create("tent", tiny_cnn(C, seed=seed), lr=0.05)
+def tent(seed: int = 0, **parts: object) -> eatta.methods.base.AdaptiveMethod:
+    return eatta.create("tent", tiny_cnn(C, seed=seed), lr=0.05, **parts)  # type: ignore[arg-type]
 
 
-def source_model(seed: int = 0) -> torch.nn.Module:
-    return tiny_cnn(C, seed=seed).eval()
+def watched(
+    auditor: object, model_seed: int = 0, **kw: object
+) -> eatta.methods.base.AdaptiveMethod:
+    """TENT carrying a monitor (``kw``: its settings), compared with TENT's model as given."""
+    return tent(model_seed, monitor=AccuracyMonitor(auditor, **kw))  # type: ignore[arg-type]
 
 
 def test_audits_score_the_served_prediction_and_the_source_by_hand():
-    method = tent()
-    src = source_model()
     oracle = GroundTruthOracle()
-    monitor = attach(method, oracle, source=src, share=0.25, seed=4)
+    method = watched(oracle, share=0.25, seed=4)
+    monitor, src = method.monitor, method.given
     sampler = AuditSampler(0.25, seed=4)
     n = a_right = s_right = 0
     for x, y in stream(5):
@@ -63,19 +65,18 @@ def test_audits_score_the_served_prediction_and_the_source_by_hand():
 
 
 def test_without_a_guard_the_method_adapts_exactly_as_without_a_monitor():
-    plain, watched = tent(), tent()
-    attach(watched, GroundTruthOracle(), source=source_model(), share=0.5)
+    plain, seen = tent(), watched(GroundTruthOracle(), share=0.5)
     for x, y in stream(6):
         out_p = plain(x)
-        out_w = watched(x, labels=y)
+        out_w = seen(x, labels=y)
         assert torch.equal(out_p, out_w)
-    assert differences(exact_state(plain), exact_state(watched)) == []
+    assert differences(exact_state(plain), exact_state(seen)) == []
 
 
 def test_late_answers_score_the_prediction_made_when_asked_and_count_for_its_period():
-    method = tent()
     ann = SimulatedAnnotator(delay=3, seed=0)
-    monitor = attach(method, ann, source=source_model(), share=0.25, seed=1)
+    method = watched(ann, share=0.25, seed=1)
+    monitor = method.monitor
     sampler = AuditSampler(0.25, seed=1)
     right = {0: [0, 0], 1: [0, 0]}
     data = stream(8)
@@ -94,10 +95,9 @@ def test_late_answers_score_the_prediction_made_when_asked_and_count_for_its_per
 
 
 def test_yes_no_answers_score_the_adapted_model_and_bound_the_source():
-    method = tent()
     ann = SimulatedAnnotator(delay=0, feedback="binary", seed=0)
-    src = source_model(seed=5)  # a different model: it disagrees with the adapted one
-    monitor = attach(method, ann, source=src, share=0.5, seed=2)
+    method = watched(ann, share=0.5, seed=2)
+    monitor, src = method.monitor, method.given  # on its running statistics, the adapted one not
     sampler = AuditSampler(0.5, seed=2)
     n = a_right = s_known = 0
     for x, y in stream(6):
@@ -117,9 +117,9 @@ def test_yes_no_answers_score_the_adapted_model_and_bound_the_source():
 
 
 def test_refused_answers_change_neither_the_monitor_nor_the_method():
-    method = tent()
     ann = SimulatedAnnotator(delay=2, seed=0)
-    monitor = attach(method, ann, source=source_model(), share=0.5, label_expiry=1)
+    method = watched(ann, share=0.5, label_expiry=1)
+    monitor = method.monitor
     data = stream(4)
     for x, y in data[:2]:
         method(x, labels=y)
@@ -140,24 +140,26 @@ def test_refused_answers_change_neither_the_monitor_nor_the_method():
 
 
 class AgreesWithSource:
-    """An auditor whose label is the source's class where the adapted model differs (adapted
-    wrong, source right), and another class where they agree (both wrong)."""
+    """An auditor whose label is the given model's class: where the adapted model differs it is
+    wrong and the given model right."""
 
-    def __init__(self, method, source):
-        self.method, self.source = method, source
+    source: torch.nn.Module
 
     def __call__(self, x, idx):
         with torch.no_grad():
-            s = self.source(x).argmax(1)
-        return s
+            return self.source(x).argmax(1)
 
 
 def test_the_guard_resets_the_method_and_logs_the_evidence_keeping_the_monitor():
-    method = tent()
-    src = source_model(seed=7)
-    auditor = AgreesWithSource(method, src)
-    guard = Guard("source", level=0.1, block=16)
-    monitor = attach(method, auditor, source=src, share=1.0, guard=guard)
+    model = tiny_cnn(C, seed=7)
+    with torch.no_grad():  # running statistics far from the stream's: the two models differ
+        for bn in model.modules():
+            if isinstance(bn, torch.nn.BatchNorm2d):
+                bn.running_mean.fill_(1.0)
+    auditor = AgreesWithSource()
+    monitor = AccuracyMonitor(auditor, share=1.0, guard=Guard("source", level=0.1, block=16))
+    method = eatta.create("tent", model, lr=0.05, monitor=monitor)
+    auditor.source = method.given
     initial = exact_state(method)
     seen = []
     monitor.on_reset = seen.append
@@ -175,9 +177,9 @@ def test_the_guard_resets_the_method_and_logs_the_evidence_keeping_the_monitor()
 
 
 def test_a_users_reset_clears_the_monitor():
-    method = tent()
     oracle = GroundTruthOracle()
-    monitor = attach(method, oracle, source=source_model(), share=0.5, seed=3)
+    method = watched(oracle, share=0.5, seed=3)
+    monitor = method.monitor
     for x, y in stream(3):
         method(x, labels=y)
     assert monitor.estimate().audits > 0
@@ -190,10 +192,8 @@ def test_resume_from_a_state_dict_is_bit_identical_with_late_answers_pending():
     data = stream(10)
 
     def build():
-        m = tent()
         ann = SimulatedAnnotator(delay=3, noise=0.2, seed=5)
-        attach(m, ann, source=source_model(), share=0.3, guard=Guard("paired", 0.2, 4), seed=9)
-        return m, ann
+        return watched(ann, share=0.3, guard=Guard("paired", 0.2, 4), seed=9), ann
 
     full, _ = build()
     for x, y in data:
@@ -216,54 +216,56 @@ def test_resume_from_a_state_dict_is_bit_identical_with_late_answers_pending():
     assert differences(a, b) == []
 
 
-def test_bad_input_is_refused_before_the_method_is_touched():
-    method = tent()
-    src = source_model()
-    with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        attach(method, GroundTruthOracle(), source=src, share=1.5)
-    with pytest.raises(ValueError, match="needs audits"):
-        attach(method, GroundTruthOracle(), source=src, share=0.0, guard="paired")
-    with pytest.raises(ValueError, match="unknown guard policy"):
-        attach(method, GroundTruthOracle(), source=src, guard="often")
-    with pytest.raises(ValueError, match=r"\(0, 1\)"):
-        attach(method, GroundTruthOracle(), source=src, guard="paired", guard_level=1.0)
-    with pytest.raises(ValueError, match="needs an auditor"):
-        attach(method, None, source=src)
-    with pytest.raises(TypeError, match="auditor"):
-        attach(method, 42, source=src)
-    assert method.monitor is None
+@pytest.mark.parametrize(
+    ("auditor", "kw", "error", "match"),
+    [
+        (GroundTruthOracle(), {"share": 1.5}, ValueError, r"\[0, 1\]"),
+        (GroundTruthOracle(), {"share": 0.0, "guard": "paired"}, ValueError, "needs audits"),
+        (GroundTruthOracle(), {"guard": "often"}, ValueError, "guard"),
+        (GroundTruthOracle(), {"guard": "paired", "guard_level": 1.0}, ValueError, r"\(0, 1\)"),
+        (None, {}, ValueError, "needs an auditor"),
+        (42, {}, TypeError, "auditor"),
+    ],
+)
+def test_bad_settings_are_refused_before_the_model_is_wrapped(auditor, kw, error, match):
+    model = tiny_cnn(C)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(error, match=match):
+        eatta.create("tent", model, monitor=AccuracyMonitor(auditor, **kw))
+    assert differences(before, model.state_dict()) == []
+
+
+def test_an_unknown_period_is_refused():
     with pytest.raises(ValueError, match="estimate"):
-        AccuracyMonitor(GroundTruthOracle(), src).estimate("weekly")
+        AccuracyMonitor(GroundTruthOracle()).estimate("weekly")
 
 
-def test_a_source_on_batch_statistics_sees_the_whole_batch():
-    """attach() without a source copies the method's configured model (BatchNorm on batch
-    statistics): its prediction for an audited sample is the one it makes within the batch."""
-    method = tent()
+def test_the_given_model_on_its_running_statistics_sees_each_audited_sample_alone():
+    """The given model predicts per sample (eval mode, its own statistics): its prediction for
+    an audited sample does not depend on the rest of the batch."""
     oracle = GroundTruthOracle()
-    monitor = attach(method, oracle, share=0.25, seed=4)
-    assert monitor.source_sees_batch
-    initial = tent()  # the same model, unadapted, in its configured form
+    method = watched(oracle, share=0.25, seed=4)
     sampler = AuditSampler(0.25, seed=4)
     n = s_right = 0
     for x, y in stream(3):
         oracle.set_labels(y)
-        with torch.no_grad():
-            whole = initial.model(x).argmax(1)
         method(x)
         idx = sampler.draw(len(y))
+        with torch.no_grad():
+            alone = torch.cat([method.given(x[i : i + 1]) for i in idx.tolist()]).argmax(1)
         n += len(idx)
-        s_right += int((whole[idx] == y[idx]).sum())
-    assert monitor.estimate().audits == n > 0
-    assert monitor.estimate().source.value == pytest.approx(s_right / n)
-    assert not attach(tent(), oracle, source=source_model()).source_sees_batch
+        s_right += int((alone == y[idx]).sum())
+    assert method.monitor.estimate().audits == n > 0
+    assert method.monitor.estimate().source.value == pytest.approx(s_right / n)
 
 
 def test_a_methods_own_resets_keep_the_monitor():
     """RDumb's scheduled resets (and SAR's recoveries) are not a new stream: audits accumulate."""
-    method = eatta.create("rdumb", tiny_cnn(C), reset_every=2)
     oracle = GroundTruthOracle()
-    monitor = attach(method, oracle, source=source_model(), share=1.0)
+    method = eatta.create(
+        "rdumb", tiny_cnn(C), reset_every=2, monitor=AccuracyMonitor(oracle, share=1.0)
+    )
+    monitor = method.monitor
     for x, y in stream(5):
         method(x, labels=y)
     assert monitor.estimate().audits == 5 * 16

@@ -18,6 +18,28 @@ pytestmark = pytest.mark.small_batches
 NONE = (0, math.nan, 1.0, 1.0)  # no evidence: no answer, mean nan
 
 
+class Verdict:
+    """A stand-in for the sign test: a fixed verdict (``"better"``, ``"worse"``, None) on fixed
+    evidence ``(answers, mean, up, down)``; records whether the rule cleared it."""
+
+    def __init__(self, verdict: str | None, evidence: tuple[int, float, float, float]) -> None:
+        self.verdict = verdict
+        self.answers, self.mean, self.up, self.down = evidence
+        self.cleared = False
+
+    def decided(self) -> str | None:
+        return self.verdict
+
+    def clear(self) -> None:
+        self.cleared = True
+
+
+def decide(rule: ServingRule, verdict: str | None, step: int, evidence, signs) -> tuple[bool, bool]:  # type: ignore[no-untyped-def]
+    """``rule``'s decision on ``verdict``: (reset asked, evidence cleared: a decision taken)."""
+    test = Verdict(verdict, evidence)
+    return rule.decide(test, step, signs), test.cleared  # type: ignore[arg-type]
+
+
 def signs_at(disagree: float) -> LabelFreeSigns:
     """Signs that read one batch of 10 samples disagreeing on ``disagree`` of them."""
     signs = LabelFreeSigns(3, 0.9, 0.3)
@@ -58,24 +80,24 @@ def test_blend_serves_the_given_model_without_answers_and_the_blend_on_a_lean():
 
 def test_a_decision_overrides_the_lean_and_the_signs_for_good():
     rule = ServingRule("blend")
-    assert not rule.decide("better", 7, (30, 0.2, 21.0, 1.0), signs_at(0.1))
-    assert rule.decided_now() and (rule.serving, rule.why) == ("adapted", "evidence")
+    assert decide(rule, "better", 7, (30, 0.2, 21.0, 1.0), signs_at(0.1)) == (False, True)
+    assert (rule.serving, rule.why) == ("adapted", "evidence")
     (event,) = rule.events
     assert (event.kind, event.step, event.answers, event.up) == ("serve adapted", 7, 30, 21.0)
     rule.refresh(signs_at(0.9), -1.0)  # neither a sign nor a lean moves it now
     assert (rule.serving, rule.why) == ("adapted", "evidence")
-    assert not rule.decide(None, 8, NONE, signs_at(0.9)) and not rule.decided_now()
-    assert not rule.decide("worse", 9, (25, -0.3, 1.0, 22.0), signs_at(0.1))
+    assert decide(rule, None, 8, NONE, signs_at(0.9)) == (False, False)
+    assert decide(rule, "worse", 9, (25, -0.3, 1.0, 22.0), signs_at(0.1)) == (False, True)
     assert rule.serving == "source" and [e.kind for e in rule.events][-1] == "serve given"
 
 
 def test_worse_while_the_given_model_serves_is_a_decision_and_asks_for_a_reset_if_set():
     rule = ServingRule("source", reset=True)
-    assert rule.decide("worse", 3, (22, -0.5, 1.0, 20.5), signs_at(0.1))  # reset asked
+    assert decide(rule, "worse", 3, (22, -0.5, 1.0, 20.5), signs_at(0.1)) == (True, True)
     assert [e.kind for e in rule.events] == ["reset: worse than given"] and rule.epoch == 1
     keep = ServingRule("source")
-    assert not keep.decide("worse", 3, (22, -0.5, 1.0, 20.5), signs_at(0.1))
-    assert [e.kind for e in keep.events] == ["adapted found worse"] and keep.decided_now()
+    assert decide(keep, "worse", 3, (22, -0.5, 1.0, 20.5), signs_at(0.1)) == (False, True)
+    assert [e.kind for e in keep.events] == ["adapted found worse"]
 
 
 def test_every_served_batch_is_recorded_with_its_reason_and_restored_from_state():
@@ -83,7 +105,7 @@ def test_every_served_batch_is_recorded_with_its_reason_and_restored_from_state(
     for lean in (math.nan, 0.1, -0.1):
         rule.refresh(signs_at(0.5), lean)
         rule.note()
-    rule.decide("better", 4, (20, 0.1, 20.0, 1.0), signs_at(0.0))
+    decide(rule, "better", 4, (20, 0.1, 20.0, 1.0), signs_at(0.0))
     rule.note()
     want = [("source", "default"), ("blend", "lean"), ("source", "default")]
     want.append(("adapted", "evidence"))
@@ -109,7 +131,7 @@ def test_measuring_only_always_serves_the_adapted_model_whatever_the_lean():
     for lean in (math.nan, -1.0, 1.0):
         rule.refresh(signs_at(0.0), lean)
         assert (rule.serving, rule.why) == ("adapted", "default")
-    assert not rule.decide("worse", 1, (20, -0.5, 1.0, 21.0), signs_at(0.0))
+    assert decide(rule, "worse", 1, (20, -0.5, 1.0, 21.0), signs_at(0.0)) == (False, False)
     assert rule.serving == "adapted" and not rule.events
 
 
@@ -121,10 +143,10 @@ def test_unknown_start_is_refused():
 def test_a_fallback_starting_on_the_blend_serves_the_given_model_until_answers_lean():
     """No answer: exactly the given model's logits; answers showing the adapted model right where
     the given one errs: the blend, until the test decides for the adapted model."""
-    fallback = SourceFallback(linear(HALF_WRONG), auditor=lambda x, i: None, start="blend")
-    method = Fixed(linear(RIGHT), fallback=fallback)
+    fallback = SourceFallback(auditor=lambda x, i: None, start="blend")
+    method = Fixed(linear(HALF_WRONG), linear(RIGHT), fallback=fallback)
     for x, _ in batches(5):
-        assert torch.equal(method(x), fallback.source_logits(x))
+        assert torch.equal(method(x), method.given_logits(x))
     assert fallback.stats()["why"] == {"evidence": 0, "default": 5, "sign": 0, "lean": 0}
 
     from test_fallback import guarded
@@ -136,7 +158,7 @@ def test_a_fallback_starting_on_the_blend_serves_the_given_model_until_answers_l
         out = method(x, labels=y)
         was = fb.history()[-1]
         if was[0] == "blend":
-            assert torch.equal(out, blend_logits(method.model(x), fb.source_logits(x)))
+            assert torch.equal(out, blend_logits(method.fixed(x), method.given_logits(x)))
     kinds = [w for _, w in fb.history()]
     assert "lean" in kinds and kinds[-1] == "evidence" and fb.serving == "adapted"
     assert kinds.index("evidence") > kinds.index("lean")  # the blend came before the decision

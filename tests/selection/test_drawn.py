@@ -19,7 +19,8 @@ class FixedScores(ScoreSelector):
         return self.scores
 
 
-def context(pred: list[int], classes: int = 3) -> SelectionContext:
+def context(pred: list[int], classes: int = 3, given: list[int] | None = None) -> SelectionContext:
+    """A batch the adapted model reads as ``pred``, the given model (when known) as ``given``."""
     logits = torch.full((len(pred), classes), -5.0)
     logits[torch.arange(len(pred)), torch.tensor(pred)] = 5.0
     return SelectionContext(
@@ -27,6 +28,7 @@ def context(pred: list[int], classes: int = 3) -> SelectionContext:
         features=torch.zeros(len(pred), 2),
         logits=logits,
         head=torch.nn.Identity(),
+        reference=None if given is None else torch.tensor(given),
     )
 
 
@@ -60,8 +62,7 @@ def test_horvitz_thompson_estimate_is_unbiased_exactly_and_by_simulation():
     draw = DisagreementDraw(
         FixedScores(torch.rand(n, generator=torch.Generator().manual_seed(1))), explore=0.3, seed=5
     )
-    draw.reference = torch.tensor(given)
-    ctx = context(adapted)
+    ctx = context(adapted, given=given)
     draw.select(ctx, 1, NoClassBalance())
     disagree = torch.tensor(given) != torch.tensor(adapted)
     q_all = inclusion_probabilities(draw.base.score(ctx), disagree, 0.3)
@@ -70,8 +71,8 @@ def test_horvitz_thompson_estimate_is_unbiased_exactly_and_by_simulation():
     total, reps = 0.0, 4000
     for _ in range(reps):
         sel = draw.select(ctx, 1, NoClassBalance())
-        rec = draw.last_draw
-        assert rec is not None and torch.equal(sel.indices, rec.indices)
+        rec = sel.update["draw"]
+        assert torch.equal(sel.indices, rec.indices)
         i = int(rec.indices[0])
         total += float(d[i]) / (n * float(rec.q[0]))
     # the estimate is bounded by 1 / (1 - explore) on the disagreements: sd <= 1.43 / sqrt(4000)
@@ -83,8 +84,8 @@ def test_draw_records_counts_and_is_reproducible_from_its_state():
     ctx = context([0, 1, 2, 0, 1, 2])
     state = draw.state_dict()
     sel = draw.select(ctx, 4, NoClassBalance())
-    rec = draw.last_draw
-    assert rec is not None and int(rec.counts.sum()) == 4 and rec.k == 4 and rec.n == 6
+    rec = sel.update["draw"]
+    assert int(rec.counts.sum()) == 4 and rec.k == 4 and rec.n == 6
     assert len(sel.indices) == len(set(sel.indices.tolist())) <= 4
     assert torch.allclose(rec.q, torch.full_like(rec.q, 1 / 6))
     draw.load_state_dict(state)
@@ -95,11 +96,11 @@ def test_draw_records_counts_and_is_reproducible_from_its_state():
 def test_disagreements_are_drawn_most_of_the_time():
     draw = DisagreementDraw(FixedScores(torch.ones(10)), explore=0.1, seed=0)
     pred = [0] * 10
-    draw.reference = torch.tensor([1, 1] + [0] * 8)  # the two models differ on samples 0 and 1
+    given = [1, 1] + [0] * 8  # the two models differ on samples 0 and 1
     hits = 0
     for _ in range(500):
-        draw.select(context(pred), 1, NoClassBalance())
-        hits += int(draw.last_draw.indices[0]) in (0, 1)  # type: ignore[union-attr]
+        sel = draw.select(context(pred, given=given), 1, NoClassBalance())
+        hits += int(sel.indices[0]) in (0, 1)
     assert hits / 500 == pytest.approx(0.9 + 0.1 * 0.2, abs=0.05)
 
 
@@ -121,6 +122,5 @@ def test_a_class_history_is_refused_before_anything_is_drawn():
 
 def test_reference_of_the_wrong_shape_is_refused():
     draw = DisagreementDraw(FixedScores(torch.ones(3)), seed=0)
-    draw.reference = torch.tensor([0, 1])
     with pytest.raises(ValueError, match="reference predictions"):
-        draw.select(context([0, 1, 2]), 1, NoClassBalance())
+        draw.select(context([0, 1, 2], given=[0, 1]), 1, NoClassBalance())

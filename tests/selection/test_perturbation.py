@@ -9,9 +9,8 @@ from hypothesis import strategies as st
 
 import eatta
 from conftest import confident_cnn
-from eatta.noise import RecordedNoise
 from eatta.selection.base import SelectionContext
-from eatta.selection.perturbation import PerturbationSelector
+from eatta.selection.perturbation import PerturbationSelector, RecordedNoise
 from eatta.split import split_model
 
 # small models adapt on small batches here on purpose: fast, exact checks (SmallBatchWarning off)

@@ -55,8 +55,11 @@ def main_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``eatta-bench``; the exit status. No subcommand (options first): ``run``."""
-    small_batch_advice("--window 64", "--window off")  # a warning names this command's flags
-    argv = list(sys.argv[1:] if argv is None else argv)
+    with small_batch_advice("--window 64", "--window off"):  # a warning names these flags
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv = ["run", *argv]
     if argv[0] == "sweep":

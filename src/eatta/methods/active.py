@@ -21,6 +21,7 @@ from eatta.annotate.asking import DEFAULT_LABEL_EXPIRY, AnswerRecord, Asking
 from eatta.annotate.oracle import Oracle
 from eatta.balance import ClassBalance, Selection
 from eatta.budget import Budget
+from eatta.given import record
 from eatta.methods.base import AdaptiveMethod, Parts, unique_params
 from eatta.selection.base import DeferredRead, SelectionContext, Selector
 from eatta.split import ModelSplit
@@ -74,6 +75,7 @@ class ActiveMethod(AdaptiveMethod):
         asking = Asking(oracle, name, binary=self.binary_feedback, label_expiry=label_expiry)
         budget = Budget.coerce(budget)
         if prepare is not None:
+            record(model)  # the memory formats as given
             prepare(model)
         super().__init__(model, optimizer, split=split, check_finite=check_finite, **parts)
         self.oracle = oracle

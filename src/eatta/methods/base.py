@@ -131,7 +131,8 @@ class AdaptiveMethod(nn.Module):
                 raise ValueError(
                     f"the optimizer holds {len(foreign)} parameter(s) that are not the model's"
                 )
-        self._as_given: AsGiven = record(model)
+        self._given_record = record(model)  # modes: taken when configured
+        self._as_given: AsGiven = self._given_record.with_values()  # values: as wrapped
         self.model = model
         self.optimizer = optimizer
         self.check_finite = check_finite
@@ -256,7 +257,7 @@ class AdaptiveMethod(nn.Module):
     def unwrap(self) -> nn.Module:
         """The model exactly as it was given (modes, modules, parameters, buffers, memory format,
         ``requires_grad``), restored in place and returned; the method cannot be used after."""
-        if recorded(self.model) is self._as_given:
+        if recorded(self.model) is self._given_record:
             forget(self.model)
         self._released = True
         return self._as_given.restore()

@@ -92,7 +92,7 @@ class SimATTA(ActiveMethod):
         split: ``(backbone, head)`` for models whose split is not found automatically.
         check_finite: refuse batches with NaN or infinite values.
         parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
-            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
+            (:class:`~eatta.methods.base.Parts`), attached once the method is built.
     """
 
     def __init__(

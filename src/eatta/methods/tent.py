@@ -63,7 +63,7 @@ class Tent(AdaptiveMethod):
             this keeps every method's output "before this batch's update".
         split: unused by TENT; accepted for a uniform constructor.
         parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
-            (:class:`~eatta.methods.parts.Parts`), attached once the method is built.
+            (:class:`~eatta.methods.base.Parts`), attached once the method is built.
     """
 
     optimizer: torch.optim.Optimizer  # required here (the base allows None)

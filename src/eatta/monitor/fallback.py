@@ -31,6 +31,7 @@ clears it, a reset the fallback asked for keeps it.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -272,7 +273,14 @@ class SourceFallback:
         if batch.step_logits is not None:  # the method stepped
             assert batch.step_x is not None
             served = batch.step_x is batch.x
-            out = self._stepped(method, batch, batch.step_x, batch.step_logits, served)
+            # an auditor's bad answer raises with the evidence as it was before this batch
+            saved = None if self.auditor is None else copy.deepcopy(self.state_dict())
+            try:
+                out = self._stepped(method, batch, batch.step_x, batch.step_logits, served)
+            except BaseException:
+                if saved is not None:
+                    self.load_state_dict(saved)
+                raise
             if served:
                 batch.served = out
         if batch.step_x is not batch.x:  # a request served between a window's steps
