@@ -133,3 +133,26 @@ class ScoreSelector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+class OwnGenerator:
+    """A part's own random stream, so its draws replay identically whatever else draws:
+    ``generator`` goes back to its first state on :meth:`reset` and its state is the part's
+    :meth:`state_dict` (``{"rng": ...}``). Call :meth:`own` with the seeded generator."""
+
+    generator: torch.Generator
+    _initial: Tensor
+
+    def own(self, generator: torch.Generator) -> None:
+        """Keep ``generator`` (seeded) and its first state."""
+        self.generator = generator
+        self._initial = generator.get_state()
+
+    def reset(self) -> None:
+        self.generator.set_state(self._initial)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["rng"])

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from typing_extensions import Protocol, runtime_checkable
 
-from eatta.selection.base import ScoreSelector, SelectionContext
+from eatta.selection.base import OwnGenerator, ScoreSelector, SelectionContext
 
 __all__ = ["GaussianNoise", "NoiseSource", "PerturbationSelector", "RecordedNoise"]
 
@@ -29,7 +29,7 @@ class NoiseSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class GaussianNoise:
+class GaussianNoise(OwnGenerator):
     """``N(0, std²)`` noise from its own ``torch.Generator``.
 
     Drawn on ``generator_device`` (the CPU by default, as the authors' code does, so CPU and GPU
@@ -42,27 +42,18 @@ class GaussianNoise:
         if not std >= 0:
             raise ValueError(f"noise std must be >= 0, got {std}")
         self.std = float(std)
-        self.generator = torch.Generator(device=generator_device)
+        generator = torch.Generator(device=generator_device)
         if seed is None:
-            self.generator.seed()
+            generator.seed()
         else:
-            self.generator.manual_seed(seed)
-        self._initial = self.generator.get_state()
+            generator.manual_seed(seed)
+        self.own(generator)
 
     def __call__(self, shape: torch.Size, device: torch.device, dtype: torch.dtype) -> Tensor:
         eps = torch.randn(shape, generator=self.generator, device=self.generator.device)
         if self.std != 1.0:
             eps = eps * self.std
         return eps.to(device=device, dtype=dtype, non_blocking=True)
-
-    def reset(self) -> None:
-        self.generator.set_state(self._initial)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["rng"])
 
 
 class RecordedNoise:

@@ -9,13 +9,11 @@ are labelled first, the same direction as EATTA's perturbation difference.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eatta.selection.base import ScoreSelector, SelectionContext
+from eatta.selection.base import OwnGenerator, ScoreSelector, SelectionContext
 
 __all__ = ["PLPDSelector", "patch_shuffle"]
 
@@ -47,7 +45,7 @@ def patch_shuffle(x: Tensor, grid: int, generator: torch.Generator) -> Tensor:
     return out
 
 
-class PLPDSelector(ScoreSelector):
+class PLPDSelector(OwnGenerator, ScoreSelector):
     """Scores each sample by DeYO's PLPD; the largest drop ranks first.
 
     Runs the model (``ctx.backbone`` then ``ctx.head``, without gradients) once more on the
@@ -64,8 +62,7 @@ class PLPDSelector(ScoreSelector):
         if not isinstance(grid, int) or grid < 1:
             raise ValueError(f"grid must be an integer >= 1, got {grid!r}")
         self.grid = grid
-        self.generator = torch.Generator().manual_seed(seed)
-        self._initial = self.generator.get_state()
+        self.own(torch.Generator().manual_seed(seed))
 
     def score(self, ctx: SelectionContext) -> Tensor:
         if ctx.backbone is None:
@@ -78,12 +75,3 @@ class PLPDSelector(ScoreSelector):
             shuffled_probs = ctx.head(ctx.backbone(shuffled)).softmax(dim=1)
         pl = ctx.pseudo_labels.unsqueeze(1)
         return (ctx.probs.gather(1, pl) - shuffled_probs.gather(1, pl)).squeeze(1)
-
-    def reset(self) -> None:
-        self.generator.set_state(self._initial)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["rng"])

@@ -14,12 +14,11 @@ batch (larger = more worth labelling) and the class balance picks the top ``k`` 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from eatta.selection.base import ScoreSelector, SelectionContext
+from eatta.selection.base import OwnGenerator, ScoreSelector, SelectionContext
 
 __all__ = [
     "EntropyMarginSelector",
@@ -59,7 +58,7 @@ class MinMarginSelector(ScoreSelector):
         return top[:, 1] - top[:, 0]
 
 
-class RandomSelector(ScoreSelector):
+class RandomSelector(OwnGenerator, ScoreSelector):
     """Uniformly random samples: the score is a fresh ``U(0, 1)`` draw per sample.
 
     Under no class balancing the top ``k`` of i.i.d. uniform draws is a uniformly random
@@ -68,21 +67,11 @@ class RandomSelector(ScoreSelector):
     """
 
     def __init__(self, seed: int = 0) -> None:
-        self.generator = torch.Generator().manual_seed(seed)
-        self._initial = self.generator.get_state()
+        self.own(torch.Generator().manual_seed(seed))
 
     def score(self, ctx: SelectionContext) -> Tensor:
         draws = torch.rand(ctx.logits.shape[0], generator=self.generator, dtype=torch.float64)
         return draws.to(ctx.logits.device)
-
-    def reset(self) -> None:
-        self.generator.set_state(self._initial)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["rng"])
 
 
 class EntropyMarginSelector(ScoreSelector):
