@@ -75,16 +75,17 @@ def record(stream: str, seed: int, out: Path) -> dict[str, np.ndarray]:
     records are read beside it)."""
     keys = ("y", "batch", "served", "source", "d", "domain", "mixed")
     rec: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    after, serve = SourceFallback.after, runner._serve
+    after, serve = SourceFallback.after_step, runner._serve
     show, count = runner._show, runner._count_domains
 
-    def after_(self: SourceFallback, method: Any, x: Tensor, *args: Any, **kw: Any) -> Tensor:
-        pred, d = _near(self.given, x)
-        out = after(self, method, x, *args, **kw)
-        rec["served"].append(out.argmax(1).numpy())
+    def after_(self: SourceFallback, method: Any, batch: Any) -> None:
+        if batch.step_x is None:  # no step: the fallback decides nothing
+            return after(self, method, batch)
+        pred, d = _near(method.given, batch.step_x)
+        after(self, method, batch)
+        rec["served"].append(batch.served.argmax(1).numpy())
         rec["source"].append(pred.numpy())
         rec["d"].append(d.numpy())
-        return out
 
     def serve_(method: Any, x: Tensor, y: Tensor, *args: Any) -> Any:
         rec["batch"].append(np.full(len(y), len(rec["y"])))  # which batch each sample is in
@@ -100,7 +101,7 @@ def record(stream: str, seed: int, out: Path) -> dict[str, np.ndarray]:
         count(stream, t, *args)
 
     with (
-        patch.object(SourceFallback, "after", after_),
+        patch.object(SourceFallback, "after_step", after_),
         patch.object(runner, "_serve", serve_),
         patch.object(runner, "_show", show_),
         patch.object(runner, "_count_domains", count_),

@@ -29,7 +29,6 @@ from torch import Tensor, nn
 
 from eatta._compat import TorchvisionOpsWarning
 from eatta.models.digits_cnn import packaged_digits_source
-from eatta.monitor.fallback import SourceFallback
 
 RESULTS = _common.RESULTS / "safe_step_cost.json"
 MODELS = ("digits-32", "resnet18-64")
@@ -60,8 +59,9 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
     def make(name: str, **kw: Any) -> Any:
         return _timing.method_step(name, copy.deepcopy(model), x, y, lr=1e-4, **kw)
 
-    kept = SourceFallback(model)  # its default subset of 16 samples
-    assert kept.sample is not None
+    kept = make("eatta-safe", fallback_start="adapted").func  # its given model, kept once
+    sample = kept.fallback.sample  # the fallback's default subset of 16 samples
+    assert sample is not None
 
     return {
         "tent": make("tent"),
@@ -70,7 +70,7 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
         "eatta-safe (serving source)": make("eatta-safe", fallback_start="source"),
         "eatta-safe (measure only)": make("eatta-safe", fallback=False),
         "eatta-safe (exact step)": make("eatta-safe", fallback_start="adapted", grad_mode="auto"),
-        "source forward on 16": partial(kept.source_logits, x[: kept.sample]),
+        "source forward on 16": partial(kept.given_logits, x[:sample]),
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-import eatta._finite
+import eatta.methods.base
 from _host_syncs import counting
 
 
@@ -23,6 +23,6 @@ def test_a_frame_in_a_folder_named_eatta_outside_the_package_is_no_site(tmp_path
 def test_a_frame_in_the_package_is_named_relative_to_it():
     device = torch.ones(3)
     with counting([device]) as syncs:
-        eatta._finite.is_finite(device)  # on the CPU it reads the extremes with item()
+        eatta.methods.base.is_finite(device)  # on the CPU it reads the extremes with item()
     sites = {site for _, site in syncs.sites}
-    assert sites and all(s.startswith("_finite.py:") for s in sites), sites
+    assert sites and all(s.startswith("methods/base.py:") for s in sites), sites
