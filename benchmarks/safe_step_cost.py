@@ -68,7 +68,7 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
         "eatta-stable": make("eatta-stable"),
         "eatta-safe": make("eatta-safe", fallback_start="adapted"),
         "eatta-safe (serving source)": make("eatta-safe", fallback_start="source"),
-        "eatta-safe (measure only)": make("eatta-safe", fallback=False),
+        "eatta-safe (measure only)": make("eatta-safe", fallback_acts=False),
         "eatta-safe (exact step)": make("eatta-safe", fallback_start="adapted", grad_mode="auto"),
         "source forward on 16": partial(kept.given_logits, x[:sample]),
     }

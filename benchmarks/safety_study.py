@@ -6,9 +6,9 @@ Regenerates the section of ``docs/safety.md`` between ``<!-- safety:begin -->`` 
 stream (``STREAMS``), over ``--seeds``: ``references`` (the source model, TENT, ETA);
 ``annotators`` (``eatta-safe`` at every one of ``ANNOTATORS``, in requests of 64, 8 and 1
 samples at one label per 64 samples, under 64 through a window of 64; ``eatta-stable`` beside it
-at ``WITH_STABLE`` in requests of 64); ``measure`` (``eatta-safe`` with ``fallback=False``, labels
-at once: what drawing the requests costs); ``guard`` (TENT and ETA with ``--fallback``, one audit
-a batch). Every run is a cell of :func:`eatta.bench.run` under ``--out`` (finished cells are
+at ``WITH_STABLE`` in requests of 64); ``measure`` (``eatta-safe`` with ``fallback_acts=False``,
+labels at once: what drawing the requests costs); ``guard`` (TENT and ETA with ``--fallback``, one
+audit a batch). Every run is a cell of :func:`eatta.bench.run` under ``--out`` (finished cells are
 read back, so a study resumes). What tuned what: docs/safety.md; besides, one 10-round recurring
 run (seed 0) chose resets off for ``eatta-safe`` and on for label-free methods.
 
@@ -166,7 +166,10 @@ def study(
                 save_study(out, data)
         elif part == "measure":
             res = run(
-                "measure-only", proto, [SAFE], hparams={**own, SAFE: {**safe, "fallback": False}}
+                "measure-only",
+                proto,
+                [SAFE],
+                hparams={**own, SAFE: {**safe, "fallback_acts": False}},
             )
             s["measure"] = by_method(res, [SAFE])[SAFE]
         elif part == "guard":
