@@ -167,6 +167,7 @@ def replay_trace(trace: dict[str, Any] | str | Path) -> ReplayReport:
         debiaser=GradNormDebiaser(alpha=cfg["ema_alpha"]),
         entropy_margin=cfg["entropy_margin"],
         split=(_Features(model), model.fc),
+        window=False,  # the authors' batches, as traced: no small-batch advice
     )
     report = ReplayReport(path=path, steps=len(steps))
     for name in EXACT_FIELDS:
