@@ -31,7 +31,6 @@ clears it, a reset the fallback asked for keeps it.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -273,13 +272,14 @@ class SourceFallback:
         if batch.step_logits is not None:  # the method stepped
             assert batch.step_x is not None
             served = batch.step_x is batch.x
-            # an auditor's bad answer raises with the evidence as it was before this batch
-            saved = None if self.auditor is None else copy.deepcopy(self.state_dict())
+            # an auditor's failure or bad answer raises before the evidence changes; what the
+            # audit changed before it (the step, the draw, the pending requests) is put back
+            mark = self._mark() if self.auditor is not None else None
             try:
                 out = self._stepped(method, batch, batch.step_x, batch.step_logits, served)
             except BaseException:
-                if saved is not None:
-                    self.load_state_dict(saved)
+                if mark is not None:
+                    self._back(mark)
                 raise
             if served:
                 batch.served = out
@@ -310,6 +310,14 @@ class SourceFallback:
             batch.reset = "the fallback's evidence: the adapted model is worse than the given"
         self._given_logits = self._given_pred = self._subset = None
         return out
+
+    def _mark(self) -> tuple[int, int, Tensor, dict[str, Asked]]:
+        """What an audit changes before its answer is checked (the requests are immutable)."""
+        return self.step, self.requested, self._gen.get_state(), dict(self.book.pending)
+
+    def _back(self, mark: tuple[int, int, Tensor, dict[str, Asked]]) -> None:
+        self.step, self.requested, generator, self.book.pending = mark
+        self._gen.set_state(generator)
 
     def serve(self, method: HostMethod, x: Tensor, logits: Tensor) -> Tensor:
         """A request served without a step (between a window's steps, or skipped by the online
