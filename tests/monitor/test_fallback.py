@@ -245,23 +245,6 @@ def test_audit_settings_without_an_auditor_are_refused(kw):
         SourceFallback(**kw)
 
 
-def test_a_fallback_without_answers_to_read_is_refused_before_any_change():
-    """No auditor and a selector that does not draw: nothing it could measure with."""
-    method = eatta.create(
-        "eatta",
-        trained_cnn(),
-        oracle=GroundTruthOracle(),
-        lr=0.05,
-        fallback=SourceFallback(),
-        balance=None,
-    )
-    before = copy.deepcopy(method.state_dict())
-    x, y = cnn_stream(1)[0]
-    with pytest.raises(ValueError, match="DisagreementDraw"):
-        method(x, labels=y)
-    assert nested_equal(method.state_dict(), before)
-
-
 # -- eatta-safe: the registered method ---------------------------------------------------------
 
 
