@@ -76,6 +76,7 @@ from torch import Tensor
 from eatta.annotate.oracle import ABSTAIN, OracleError
 from eatta.annotate.requests import Answer
 from eatta.monitor.confseq import check_level
+from eatta.monitor.promise import Promise, harms
 from eatta.selection.drawn import Draw
 
 __all__ = [
@@ -219,6 +220,9 @@ class Asked:
     period: int
     epoch: int
     step: int
+    pool: int = 0  # samples the draw was made among
+    disagreements: int = 0  # of them, where the two models disagreed
+    blend: int = -1  # the blend's prediction (-1: not known)
 
 
 def drawn_weight(draw: Draw | None, index: int) -> tuple[float, int] | None:
@@ -235,7 +239,8 @@ def drawn_weight(draw: Draw | None, index: int) -> tuple[float, int] | None:
 class AnswerBook:
     """Requests waiting, answers heard in the step, and their observations (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, promise: Promise | None = None) -> None:
+        self.promise = promise  # the promise's rate bounds read every answer too
         self.clear()
 
     def clear(self) -> None:
@@ -257,6 +262,7 @@ class AnswerBook:
         period: int,
         epoch: int,
         step: int,
+        blend: Tensor | None = None,
     ) -> None:
         """A method's own drawn answers of one step (``records``: its
         :class:`~eatta.annotate.asking.AnswerRecord`, the draw in each selection): those given at
@@ -267,14 +273,16 @@ class AnswerBook:
             draw: Draw | None = None if lab.selection is None else lab.selection.update.get("draw")
             if lab.labels is not None and not lab.requests and lab.selection is not None:
                 asked = lab.selection.indices  # answered at once
-                self.score_labels(test, asked, lab.labels, draw, adapted, given, period)
+                self.score_labels(test, asked, lab.labels, draw, adapted, given, period, blend)
             for r in lab.requests:
                 hit = drawn_weight(draw, r.index)
                 if hit is not None and draw is not None:
                     g = int(given[r.index])
+                    b = -1 if blend is None else int(blend[r.index])
                     self.pending[r.id] = Asked(
-                        hit[0], draw.bound, hit[1], r.prediction, g, period, epoch, step
-                    )
+                        hit[0], draw.bound, hit[1], r.prediction, g, period, epoch, step,
+                        draw.n, draw.disagreements, b,
+                    )  # fmt: skip
             self._answered.extend(a.answer for a in lab.arrived)
         self.score_answers(test, epoch)
 
@@ -332,6 +340,7 @@ class AnswerBook:
         adapted: Tensor,
         given: Tensor,
         period: int,
+        blend: Tensor | None = None,
     ) -> None:
         """Labels answered at once for the drawn ``indices`` of this step's batch."""
         if draw is None:
@@ -342,6 +351,9 @@ class AnswerBook:
                 continue
             a, g = paired(y, None, int(adapted[i]), int(given[i]))
             self.add(test, hit[0] * (a - g), draw.bound, hit[1], period)
+            b = -1 if blend is None else int(blend[i])
+            self._promise(y, None, int(adapted[i]), int(given[i]), b, hit, draw.n,
+                          draw.disagreements)  # fmt: skip
 
     def _score_answer(self, test: SignTest, ans: Answer, epoch: int) -> None:
         asked = self.pending.pop(ans.id, None)
@@ -350,6 +362,29 @@ class AnswerBook:
         a, g = paired(ans.label, ans.correct, asked.adapted, asked.given)
         if asked.epoch == epoch:
             self.add(test, asked.weight * (a - g), asked.bound, asked.count, asked.period)
+            hit = (asked.weight, asked.count)
+            self._promise(ans.label, ans.correct, asked.adapted, asked.given, asked.blend, hit,
+                          asked.pool, asked.disagreements)  # fmt: skip
+
+    def _promise(
+        self,
+        label: int | None,
+        correct: bool | None,
+        adapted: int,
+        given: int,
+        blend: int,
+        hit: tuple[float, int],
+        pool: int,
+        disagreements: int,
+    ) -> None:
+        """One answer to the promise's rate bounds: ``q D = D / (n w)`` (``w = 1 / (n q)``, the
+        weight). A blend not known counts at its worst, ``max(h_a, 0)``."""
+        if self.promise is None or pool <= 0 or disagreements <= 0:
+            return
+        h_a, h_b = harms(label, correct, adapted, given, adapted if blend < 0 else blend)
+        if blend < 0:
+            h_b = max(h_a, 0)
+        self.promise.observe(h_a, h_b, disagreements / (pool * hit[0]), hit[1])
 
     def add(self, test: SignTest, value: float, bound: float, count: int, period: int) -> None:
         """One answer: ``count`` draws of the same sample, each an observation ``value`` in

@@ -15,10 +15,18 @@ adapted model also measure it, and measuring costs no extra label:
 - a label-free method gets ``audits`` requests a batch drawn the same way, answered by
   ``auditor`` (these audits are its labels: count them in its budget).
 
-Decisions, after every step, by :class:`~eatta.monitor.evidence.SignTest` over every answer since
-the last decision, at any arrival rate, each answer's range known before its draw
-(:func:`~eatta.selection.drawn.answer_bound`): serve the adapted model once its bettor's wealth
-reaches ``1 / level`` (an anytime-valid level-``level`` test of "the adapted model was never
+``start="promise"`` (``eatta-safe``'s default): no test decides; each batch is served by the
+first of the adapted model, the blend and the given model that keeps the promise of
+:mod:`eatta.monitor.promise` (with probability at least ``1 - level``, at every batch, the error
+served so far exceeds the given model's by at most ``tolerance`` points; its assumptions and
+proof are there). :attr:`SourceFallback.bound` is the certified bound at any time, and
+``stats()["promise"]`` reports it beside what served and why; :meth:`SourceFallback.bounds` gives
+it after every served batch.
+
+The other starts take decisions, after every step, by :class:`~eatta.monitor.evidence.SignTest`
+over every answer since the last decision, at any arrival rate, each answer's range known before
+its draw (:func:`~eatta.selection.drawn.answer_bound`): serve the adapted model once its bettor's
+wealth reaches ``1 / level`` (an anytime-valid level-``level`` test of "the adapted model was never
 better on the answered batches since the last decision"), serve the given model once the drift
 detector's does (with ``reset=True`` the adapted method is then reset too, through the batch:
 ``batch.reset``). Without answers there is no evidence, and ``start`` says what serves
@@ -41,7 +49,8 @@ from eatta.annotate.oracle import OracleError, validate_labels
 from eatta.annotate.requests import LabelRequest, check_feedback
 from eatta.hooks import Batch, HostMethod
 from eatta.monitor.evidence import AnswerBook, Asked, SignTest, drawn_weight
-from eatta.monitor.serving import START, FallbackEvent, ServingRule
+from eatta.monitor.promise import Promise
+from eatta.monitor.serving import START, FallbackEvent, ServingRule, blend_logits
 from eatta.monitor.signs import LabelFreeSigns
 from eatta.selection.base import ScoreSelector
 from eatta.selection.drawn import (
@@ -77,9 +86,12 @@ class SourceFallback:
             decision), >= 1.
         level: error level of each decision (the test's level, the detector's 1 / run length),
             in (0, 1).
-        start: what is served before the first decision: ``"source"`` (the default),
-            ``"blend"``, ``"adapted"``, or ``"auto"`` (the label-free signs, which the safety
-            study's misleading streams defeat: docs/safety.md).
+        start: ``"promise"`` (the guarantee: no decision, ``tolerance`` and ``level``), or what is
+            served before the first decision: ``"source"`` (the default), ``"blend"`` (the lean
+            rule: measured, not guaranteed), ``"adapted"``, or ``"auto"`` (the label-free signs,
+            which the safety study's misleading streams defeat: docs/safety.md).
+        tolerance: with ``start="promise"``, the points of error the served predictions may
+            exceed the given model's by, >= 0 (``level``: the chance it may fail).
         prior_ratio, prior_disagreement, prior_batches: ``"auto"``'s thresholds and batches.
         reset: whether evidence against the adapted model also resets the method.
         auditor: for a method whose own requests are not drawn (a label-free one), who answers
@@ -87,7 +99,8 @@ class SourceFallback:
             None: the method's own drawn answers measure.
         audits: audit requests per batch (with ``auditor``; default 1), >= 1.
         explore: the audits' share drawn by entropy rather than disagreement, in (0, 1]
-            (with ``auditor``; default 0.25).
+            (with ``auditor``; default 0.25); with ``start="promise"`` and the method's own
+            answers, the method's draw's (checked on the first batch), in (0, 1).
         sample: samples of each batch the given model predicts on while the adapted model is
             served (a uniform subset: the draw is made within it); None: all. While the given
             model or the blend is served it predicts on the whole batch.
@@ -117,6 +130,7 @@ class SourceFallback:
         label_expiry: int = 256,
         seed: int = 0,
         act: bool = True,
+        tolerance: float = 0.5,
     ) -> None:
         test = SignTest(level, recent)  # checks both
         self.recent, self.level = test.recent, test.level
@@ -131,8 +145,8 @@ class SourceFallback:
         self.start, self.act = start, self.rule.act
         self.reset_on_evidence = self.rule.reset_on_evidence
         self.signs = LabelFreeSigns(self.prior_batches, self.prior_ratio, self.prior_disagreement)
-        self.book = AnswerBook()
-        if auditor is None and (audits is not None or explore is not None):
+        promised = start == "promise"
+        if auditor is None and (audits is not None or (explore is not None and not promised)):
             raise ValueError(
                 "audits= and explore= configure the audits of auditor=; without one the "
                 "method's own drawn requests measure (set explore on its DisagreementDraw)"
@@ -145,6 +159,9 @@ class SourceFallback:
         self.auditor: Any = auditor
         self.audits = _int_at_least("audits", 1 if audits is None else audits, 1)
         self.explore = check_explore(0.25 if explore is None else explore)
+        self.promise = Promise(tolerance, level, self.explore) if promised else None
+        self.tolerance = None if self.promise is None else self.promise.tolerance
+        self.book = AnswerBook(self.promise)
         self.sample = None if sample is None else _int_at_least("sample", sample, 2)
         self.label_expiry = _int_at_least("label_expiry", label_expiry, 0)
         self.test = test
@@ -161,6 +178,9 @@ class SourceFallback:
         self.book.clear()
         self.requested = 0  # audits this fallback asked for itself (with an auditor)
         self.test = SignTest(self.level, self.recent)
+        if self.promise is not None:
+            self.promise.clear()
+        self._given_sub: Tensor | None = None  # its logits on the subset
         self._given_pred: Tensor | None = None  # -1 where the given model did not predict
         self._given_logits: Tensor | None = None  # when it predicted on the whole batch
         self._subset: Tensor | None = None  # where it predicted (None: everywhere)
@@ -196,6 +216,17 @@ class SourceFallback:
         """Batches whose served predictions were the given model's."""
         return self.rule.served("source")
 
+    @property
+    def bound(self) -> float | None:
+        """The certified bound: the most the error served so far can exceed the given model's
+        on the same batches, in points, with probability at least ``1 - level`` (None without
+        ``start="promise"``)."""
+        return None if self.promise is None else self.promise.bound
+
+    def bounds(self) -> list[float]:
+        """The certified bound after each served batch, in points ([] without the promise)."""
+        return [] if self.promise is None else self.promise.bounds()
+
     def evidence(self) -> tuple[int, float, float, float]:
         """Answers since the last decision, their mean paired difference (adapted - given), and
         the two wealths (the adapted model shown better at ``up >= 1 / level``, worse at
@@ -227,6 +258,7 @@ class SourceFallback:
             "reason": self.rule.why,
             "pending": len(self.book.pending),
             **self.rule.tally(),
+            **({} if self.promise is None else {"promise": self.promise.stats()}),
         }
 
     # -- the hook ----------------------------------------------------------------------------
@@ -235,12 +267,20 @@ class SourceFallback:
         read (the method's own, drawn, or its auditor's)."""
         if self._checked:
             return
-        if self.auditor is None and not getattr(getattr(method, "selector", None), "draws", False):
+        selector = getattr(method, "selector", None)
+        if self.auditor is None and not getattr(selector, "draws", False):
             raise ValueError(
                 "a fallback without auditor= reads the method's own answers, which must be "
                 "drawn with known probabilities: build the method with a DisagreementDraw "
                 "selector and balance=None (eatta.monitor.safe_parts), or give the fallback "
                 "auditor="
+            )
+        drawn = getattr(selector, "explore", self.explore)
+        if self.promise is not None and self.auditor is None and drawn != self.explore:
+            raise ValueError(
+                f"the promise's bounds need the draw's explore: the method draws with "
+                f"explore={drawn!r}, the fallback was given {self.explore!r} (eatta.monitor."
+                "safe_parts makes the two together)"
             )
         self._checked = True
 
@@ -252,7 +292,11 @@ class SourceFallback:
         if x is None:  # a request served between a window's steps
             return
         n = x.shape[0]
-        if self.rule.serving != "adapted" or self.sample is None or self.sample >= n:
+        if self.promise is None or not self.act:
+            alone = self.rule.serving == "adapted"
+        else:
+            alone = self.promise.adapted_alone(n)
+        if not alone or self.sample is None or self.sample >= n:
             self._given_logits = method.given_logits(x)
             self._given_pred = self._given_logits.argmax(1)
             self._subset = None
@@ -260,6 +304,7 @@ class SourceFallback:
             subset = torch.randperm(n, generator=self._gen)[: self.sample].sort().values
             logits = method.given_logits(x[subset.to(x.device)])
             self._given_logits = None
+            self._given_sub = logits
             self._given_pred = torch.full((n,), -1, dtype=torch.long, device=logits.device)
             self._given_pred[subset.to(logits.device)] = logits.argmax(1)
             self._subset = subset
@@ -294,22 +339,60 @@ class SourceFallback:
         assert given_pred is not None
         self.step += 1
         adapted = logits.detach().argmax(1)
+        blend = None
+        if self.promise is not None:  # what serves is chosen before this batch's answers count
+            blend = self._blend(logits, given_pred)
+            out = self._promised(logits, self._given_logits, adapted, given_pred, served)
         if self.auditor is None:
             self.book.score_step(
-                test, batch.asked, adapted, given_pred, self.period, self.rule.epoch, self.step
-            )
+                test, batch.asked, adapted, given_pred, self.period, self.rule.epoch, self.step,
+                blend,
+            )  # fmt: skip
             pending = getattr(getattr(method, "asking", None), "pending", None)
             if pending is not None:  # what the method no longer awaits never comes back
                 self.book.keep(pending.ids)
         else:
-            self._audit(x, logits, adapted, batch.step_labels)
+            self._audit(x, logits, adapted, batch.step_labels, blend)
         if self.start == "auto":
             self.signs.record(given_pred, adapted)
-        out = self.rule.serve(logits, self._given_logits, test, self.signs, note=served)
-        if self.rule.decide(test, self.step, self.signs):
-            batch.reset = "the fallback's evidence: the adapted model is worse than the given"
-        self._given_logits = self._given_pred = self._subset = None
+        if self.promise is None:
+            out = self.rule.serve(logits, self._given_logits, test, self.signs, note=served)
+            if self.rule.decide(test, self.step, self.signs):
+                batch.reset = "the fallback's evidence: the adapted model is worse than the given"
+        self._given_logits = self._given_pred = self._subset = self._given_sub = None
         return out
+
+    def _blend(self, logits: Tensor, given_pred: Tensor) -> Tensor:
+        """The blend's predictions where the given model predicted (-1 elsewhere)."""
+        if self._given_logits is not None:
+            return blend_logits(logits, self._given_logits).argmax(1)
+        assert self._subset is not None and self._given_sub is not None
+        out = torch.full_like(given_pred, -1)
+        rows = self._subset.to(logits.device)
+        out[rows] = blend_logits(logits.detach()[rows], self._given_sub).argmax(1)
+        return out
+
+    def _promised(
+        self, logits: Tensor, given: Tensor | None, adapted: Tensor, given_pred: Tensor, note: bool
+    ) -> Tensor:
+        """Serve a batch under the promise: the ledger chooses, the rule records and outputs.
+        ``given``: the given model's logits on the whole batch (None: on a subset only,
+        ``given_pred`` -1 elsewhere)."""
+        assert self.promise is not None
+        n = adapted.shape[0]
+        seen = given_pred >= 0
+        lo = int((adapted[seen] != given_pred[seen]).sum())
+        d_blend = None
+        if given is not None and note:
+            d_blend = int((blend_logits(logits, given).argmax(1) != given_pred).sum())
+        if not note:  # a window's step nobody sees: nothing is served, nothing counted
+            return logits
+        force = None if self.act else "adapted"
+        what = self.promise.choose(n, (lo, lo + n - int(seen.sum())), d_blend, force=force)
+        self.rule.put(what, "bound" if what == "source" else "promise")
+        if what != "adapted" and given is None:
+            raise AssertionError("the promise chose the given model without its predictions")
+        return self.rule.output(logits, None if what == "adapted" else given, note=True)
 
     def _mark(self) -> tuple[int, int, Tensor, dict[str, Asked]]:
         """What an audit changes before its answer is checked (the requests are immutable)."""
@@ -323,11 +406,26 @@ class SourceFallback:
         """A request served without a step (between a window's steps, or skipped by the online
         protocol): ``logits`` (the adapted model's), the given model's or their blend, whichever
         is served now; recorded as served."""
+        if self.promise is not None:
+            n = x.shape[0]
+            if self.act and not self.promise.adapted_alone(n):
+                given = method.given_logits(x)
+                pred = given.argmax(1)
+            else:
+                given, pred = None, torch.full((n,), -1, dtype=torch.long, device=logits.device)
+            return self._promised(logits, given, logits.detach().argmax(1), pred, True)
         given = None if self.rule.serving == "adapted" else method.given_logits(x)
         return self.rule.serve(logits, given, self.test, self.signs, note=True, refresh=False)
 
     # -- audits (with an auditor) ------------------------------------------------------------
-    def _audit(self, x: Tensor, logits: Tensor, adapted: Tensor, labels: Tensor | None) -> None:
+    def _audit(
+        self,
+        x: Tensor,
+        logits: Tensor,
+        adapted: Tensor,
+        labels: Tensor | None,
+        blend: Tensor | None = None,
+    ) -> None:
         """``audits`` draws by disagreement (and entropy), answered by the auditor."""
         assert self._given_pred is not None
         self.book.begin()
@@ -357,10 +455,10 @@ class SourceFallback:
                 got = validate_labels(answer, len(idx), logits.shape[1])
                 if got is not None:
                     self.book.score_labels(
-                        self.test, idx, got, draw, adapted, self._given_pred, self.period
+                        self.test, idx, got, draw, adapted, self._given_pred, self.period, blend
                     )
                 return
-            self._ask_audits(x, logits, adapted, idx, draw)
+            self._ask_audits(x, logits, adapted, idx, draw, blend)
             self.book.score_answers(self.test, self.rule.epoch)
         finally:
             end = getattr(self.auditor, "end_batch", None)
@@ -368,7 +466,13 @@ class SourceFallback:
                 end()
 
     def _ask_audits(
-        self, x: Tensor, logits: Tensor, adapted: Tensor, idx: Tensor, draw: Draw
+        self,
+        x: Tensor,
+        logits: Tensor,
+        adapted: Tensor,
+        idx: Tensor,
+        draw: Draw,
+        blend: Tensor | None = None,
     ) -> None:
         assert self._given_pred is not None
         requests = []
@@ -380,9 +484,10 @@ class SourceFallback:
             hit = drawn_weight(draw, i)
             assert hit is not None
             given = int(self._given_pred[i])
+            b = -1 if blend is None else int(blend[i])
             self.book.pending[rid] = Asked(
                 hit[0], draw.bound, hit[1], int(adapted[i]), given, self.period, self.epoch,
-                self.step,
+                self.step, draw.n, draw.disagreements, b,
             )  # fmt: skip
         try:
             self.auditor.submit(requests)
@@ -410,6 +515,7 @@ class SourceFallback:
             "book": self.book.state_dict(),
             "test": self.test.state_dict(),
             "generator": self._gen.get_state(),
+            **({} if self.promise is None else {"promise": self.promise.state_dict()}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -420,6 +526,8 @@ class SourceFallback:
         self.book.load_state_dict(state["book"])
         self.test.load_state_dict(state["test"])
         self._gen.set_state(state["generator"])
+        if self.promise is not None:
+            self.promise.load_state_dict(state["promise"])
 
 
 def safe_parts(
@@ -436,4 +544,6 @@ def safe_parts(
     if "auditor" in fallback:
         raise TypeError("safe_parts' fallback reads the method's own answers: no auditor=")
     draw = DisagreementDraw(base, explore=explore, seed=seed)
+    if fallback.get("start") == "promise":  # the promise's bounds read the draw's range
+        fallback["explore"] = explore
     return {"selector": draw, "balance": None, "fallback": SourceFallback(**fallback)}
