@@ -294,10 +294,102 @@ def report(data: dict[str, Any]) -> str:
     model = f"`{data['backbone']}`" if data.get("backbone") else "digits CNN"
     seeds = data.get("seeds", [])
     text = with_streams(PAGE, data["streams"], _stream_report, seeds=seeds, model=model)
+    if promise := _promise_report(data["streams"]):
+        text = f"{promise}\n\n{text}"
     if data.get("safe"):
         settings = ", ".join(f"`{k}={v}`" for k, v in data["safe"].items())
         text = f"{PAGE('variant', settings=settings)}\n\n{text}"
     return text
+
+
+def _excess(runs: Sequence[dict[str, Any]]) -> list[float]:
+    """Each run's largest running excess over the given model (points; runs without: none)."""
+    return [c["excess"][0] for c in runs if "excess" in c]
+
+
+def _kept(given: float, stable: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]) -> str:
+    """The share of ``eatta-stable``'s gain over the given model that ``runs`` keep ('-' where
+    it gains under :data:`NO_GAIN` points)."""
+    gain = given - _mean(stable) if stable else math.nan
+    if not runs or not gain >= NO_GAIN:
+        return "-"
+    return f"{100 * (given - _mean(runs)) / gain:.0f} %"
+
+
+def _promise_report(streams: dict[str, Any]) -> str:
+    """The promise run by run: every cell's largest running excess over the given model (worst
+    seed) for the default and the lean rule, the runs past the tolerance against the bar, the
+    kept share of ``eatta-stable``'s gain, the trade-off ("" where no run has its excess)."""
+    level, tolerance = PROMISE
+    rows, counts = [], {rule: [0, 0] for rule in RULES}
+    kept_rows, trade = [], {}
+    for name, s in streams.items():
+        for size in SIZES:
+            cells = s.get(_key(size), {})
+            cell = []
+            for a in ANNOTATORS:
+                shown = []
+                for rule in RULES:
+                    ex = _excess(cells.get(a, {}).get(rule, []))
+                    counts[rule][0] += sum(e > tolerance for e in ex)
+                    counts[rule][1] += len(ex)
+                    shown.append(f"{max(ex):+.2f}" if ex else "-")
+                cell.append(" / ".join(shown))
+            if any(c != " / ".join(["-"] * len(RULES)) for c in cell):
+                rows.append([name, str(size), *cell])
+        refs, ann = s.get("references"), s.get(_key(64), {})
+        if refs and ann:
+            given = _mean(refs["source"])
+            stable = {a: ann.get(a, {}).get(STABLE, []) for a in WITH_STABLE}
+            kept_rows.append(
+                [
+                    name,
+                    f"{given:.1f}",
+                    *(
+                        _kept(given, stable[a], ann.get(a, {}).get(rule, []))
+                        for a in WITH_STABLE
+                        for rule in RULES
+                    ),
+                ]
+            )
+            for setting, runs in {
+                f"{level},{tolerance}": ann.get("person", {}).get(SAFE, []),
+                **s.get("tradeoff", {}),
+            }.items():
+                trade.setdefault(setting, []).append((given, stable["person"], runs))
+    if not rows:
+        return ""
+    bar = {rule: math.ceil(level * n) for rule, (_, n) in counts.items()}
+    verdicts = ", ".join(
+        f"{rule}: {over} of {n} runs past {tolerance} points (bar: at most {bar[rule]})"
+        for rule, (over, n) in counts.items()
+    )
+    head = ["stream", "request", *ANNOTATORS]
+    out = [PAGE("promise", tolerance=tolerance, rules=" / ".join(RULES)), table(head, rows)]
+    out.append(PAGE("promise-count", verdicts=verdicts))
+    kept_head = ["stream", "given"] + [f"{r}, {a}" for a in WITH_STABLE for r in RULES]
+    out += [PAGE("kept"), table(kept_head, kept_rows)]
+    trade_rows = []
+    for setting, cells in trade.items():
+        lv, tol = setting.split(",")
+        shares = [
+            (given - _mean(runs)) / (given - _mean(st))
+            for given, st, runs in cells
+            if runs and st and given - _mean(st) >= NO_GAIN
+        ]
+        worst = [e for _, _, runs in cells for e in _excess(runs)]
+        trade_rows.append(
+            [
+                lv,
+                tol,
+                f"{100 * float(np.mean(shares)):.0f} %" if shares else "-",
+                f"{max(worst):+.2f}" if worst else "-",
+                f"{sum(e > float(tol) for e in worst)} of {len(worst)}",
+            ]
+        )
+    head = ["level", "tolerance", "kept gain, a person (mean over streams)", "worst excess", "past"]
+    out += [PAGE("tradeoff"), table(head, trade_rows)]
+    return "\n\n".join(out)
 
 
 def _stream_report(name: str, s: dict[str, Any]) -> str:
