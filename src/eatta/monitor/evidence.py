@@ -71,6 +71,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from eatta.annotate.oracle import ABSTAIN, OracleError
@@ -349,11 +350,12 @@ class AnswerBook:
             y, hit = int(got[j]), drawn_weight(draw, i)
             if y == ABSTAIN or hit is None:
                 continue
-            a, g = paired(y, None, int(adapted[i]), int(given[i]))
+            other = given if blend is None else blend  # one read of the three predictions
+            a_i, g_i, b_i = torch.stack([adapted[i], given[i], other[i]]).tolist()
+            a, g = paired(y, None, a_i, g_i)
             self.add(test, hit[0] * (a - g), draw.bound, hit[1], period)
-            b = -1 if blend is None else int(blend[i])
-            self._promise(y, None, int(adapted[i]), int(given[i]), b, hit, draw.n,
-                          draw.disagreements)  # fmt: skip
+            b = -1 if blend is None else b_i
+            self._promise(y, None, a_i, g_i, b, hit, draw.n, draw.disagreements)
 
     def _score_answer(self, test: SignTest, ans: Answer, epoch: int) -> None:
         asked = self.pending.pop(ans.id, None)

@@ -342,7 +342,7 @@ class SourceFallback:
         blend = None
         if self.promise is not None:  # what serves is chosen before this batch's answers count
             blend = self._blend(logits, given_pred)
-            out = self._promised(logits, self._given_logits, adapted, given_pred, served)
+            out = self._promised(logits, self._given_logits, adapted, given_pred, served, blend)
         if self.auditor is None:
             self.book.score_step(
                 test, batch.asked, adapted, given_pred, self.period, self.rule.epoch, self.step,
@@ -373,22 +373,31 @@ class SourceFallback:
         return out
 
     def _promised(
-        self, logits: Tensor, given: Tensor | None, adapted: Tensor, given_pred: Tensor, note: bool
+        self,
+        logits: Tensor,
+        given: Tensor | None,
+        adapted: Tensor,
+        given_pred: Tensor,
+        note: bool,
+        blend: Tensor | None = None,
     ) -> Tensor:
         """Serve a batch under the promise: the ledger chooses, the rule records and outputs.
         ``given``: the given model's logits on the whole batch (None: on a subset only,
         ``given_pred`` -1 elsewhere)."""
         assert self.promise is not None
-        n = adapted.shape[0]
-        seen = given_pred >= 0
-        lo = int((adapted[seen] != given_pred[seen]).sum())
-        d_blend = None
-        if given is not None and note:
-            d_blend = int((blend_logits(logits, given).argmax(1) != given_pred).sum())
         if not note:  # a window's step nobody sees: nothing is served, nothing counted
             return logits
+        n = adapted.shape[0]
+        seen = given_pred >= 0
+        counts = [((adapted != given_pred) & seen).sum(), seen.sum()]
+        if given is not None:
+            if blend is None:
+                blend = blend_logits(logits, given).argmax(1)
+            counts.append((blend != given_pred).sum())
+        got = torch.stack(counts).tolist()  # one read for the ledger's counts
+        lo, d_blend = got[0], (got[2] if given is not None else None)
         force = None if self.act else "adapted"
-        what = self.promise.choose(n, (lo, lo + n - int(seen.sum())), d_blend, force=force)
+        what = self.promise.choose(n, (lo, lo + n - got[1]), d_blend, force=force)
         self.rule.put(what, "bound" if what == "source" else "promise")
         if what != "adapted" and given is None:
             raise AssertionError("the promise chose the given model without its predictions")
