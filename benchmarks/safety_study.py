@@ -82,13 +82,14 @@ STREAMS = {
     "mnist-dir": StreamProtocol(rounds=5, dirichlet=0.01),
     "mild": StreamProtocol(rounds=2),
 }
-#: Loading options of a stream: ``mild`` is digits-C at severity 1, a shift where adapting helps
-#: by a few points (chosen before any of its runs, as issue 61's research had: the lowest
-#: severity digits-C has).
+#: Loading options of a stream: ``mild`` is the deployed stream at severity 1 (clean held-out
+#: digits with corrupted stretches at the lowest severity), two rounds: a shift where adapting
+#: helps by a few points. Chosen from the references alone (no eatta-safe run): digits-C at
+#: severity 1, tried first, is no mild shift here (the given model 36.5 % error, TENT 15.5).
 LOADING: dict[str, dict[str, Any]] = {"mild": {"severity": 1}}
 #: The dataset of each stream (the rest are digits-C), and a stream's own settings.
 DATASETS = {"mnist": "mnist", "deployed": "digits-deployed", "deployed-mixed": "digits-deployed"}
-DATASETS |= {"mnist-far": "mnist", "mnist-dir": "mnist"}
+DATASETS |= {"mnist-far": "mnist", "mnist-dir": "mnist", "mild": "digits-deployed"}
 HPARAMS: dict[str, dict[str, Any]] = {"mnist-far": {"lr": 0.05}}
 #: Request sizes of the annotators part: 64 as given, smaller ones served through a window of
 #: 64 samples with one label per window step, so labels per sample are equal at every size.
