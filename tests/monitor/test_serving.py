@@ -111,7 +111,7 @@ def test_every_served_batch_is_recorded_with_its_reason_and_restored_from_state(
     want.append(("adapted", "evidence"))
     assert rule.history() == want
     assert rule.tally() == {
-        "served": {"adapted": 1, "source": 2, "blend": 1},
+        "served": {"adapted": 1, "source": 2, "blend": 1, "part": 0},
         "why": {"evidence": 1, "default": 2, "sign": 0, "lean": 1, "promise": 0, "bound": 0},
     }
     auto = ServingRule("auto")  # the label-free signs choose, recorded as such

@@ -293,8 +293,9 @@ class EATTASafeConfig(EATTAStableConfig):
     )
     fallback_start: Literal["promise", "blend", "source", "adapted", "auto"] = hparam(
         "promise",
-        "what serves: promise (the first of the adapted model, the blend and the given model that "
-        "keeps the promise set by tolerance and level), or, until a decision of the test: blend "
+        "what serves: promise (the first of the adapted model, the blend, the adapted model on "
+        "part of its disagreements and the given model that keeps the promise set by tolerance "
+        "and level), or, until a decision of the test: blend "
         "(the given model until the answers lean to the adapted one, then the two models' mean "
         "probabilities: measured, not guaranteed), source (the given model), adapted, auto "
         "(label-free signs: misled on the safety study's mnist-far)",
@@ -321,11 +322,6 @@ def _build_eatta_safe(
     promised = cfg.fallback_start == "promise"
     check_level(cfg.fallback_level, "fallback level")  # the decision test's, read or not
     check_level(cfg.level, "level")
-    if promised and not 0.0 < cfg.explore < 1.0:
-        raise ValueError(
-            f"the promise needs explore < 1 (a share of every draw on the disagreements), got "
-            f"explore={cfg.explore}"
-        )
     safe = safe_parts(
         config_selector(cfg),
         explore=cfg.explore,

@@ -48,11 +48,11 @@ from eatta.annotate.base import is_asynchronous
 from eatta.annotate.oracle import OracleError, validate_labels
 from eatta.annotate.requests import LabelRequest, check_feedback
 from eatta.hooks import Batch, HostMethod
-from eatta.monitor.evidence import AnswerBook, Asked, SignTest, drawn_weight
-from eatta.monitor.promise import Promise
-from eatta.monitor.serving import START, FallbackEvent, ServingRule, blend_logits
+from eatta.monitor.evidence import AnswerBook, Asked, SignTest, drawn_weight, measure
+from eatta.monitor.promise import Cover, Plan, Promise, decide
+from eatta.monitor.serving import START, FallbackEvent, ServingRule
 from eatta.monitor.signs import LabelFreeSigns
-from eatta.selection.base import ScoreSelector
+from eatta.selection.base import ScoreSelector, SelectionContext
 from eatta.selection.drawn import (
     DisagreementDraw,
     Draw,
@@ -99,8 +99,7 @@ class SourceFallback:
             None: the method's own drawn answers measure.
         audits: audit requests per batch (with ``auditor``; default 1), >= 1.
         explore: the audits' share drawn by entropy rather than disagreement, in (0, 1]
-            (with ``auditor``; default 0.25); with ``start="promise"`` and the method's own
-            answers, the method's draw's (checked on the first batch), in (0, 1).
+            (with ``auditor``; default 0.25).
         sample: samples of each batch the given model predicts on while the adapted model is
             served (a uniform subset: the draw is made within it); None: all. While the given
             model or the blend is served it predicts on the whole batch.
@@ -146,7 +145,7 @@ class SourceFallback:
         self.reset_on_evidence = self.rule.reset_on_evidence
         self.signs = LabelFreeSigns(self.prior_batches, self.prior_ratio, self.prior_disagreement)
         promised = start == "promise"
-        if auditor is None and (audits is not None or (explore is not None and not promised)):
+        if auditor is None and (audits is not None or explore is not None):
             raise ValueError(
                 "audits= and explore= configure the audits of auditor=; without one the "
                 "method's own drawn requests measure (set explore on its DisagreementDraw)"
@@ -159,7 +158,7 @@ class SourceFallback:
         self.auditor: Any = auditor
         self.audits = _int_at_least("audits", 1 if audits is None else audits, 1)
         self.explore = check_explore(0.25 if explore is None else explore)
-        self.promise = Promise(tolerance, level, self.explore) if promised else None
+        self.promise = Promise(tolerance, level) if promised else None
         self.tolerance = None if self.promise is None else self.promise.tolerance
         self.book = AnswerBook(self.promise)
         self.sample = None if sample is None else _int_at_least("sample", sample, 2)
@@ -184,6 +183,14 @@ class SourceFallback:
         self._given_pred: Tensor | None = None  # -1 where the given model did not predict
         self._given_logits: Tensor | None = None  # when it predicted on the whole batch
         self._subset: Tensor | None = None  # where it predicted (None: everywhere)
+        # the promise: the request this call serves (a window's, chosen before its step), what
+        # the step's draw measures, and the served samples no draw has measured yet (a window's
+        # requests: served class, given class or -1 where the given model did not predict)
+        self._plan: Plan | None = None
+        self._cover: Cover | None = None
+        self._done: Tensor | None = None  # the output of the request a window's step served
+        self._window = False
+        self._open: list[tuple[Tensor, Tensor]] = []
 
     # -- what it reports ---------------------------------------------------------------------
     @property
@@ -275,27 +282,33 @@ class SourceFallback:
                 "selector and balance=None (eatta.monitor.safe_parts), or give the fallback "
                 "auditor="
             )
-        drawn = getattr(selector, "explore", self.explore)
-        if self.promise is not None and self.auditor is None and drawn != self.explore:
+        if (
+            self.promise is not None
+            and self.auditor is None
+            and getattr(selector, "focus", None) != self.focus
+        ):
             raise ValueError(
-                f"the promise's bounds need the draw's explore: the method draws with "
-                f"explore={drawn!r}, the fallback was given {self.explore!r} (eatta.monitor."
+                "the promise measures what served: the method's DisagreementDraw must draw where "
+                "this fallback says (DisagreementDraw(focus=fallback.focus); eatta.monitor."
                 "safe_parts makes the two together)"
             )
         self._checked = True
 
     def before_step(self, method: HostMethod, batch: Batch) -> None:
         """Before the method's step on ``batch.step_x``: the given model's predictions, on the
-        whole batch while it or the blend is served, else on a uniform subset of ``sample``;
-        for the method's draw, as ``batch.reference`` and ``batch.candidates``."""
+        whole batch while it or the blend may serve, else on a uniform subset of ``sample``;
+        for the method's draw, as ``batch.reference`` and ``batch.candidates``. Under the
+        promise, a window's request is served by what is chosen now, before its step's draw."""
+        self._plan = self._cover = self._done = None
         x = batch.step_x
         if x is None:  # a request served between a window's steps
             return
         n = x.shape[0]
+        self._window = x is not batch.x
         if self.promise is None or not self.act:
             alone = self.rule.serving == "adapted"
-        else:
-            alone = self.promise.adapted_alone(n)
+        else:  # a window's step measures its requests: the given model predicts on all of it
+            alone = not self._window and self.promise.adapted_alone(n)
         if not alone or self.sample is None or self.sample >= n:
             self._given_logits = method.given_logits(x)
             self._given_pred = self._given_logits.argmax(1)
@@ -308,8 +321,73 @@ class SourceFallback:
             self._given_pred = torch.full((n,), -1, dtype=torch.long, device=logits.device)
             self._given_pred[subset.to(logits.device)] = logits.argmax(1)
             self._subset = subset
+        if self.promise is not None and self._window:
+            assert batch.adapted is not None
+            k = batch.x.shape[0]
+            given = None if self._given_logits is None else self._given_logits[-k:]
+            self._plan = decide(
+                self.promise, batch.adapted, given, self._given_pred[-k:], force=not self.act
+            )
         if self.auditor is None:
             batch.reference, batch.candidates = self._given_pred, self._subset
+
+    def focus(self, ctx: SelectionContext) -> Tensor | None:
+        """Under the promise, the samples of the step the draw goes to (the method's
+        :class:`~eatta.selection.drawn.DisagreementDraw` asks, before drawing): where what its
+        answers measure served differently from the given model (None: nowhere, or no promise)."""
+        if self.promise is None or self._given_pred is None:
+            return None
+        return self._measure(ctx.logits).focus
+
+    def _measure(self, logits: Tensor) -> Cover:
+        """What this step's draw measures (chosen once a step): a batch's own serving, chosen now
+        from ``logits`` (the adapted model's, before any answer of this batch); a window's, the
+        requests served since its last draw."""
+        if self._cover is not None:
+            return self._cover
+        assert self.promise is not None and self._given_pred is not None
+        given, n = self._given_pred, self._given_pred.shape[0]
+        if self._window:
+            self._cover = self._window_cover(given)
+            return self._cover
+        if self._plan is None:
+            self._plan = decide(self.promise, logits, self._given_logits, given, force=not self.act)
+        plan = self._plan
+        focus = (plan.served != given) & (given >= 0)
+        if self._subset is None:
+            self._cover = Cover(plan.served, focus if plan.charge else None, plan.charge,
+                                plan.charge)  # fmt: skip
+        else:  # the adapted model alone, the given model on a subset of m
+            m = len(self._subset)
+            seen = plan.charge - (n - m)  # its disagreements there
+            self._cover = Cover(
+                plan.served, focus if seen else None, plan.charge, n / m * seen, n / m,
+                n * n / m, single=True,
+            )  # fmt: skip
+        return self._cover
+
+    def _window_cover(self, given: Tensor) -> Cover:
+        """A window step's: its last samples are the requests served since the last draw (the
+        one this call serves last); the rest measure nothing (served = given). Where the given
+        model did not predict on a request, it does now: the charge that finds no difference
+        there is released (``refund``)."""
+        assert self._plan is not None
+        n, k = given.shape[0], self._plan.n
+        rows = [*self._open, (self._plan.served, given[-k:])]
+        served_then = torch.cat([r[0].to(given.device) for r in rows])
+        given_then = torch.cat([r[1].to(given.device) for r in rows])
+        take = min(len(served_then), n)
+        served = given.clone()
+        served[n - take :] = served_then[-take:]
+        then, now = given_then[-take:], given[n - take :]
+        differ = served[n - take :] != now
+        charged = (then < 0) | (served_then[-take:] != then)
+        refund, count = torch.stack([(charged & ~differ).sum(), differ.sum()]).tolist()
+        focus = torch.zeros_like(given, dtype=torch.bool)
+        focus[n - take :] = differ
+        cover = Cover(served, focus if count else None, float(count), float(count))
+        cover.refund = float(refund)
+        return cover
 
     def after_step(self, method: HostMethod, batch: Batch) -> None:
         """After the step: score the answers, audit (with an auditor), decide, and choose what
@@ -339,20 +417,31 @@ class SourceFallback:
         assert given_pred is not None
         self.step += 1
         adapted = logits.detach().argmax(1)
-        blend = None
-        if self.promise is not None:  # what serves is chosen before this batch's answers count
-            blend = self._blend(logits, given_pred)
-            out = self._promised(logits, self._given_logits, adapted, given_pred, served, blend)
+        out, cover = logits, None
+        if self.promise is not None:  # what serves was chosen before this batch's answers
+            cover = self._measure(logits)
+            assert self._plan is not None
+            if served:
+                out = self._commit(self._plan, None)
+            else:  # a window's step: the request it serves, then what the draw covers
+                self._done = self._commit(self._plan, given_pred[-self._plan.n :])
+                self._plan = None
+                self.promise.refine(cover.refund)
         if self.auditor is None:
             self.book.score_step(
                 test, batch.asked, adapted, given_pred, self.period, self.rule.epoch, self.step,
-                blend,
+                cover,
             )  # fmt: skip
             pending = getattr(getattr(method, "asking", None), "pending", None)
             if pending is not None:  # what the method no longer awaits never comes back
                 self.book.keep(pending.ids)
+            drew = any(lab.selection is not None and len(lab.selection.indices)
+                       for lab in batch.asked)  # fmt: skip
         else:
-            self._audit(x, logits, adapted, batch.step_labels, blend)
+            self._audit(x, logits, adapted, batch.step_labels, cover)
+            drew = True
+        if self.promise is not None:  # what a draw measured leaves the open requests
+            self._open = [] if drew or served else self._trim(x.shape[0])
         if self.start == "auto":
             self.signs.record(given_pred, adapted)
         if self.promise is None:
@@ -362,67 +451,63 @@ class SourceFallback:
         self._given_logits = self._given_pred = self._subset = self._given_sub = None
         return out
 
-    def _blend(self, logits: Tensor, given_pred: Tensor) -> Tensor:
-        """The blend's predictions where the given model predicted (-1 elsewhere)."""
-        if self._given_logits is not None:
-            return blend_logits(logits, self._given_logits).argmax(1)
-        assert self._subset is not None and self._given_sub is not None
-        out = torch.full_like(given_pred, -1)
-        rows = self._subset.to(logits.device)
-        out[rows] = blend_logits(logits.detach()[rows], self._given_sub).argmax(1)
-        return out
-
-    def _promised(
-        self,
-        logits: Tensor,
-        given: Tensor | None,
-        adapted: Tensor,
-        given_pred: Tensor,
-        note: bool,
-        blend: Tensor | None = None,
-    ) -> Tensor:
-        """Serve a batch under the promise: the ledger chooses, the rule records and outputs.
-        ``given``: the given model's logits on the whole batch (None: on a subset only,
-        ``given_pred`` -1 elsewhere)."""
+    def _commit(self, plan: Plan, given: Tensor | None) -> Tensor:
+        """Serve ``plan`` (the promise charges it; the rule records it); ``given``: the given
+        model's predictions on a request a window's draw will measure (-1 where unknown)."""
         assert self.promise is not None
-        if not note:  # a window's step nobody sees: nothing is served, nothing counted
-            return logits
-        n = adapted.shape[0]
-        seen = given_pred >= 0
-        counts = [((adapted != given_pred) & seen).sum(), seen.sum()]
+        self.promise.serve(plan.n, plan.charge, force=not self.act)
+        self.rule.put(plan.what, "bound" if plan.what == "source" else "promise")
+        self.rule.note()
         if given is not None:
-            if blend is None:
-                blend = blend_logits(logits, given).argmax(1)
-            counts.append((blend != given_pred).sum())
-        got = torch.stack(counts).tolist()  # one read for the ledger's counts
-        lo, d_blend = got[0], (got[2] if given is not None else None)
-        force = None if self.act else "adapted"
-        what = self.promise.choose(n, (lo, lo + n - got[1]), d_blend, force=force)
-        self.rule.put(what, "bound" if what == "source" else "promise")
-        if what != "adapted" and given is None:
-            raise AssertionError("the promise chose the given model without its predictions")
-        return self.rule.output(logits, None if what == "adapted" else given, note=True)
+            self._open.append((plan.served, given))
+        return plan.out
 
-    def _mark(self) -> tuple[int, int, Tensor, dict[str, Asked]]:
+    def _trim(self, size: int) -> list[tuple[Tensor, Tensor]]:
+        """The open requests' last ``size`` samples (older ones left the window unmeasured)."""
+        if not self._open:
+            return []
+        served = torch.cat([r[0] for r in self._open])[-size:]
+        given = torch.cat([r[1] for r in self._open])[-size:]
+        return [(served, given)]
+
+    def _mark(self) -> tuple[Any, ...]:
         """What an audit changes before its answer is checked (the requests are immutable)."""
-        return self.step, self.requested, self._gen.get_state(), dict(self.book.pending)
+        promise = None if self.promise is None else self.promise.state_dict()
+        rule = self.rule.state_dict()
+        return (self.step, self.requested, self._gen.get_state(), dict(self.book.pending),
+                promise, rule, list(self._open))  # fmt: skip
 
-    def _back(self, mark: tuple[int, int, Tensor, dict[str, Asked]]) -> None:
-        self.step, self.requested, generator, self.book.pending = mark
+    def _back(self, mark: tuple[Any, ...]) -> None:
+        self.step, self.requested, generator, self.book.pending, promise, rule, opened = mark
         self._gen.set_state(generator)
+        if self.promise is not None:
+            self.promise.load_state_dict(promise)
+        self.rule.load_state_dict(rule)
+        self._open = opened
 
     def serve(self, method: HostMethod, x: Tensor, logits: Tensor) -> Tensor:
         """A request served without a step (between a window's steps, or skipped by the online
         protocol): ``logits`` (the adapted model's), the given model's or their blend, whichever
         is served now; recorded as served."""
         if self.promise is not None:
+            done, self._done = self._done, None
+            if done is not None:  # served by the window's step
+                return done
+            plan, self._plan = self._plan, None
+            if plan is not None:  # chosen before a window's step that did not happen
+                given = self._given_pred
+                assert given is not None
+                self._given_logits = self._given_pred = self._subset = None
+                return self._commit(plan, given[-plan.n :])
             n = x.shape[0]
-            if self.act and not self.promise.adapted_alone(n):
-                given = method.given_logits(x)
-                pred = given.argmax(1)
+            alone = not self.act or self.promise.adapted_alone(n)
+            given = None if alone else method.given_logits(x)
+            if given is None:
+                pred = torch.full((n,), -1, dtype=torch.long, device=logits.device)
             else:
-                given, pred = None, torch.full((n,), -1, dtype=torch.long, device=logits.device)
-            return self._promised(logits, given, logits.detach().argmax(1), pred, True)
+                pred = given.argmax(1)
+            plan = decide(self.promise, logits, given, pred, force=not self.act)
+            return self._commit(plan, pred)
         given = None if self.rule.serving == "adapted" else method.given_logits(x)
         return self.rule.serve(logits, given, self.test, self.signs, note=True, refresh=False)
 
@@ -433,9 +518,10 @@ class SourceFallback:
         logits: Tensor,
         adapted: Tensor,
         labels: Tensor | None,
-        blend: Tensor | None = None,
+        cover: Cover | None = None,
     ) -> None:
-        """``audits`` draws by disagreement (and entropy), answered by the auditor."""
+        """``audits`` draws by disagreement (and entropy), answered by the auditor; under the
+        promise, by where what served differs from the given model (``cover``)."""
         assert self._given_pred is not None
         self.book.begin()
         old = self.book.expire(self.step, self.label_expiry)
@@ -446,7 +532,10 @@ class SourceFallback:
         p = logits.detach().float().softmax(1)
         ent = (-(p * p.clamp_min(1e-12).log()).sum(1)).cpu()
         pool = torch.arange(x.shape[0]) if self._subset is None else self._subset.cpu()
-        disagree = (adapted.cpu() != self._given_pred.cpu())[pool]
+        if cover is not None and cover.focus is not None:
+            disagree = cover.focus.cpu()[pool]
+        else:
+            disagree = (adapted.cpu() != self._given_pred.cpu())[pool]
         q = inclusion_probabilities(ent[pool], disagree, self.explore).cpu()
         drawn = torch.multinomial(q.float(), self.audits, replacement=True, generator=self._gen)
         pos, counts = torch.unique(drawn, sorted=True, return_counts=True)
@@ -464,10 +553,10 @@ class SourceFallback:
                 got = validate_labels(answer, len(idx), logits.shape[1])
                 if got is not None:
                     self.book.score_labels(
-                        self.test, idx, got, draw, adapted, self._given_pred, self.period, blend
+                        self.test, idx, got, draw, adapted, self._given_pred, self.period, cover
                     )
                 return
-            self._ask_audits(x, logits, adapted, idx, draw, blend)
+            self._ask_audits(x, logits, adapted, idx, draw, cover)
             self.book.score_answers(self.test, self.rule.epoch)
         finally:
             end = getattr(self.auditor, "end_batch", None)
@@ -481,10 +570,11 @@ class SourceFallback:
         adapted: Tensor,
         idx: Tensor,
         draw: Draw,
-        blend: Tensor | None = None,
+        cover: Cover | None = None,
     ) -> None:
         assert self._given_pred is not None
         requests = []
+        n = len(self._given_pred)
         for j, i in enumerate(idx.tolist()):
             rid = f"fallback-{self.seed}-{self.step}-{j}"
             feedback = check_feedback(getattr(self.auditor, "feedback", "label"))
@@ -493,10 +583,11 @@ class SourceFallback:
             hit = drawn_weight(draw, i)
             assert hit is not None
             given = int(self._given_pred[i])
-            b = -1 if blend is None else int(blend[i])
+            served = given if cover is None else int(cover.served[i])
             self.book.pending[rid] = Asked(
                 hit[0], draw.bound, hit[1], int(adapted[i]), given, self.period, self.epoch,
-                self.step, draw.n, draw.disagreements, b,
+                self.step, draw.n, draw.disagreements,
+                **measure(cover, draw, hit[0], served, n),
             )  # fmt: skip
         try:
             self.auditor.submit(requests)
@@ -525,6 +616,7 @@ class SourceFallback:
             "test": self.test.state_dict(),
             "generator": self._gen.get_state(),
             **({} if self.promise is None else {"promise": self.promise.state_dict()}),
+            **({} if not self._open else {"open": [t.cpu() for t in self._trim(2**62)[0]]}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -537,6 +629,8 @@ class SourceFallback:
         self._gen.set_state(state["generator"])
         if self.promise is not None:
             self.promise.load_state_dict(state["promise"])
+        opened = state.get("open")
+        self._open = [] if opened is None else [(opened[0].clone(), opened[1].clone())]
 
 
 def safe_parts(
@@ -552,7 +646,6 @@ def safe_parts(
         raise TypeError(f"eatta-safe draws by a per-sample score; {base!r} has none")
     if "auditor" in fallback:
         raise TypeError("safe_parts' fallback reads the method's own answers: no auditor=")
-    draw = DisagreementDraw(base, explore=explore, seed=seed)
-    if fallback.get("start") == "promise":  # the promise's bounds read the draw's range
-        fallback["explore"] = explore
-    return {"selector": draw, "balance": None, "fallback": SourceFallback(**fallback)}
+    made = SourceFallback(**fallback)  # the draw goes where it measures (under the promise)
+    draw = DisagreementDraw(base, explore=explore, seed=seed, focus=made.focus)
+    return {"selector": draw, "balance": None, "fallback": made}

@@ -45,8 +45,9 @@ __all__ = ["SERVED", "START", "WHY", "FallbackEvent", "ServingRule", "blend_logi
 #: The rules: ``"promise"`` (:mod:`eatta.monitor.promise`: what the stated guarantee allows), and
 #: what is served before there is evidence under the decision test.
 START = ("promise", "blend", "source", "adapted", "auto")
-#: What can serve a batch.
-SERVED = ("adapted", "source", "blend")
+#: What can serve a batch (``"part"``: under the promise, the adapted model on some of the
+#: samples where it differs from the given model, the given model elsewhere).
+SERVED = ("adapted", "source", "blend", "part")
 #: Why it serves (``"promise"``: the certified bound allows the adapted model or the blend;
 #: ``"bound"``: under ``start="promise"``, it allows only the given model).
 WHY = ("evidence", "default", "sign", "lean", "promise", "bound")
