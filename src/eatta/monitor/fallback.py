@@ -408,7 +408,7 @@ class SourceFallback:
                 batch.served = out
         if batch.step_x is not batch.x:  # a request served between a window's steps
             assert batch.adapted is not None
-            batch.served = self.serve(method, batch.x, batch.adapted)
+            batch.served = self.serve(method, batch.x, batch.adapted, windowed=True)
 
     def _stepped(
         self, method: HostMethod, batch: Batch, x: Tensor, logits: Tensor, served: bool
@@ -449,6 +449,7 @@ class SourceFallback:
             if self.rule.decide(test, self.step, self.signs):
                 batch.reset = "the fallback's evidence: the adapted model is worse than the given"
         self._given_logits = self._given_pred = self._subset = self._given_sub = None
+        self._plan = self._cover = None  # this step's: a request served without one chooses anew
         return out
 
     def _commit(self, plan: Plan, given: Tensor | None) -> Tensor:
@@ -485,10 +486,13 @@ class SourceFallback:
         self.rule.load_state_dict(rule)
         self._open = opened
 
-    def serve(self, method: HostMethod, x: Tensor, logits: Tensor) -> Tensor:
+    def serve(
+        self, method: HostMethod, x: Tensor, logits: Tensor, *, windowed: bool = False
+    ) -> Tensor:
         """A request served without a step (between a window's steps, or skipped by the online
         protocol): ``logits`` (the adapted model's), the given model's or their blend, whichever
-        is served now; recorded as served."""
+        is served now; recorded as served. ``windowed``: it joins the method's window, whose next
+        draw measures it (else, under the promise, its charge stays)."""
         if self.promise is not None:
             done, self._done = self._done, None
             if done is not None:  # served by the window's step
@@ -507,7 +511,7 @@ class SourceFallback:
             else:
                 pred = given.argmax(1)
             plan = decide(self.promise, logits, given, pred, force=not self.act)
-            return self._commit(plan, pred)
+            return self._commit(plan, pred if windowed else None)
         given = None if self.rule.serving == "adapted" else method.given_logits(x)
         return self.rule.serve(logits, given, self.test, self.signs, note=True, refresh=False)
 
