@@ -48,11 +48,11 @@ RATIOS = (
 
 def _pinned(step: Any, alone: bool) -> Any:
     """``step``'s eatta-safe held in one regime of its promise: the adapted model alone (its
-    rate bound pinned below 0: the given model on a subset) or both models (never alone)."""
+    certified bound pinned far below 0: the given model on a subset) or both models (never
+    alone)."""
     promise = step.func.fallback.promise
     if alone:
-        promise.adapted._upper = -1.0  # certified better, and kept so
-        promise.adapted.add = lambda *a, **k: None
+        promise.reserve = -1e9  # certified better by far, and kept so for every round
     else:
         promise.adapted_alone = lambda n: False
     return step
