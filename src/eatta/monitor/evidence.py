@@ -256,7 +256,8 @@ def measure(cover: Cover | None, draw: Draw, weight: float, served: int, n: int)
         "served": served,
         "share": cover.charge / k,
         "per": cover.scale * weight * draw.n / k,
-        "cap": n * draw.bound / k,
+        # no sample of the pool served differently: every estimate is 0 (any bound holds)
+        "cap": (n * draw.bound if cover.focus is not None else 1.0) / k,
         "reach": cover.reach / k,
         "spread": cover.spread / (k * k),
     }
