@@ -200,7 +200,7 @@ RULES = (
     Rule("own, no part", blend=True, part=False),
     Rule("own, draw unfocused", blend=False, focus=False),
 )
-ANNOTATORS = ("at once", "16 late", "person", "never")
+ANNOTATORS = ("at once", "16 late", "person", "never", "1 step in 3")
 
 
 def _answer_times(annotator: str, batches: int) -> dict[int, int]:
@@ -211,6 +211,8 @@ def _answer_times(annotator: str, batches: int) -> dict[int, int]:
         return {t: t + 16 for t in range(batches)}
     if annotator == "never":
         return {}
+    if annotator == "1 step in 3":  # a slow method: the other batches served without a step
+        return {t: t for t in range(0, batches, 3)}
     out, free, waiting = {}, 0.0, []
     for now in range(batches + PACE * 2):
         if now < batches:
@@ -245,7 +247,10 @@ def run(
         blend = [i for i in range(d) if b.score[i] > 0]
         if promise is not None:
             whole = promise.room(N)
-            room = promise.stake(N) if rule.stake == 1.0 else max(rule.stake * whole, min(whole, 1))
+            skipped = annotator == "1 step in 3" and t % 3 != 0  # known when it is served
+            room = promise.stake(N, measured=not skipped)
+            if rule.stake != 1.0:
+                room = max(rule.stake * whole, min(whole, 1))
             if d <= room:
                 served = list(range(d))
             elif rule.blend and len(blend) <= room:

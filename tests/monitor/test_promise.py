@@ -20,6 +20,7 @@ from eatta.monitor.promise import (
     BETS,
     LAMBDA_CAP,
     STAKE,
+    UNMEASURED,
     ExcessBound,
     Promise,
     decide,
@@ -152,6 +153,22 @@ def test_the_ledger_by_hand():
     p.refine(0.0)
     assert p.reserve <= before
     assert p.bounds() == pytest.approx([0.0, 100 * 2 / 128, 100 * before / 192])
+
+
+def test_a_batch_no_answer_will_measure_takes_a_smaller_stake_and_no_floor():
+    """Served without a step (the online protocol's skipped batch): it only spends the room, so
+    it takes UNMEASURED of it, with no one-sample floor."""
+    p = Promise(0.5, 0.05)
+    for _ in range(9):
+        p.serve(64, 0.0)
+    room = p.room(64)
+    assert room == pytest.approx(3.2)
+    assert p.stake(64) == pytest.approx(STAKE * room)
+    assert p.stake(64, measured=False) == pytest.approx(UNMEASURED * room)
+    fresh = Promise(0.5, 0.05)
+    fresh.serve(64, 0.0)
+    fresh.serve(64, 0.0)
+    assert fresh.stake(64) == pytest.approx(0.96) and fresh.stake(64, measured=False) < 0.1
 
 
 def _logits(pred: list[int], classes: int = 4, sure: list[float] | None = None) -> torch.Tensor:

@@ -510,7 +510,7 @@ class SourceFallback:
                 pred = torch.full((n,), -1, dtype=torch.long, device=logits.device)
             else:
                 pred = given.argmax(1)
-            plan = decide(self.promise, logits, given, pred, force=not self.act)
+            plan = decide(self.promise, logits, given, pred, force=not self.act, measured=windowed)
             return self._commit(plan, pred if windowed else None)
         given = None if self.rule.serving == "adapted" else method.given_logits(x)
         return self.rule.serve(logits, given, self.test, self.signs, note=True, refresh=False)

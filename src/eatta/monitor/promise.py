@@ -100,6 +100,7 @@ __all__ = [
     "BETS",
     "LAMBDA_CAP",
     "STAKE",
+    "UNMEASURED",
     "Cover",
     "ExcessBound",
     "Plan",
@@ -122,6 +123,9 @@ LAMBDA_CAP = 0.8
 #: a sample at a time (betting all one's wealth each round). Chosen on simulated streams only
 #: (benchmarks/promise_simulation.py: 0.25 to 0.5 kept the most, 1 the least).
 STAKE = 0.5
+#: The share a batch no answer will measure may take (served without a step: it only spends the
+#: room). Chosen on simulated streams only (benchmarks/promise_simulation.py, "1 step in 3").
+UNMEASURED = 0.1
 
 
 def psi_e(lam: float) -> float:
@@ -258,10 +262,13 @@ class Promise:
         have now (the promise's own limit)."""
         return self.allowance(n) - self.reserve
 
-    def stake(self, n: int) -> float:
+    def stake(self, n: int, *, measured: bool = True) -> float:
         """How many a batch of ``n`` is given: :data:`STAKE` of the room, at least one sample
-        while the room has one."""
+        while the room has one (a batch an answer will measure), or :data:`UNMEASURED` of it (one
+        no answer will)."""
         room = self.room(n)
+        if not measured:
+            return max(UNMEASURED * room, 0.0)
         return max(STAKE * room, min(room, 1.0))
 
     @property
@@ -392,6 +399,7 @@ def decide(
     given_pred: Tensor,
     *,
     force: bool = False,
+    measured: bool = True,
 ) -> Plan:
     """The adapted model if its disagreements with the given model fit the promise's stake for
     a batch of ``adapted``'s samples (:meth:`Promise.stake`), else the adapted model on as many
@@ -399,7 +407,7 @@ def decide(
     model; nothing is charged yet (:meth:`Promise.serve`). ``given``: the given model's logits
     on the whole batch (None: it predicted on some samples only, ``given_pred`` -1 elsewhere:
     only the adapted model can serve, at its worst case); ``force``: the adapted model, whatever
-    the stake."""
+    the stake; ``measured``: whether an answer will measure the batch (else a smaller stake)."""
     n = adapted.shape[0]
     a = adapted.detach().argmax(1)
     if given is None:
@@ -408,7 +416,7 @@ def decide(
         return Plan("adapted", a, adapted, float(lo + n - m), n)
     differ = a != given_pred
     count = int(differ.sum())
-    stake = promise.stake(n)
+    stake = promise.stake(n, measured=measured)
     if force or count <= stake:
         return Plan("adapted", a, adapted, float(count), n)
     take = math.floor(stake + 1e-9)
