@@ -72,6 +72,9 @@ SCENARIOS: dict[str, list[Phase]] = {
     # as measured on the mixed digits-C (seed 0, eatta-safe): 32 disagreements a batch, a harm
     # of -0.2 per disagreement, the blend on about 4 of them at -0.5, the ranking's best at -0.6
     "mixed-measured": [Phase(422, 32, 0.35, 0.15, signal=0.5, blend_at=1.5)],
+    # short and clear: 140 batches of a few disagreements, the adapted model right on most (the
+    # shape of a model trained elsewhere on a small clean stream)
+    "short-clear": [Phase(140, 8, 0.85, 0.05)],
     # harmful exactly on the batches whose answer never comes (1 in PACE answered): what pooling
     # cannot see at a person's pace
     "hidden-harm": [Phase(300, 10, -1.0, -1.0)],

@@ -504,7 +504,7 @@ class SourceFallback:
                 self._given_logits = self._given_pred = self._subset = None
                 return self._commit(plan, given[-plan.n :])
             n = x.shape[0]
-            alone = not self.act or self.promise.adapted_alone(n)
+            alone = not self.act or self.promise.adapted_alone(n, measured=windowed)
             given = None if alone else method.given_logits(x)
             if given is None:
                 pred = torch.full((n,), -1, dtype=torch.long, device=logits.device)

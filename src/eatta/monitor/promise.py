@@ -282,10 +282,10 @@ class Promise:
         """``L``: the answered excess's bound plus the shares still charged, in samples."""
         return self.sequence.upper + self.charged
 
-    def adapted_alone(self, n: int) -> bool:
-        """Whether a batch of ``n`` fits whatever its disagreements (the adapted model may then
-        serve it with the given model predicting on a subset only)."""
-        return n <= self.stake(n)
+    def adapted_alone(self, n: int, *, measured: bool = True) -> bool:
+        """Whether a batch of ``n`` fits its stake whatever its disagreements (the adapted model
+        may then serve it with the given model predicting on a subset only)."""
+        return n <= self.stake(n, measured=measured)
 
     # -- serving and answers -------------------------------------------------------------------
     def serve(self, n: int, charge: float, *, force: bool = False) -> None:
