@@ -267,7 +267,7 @@ class AnswerBook:
     """Requests waiting, answers heard in the step, and their observations (module docstring)."""
 
     def __init__(self, promise: Promise | None = None) -> None:
-        self.promise = promise  # the promise's rate bounds read every answer too
+        self.promise = promise  # the promise reads every answer too (what it measured)
         self.clear()
 
     def clear(self) -> None:

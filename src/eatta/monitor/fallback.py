@@ -16,12 +16,15 @@ adapted model also measure it, and measuring costs no extra label:
   ``auditor`` (these audits are its labels: count them in its budget).
 
 ``start="promise"`` (``eatta-safe``'s default): no test decides; each batch is served by the
-first of the adapted model, the blend and the given model that keeps the promise of
-:mod:`eatta.monitor.promise` (with probability at least ``1 - level``, at every batch, the error
-served so far exceeds the given model's by at most ``tolerance`` points; its assumptions and
-proof are there). :attr:`SourceFallback.bound` is the certified bound at any time, and
-``stats()["promise"]`` reports it beside what served and why; :meth:`SourceFallback.bounds` gives
-it after every served batch.
+first of the adapted model, the adapted model on part of its disagreements and the given model
+that keeps the promise of :mod:`eatta.monitor.promise` (with probability at least ``1 - level``,
+at every batch, the error served so far exceeds the given model's by at most ``tolerance``
+points; its assumptions and proof are there), chosen once the batch's predictions are known and
+before its draw, which then goes where what served differs from the given model
+(:meth:`SourceFallback.focus`), so that its answer measures that batch. A window's step draws
+among the requests served since its last draw. :attr:`SourceFallback.bound` is the certified
+bound at any time, and ``stats()["promise"]`` reports it beside what served and why;
+:meth:`SourceFallback.bounds` gives it after every served batch.
 
 The other starts take decisions, after every step, by :class:`~eatta.monitor.evidence.SignTest`
 over every answer since the last decision, at any arrival rate, each answer's range known before

@@ -17,8 +17,8 @@ reasons (:data:`WHY`):
 - ``"lean"``: ``start="blend"``, no decision, but the answers since the last decision lean
   toward the adapted model (their mean paired difference is above 0): the blend serves.
 - ``"promise"`` / ``"bound"``: ``start="promise"`` (``eatta-safe``'s default): what served is the
-  first of the adapted model, the blend and the given model that the certified bound of
-  :mod:`eatta.monitor.promise` allows; no test decides.
+  first of the adapted model, the adapted model on part of its disagreements (``"part"``) and the
+  given model that the certified bound of :mod:`eatta.monitor.promise` allows; no test decides.
 - ``"sign"``: ``start="auto"`` only: the label-free signs of :mod:`eatta.monitor.signs` chose,
   until the first decision (they can choose the adapted model, and the safety study's
   ``mnist-far`` stream misleads them).
@@ -48,7 +48,7 @@ START = ("promise", "blend", "source", "adapted", "auto")
 #: What can serve a batch (``"part"``: under the promise, the adapted model on some of the
 #: samples where it differs from the given model, the given model elsewhere).
 SERVED = ("adapted", "source", "blend", "part")
-#: Why it serves (``"promise"``: the certified bound allows the adapted model or the blend;
+#: Why it serves (``"promise"``: the certified bound allows the adapted model or a part of it;
 #: ``"bound"``: under ``start="promise"``, it allows only the given model).
 WHY = ("evidence", "default", "sign", "lean", "promise", "bound")
 #: The serving record's code of a batch: ``SERVED`` index * ``_STRIDE`` + ``WHY`` index (a record
