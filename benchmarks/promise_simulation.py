@@ -21,7 +21,7 @@ seed), and the runs whose running excess passed the tolerance. The scenarios are
 measured: they tune the bets (:data:`eatta.monitor.promise.BETS`) and choose the options; no real
 stream does.
 
-    python benchmarks/promise_simulation.py --seeds 100 \
+    python benchmarks/promise_simulation.py --seeds 40 \
         --out benchmarks/results/safety_study_simulation.md
 """
 
