@@ -275,7 +275,9 @@ def _figures(s: dict[str, Any], runs: Sequence[dict[str, Any]]) -> dict[str, str
     worse = [sum(c["domain_errors"][d] > e for d, e in src.items()) for c in runs]
     fb = [(c["fallback"], c["batches"]) for c in runs if c["fallback"]]
     given = [f["served_source"] / n for f, n in fb] or [0.0]
-    blend = [f.get("served", {}).get("blend", 0) / n for f, n in fb] or [0.0]
+    # in part: the promise's part, or the lean rule's blend
+    blend = [sum(f.get("served", {}).get(k, 0) for k in ("blend", "part")) / n for f, n in fb]
+    blend = blend or [0.0]
     return {
         "easy": f"{np.mean(on_easy):.1f}" if on_easy else "-",
         "worse": f"{np.mean(worse):.1f}",
@@ -442,7 +444,7 @@ def _by_annotator(s: dict[str, Any], given: float, best: float, size: int) -> li
         [f"easy domains: {SAFE} (given {given_easy})", *(f["easy"] for f in figures)],
         [f"worse domains: {SAFE}", *(f["worse"] for f in figures)],
         [f"served given: {SAFE}", *(f["served"] for f in figures)],
-        [f"served blend: {SAFE}", *(f["blend"] for f in figures)],
+        [f"served in part: {SAFE}", *(f["blend"] for f in figures)],
     ]
     if size == 64:
         vs = [
