@@ -73,15 +73,23 @@ whose answer never comes stays. So at every moment
 on the event above. The certified bound ``R_T`` (:attr:`Promise.reserve`) is ``R_T = min(R_{T-1}
 + D_T, L)`` after each batch and ``min(R_T, L)`` after each answer: ``C_T <= R_T`` by induction
 (``C_T = C_{T-1} + X_T <= R_{T-1} + D_T``). Batch ``T`` is served, when its predictions are known
-and before any of its answers, by the first option (the adapted model, then the blend, then the
-adapted model on part of its disagreements, see :mod:`eatta.monitor.fallback`) with ``R_{T-1} +
-D^s_T <= tolerance / 100 * N_T``; the given model always fits (``D = 0``, and ``R_{T-1} <=
-tolerance / 100 * N_{T-1}``). Hence ``C_T <= R_T <= tolerance / 100 * N_T`` for every ``T`` on an
-event of probability at least ``1 - level``: the promise. ``100 R_T / N_T`` is the certified
-bound in points (:attr:`Promise.bound`).
+and before any of its answers (:func:`decide`), by the adapted model if its ``D^a_T`` fits the
+batch's stake, else by the adapted model on as many of those samples as fit (the two models'
+mean probabilities lean to them most; the given model elsewhere), else by the given model; the
+stake (:meth:`Promise.stake`) is a share of the room ``tolerance / 100 * N_T - R_{T-1}``, so
+``R_{T-1} + D^s_T <= tolerance / 100 * N_T`` whatever serves, and the given model always fits
+(``D = 0``, and ``R_{T-1} <= tolerance / 100 * N_{T-1}``). Hence ``C_T <= R_T <= tolerance /
+100 * N_T`` for every ``T`` on an event of probability at least ``1 - level``: the promise.
+``100 R_T / N_T`` is the certified bound in points (:attr:`Promise.bound`). The stake only
+decides how fast the room is spent (any share keeps the promise): half of it (:data:`STAKE`)
+for a batch an answer will measure, a tenth (:data:`UNMEASURED`) for one served without a step.
 
-The adapted model serves alone (the given model predicting on a subset only: the cheap step) only
-where a batch's worst case, all its ``n`` samples, fits (``R + n <= tolerance / 100 * N_T``).
+Requests smaller than a window are served, and charged, between its steps; the window's step
+draws among the requests served since its last draw, with what served each, so its answer is
+the same estimate over the window's samples (those measured before, or served as the given
+model served them, count 0) and takes their charges out. The adapted model serves alone (the
+given model predicting on a subset only: the cheap step) only where a batch's worst case, all
+its ``n`` samples, fits its stake.
 """
 
 from __future__ import annotations
