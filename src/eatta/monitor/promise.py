@@ -2,8 +2,8 @@ r"""The promise ``eatta-safe`` keeps: never worse than the given model by more t
 points, at every batch, with probability at least ``1 - level``.
 
 **The promise.** Batches ``t = 1, 2, ...`` of ``n_t`` samples are each served by one predictor
-``s_t`` (:mod:`eatta.monitor.serving`): the model as given ``g``, the adapted model ``a``, their
-blend, or ``a`` on some of the samples where it differs from ``g`` and ``g`` elsewhere. With
+``s_t`` (:mod:`eatta.monitor.serving`): the model as given ``g``, the adapted model ``a``, or ``a``
+on some of the samples where it differs from ``g`` and ``g`` elsewhere. With
 ``N_T = sum_{t<=T} n_t``, ``X_t = sum_{i in batch t} (1[s_t(x_i) != y_i] - 1[g(x_i) != y_i])``
 (the errors of what served batch ``t``, less the given model's, on the same samples; 0 where
 ``g`` served) and ``C_T = sum_{t<=T} X_t``, the rule below keeps
