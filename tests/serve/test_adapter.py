@@ -1,0 +1,98 @@
+"""The adapter: it takes a batch when idle and skips it while a step runs, survives a failing
+step, and its checkpoint restores the method exactly."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from _serve_helpers import batches, make_service, wait_until
+
+from _state_checks import differences, exact_state
+from eatta.annotate import LabelRequest
+
+pytestmark = pytest.mark.small_batches
+
+
+def test_a_batch_offered_while_a_step_runs_is_skipped_and_serving_goes_on(tmp_path: Path) -> None:
+    service = make_service(tmp_path / "s", method="tent")
+    method, adapter = service.method, service.adapter
+    entered, release = threading.Event(), threading.Event()
+    plain = method.forward
+
+    def slow(x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        entered.set()
+        release.wait(10)
+        return plain(x, labels)
+
+    method.forward = slow  # type: ignore[method-assign]
+    adapter.start()
+    xs = batches(4, 2)
+    try:
+        assert adapter.offer(xs[0], [("a", 0), ("a", 1)])
+        assert entered.wait(5)
+        assert not adapter.offer(xs[1], [("b", 0), ("b", 1)])  # busy: skipped
+        logits, _ = service.snapshots.predict(xs[1])  # serving does not wait for the step
+        assert logits.shape == (2, 5)
+        release.set()
+        wait_until(lambda: adapter.stats.taken == 1, what="the first batch done")
+        assert adapter.offer(xs[2], [("c", 0), ("c", 1)])
+        wait_until(lambda: adapter.stats.taken == 2, what="the next batch taken")
+    finally:
+        release.set()
+        adapter.stop()
+    stats = adapter.stats
+    assert (stats.taken, stats.skipped, stats.errors) == (2, 1, 0)
+
+
+def test_a_failing_step_is_counted_and_the_next_batch_adapts(tmp_path: Path) -> None:
+    service = make_service(tmp_path / "s", method="tent", window=4)
+    method, adapter = service.method, service.adapter
+    plain, calls = method.forward, []
+
+    def flaky(x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        calls.append(x.shape[0])
+        if len(calls) == 1:
+            raise RuntimeError("out of memory, say")
+        return plain(x, labels)
+
+    method.forward = flaky  # type: ignore[method-assign]
+    adapter.start()
+    xs = batches(2, 4)
+    try:
+        for n, x in enumerate(xs, 1):
+            assert adapter.offer(x, [("r", i) for i in range(4)])
+            wait_until(lambda n=n: adapter.stats.taken + adapter.stats.errors == n)
+    finally:
+        adapter.stop()
+    stats = adapter.stats
+    assert (stats.errors, stats.taken, stats.steps) == (1, 1, 1)
+    assert stats.last_error == "RuntimeError: out of memory, say"
+
+
+def test_a_checkpoint_restores_the_method_and_the_origins_exactly(tmp_path: Path) -> None:
+    service = make_service(tmp_path / "s")
+    service.adapter.start()
+    for i, x in enumerate(
+        batches(7, 3)
+    ):  # 21 samples: two steps on a window of 8, one request each
+        origins = [(f"r{i}", r) for r in range(3)]
+        wait_until(lambda x=x, o=origins: service.adapter.offer(x, o))
+        wait_until(lambda i=i: service.adapter.stats.taken == i + 1)
+    service.adapter.stop()  # the last checkpoint
+    assert service.adapter.stats.steps == 2 and service.adapter.stats.checkpoints >= 1
+    pending = service.queue.pending()
+    assert len(pending) == 2 and all(p["request_id"] for p in pending)
+    saved = exact_state(service.method)
+    window = service.method.window.contents()
+    service.queue.close()
+    again = make_service(tmp_path / "s")
+    assert again.resumed_steps == 2 and again.orphans == 0
+    assert differences(saved, exact_state(again.method)) == []
+    assert torch.equal(again.method.window.contents(), window)
+    last = [("r4", 1), ("r4", 2)] + [(f"r{i}", r) for i in (5, 6) for r in range(3)]
+    asks = [LabelRequest("q", window[i], torch.zeros(5), "label", 3, i) for i in range(8)]
+    assert [again.origins.of(r) for r in asks] == last  # the window's samples, found again
+    again.queue.close()
