@@ -72,3 +72,51 @@ def wait_until(condition: Any, timeout: float = 10.0, what: str = "") -> Any:
             return value
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class ServeProcess:
+    """``eatta-serve --port 0`` as a child process; :meth:`wait_url` gives ``host:port`` once it
+    serves (read from its output by a thread)."""
+
+    def __init__(self, state: Path, *args: str) -> None:
+        import subprocess
+        import sys
+
+        self.url: str | None = None
+        self.output: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "eatta.serve.cli", "--state", str(state), "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if self.url is None and "labelling page at http://" in line:
+                self.url = line.split("http://", 1)[1].strip().split("/", 1)[0]
+
+    def wait_url(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while self.url is None:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.proc.kill()
+                raise RuntimeError(f"the server did not start: {''.join(self.output)}")
+            time.sleep(0.02)
+        return self.url
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

@@ -108,6 +108,12 @@ class Adapter:
         return True
 
     @property
+    def idle(self) -> bool:
+        """Whether the next batch offered would be taken (no batch in progress)."""
+        with self._cond:
+            return not (self._busy or self._stopping) and self.method.adapts
+
+    @property
     def stats(self) -> AdapterStats:
         with self._cond:
             return self._stats

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import eatta
 from eatta.console import HelpFormatter, UsageError, exit_on_user_error
@@ -67,15 +68,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default=DEMO,
-        help="pkg.module:factory, a callable returning the torch.nn.Module (default: the "
-        "packaged digits CNN)",
+        help="pkg.module:factory, a callable returning the torch.nn.Module (the demo, "
+        f"{DEMO}, is the packaged digits CNN)",
     )
     p.add_argument(
         "--input-shape",
         type=_shape,
-        default=(3, 32, 32),
+        default="3,32,32",
         metavar="C,H,W",
-        help="one sample's shape, as the model takes it (default: 3,32,32, the demo's)",
+        help="one sample's shape, as the model takes it (3,32,32: the demo's)",
     )
     p.add_argument(
         "--method",
@@ -86,9 +87,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dataset",
-        default="default",
-        choices=("default", *DATASETS),
-        help="the method's per-benchmark hyperparameters, as eatta.create(dataset=) takes them",
+        choices=DATASETS,
+        metavar="NAME",
+        help="the method's per-benchmark hyperparameters, as eatta.create(dataset=) takes "
+        f"them: one of {', '.join(DATASETS)} (default: the method's general row)",
     )
     p.add_argument("--name", default="model", help="the served model's name in /v2/models/NAME")
     p.add_argument(
@@ -158,19 +160,16 @@ def _url(host: str, port: int) -> str:
 def serve(args: argparse.Namespace, token: str | None) -> None:
     """Build the service, bind, print where it serves, and serve until stopped."""
     try:
-        import uvicorn
-
-        from eatta.serve.app import make_server_app
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ImportError as err:
         raise SystemExit(
             f"eatta-serve needs Starlette and uvicorn: pip install 'eatta[serve]' ({err})"
         ) from None
     import torch
 
-    from eatta.annotate.cli import bind, token_for
-    from eatta.serve.model import load_model
-    from eatta.serve.service import Options, Service
-    from eatta.serve.state import StateDir, StateMismatch
+    from eatta.annotate.cli import token_for
+    from eatta.serve.state import StateDir
 
     if args.max_queue < args.max_batch:
         raise UsageError(
@@ -188,9 +187,24 @@ def serve(args: argparse.Namespace, token: str | None) -> None:
         state.lock()
     except RuntimeError as err:
         raise UsageError(str(err)) from None
-    sock = bind(args.host, args.port)
+    try:
+        _serve_locked(args, token, state, device)
+    finally:
+        state.unlock()
+
+
+def _serve_locked(args: argparse.Namespace, token: str | None, state: Any, device: Any) -> None:
+    """:func:`serve` once the state folder is this process's."""
+    import uvicorn
+
+    from eatta.annotate.cli import bind
+    from eatta.serve.app import make_server_app
+    from eatta.serve.model import load_model
+    from eatta.serve.service import Options, Service
+    from eatta.serve.state import StateMismatch
+
     options = Options(
-        model=args.model, method=args.method, dataset=args.dataset, name=args.name,
+        model=args.model, method=args.method, dataset=args.dataset or "default", name=args.name,
         input_shape=args.input_shape, window=args.window, budget=args.budget,
         max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
         checkpoint_s=args.checkpoint_s, device=str(device), order=args.order,
@@ -199,9 +213,9 @@ def serve(args: argparse.Namespace, token: str | None) -> None:
         service = Service(load_model(args.model), options, state)
     except StateMismatch as err:
         raise UsageError(str(err)) from None
-    app = make_server_app(service, token)
+    sock = bind(args.host, args.port)
     config = uvicorn.Config(
-        app,
+        make_server_app(service, token),
         log_level="warning",
         access_log=False,
         proxy_headers=False,
@@ -228,7 +242,8 @@ def serve(args: argparse.Namespace, token: str | None) -> None:
         print(f"eatta-serve: stopped; the state {args.state} keeps every answer", file=sys.stderr)
         raise
     finally:
-        state.unlock()
+        sock.close()
+        service.queue.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
