@@ -29,22 +29,23 @@ def test_a_batch_offered_while_a_step_runs_is_skipped_and_serving_goes_on(tmp_pa
 
     method.forward = slow  # type: ignore[method-assign]
     adapter.start()
-    xs = batches(4, 2)
+    xs, rows = batches(4, 2), [("r", 0), ("r", 1)]
     try:
-        assert adapter.offer(xs[0], [("a", 0), ("a", 1)])
+        assert adapter.offer(xs[0], rows) and adapter.stats.steps == 0  # gathered: 2 of 8
+        for x in xs[1:]:
+            assert adapter.offer(x, rows)  # 8 gathered: the step starts
         assert entered.wait(5)
-        assert not adapter.offer(xs[1], [("b", 0), ("b", 1)])  # busy: skipped
+        assert not adapter.offer(xs[0], rows)  # a step runs: skipped
         logits, _ = service.snapshots.predict(xs[1])  # serving does not wait for the step
         assert logits.shape == (2, 5)
         release.set()
-        wait_until(lambda: adapter.stats.taken == 1, what="the first batch done")
-        assert adapter.offer(xs[2], [("c", 0), ("c", 1)])
-        wait_until(lambda: adapter.stats.taken == 2, what="the next batch taken")
+        wait_until(lambda: adapter.stats.steps == 1, what="the step done")
+        assert adapter.offer(xs[1], rows)
     finally:
         release.set()
         adapter.stop()
     stats = adapter.stats
-    assert (stats.taken, stats.skipped, stats.errors) == (2, 1, 0)
+    assert (stats.taken, stats.skipped, stats.errors, stats.steps) == (5, 1, 0, 1)
 
 
 def test_a_failing_step_is_counted_and_the_next_batch_adapts(tmp_path: Path) -> None:
@@ -64,11 +65,11 @@ def test_a_failing_step_is_counted_and_the_next_batch_adapts(tmp_path: Path) -> 
     try:
         for n, x in enumerate(xs, 1):
             assert adapter.offer(x, [("r", i) for i in range(4)])
-            wait_until(lambda n=n: adapter.stats.taken + adapter.stats.errors == n)
+            wait_until(lambda n=n: adapter.stats.steps + adapter.stats.errors == n)
     finally:
         adapter.stop()
     stats = adapter.stats
-    assert (stats.errors, stats.taken, stats.steps) == (1, 1, 1)
+    assert (stats.errors, stats.taken, stats.steps) == (1, 2, 1)
     assert stats.last_error == "RuntimeError: out of memory, say"
 
 
@@ -92,7 +93,7 @@ def test_a_checkpoint_restores_the_method_and_the_origins_exactly(tmp_path: Path
     assert again.resumed_steps == 2 and again.orphans == 0
     assert differences(saved, exact_state(again.method)) == []
     assert torch.equal(again.method.window.contents(), window)
-    last = [("r4", 1), ("r4", 2)] + [(f"r{i}", r) for i in (5, 6) for r in range(3)]
+    last = [("r3", 1), ("r3", 2)] + [(f"r{i}", r) for i in (4, 5) for r in range(3)]
     asks = [LabelRequest("q", window[i], torch.zeros(5), "label", 3, i) for i in range(8)]
     assert [again.origins.of(r) for r in asks] == last  # the window's samples, found again
     again.queue.close()

@@ -1,14 +1,17 @@
 """The adapter thread: it steps the method on the served batches, and serving never waits for it.
 
 After the serving thread has predicted a batch (from the published snapshot), it offers the batch
-to the :class:`Adapter` (:meth:`Adapter.offer`, which never blocks). An idle adapter takes it; a
-busy one (a step still running) refuses it, and the batch is skipped, as the real-time protocol
-serves the batches that arrive during a step without adapting on them (``eatta.realtime``). The
-adapter gives each batch it takes to the method (``method(x)``: with a window, the request joins
-it and a step comes every ``window`` samples), then publishes a new snapshot when what serves
-changed (:mod:`eatta.serve.snapshot`), and writes a checkpoint when one is due
-(:mod:`eatta.serve.state`): after a step, at most one every ``checkpoint_s`` seconds, and one at
-:meth:`Adapter.stop`.
+to the :class:`Adapter` (:meth:`Adapter.offer`, which never blocks). While no step runs, the
+adapter takes it: the batches it takes are gathered until they hold a window's samples
+(``window``), and the method steps on them (``method(x)`` on a batch of at least its window's
+size: one step, as the window steps every ``window`` samples). While a step runs, an offered batch
+is refused and skipped, as the real-time protocol serves the batches that arrive during a step
+without adapting on them (``eatta.realtime``). Gathering costs no forward pass: the adapter's time
+goes to steps, not to re-predicting what was served. After a step the adapter publishes a new
+snapshot (:mod:`eatta.serve.snapshot`) and writes a checkpoint when one is due
+(:mod:`eatta.serve.state`): at most one every ``checkpoint_s`` seconds, and one at
+:meth:`Adapter.stop`. The samples gathered toward the next step are not in a checkpoint (fewer
+than a window's).
 
 The method's label requests go to its oracle, the label queue; their answers come back through
 the queue at the method's next steps, as they do in a user's own loop.
@@ -24,11 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from eatta.methods.base import AdaptiveMethod
 from eatta.serve.origins import Origins
-from eatta.serve.snapshot import Snapshots, what_serves
+from eatta.serve.snapshot import Snapshots
 
 __all__ = ["Adapter", "AdapterStats"]
 
@@ -37,10 +41,10 @@ __all__ = ["Adapter", "AdapterStats"]
 class AdapterStats:
     """What the adapter did, read by the metrics (a copy: safe from any thread)."""
 
-    taken: int  # batches given to the method
-    skipped: int  # batches offered while it was busy
+    taken: int  # batches taken (gathered toward a step)
+    skipped: int  # batches offered while a step ran
     steps: int  # steps the method took
-    errors: int  # batches whose call raised (the method's transaction put its state back)
+    errors: int  # steps that raised (the method's transaction put its state back)
     checkpoints: int
     checkpoint_time: float  # time.time() of the last checkpoint (0: none yet)
     checkpoint_seconds: float  # how long the last one took to write
@@ -77,7 +81,12 @@ class Adapter:
         self.method, self.snapshots, self.origins = method, snapshots, origins
         self._save, self.options, self.checkpoint_s = save, dict(options), float(checkpoint_s)
         self._cond = threading.Condition()
-        self._next: tuple[Tensor, list[tuple[str, int]]] | None = None
+        window = method.window
+        #: samples a step adapts on (the window's size; 1: each batch, without a window)
+        self.step_rows = 1 if window is None else window.size
+        self._gathered: list[tuple[Tensor, list[tuple[str, int]]]] = []
+        self._gathered_rows = 0
+        self._next: list[tuple[Tensor, list[tuple[str, int]]]] | None = None
         self._busy = False
         self._stopping = False
         self._taken = self._skipped = self._steps = self._errors = 0
@@ -85,7 +94,7 @@ class Adapter:
         self._unsaved = 0  # steps since the last checkpoint
         self._last_error: str | None = None
         self._version = 0
-        self._stats = self._read_stats()
+        self._read_method()
         self._thread = threading.Thread(target=self._run, name="eatta-serve-adapter", daemon=True)
 
     # -- the serving side --------------------------------------------------------------------
@@ -94,17 +103,22 @@ class Adapter:
             self._thread.start()
 
     def offer(self, x: Tensor, origins: list[tuple[str, int]]) -> bool:
-        """Hand a served batch to the adapter: True if it takes it, False if it is busy (the
+        """Hand a served batch to the adapter: True if it takes it (gathered toward the next
+        step, which starts once a window's samples are gathered), False if a step runs (the
         batch is skipped) or the method does not adapt. Never blocks for a step."""
         if not self.method.adapts:
             return False
         with self._cond:
-            if self._busy or self._next is not None or self._stopping:
+            if self._busy or self._stopping:
                 self._skipped += 1
                 return False
-            self._next = (x, origins)
-            self._busy = True
-            self._cond.notify()
+            self._taken += 1
+            self._gathered.append((x, origins))
+            self._gathered_rows += int(x.shape[0])
+            if self._gathered_rows >= self.step_rows:
+                self._next, self._gathered, self._gathered_rows = self._gathered, [], 0
+                self._busy = True
+                self._cond.notify()
         return True
 
     @property
@@ -116,7 +130,18 @@ class Adapter:
     @property
     def stats(self) -> AdapterStats:
         with self._cond:
-            return self._stats
+            return AdapterStats(
+                taken=self._taken,
+                skipped=self._skipped,
+                steps=self._steps,
+                errors=self._errors,
+                checkpoints=self._checkpoints,
+                checkpoint_time=self._ckpt_time,
+                checkpoint_seconds=self._ckpt_seconds,
+                checkpoint_bytes=self._ckpt_bytes,
+                last_error=self._last_error,
+                **self._method_stats,
+            )
 
     def stop(self, timeout: float = 60.0) -> None:
         """Finish the batch in progress, then write a last checkpoint (adapting methods)."""
@@ -136,42 +161,35 @@ class Adapter:
                     self._cond.wait()
                 if self._next is None:
                     return
-                x, origins = self._next
+                parts = self._next
+            x = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])
+            origins = [o for p in parts for o in p[1]]
             try:
                 self._adapt(x, origins)
             finally:
+                self._read_method()
                 with self._cond:
                     self._next = None
                     self._busy = False
-                    self._stats = self._read_stats()
             if self._unsaved and time.time() - self._ckpt_time >= self.checkpoint_s:
                 self.checkpoint()
 
     def _adapt(self, x: Tensor, origins: list[tuple[str, int]]) -> None:
+        """One step of the method on ``x`` (a window's samples, or more), then publish."""
         method = self.method
-        window = method.window
-        steps_before = None if window is None else window.steps
-        serving_before = what_serves(method)
         self.origins.add(x, origins)
         try:
             method(x.to(method.device) if method.device is not None else x)
         except Exception as err:  # the method's transaction restored its state; serving goes on
             self._errors += 1
             self._last_error = f"{type(err).__name__}: {err}"
-            print(f"eatta-serve: adapting on a batch failed: {self._last_error}", file=sys.stderr)
+            print(f"eatta-serve: a step failed: {self._last_error}", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
             return
-        self._taken += 1
-        if window is None or x.shape[0] >= window.size:
-            stepped = True
-        else:
-            stepped = window.steps != steps_before
-        self._steps += stepped
-        self._unsaved += stepped
-        refreshed = window is not None and window.since_refresh == 0
-        if stepped or refreshed or what_serves(method) != serving_before:
-            self._version += 1
-            self.snapshots.publish(method, self._version)
+        self._steps += 1
+        self._unsaved += 1
+        self._version += 1
+        self.snapshots.publish(method, self._version)
 
     def checkpoint(self) -> None:
         """Write the method's state, the origins of its window's samples and the options."""
@@ -192,7 +210,6 @@ class Adapter:
             self._ckpt_seconds = time.perf_counter() - t0
             self._ckpt_bytes = size
             self._unsaved = 0
-            self._stats = self._read_stats()
 
     def restore(self, state: dict[str, Any]) -> None:
         """Load a checkpoint (before :meth:`start`), and publish what it serves."""
@@ -203,24 +220,18 @@ class Adapter:
         self._steps = int(state.get("steps", 0))
         self._version += 1
         self.snapshots.publish(self.method, self._version)
-        self._stats = self._read_stats()
+        self._read_method()
 
-    def _read_stats(self) -> AdapterStats:
+    def _read_method(self) -> None:
+        """Read what the metrics show of the method (on the thread that owns it), keep a copy."""
         method = self.method
         fallback = method.fallback
         budget = getattr(method, "budget", None)
-        return AdapterStats(
-            taken=self._taken,
-            skipped=self._skipped,
-            steps=self._steps,
-            errors=self._errors,
-            checkpoints=self._checkpoints,
-            checkpoint_time=self._ckpt_time,
-            checkpoint_seconds=self._ckpt_seconds,
-            checkpoint_bytes=self._ckpt_bytes,
-            annotation=dict(getattr(method, "annotation_stats", {}) or {}),
-            labels_used=0 if budget is None else int(budget.lifetime_used),
-            budget=None if budget is None else int(budget.per_batch),
-            fallback={} if fallback is None else dict(fallback.stats()),
-            last_error=self._last_error,
-        )
+        found: dict[str, Any] = {
+            "annotation": dict(getattr(method, "annotation_stats", {}) or {}),
+            "labels_used": 0 if budget is None else int(budget.lifetime_used),
+            "budget": None if budget is None else int(budget.per_batch),
+            "fallback": {} if fallback is None else dict(fallback.stats()),
+        }
+        with self._cond:
+            self._method_stats = found

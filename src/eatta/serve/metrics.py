@@ -149,7 +149,7 @@ class Metrics:
             adapter.skipped,
         )  # fmt: skip
         t.one("eatta_steps_total", "counter", "Steps the method took.", adapter.steps)
-        t.one("eatta_adapter_errors_total", "counter", "Batches whose step failed.", adapter.errors)
+        t.one("eatta_adapter_errors_total", "counter", "Steps that failed.", adapter.errors)
         ann = adapter.annotation
         t.family(
             "eatta_labels_total", "counter",
