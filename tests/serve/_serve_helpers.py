@@ -27,6 +27,7 @@ def make_service(state: Path, *, seed: int = 0, **options: Any) -> Service:
         "max_batch": 8,
         "max_wait_ms": 2.0,
         "checkpoint_s": 0.0,
+        "adapter": "thread",
         **options,
     }
     return Service(tiny_cnn(seed=seed), Options(**settings), StateDir(state))

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.small_batches
 
 def test_a_batch_offered_while_a_step_runs_is_skipped_and_serving_goes_on(tmp_path: Path) -> None:
     service = make_service(tmp_path / "s", method="tent")
-    method, adapter = service.method, service.adapter
+    method, adapter = service.stepper.method, service.adapter
     entered, release = threading.Event(), threading.Event()
     plain = method.forward
 
@@ -50,7 +50,7 @@ def test_a_batch_offered_while_a_step_runs_is_skipped_and_serving_goes_on(tmp_pa
 
 def test_a_failing_step_is_counted_and_the_next_batch_adapts(tmp_path: Path) -> None:
     service = make_service(tmp_path / "s", method="tent", window=4)
-    method, adapter = service.method, service.adapter
+    method, adapter = service.stepper.method, service.adapter
     plain, calls = method.forward, []
 
     def flaky(x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,14 +86,14 @@ def test_a_checkpoint_restores_the_method_and_the_origins_exactly(tmp_path: Path
     assert service.adapter.stats.steps == 2 and service.adapter.stats.checkpoints >= 1
     pending = service.queue.pending()
     assert len(pending) == 2 and all(p["request_id"] for p in pending)
-    saved = exact_state(service.method)
-    window = service.method.window.contents()
-    service.queue.close()
+    saved = exact_state(service.stepper.method)
+    window = service.stepper.method.window.contents()
     again = make_service(tmp_path / "s")
     assert again.resumed_steps == 2 and again.orphans == 0
-    assert differences(saved, exact_state(again.method)) == []
-    assert torch.equal(again.method.window.contents(), window)
+    assert differences(saved, exact_state(again.stepper.method)) == []
+    assert torch.equal(again.stepper.method.window.contents(), window)
     last = [("r3", 1), ("r3", 2)] + [(f"r{i}", r) for i in (4, 5) for r in range(3)]
     asks = [LabelRequest("q", window[i], torch.zeros(5), "label", 3, i) for i in range(8)]
-    assert [again.origins.of(r) for r in asks] == last  # the window's samples, found again
+    assert [again.stepper.origins.of(r) for r in asks] == last  # the window's samples, found again
+    again.stepper.queue.close()
     again.queue.close()

@@ -41,7 +41,7 @@ def test_a_mistake_is_one_line_and_status_2(tmp_path: Path, capsys, args, messag
 
 def test_a_state_of_other_options_is_refused(tmp_path: Path, capsys) -> None:
     saved = Options(model="eatta.serve.model:digits", method="tent").durable()
-    StateDir(tmp_path / "s").save({"options": saved})
+    StateDir(tmp_path / "s").claim(saved)  # a server of another method ran there
     assert cli.main(["--state", str(tmp_path / "s"), "--port", "0"]) == 2
     assert "started with method 'tent', not 'eatta-safe'" in capsys.readouterr().err
 

@@ -14,9 +14,17 @@ import eatta
 from conftest import tiny_cnn
 from eatta.annotate import LabelQueue
 from eatta.realtime import serve_without_adapting
-from eatta.serve.snapshot import Snapshots, what_serves
+from eatta.serve.snapshot import Snapshots, fill, serving_model, what_serves
 
 pytestmark = pytest.mark.small_batches
+
+
+def publish(snapshots: Snapshots, method: eatta.AdaptiveMethod, version: int) -> None:
+    """What the adapter does after a step: write a spare copy, then swap it in."""
+    spare = snapshots.reserve()
+    assert spare is not None
+    fill(snapshots.copies()[spare], serving_model(method))
+    snapshots.swap_in(spare, what_serves(method), version)
 
 
 @pytest.mark.parametrize("start", ["adapted", "source", "blend"])
@@ -27,11 +35,11 @@ def test_a_snapshot_serves_what_the_method_serves_without_adapting(
     method = eatta.create(
         "eatta-safe", tiny_cnn(), oracle=queue, window=8, fallback_start=start, lr=0.05
     )
-    snapshots = Snapshots(method, torch.device("cpu"))
+    snapshots = Snapshots.of_method(method, torch.device("cpu"))
     g = torch.Generator().manual_seed(1)
     for version in range(1, 6):  # steps every 8 samples: the served model moves
         method(torch.randn(4, 3, 8, 8, generator=g))
-        snapshots.publish(method, version)
+        publish(snapshots, method, version)
     x = torch.randn(5, 3, 8, 8, generator=g)
     logits, snap = snapshots.predict(x)
     expected = {"adapted": "adapted", "source": "source", "blend": "source"}[start]  # no answers
@@ -45,7 +53,7 @@ def test_a_snapshot_serves_what_the_method_serves_without_adapting(
 
 def test_a_request_never_reads_a_half_published_model(tmp_path: Path) -> None:
     method = eatta.create("tent", tiny_cnn(), window=8)
-    snapshots = Snapshots(method, torch.device("cpu"))
+    snapshots = Snapshots.of_method(method, torch.device("cpu"))
     x = torch.randn(3, 3, 8, 8)
     versions = 30
 
@@ -57,11 +65,11 @@ def test_a_request_never_reads_a_half_published_model(tmp_path: Path) -> None:
     outputs = {}
     for k in range(versions):
         set_all(k)
-        probe = Snapshots(method, torch.device("cpu"))
+        probe = Snapshots.of_method(method, torch.device("cpu"))
         outputs[k] = probe.predict(x)[0]
     assert len({tuple(o.flatten().tolist()) for o in outputs.values()}) == versions
     set_all(0)
-    snapshots.publish(method, 0)
+    publish(snapshots, method, 0)
     stop, seen, mixed = threading.Event(), [], []
 
     def reader() -> None:
@@ -76,7 +84,7 @@ def test_a_request_never_reads_a_half_published_model(tmp_path: Path) -> None:
         t.start()
     for k in range(1, versions):
         set_all(k)
-        snapshots.publish(method, k)
+        publish(snapshots, method, k)
     stop.set()
     for t in threads:
         t.join(10)
@@ -87,7 +95,7 @@ def test_a_method_that_does_not_adapt_is_served_as_it_is() -> None:
     model = tiny_cnn()
     reference = copy.deepcopy(model).eval()
     method = eatta.create("source", model)
-    snapshots = Snapshots(method, torch.device("cpu"))
+    snapshots = Snapshots.of_method(method, torch.device("cpu"))
     x = torch.randn(2, 3, 8, 8)
     logits, snap = snapshots.predict(x)
     assert snap.serving == "source" and snap.model is method.model

@@ -1,40 +1,53 @@
-"""The adapter thread: it steps the method on the served batches, and serving never waits for it.
+"""The adapter: it steps the method on the served batches, and serving never waits for it.
 
 After the serving thread has predicted a batch (from the published snapshot), it offers the batch
 to the :class:`Adapter` (:meth:`Adapter.offer`, which never blocks). While no step runs, the
-adapter takes it: the batches it takes are gathered until they hold a window's samples
-(``window``), and the method steps on them (``method(x)`` on a batch of at least its window's
-size: one step, as the window steps every ``window`` samples). While a step runs, an offered batch
-is refused and skipped, as the real-time protocol serves the batches that arrive during a step
-without adapting on them (``eatta.realtime``). Gathering costs no forward pass: the adapter's time
-goes to steps, not to re-predicting what was served. After a step the adapter publishes a new
-snapshot (:mod:`eatta.serve.snapshot`) and writes a checkpoint when one is due
-(:mod:`eatta.serve.state`): at most one every ``checkpoint_s`` seconds, and one at
-:meth:`Adapter.stop`. The samples gathered toward the next step are not in a checkpoint (fewer
-than a window's).
+adapter takes it: the batches it takes are gathered until they hold a window's samples, and the
+method steps on them (one step, as a window steps every ``window`` samples; gathering costs no
+forward pass). While a step runs, an offered batch is refused and skipped, as the real-time
+protocol serves the batches that arrive during a step without adapting on them
+(``eatta.realtime``). The step writes its serving model into a spare snapshot copy the adapter
+reserved (:mod:`eatta.serve.snapshot`), which is then published. The samples gathered toward the
+next step are in no checkpoint (fewer than a window's).
 
-The method's label requests go to its oracle, the label queue; their answers come back through
-the queue at the method's next steps, as they do in a user's own loop.
+The method itself lives in a :class:`~eatta.serve.stepper.Stepper`, on one of two backends:
+
+- :class:`ProcessBackend` (``eatta-serve``'s default): its own process, started with ``spawn``,
+  at a lower priority (``nice`` +:data:`ADAPTER_NICE`), killed with the server (Linux
+  ``PR_SET_PDEATHSIG``). A step then never holds the serving process's Python lock, and the
+  snapshot copies live in shared memory;
+- :class:`ThreadBackend`: a thread of the server's process (no second interpreter to start).
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import queue
+import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from eatta.methods.base import AdaptiveMethod
-from eatta.serve.origins import Origins
+from eatta.serve.options import Options
 from eatta.serve.snapshot import Snapshots
+from eatta.serve.state import StateDir, StateMismatch
+from eatta.serve.stepper import Stepper
 
-__all__ = ["Adapter", "AdapterStats"]
+__all__ = ["ADAPTER_NICE", "Adapter", "AdapterStats", "ProcessBackend", "ThreadBackend"]
+
+#: How much lower the adapter process's priority is than the server's (``os.nice``).
+ADAPTER_NICE = 10
+
+Parts = list[tuple[Tensor, list[tuple[str, int]]]]
+#: ``(ok, copy written, what serves, steps, stats)``, or ``stats`` alone after a checkpoint
+Done = Callable[[bool | None, int | None, str | None, int | None, dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -43,7 +56,7 @@ class AdapterStats:
 
     taken: int  # batches taken (gathered toward a step)
     skipped: int  # batches offered while a step ran
-    steps: int  # steps the method took
+    steps: int  # steps the method took (a restored checkpoint's included)
     errors: int  # steps that raised (the method's transaction put its state back)
     checkpoints: int
     checkpoint_time: float  # time.time() of the last checkpoint (0: none yet)
@@ -54,184 +67,318 @@ class AdapterStats:
     budget: int | None  # labels per step (None: a label-free method)
     fallback: dict[str, Any]  # the fallback's stats (empty without one)
     last_error: str | None
+    alive: bool  # whether the adapting side runs
+
+
+def _gathered(parts: Parts) -> tuple[Tensor, list[tuple[str, int]]]:
+    x = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])
+    return x, [o for p in parts for o in p[1]]
+
+
+class ThreadBackend:
+    """The stepper on a thread of this process."""
+
+    def __init__(self, stepper: Stepper, snapshots: Snapshots) -> None:
+        self.stepper, self.snapshots = stepper, snapshots
+        self._work: queue.SimpleQueue[tuple[Parts, int] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.stats = stepper.stats()
+
+    def start(self, done: Done) -> None:
+        self._thread = threading.Thread(target=self._run, args=(done,), daemon=True)
+        self._thread.name = "eatta-serve-adapter"
+        self._thread.start()
+
+    def submit(self, parts: Parts, spare: int) -> None:
+        self._work.put((parts, spare))
+
+    def _run(self, done: Done) -> None:
+        stepper = self.stepper
+        while (item := self._work.get()) is not None:
+            parts, spare = item
+            x, origins = _gathered(parts)
+            ok = stepper.step(x, origins, self.snapshots.copies()[spare])
+            done(ok, spare, stepper.serving, stepper.steps, stepper.stats())
+            if stepper.checkpoint_due():
+                stepper.checkpoint()
+                done(None, None, None, None, stepper.stats())
+        stepper.close()
+        done(None, None, None, None, stepper.stats())
+
+    def stop(self, timeout: float) -> None:
+        self._work.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        else:
+            self.stepper.close()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Be killed when the server's process dies (Linux), ``kill -9`` included."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the closed pipe ends the loop instead
+        pass
+    if os.getppid() != parent:  # the server died before the call above
+        os._exit(1)
+
+
+def _child(
+    model: nn.Module,
+    options: Options,
+    state_path: str,
+    classes: int,
+    parent: int,
+    work: Any,
+    results: Any,
+) -> None:
+    """The adapter process: build the stepper, share the snapshot copies, step on request."""
+    _die_with_parent(parent)
+    os.nice(ADAPTER_NICE)
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    try:
+        stepper = Stepper(model, options, StateDir(state_path), classes)
+        device = torch.device(options.device)
+        snaps = Snapshots.of_method(stepper.method, device, version=stepper.steps)
+        copies = snaps.copies()
+        for m in copies:
+            m.share_memory()
+        given = snaps.given
+        if given is not None:
+            given.share_memory()
+        results.put(
+            (
+                "ready",
+                copies,
+                given,
+                stepper.serving,
+                stepper.steps,
+                stepper.resumed_steps,
+                stepper.orphans,
+                stepper.stats(),
+            )
+        )
+    except Exception as err:
+        kind = "mismatch" if isinstance(err, StateMismatch) else "failed"
+        results.put((kind, f"{type(err).__name__}: {err}", traceback.format_exc()))
+        return
+    while True:
+        item = work.get()
+        if item[0] == "stop":
+            stepper.close()
+            results.put(("closed", stepper.stats()))
+            return
+        _, parts, spare = item
+        x, origins = _gathered(parts)
+        ok = stepper.step(x, origins, copies[spare])
+        results.put(("stepped", ok, spare, stepper.serving, stepper.steps, stepper.stats()))
+        if stepper.checkpoint_due():
+            stepper.checkpoint()
+            results.put(("stats", stepper.stats()))
+
+
+class ProcessBackend:
+    """The stepper in its own process (see the module docstring). Starting it waits until the
+    process has built the method and shared its snapshot copies (:attr:`copies`,
+    :attr:`given`); a :class:`~eatta.serve.state.StateMismatch` or a :class:`RuntimeError` with
+    the process's error otherwise."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        options: Options,
+        state: StateDir,
+        classes: int,
+        timeout: float = 600,
+    ) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self._work, self._results = ctx.Queue(), ctx.Queue()
+        self._proc = ctx.Process(
+            target=_child,
+            args=(model, options, str(state.path), classes, os.getpid(), self._work, self._results),
+            name="eatta-serve-adapter",
+            daemon=True,
+        )
+        self._proc.start()
+        try:
+            ready = self._results.get(timeout=timeout)
+        except queue.Empty:
+            self._proc.kill()
+            raise RuntimeError(f"the adapter process did not start in {timeout:g} s") from None
+        if ready[0] != "ready":
+            self._proc.join(10)
+            if ready[0] == "mismatch":
+                raise StateMismatch(ready[1].split(": ", 1)[1])
+            raise RuntimeError(f"the adapter process failed to start: {ready[1]}\n{ready[2]}")
+        _, self.copies, self.given, self.serving, self.version, resumed, orphans, stats = ready
+        self.resumed_steps: int | None = resumed
+        self.orphans: int = orphans
+        self.stats: dict[str, Any] = stats
+        self._closed = threading.Event()
+        self._receiver: threading.Thread | None = None
+        #: the adapter process's id
+        self.pid: int | None = self._proc.pid
+
+    def start(self, done: Done) -> None:
+        self._receiver = threading.Thread(target=self._receive, args=(done,), daemon=True)
+        self._receiver.name = "eatta-serve-adapter-results"
+        self._receiver.start()
+
+    def submit(self, parts: Parts, spare: int) -> None:
+        self._work.put(("step", parts, spare))  # a feeder thread writes it: never blocks here
+
+    def _receive(self, done: Done) -> None:
+        while True:
+            try:
+                message = self._results.get(timeout=1.0)
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    print("eatta-serve: the adapter process died", file=sys.stderr)
+                    done(False, None, None, None, {**self.stats, "alive": False})
+                    self._closed.set()
+                    return
+                continue
+            if message[0] == "stepped":
+                _, ok, spare, serving, steps, stats = message
+                self.stats = stats
+                done(ok, spare, serving, steps, stats)
+            elif message[0] in ("stats", "closed"):
+                self.stats = message[1]
+                done(None, None, None, None, message[1])
+                if message[0] == "closed":
+                    self._closed.set()
+                    return
+
+    def stop(self, timeout: float) -> None:
+        """Let the step in progress end, then a last checkpoint; the process exits."""
+        if self._proc.is_alive():
+            self._work.put(("stop",))
+            self._closed.wait(timeout)
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
 
 
 class Adapter:
-    """See the module docstring.
+    """The serving side's handle on the method (see the module docstring).
 
     Args:
-        method: the method, owned by the adapter thread from :meth:`start` on.
-        snapshots: where what serves is published.
-        origins: where each sample given to the method came from (for its label requests).
-        save: writes a checkpoint (the state's :meth:`~eatta.serve.state.StateDir.save`).
-        options: the server's options, saved in every checkpoint.
-        checkpoint_s: the least seconds between two checkpoints (0: after every step).
+        snapshots: where the steps' serving models are published.
+        backend: the stepper's thread or process (None: a method that does not adapt).
+        step_rows: samples a step adapts on (the window's size).
     """
 
     def __init__(
         self,
-        method: AdaptiveMethod,
         snapshots: Snapshots,
-        origins: Origins,
-        save: Callable[[dict[str, Any]], int],
-        options: dict[str, Any],
-        *,
-        checkpoint_s: float,
+        backend: ThreadBackend | ProcessBackend | None,
+        step_rows: int,
     ) -> None:
-        self.method, self.snapshots, self.origins = method, snapshots, origins
-        self._save, self.options, self.checkpoint_s = save, dict(options), float(checkpoint_s)
+        self.snapshots, self.backend, self.step_rows = snapshots, backend, max(1, step_rows)
         self._cond = threading.Condition()
-        window = method.window
-        #: samples a step adapts on (the window's size; 1: each batch, without a window)
-        self.step_rows = 1 if window is None else window.size
-        self._gathered: list[tuple[Tensor, list[tuple[str, int]]]] = []
+        self._gathered: Parts = []
         self._gathered_rows = 0
-        self._next: list[tuple[Tensor, list[tuple[str, int]]]] | None = None
         self._busy = False
         self._stopping = False
-        self._taken = self._skipped = self._steps = self._errors = 0
-        self._checkpoints, self._ckpt_time, self._ckpt_seconds, self._ckpt_bytes = 0, 0.0, 0.0, 0
-        self._unsaved = 0  # steps since the last checkpoint
-        self._last_error: str | None = None
-        self._version = 0
-        self._read_method()
-        self._thread = threading.Thread(target=self._run, name="eatta-serve-adapter", daemon=True)
+        self._alive = backend is not None
+        self._taken = self._skipped = 0
+        self._stats: dict[str, Any] = dict(backend.stats) if backend is not None else {}
+
+    def start(self) -> None:
+        if self.backend is not None:
+            self.backend.start(self._done)
+
+    def _done(
+        self,
+        ok: bool | None,
+        spare: int | None,
+        serving: str | None,
+        steps: int | None,
+        stats: dict[str, Any],
+    ) -> None:
+        """A step ended (``ok``: published or not) or the stats changed (``ok`` None)."""
+        if spare is not None:
+            if ok and serving is not None and steps is not None:
+                self.snapshots.swap_in(spare, serving, steps)
+            else:
+                self.snapshots.release(spare)
+        with self._cond:
+            self._stats = stats
+            if stats.get("alive") is False:
+                self._alive = False
+            if ok is not None:
+                self._busy = False
+            self._cond.notify_all()
 
     # -- the serving side --------------------------------------------------------------------
-    def start(self) -> None:
-        if self.method.adapts:
-            self._thread.start()
-
     def offer(self, x: Tensor, origins: list[tuple[str, int]]) -> bool:
         """Hand a served batch to the adapter: True if it takes it (gathered toward the next
         step, which starts once a window's samples are gathered), False if a step runs (the
-        batch is skipped) or the method does not adapt. Never blocks for a step."""
-        if not self.method.adapts:
+        batch is skipped) or nothing adapts. Never blocks for a step."""
+        if self.backend is None:
             return False
         with self._cond:
-            if self._busy or self._stopping:
+            if self._busy or self._stopping or not self._alive:
                 self._skipped += 1
                 return False
             self._taken += 1
             self._gathered.append((x, origins))
             self._gathered_rows += int(x.shape[0])
-            if self._gathered_rows >= self.step_rows:
-                self._next, self._gathered, self._gathered_rows = self._gathered, [], 0
-                self._busy = True
-                self._cond.notify()
+            if self._gathered_rows < self.step_rows:
+                return True
+            spare = self.snapshots.reserve()
+            if spare is None:  # every copy is read: gather on, step at the next offer
+                return True
+            parts, self._gathered, self._gathered_rows = self._gathered, [], 0
+            self._busy = True
+        self.backend.submit(parts, spare)
         return True
 
     @property
-    def idle(self) -> bool:
-        """Whether the next batch offered would be taken (no batch in progress)."""
+    def stepping(self) -> bool:
+        """Whether a step runs now."""
         with self._cond:
-            return not (self._busy or self._stopping) and self.method.adapts
+            return self._busy
+
+    @property
+    def idle(self) -> bool:
+        """Whether no step runs (the next batch offered would be taken)."""
+        with self._cond:
+            return not (self._busy or self._stopping) and self._alive
 
     @property
     def stats(self) -> AdapterStats:
         with self._cond:
+            s = self._stats
             return AdapterStats(
                 taken=self._taken,
                 skipped=self._skipped,
-                steps=self._steps,
-                errors=self._errors,
-                checkpoints=self._checkpoints,
-                checkpoint_time=self._ckpt_time,
-                checkpoint_seconds=self._ckpt_seconds,
-                checkpoint_bytes=self._ckpt_bytes,
-                last_error=self._last_error,
-                **self._method_stats,
+                steps=int(s.get("steps", 0)),
+                errors=int(s.get("errors", 0)),
+                checkpoints=int(s.get("checkpoints", 0)),
+                checkpoint_time=float(s.get("checkpoint_time", 0.0)),
+                checkpoint_seconds=float(s.get("checkpoint_seconds", 0.0)),
+                checkpoint_bytes=int(s.get("checkpoint_bytes", 0)),
+                annotation=dict(s.get("annotation", {})),
+                labels_used=int(s.get("labels_used", 0)),
+                budget=s.get("budget"),
+                fallback=dict(s.get("fallback", {})),
+                last_error=s.get("last_error"),
+                alive=self._alive,
             )
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no step runs (tests, and a stop); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._busy or not self._alive, timeout)
+
     def stop(self, timeout: float = 60.0) -> None:
-        """Finish the batch in progress, then write a last checkpoint (adapting methods)."""
+        """Refuse new batches, let the step in progress end, write a last checkpoint."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self.method.adapts and not self._thread.is_alive():
-            self.checkpoint()
-
-    # -- the adapter thread ------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._next is None and not self._stopping:
-                    self._cond.wait()
-                if self._next is None:
-                    return
-                parts = self._next
-            x = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])
-            origins = [o for p in parts for o in p[1]]
-            try:
-                self._adapt(x, origins)
-            finally:
-                self._read_method()
-                with self._cond:
-                    self._next = None
-                    self._busy = False
-            if self._unsaved and time.time() - self._ckpt_time >= self.checkpoint_s:
-                self.checkpoint()
-
-    def _adapt(self, x: Tensor, origins: list[tuple[str, int]]) -> None:
-        """One step of the method on ``x`` (a window's samples, or more), then publish."""
-        method = self.method
-        self.origins.add(x, origins)
-        try:
-            method(x.to(method.device) if method.device is not None else x)
-        except Exception as err:  # the method's transaction restored its state; serving goes on
-            self._errors += 1
-            self._last_error = f"{type(err).__name__}: {err}"
-            print(f"eatta-serve: a step failed: {self._last_error}", file=sys.stderr)
-            traceback.print_exc(file=sys.stderr)
-            return
-        self._steps += 1
-        self._unsaved += 1
-        self._version += 1
-        self.snapshots.publish(method, self._version)
-
-    def checkpoint(self) -> None:
-        """Write the method's state, the origins of its window's samples and the options."""
-        window = self.method.window
-        held = 0 if window is None else window.filled
-        t0 = time.perf_counter()
-        size = self._save(
-            {
-                "method": self.method.state_dict(),
-                "origins": self.origins.state_dict(held),
-                "options": self.options,
-                "steps": self._steps,
-            }
-        )
-        with self._cond:
-            self._checkpoints += 1
-            self._ckpt_time = time.time()
-            self._ckpt_seconds = time.perf_counter() - t0
-            self._ckpt_bytes = size
-            self._unsaved = 0
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Load a checkpoint (before :meth:`start`), and publish what it serves."""
-        self.method.load_state_dict(state["method"])
-        window = self.method.window
-        samples = None if window is None or window.filled == 0 else window.contents()
-        self.origins.load_state_dict(state.get("origins", {}), samples)
-        self._steps = int(state.get("steps", 0))
-        self._version += 1
-        self.snapshots.publish(self.method, self._version)
-        self._read_method()
-
-    def _read_method(self) -> None:
-        """Read what the metrics show of the method (on the thread that owns it), keep a copy."""
-        method = self.method
-        fallback = method.fallback
-        budget = getattr(method, "budget", None)
-        found: dict[str, Any] = {
-            "annotation": dict(getattr(method, "annotation_stats", {}) or {}),
-            "labels_used": 0 if budget is None else int(budget.lifetime_used),
-            "budget": None if budget is None else int(budget.per_batch),
-            "fallback": {} if fallback is None else dict(fallback.stats()),
-        }
-        with self._cond:
-            self._method_stats = found
+        if self.backend is not None:
+            self.backend.stop(timeout)

@@ -19,6 +19,7 @@ from typing import Any
 import eatta
 from eatta.console import HelpFormatter, UsageError, exit_on_user_error
 from eatta.methods.presets import DATASETS
+from eatta.serve.options import ADAPTERS
 
 __all__ = ["main"]
 
@@ -134,6 +135,13 @@ def _parser() -> argparse.ArgumentParser:
         help="torch's CPU threads (default: torch's own choice)",
     )
     p.add_argument(
+        "--adapter",
+        choices=ADAPTERS,
+        default="process",
+        help="where the method steps: its own process, at a lower priority (a step never holds "
+        "the server's Python lock), or a thread of the server",
+    )
+    p.add_argument(
         "--order",
         choices=("newest", "oldest"),
         default="newest",
@@ -208,6 +216,7 @@ def _serve_locked(args: argparse.Namespace, token: str | None, state: Any, devic
         input_shape=args.input_shape, window=args.window, budget=args.budget,
         max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
         checkpoint_s=args.checkpoint_s, device=str(device), order=args.order,
+        adapter=args.adapter, threads=args.threads,
     )  # fmt: skip
     try:
         service = Service(load_model(args.model), options, state)
@@ -229,14 +238,13 @@ def _serve_locked(args: argparse.Namespace, token: str | None, state: Any, devic
         if service.resumed_steps is not None
         else "fresh"
     )
+    lines = [f"{args.method} on {args.model}, {resumed}; state {args.state}"]
+    if service.adapter_pid is not None:
+        lines.append(f"the method steps in process {service.adapter_pid}")
+    lines.append(f"inference {url}/v2/models/{args.name}/infer, metrics {url}/metrics")
+    lines.append(f"serving the labelling page at {url}/" + (f"?token={token}" if token else ""))
     try:
-        print(
-            f"eatta-serve: {args.method} on {args.model}, {resumed}; state {args.state}\n"
-            f"eatta-serve: inference {url}/v2/models/{args.name}/infer, metrics {url}/metrics\n"
-            f"eatta-serve: serving the labelling page at {url}/"
-            + (f"?token={token}" if token else ""),
-            flush=True,
-        )
+        print("\n".join(f"eatta-serve: {line}" for line in lines), flush=True)
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         print(f"eatta-serve: stopped; the state {args.state} keeps every answer", file=sys.stderr)

@@ -112,6 +112,7 @@ class Metrics:
         serving: str,
         version: int,
         waiting_rows: int,
+        stepping: bool = False,
     ) -> str:
         """The Prometheus text: these counters, the adapter's, the queue's (``LabelQueue.stats``)
         and what serves now."""
@@ -149,6 +150,8 @@ class Metrics:
             adapter.skipped,
         )  # fmt: skip
         t.one("eatta_steps_total", "counter", "Steps the method took.", adapter.steps)
+        t.one("eatta_stepping", "gauge", "Whether a step runs now.", float(stepping))
+        t.one("eatta_adapter_up", "gauge", "Whether the adapting side runs.", float(adapter.alive))
         t.one("eatta_adapter_errors_total", "counter", "Steps that failed.", adapter.errors)
         ann = adapter.annotation
         t.family(

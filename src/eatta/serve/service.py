@@ -1,18 +1,17 @@
-"""One served model: its method, durable state, snapshots, adapter, batcher and numbers.
+"""One served model: its snapshots, its adapter (the method's thread or process), its batcher
+and its numbers, started and stopped together.
 
-:class:`Service` builds them from a model and :class:`Options`, resumes from the state folder's
-checkpoint when there is one (and expires the label requests the dead run made after it: the
-restored method will never apply their answers), and starts and stops them together. A batch goes
-``Batcher`` -> :meth:`Service.predict` (the published snapshot predicts it; the adapter is
-offered it) -> each request's reply. The HTTP side is :mod:`eatta.serve.app`.
+A batch goes ``Batcher`` -> :meth:`Service.predict` (the published snapshot predicts it; the
+adapter is offered it) -> each request's reply. A method that does not adapt (``source``) is
+built here and served as it is; an adapting one lives in a
+:class:`~eatta.serve.stepper.Stepper` on the adapter's backend (``Options.adapter``). The HTTP
+side is :mod:`eatta.serve.app`.
 """
 
 from __future__ import annotations
 
 import itertools
 import secrets
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,47 +19,21 @@ from torch import Tensor, nn
 import eatta
 from eatta.annotate.queue import LabelQueue
 from eatta.methods.registry import get_spec
-from eatta.serve.adapter import Adapter
+from eatta.serve.adapter import Adapter, ProcessBackend, ThreadBackend
 from eatta.serve.batcher import Batch, Batcher
 from eatta.serve.metrics import Metrics
 from eatta.serve.model import num_classes
-from eatta.serve.origins import Origins
+from eatta.serve.options import ADAPTERS, Options
 from eatta.serve.protocol import ModelSpec
 from eatta.serve.snapshot import Snapshot, Snapshots
 from eatta.serve.state import StateDir
+from eatta.serve.stepper import Stepper
 
 __all__ = ["Options", "Service"]
 
 
-@dataclass(frozen=True)
-class Options:
-    """What ``eatta-serve`` is started with (the command's flags, checked)."""
-
-    model: str
-    method: str = "eatta-safe"
-    dataset: str = "default"
-    name: str = "model"
-    input_shape: tuple[int, ...] = (3, 32, 32)
-    window: int = 64
-    budget: int = 1
-    max_batch: int = 64
-    max_wait_ms: float = 5.0
-    max_queue: int = 4096
-    checkpoint_s: float = 1.0
-    device: str = "cpu"
-    order: str = "newest"
-
-    def durable(self) -> dict[str, Any]:
-        """The options a checkpoint must have been written with to be loaded."""
-        return {
-            k: v
-            for k, v in asdict(self).items()
-            if k in ("model", "method", "dataset", "input_shape", "window", "budget")
-        }
-
-
 class Service:
-    """See the module docstring. ``model`` is wrapped in place (pass a copy to keep yours).
+    """See the module docstring. ``model`` is wrapped (pass a copy to keep yours).
 
     Raises what ``eatta.create`` raises for a bad method or key, :class:`UsageError` for a model
     that does not take ``input_shape``, and :class:`~eatta.serve.state.StateMismatch` for a
@@ -68,41 +41,42 @@ class Service:
     """
 
     def __init__(self, model: nn.Module, options: Options, state: StateDir) -> None:
+        if options.adapter not in ADAPTERS:
+            raise ValueError(f"adapter must be one of {ADAPTERS}, got {options.adapter!r}")
         self.options, self.state = options, state
         self.device = torch.device(options.device)
         model = model.to(self.device)
         classes = num_classes(model, options.input_shape, self.device)
         self.spec = ModelSpec(options.name, options.input_shape, classes, options.max_batch)
-        method_spec = get_spec(options.method)
-        window = options.window if method_spec.adapts else None
-        self.origins = Origins(options.max_batch + (window or 0), window)
-        saved = state.load(options.durable())
-        self.queue = LabelQueue(
-            state.queue, class_names=[str(k) for k in range(classes)], origin=self.origins.of
-        )
-        labels: dict[str, Any] = {}
-        if method_spec.active:
-            labels = {"oracle": self.queue, "budget": options.budget}
-        parts: dict[str, Any] = {} if window is None else {"window": window}
-        self.method = eatta.create(
-            options.method, model, dataset=options.dataset, **labels, **parts
-        )
-        self.snapshots = Snapshots(self.method, self.device)
-        self.adapter = Adapter(
-            self.method,
-            self.snapshots,
-            self.origins,
-            state.save,
-            options.durable(),
-            checkpoint_s=options.checkpoint_s,
-        )
-        self.resumed_steps: int | None = None
-        self.orphans = 0
-        if saved is not None:
-            self.adapter.restore(saved)
-            self.resumed_steps = int(saved.get("steps", 0))
-        if method_spec.active:
-            self.orphans = self.queue.expire_unawaited()
+        state.claim(options.durable())
+        self.stepper: Stepper | None = None  # the method, with the thread backend
+        self.adapter_pid: int | None = None
+        backend: ThreadBackend | ProcessBackend | None = None
+        if not get_spec(options.method).adapts:
+            method = eatta.create(options.method, model, dataset=options.dataset)
+            self.snapshots = Snapshots.of_method(method, self.device)
+            self.resumed_steps: int | None = None
+            self.orphans = 0
+        elif options.adapter == "thread":
+            self.stepper = Stepper(model, options, state, classes)
+            self.snapshots = Snapshots.of_method(
+                self.stepper.method, self.device, version=self.stepper.steps
+            )
+            backend = ThreadBackend(self.stepper, self.snapshots)
+            self.resumed_steps, self.orphans = self.stepper.resumed_steps, self.stepper.orphans
+        else:
+            process = ProcessBackend(
+                model.cpu() if options.device == "cpu" else model, options, state, classes
+            )
+            self.snapshots = Snapshots(
+                process.copies, process.given, process.serving, process.version, self.device
+            )
+            backend = process
+            self.resumed_steps, self.orphans = process.resumed_steps, process.orphans
+        #: the adapter process's id (None: no process)
+        self.adapter_pid = backend.pid if isinstance(backend, ProcessBackend) else None
+        self.adapter = Adapter(self.snapshots, backend, options.window)
+        self.queue = LabelQueue(state.queue)  # the page's side: its numbers for the metrics
         self.metrics = Metrics()
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
@@ -119,7 +93,7 @@ class Service:
         )
 
     def stop(self) -> None:
-        """Finish the waiting requests, then the adapter's batch; write a last checkpoint."""
+        """Finish the waiting requests, then the step in progress; write a last checkpoint."""
         if self.batcher is not None:
             self.batcher.close()
         self.adapter.stop()
@@ -142,5 +116,10 @@ class Service:
         snap = self.snapshots.current
         waiting = 0 if self.batcher is None else self.batcher.waiting_rows
         return self.metrics.render(
-            self.adapter.stats, self.queue.stats(), snap.serving, snap.version, waiting
+            self.adapter.stats,
+            self.queue.stats(),
+            snap.serving,
+            snap.version,
+            waiting,
+            stepping=self.adapter.stepping,
         )

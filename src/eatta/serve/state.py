@@ -8,6 +8,9 @@
   options it was started with. Written whole to a temporary file, flushed to disk, then renamed
   over the old one (and the folder flushed), so a ``kill -9`` leaves the old checkpoint or the
   new one, never a mix.
+- ``DIR/options.json``: the options that decide what the checkpoint holds (the model, the
+  method, its dataset row, window and budget), written at the first start and checked at every
+  start, before the model is built.
 - ``DIR/lock``: held (``flock``) while a server runs, so two servers never share a state; the
   kernel releases it when the process dies, ``kill -9`` included.
 
@@ -17,6 +20,7 @@ A restart with the same ``--state`` loads the checkpoint; options that change wh
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,6 +81,21 @@ class StateDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def claim(self, options: Mapping[str, Any]) -> None:
+        """Record ``options`` at the first start; later, a :class:`StateMismatch` naming the
+        first option that differs."""
+        path = self.path / "options.json"
+        mine = json.loads(json.dumps(dict(options)))  # tuples as lists, as they are read back
+        if path.exists():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            _compare(saved, mine, self.path)
+            return
+        if self.checkpoint.exists():  # a state from before options.json: its checkpoint says
+            return
+        tmp = path.with_name("options.json.tmp")
+        tmp.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
     def save(self, state: Mapping[str, Any]) -> int:
         """Write the checkpoint atomically (see the module doc); returns its size in bytes."""
         tmp = self.checkpoint.with_name(CHECKPOINT + ".tmp")
@@ -104,12 +123,17 @@ class StateDir:
                 f"{self.checkpoint} is of format {state.get('format')!r}; this eatta-serve reads "
                 f"format {FORMAT}"
             )
-        saved = state.get("options", {})
-        for key, value in options.items():
-            if saved.get(key) != value:
-                raise StateMismatch(
-                    f"--state {str(self.path)!r} holds a server started with {key} "
-                    f"{saved.get(key)!r}, not {value!r}: start with the same options, or give "
-                    "another --state"
-                )
+        _compare(state.get("options", {}), dict(options), self.path)
         return state
+
+
+def _compare(saved: Mapping[str, Any], mine: Mapping[str, Any], path: Path) -> None:
+    for key, value in mine.items():
+        theirs = saved.get(key)
+        if isinstance(theirs, list | tuple) and isinstance(value, list | tuple):
+            theirs, value = list(theirs), list(value)
+        if theirs != value:
+            raise StateMismatch(
+                f"--state {str(path)!r} holds a server started with {key} {theirs!r}, not "
+                f"{value!r}: start with the same options, or give another --state"
+            )
