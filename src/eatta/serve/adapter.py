@@ -13,7 +13,7 @@ next step are in no checkpoint (fewer than a window's).
 The method itself lives in a :class:`~eatta.serve.stepper.Stepper`, on one of two backends:
 
 - :class:`ProcessBackend` (``eatta-serve``'s default): its own process, started with ``spawn``,
-  at a lower priority (``nice`` +:data:`ADAPTER_NICE`), killed with the server (Linux
+  at a lower priority (``nice`` +``Options.adapter_nice``), killed with the server (Linux
   ``PR_SET_PDEATHSIG``). A step then never holds the serving process's Python lock, and the
   snapshot copies live in shared memory;
 - :class:`ThreadBackend`: a thread of the server's process (no second interpreter to start).
@@ -22,6 +22,7 @@ The method itself lives in a :class:`~eatta.serve.stepper.Stepper`, on one of tw
 from __future__ import annotations
 
 import ctypes
+import io
 import os
 import queue
 import signal
@@ -40,10 +41,8 @@ from eatta.serve.snapshot import Snapshots
 from eatta.serve.state import StateDir, StateMismatch
 from eatta.serve.stepper import Stepper
 
-__all__ = ["ADAPTER_NICE", "Adapter", "AdapterStats", "ProcessBackend", "ThreadBackend"]
+__all__ = ["Adapter", "AdapterStats", "ProcessBackend", "ThreadBackend"]
 
-#: How much lower the adapter process's priority is than the server's (``os.nice``).
-ADAPTER_NICE = 10
 
 Parts = list[tuple[Tensor, list[tuple[str, int]]]]
 #: ``(ok, copy written, what serves, steps, stats)``, or ``stats`` alone after a checkpoint
@@ -68,6 +67,11 @@ class AdapterStats:
     fallback: dict[str, Any]  # the fallback's stats (empty without one)
     last_error: str | None
     alive: bool  # whether the adapting side runs
+
+
+def _raw_bytes(x: Tensor) -> bytes:
+    x = x.detach().to("cpu").contiguous()
+    return ctypes.string_at(x.data_ptr(), x.numel() * x.element_size())
 
 
 def _gathered(parts: Parts) -> tuple[Tensor, list[tuple[str, int]]]:
@@ -125,7 +129,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _child(
-    model: nn.Module,
+    model_bytes: bytes,
     options: Options,
     state_path: str,
     classes: int,
@@ -135,10 +139,13 @@ def _child(
 ) -> None:
     """The adapter process: build the stepper, share the snapshot copies, step on request."""
     _die_with_parent(parent)
-    os.nice(ADAPTER_NICE)
+    os.nice(options.adapter_nice)
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     try:
+        # the model came as torch.save's bytes: in shared memory (as a pickled tensor would come)
+        # its steps ran several times slower
+        model = torch.load(io.BytesIO(model_bytes), map_location="cpu", weights_only=False)
         stepper = Stepper(model, options, StateDir(state_path), classes)
         device = torch.device(options.device)
         snaps = Snapshots.of_method(stepper.method, device, version=stepper.steps)
@@ -170,8 +177,8 @@ def _child(
             stepper.close()
             results.put(("closed", stepper.stats()))
             return
-        _, parts, spare = item
-        x, origins = _gathered(parts)
+        _, (raw, shape, dtype), origins, spare = item
+        x = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)).reshape(shape)
         ok = stepper.step(x, origins, copies[spare])
         results.put(("stepped", ok, spare, stepper.serving, stepper.steps, stepper.stats()))
         if stepper.checkpoint_due():
@@ -196,14 +203,32 @@ class ProcessBackend:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
         self._work, self._results = ctx.Queue(), ctx.Queue()
         self._proc = ctx.Process(
             target=_child,
-            args=(model, options, str(state.path), classes, os.getpid(), self._work, self._results),
+            args=(
+                buffer.getvalue(),
+                options,
+                str(state.path),
+                classes,
+                os.getpid(),
+                self._work,
+                self._results,
+            ),
             name="eatta-serve-adapter",
             daemon=True,
         )
-        self._proc.start()
+        # OpenMP threads that spin while they wait for work took the CPU the other process's
+        # threads needed: steps ran about 3 times slower on 2 cores; passive ones sleep
+        before = os.environ.get("OMP_WAIT_POLICY")
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        try:
+            self._proc.start()
+        finally:
+            if before is None:
+                os.environ.pop("OMP_WAIT_POLICY", None)
         try:
             ready = self._results.get(timeout=timeout)
         except queue.Empty:
@@ -229,7 +254,11 @@ class ProcessBackend:
         self._receiver.start()
 
     def submit(self, parts: Parts, spare: int) -> None:
-        self._work.put(("step", parts, spare))  # a feeder thread writes it: never blocks here
+        x, origins = _gathered(parts)
+        # plain bytes: a tensor would cross in shared memory, a file handle passed per tensor
+        # (several times slower than the step on small models)
+        raw = (_raw_bytes(x), tuple(x.shape), str(x.dtype).removeprefix("torch."))
+        self._work.put(("step", raw, origins, spare))  # a feeder thread writes it: never blocks
 
     def _receive(self, done: Done) -> None:
         while True:

@@ -104,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         help="samples a step adapts on: requests join a window of this many, and a step comes "
         "every as many samples",
     )
+    _serving_options(p)
+    _running_options(p)
+    return p
+
+
+def _serving_options(p: argparse.ArgumentParser) -> None:
+    """Batching and checkpoints."""
     p.add_argument(
         "--max-batch",
         type=_positive(int, 1),
@@ -128,6 +135,10 @@ def _parser() -> argparse.ArgumentParser:
         default=1.0,
         help="the least seconds between two checkpoints, written after a step (0: after each)",
     )
+
+
+def _running_options(p: argparse.ArgumentParser) -> None:
+    """Where the model and the method run, and where the server listens."""
     p.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda, cuda:1)")
     p.add_argument(
         "--threads",
@@ -140,6 +151,13 @@ def _parser() -> argparse.ArgumentParser:
         default="process",
         help="where the method steps: its own process, at a lower priority (a step never holds "
         "the server's Python lock), or a thread of the server",
+    )
+    p.add_argument(
+        "--adapter-nice",
+        type=_positive(int, 0, 19),
+        default=5,
+        help="how much lower the adapter process's CPU priority is (os.nice): higher serves "
+        "faster on a busy machine and adapts on fewer batches",
     )
     p.add_argument(
         "--order",
@@ -156,7 +174,6 @@ def _parser() -> argparse.ArgumentParser:
         help="token every request must carry (default: $EATTA_SERVE_TOKEN; one is generated "
         "when --host is not loopback)",
     )
-    return p
 
 
 def _url(host: str, port: int) -> str:
@@ -216,7 +233,7 @@ def _serve_locked(args: argparse.Namespace, token: str | None, state: Any, devic
         input_shape=args.input_shape, window=args.window, budget=args.budget,
         max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
         checkpoint_s=args.checkpoint_s, device=str(device), order=args.order,
-        adapter=args.adapter, threads=args.threads,
+        adapter=args.adapter, adapter_nice=args.adapter_nice, threads=args.threads,
     )  # fmt: skip
     try:
         service = Service(load_model(args.model), options, state)

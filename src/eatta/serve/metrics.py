@@ -153,75 +153,7 @@ class Metrics:
         t.one("eatta_stepping", "gauge", "Whether a step runs now.", float(stepping))
         t.one("eatta_adapter_up", "gauge", "Whether the adapting side runs.", float(adapter.alive))
         t.one("eatta_adapter_errors_total", "counter", "Steps that failed.", adapter.errors)
-        ann = adapter.annotation
-        t.family(
-            "eatta_labels_total", "counter",
-            "Label requests by the method: asked, answered (applied), skipped, expired, refused.",
-            [
-                ({"what": "asked"}, ann.get("requested", 0)),
-                ({"what": "answered"}, ann.get("received", 0)),
-                ({"what": "skipped"}, ann.get("skipped", 0)),
-                ({"what": "expired"}, ann.get("expired", 0)),
-                ({"what": "refused"}, ann.get("refused", 0)),
-            ],
-        )  # fmt: skip
-        t.one(
-            "eatta_labels_pending",
-            "gauge",
-            "Label requests the method waits for.",
-            ann.get("pending", 0),
-        )
-        t.one(
-            "eatta_labels_used_total", "counter", "Labels the budget granted.", adapter.labels_used
-        )
-        if adapter.budget is not None:
-            t.one(
-                "eatta_budget_per_step",
-                "gauge",
-                "Labels the method may ask per step.",
-                adapter.budget,
-            )
-        t.one(
-            "eatta_queue_pending", "gauge", "Requests pending on the page.", queue.get("pending", 0)
-        )
-        t.one(
-            "eatta_queue_answered_total",
-            "counter",
-            "Answers in the queue.",
-            queue.get("answered", 0),
-        )
-        numbers = {
-            k: float(v)
-            for k, v in adapter.fallback.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        if numbers:
-            t.family(
-                "eatta_fallback", "gauge", "The fallback's numbers (eatta-safe's evidence).",
-                [({"stat": k}, v) for k, v in sorted(numbers.items())],
-            )  # fmt: skip
-        bounds = {k: v for k, v in numbers.items() if "bound" in k}
-        if bounds:
-            t.family(
-                "eatta_certified_bound", "gauge", "The bound the fallback certifies (if any).",
-                [({"stat": k}, v) for k, v in sorted(bounds.items())],
-            )  # fmt: skip
-        t.one("eatta_checkpoints_total", "counter", "Checkpoints written.", adapter.checkpoints)
-        if adapter.checkpoint_time:
-            t.one(
-                "eatta_checkpoint_age_seconds", "gauge", "Seconds since the last checkpoint.",
-                time.time() - adapter.checkpoint_time,
-            )  # fmt: skip
-            t.one(
-                "eatta_checkpoint_bytes",
-                "gauge",
-                "Size of the last checkpoint.",
-                adapter.checkpoint_bytes,
-            )
-            t.one(
-                "eatta_checkpoint_write_seconds", "gauge", "Time the last checkpoint took.",
-                adapter.checkpoint_seconds,
-            )  # fmt: skip
+        _adapter_part(t, adapter, queue)
         t.family(
             "eatta_request_latency_seconds", "summary",
             "From a request's arrival to its reply: batching wait and one forward of what serves.",
@@ -236,3 +168,72 @@ class Metrics:
             time.time() - self.started,
         )
         return "\n".join(t.lines) + "\n"
+
+
+def _adapter_part(t: _Text, adapter: AdapterStats, queue: Mapping[str, Any]) -> None:
+    """The labels, the queue's numbers, the fallback's and the checkpoints."""
+    ann = adapter.annotation
+    t.family(
+        "eatta_labels_total", "counter",
+        "Label requests by the method: asked, answered (applied), skipped, expired, refused.",
+        [
+            ({"what": "asked"}, ann.get("requested", 0)),
+            ({"what": "answered"}, ann.get("received", 0)),
+            ({"what": "skipped"}, ann.get("skipped", 0)),
+            ({"what": "expired"}, ann.get("expired", 0)),
+            ({"what": "refused"}, ann.get("refused", 0)),
+        ],
+    )  # fmt: skip
+    t.one(
+        "eatta_labels_pending",
+        "gauge",
+        "Label requests the method waits for.",
+        ann.get("pending", 0),
+    )
+    t.one("eatta_labels_used_total", "counter", "Labels the budget granted.", adapter.labels_used)
+    if adapter.budget is not None:
+        t.one(
+            "eatta_budget_per_step",
+            "gauge",
+            "Labels the method may ask per step.",
+            adapter.budget,
+        )
+    t.one("eatta_queue_pending", "gauge", "Requests pending on the page.", queue.get("pending", 0))
+    t.one(
+        "eatta_queue_answered_total",
+        "counter",
+        "Answers in the queue.",
+        queue.get("answered", 0),
+    )
+    numbers = {
+        k: float(v)
+        for k, v in adapter.fallback.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    if numbers:
+        t.family(
+            "eatta_fallback", "gauge", "The fallback's numbers (eatta-safe's evidence).",
+            [({"stat": k}, v) for k, v in sorted(numbers.items())],
+        )  # fmt: skip
+    bounds = {k: v for k, v in numbers.items() if "bound" in k}
+    if bounds:
+        t.family(
+            "eatta_certified_bound", "gauge", "The bound the fallback certifies (if any).",
+            [({"stat": k}, v) for k, v in sorted(bounds.items())],
+        )  # fmt: skip
+    t.one("eatta_checkpoints_total", "counter", "Checkpoints written.", adapter.checkpoints)
+    if adapter.checkpoint_time:
+        t.one(
+            "eatta_checkpoint_age_seconds", "gauge", "Seconds since the last checkpoint.",
+            time.time() - adapter.checkpoint_time,
+        )  # fmt: skip
+        t.one(
+            "eatta_checkpoint_bytes",
+            "gauge",
+            "Size of the last checkpoint.",
+            adapter.checkpoint_bytes,
+        )
+        t.one(
+            "eatta_checkpoint_write_seconds", "gauge", "Time the last checkpoint took.",
+            adapter.checkpoint_seconds,
+        )  # fmt: skip

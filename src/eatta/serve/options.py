@@ -30,6 +30,7 @@ class Options:
     device: str = "cpu"
     order: str = "newest"
     adapter: str = "process"
+    adapter_nice: int = 5
     threads: int | None = None
 
     def durable(self) -> dict[str, Any]:
