@@ -6,8 +6,9 @@
   the skip. Blocks on a page share nothing.
 * ``bash`` blocks and blocks without a language: each ``eatta-bench`` / ``eatta-annotate`` /
   ``eatta-serve`` command line is parsed by the real argument parser (and its method names and
-  ``--hp`` keys checked, as the command does before any work), ``python SCRIPT ARGS`` by the script's own parser,
-  ``pip install -e ".[extras]"`` against pyproject's extras. Nothing is executed.
+  ``--hp`` keys checked, as the command does before any work), ``python SCRIPT ARGS`` by the
+  script's own parser, ``pip install -e ".[extras]"`` against pyproject's extras. Nothing is
+  executed.
 * Every inline ``eatta.x.y`` name in the pages resolves to a module or attribute.
 """
 
