@@ -4,10 +4,11 @@
   comment just before the block: ``<!-- snippet: setup=model -->`` (see :data:`SETUPS`). A block
   that cannot run here says why: ``<!-- skip: needs ImageNet-C data -->``; the reason is shown in
   the skip. Blocks on a page share nothing.
-* ``bash`` blocks and blocks without a language: each ``eatta-bench`` / ``eatta-annotate`` command
-  line is parsed by the real argument parser (and its method names and ``--hp`` keys checked, as
-  the command does before any work), ``python SCRIPT ARGS`` by the script's own parser,
-  ``pip install -e ".[extras]"`` against pyproject's extras. Nothing is executed.
+* ``bash`` blocks and blocks without a language: each ``eatta-bench`` / ``eatta-annotate`` /
+  ``eatta-serve`` command line is parsed by the real argument parser (and its method names and
+  ``--hp`` keys checked, as the command does before any work), ``python SCRIPT ARGS`` by the
+  script's own parser, ``pip install -e ".[extras]"`` against pyproject's extras. Nothing is
+  executed.
 * Every inline ``eatta.x.y`` name in the pages resolves to a module or attribute.
 """
 
@@ -380,6 +381,11 @@ def check_command(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys) -> s
         from eatta.annotate import cli as annotate_cli
 
         annotate_cli._parser().parse_args(argv[1:])
+        return prog
+    if prog == "eatta-serve":
+        from eatta.serve import cli as serve_cli
+
+        serve_cli._parser().parse_args(argv[1:])
         return prog
     if prog in ("python", "python3") and argv[1:2] != ["-m"] and len(argv) > 1:
         script = REPO / argv[1]
