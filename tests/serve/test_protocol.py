@@ -51,6 +51,12 @@ def test_json_and_binary_requests_give_the_same_tensor() -> None:
     assert torch.equal(parse_infer(json.dumps(flat).encode(), None, SPEC).x, x)
 
 
+def test_the_model_name_and_version_kserves_client_repeats_in_the_body_are_taken() -> None:
+    x = torch.zeros(1, 3, 4, 4)
+    parsed = parse_infer(_json(x, model_name="digits", model_version="1", id="k"), None, SPEC)
+    assert parsed.id == "k" and torch.equal(parsed.x, x)
+
+
 def test_outputs_asked_for_by_name_and_binary_flags() -> None:
     x = torch.zeros(1, 3, 4, 4)
     asked = [{"name": "class"}, {"name": "logits", "parameters": {"binary_data": True}}]
@@ -80,6 +86,7 @@ def test_outputs_asked_for_by_name_and_binary_flags() -> None:
         (lambda d: d.update(id=7), "id must be a string"),
         (lambda d: d.update(extra=1), "unknown key"),
         (lambda d: d.update(inputs=[]), "exactly one input"),
+        (lambda d: d.update(model_name="other"), "model_name is 'other'; this model is 'digits'"),
     ],
 )
 def test_a_bad_request_is_refused_naming_what_is_wrong(change, message: str) -> None:

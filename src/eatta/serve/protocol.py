@@ -42,7 +42,9 @@ OUTPUTS = ("logits", "class")
 #: The longest request ``id`` taken (it is stored with the label requests it leads to).
 MAX_REQUEST_ID = 200
 _DATATYPE = {"logits": "FP32", "class": "INT64"}
-_REQUEST_KEYS = {"id", "parameters", "inputs", "outputs"}
+#: A request's keys: the protocol's four, and the model's name and version that KServe's client
+#: repeats in the body (checked against the URL's).
+_REQUEST_KEYS = {"id", "parameters", "inputs", "outputs", "model_name", "model_version"}
 _INPUT_KEYS = {"name", "shape", "datatype", "parameters", "data"}
 _OUTPUT_KEYS = {"name", "parameters"}
 
@@ -243,6 +245,10 @@ def parse_infer(body: bytes, header_length: str | None, spec: ModelSpec) -> Infe
     naming what is wrong otherwise."""
     doc, rest = _header(body, header_length)
     _unknown(doc, _REQUEST_KEYS, "the request")
+    for key, served in (("model_name", spec.name), ("model_version", spec.version)):
+        named = doc.get(key)
+        if named not in (None, "", served):
+            raise ProtocolError(f"the request's {key} is {named!r}; this model is {served!r}")
     rid = _request_id(doc)
     outputs = _outputs(doc)
     return InferRequest(rid, _input_tensor(doc, rest, spec), outputs)
