@@ -268,6 +268,13 @@ class AdaptiveMethod(nn.Module):
         """The pull back toward the given weights after each step; None: no pull."""
         return self.part("weight_anchor")
 
+    @property
+    def serving_model(self) -> nn.Module:
+        """The model whose predictions the method serves: its model (CoTTA: its mean teacher).
+        A server predicts from a copy of it between steps (:mod:`eatta.realtime`,
+        :mod:`eatta.serve`)."""
+        return self.model
+
     # -- the model as given ------------------------------------------------------------------
     @property
     def given(self) -> nn.Module:

@@ -220,6 +220,11 @@ class CoTTA(AdaptiveMethod):
         of the model as given, read on the batch's statistics as the adapted model is."""
         return self.given
 
+    @property
+    def serving_model(self) -> nn.Module:
+        """The mean teacher: CoTTA serves its predictions."""
+        return self.teacher
+
     # -- the step ----------------------------------------------------------------------------
     @torch.no_grad()
     def _teacher_prediction(self, x: Tensor) -> tuple[Tensor, float, bool]:

@@ -32,10 +32,9 @@ COPIES = 3
 
 
 def serving_model(method: AdaptiveMethod) -> nn.Module:
-    """The model a method serves its predictions from: a mean teacher where it keeps one
-    (CoTTA's ``teacher``), else its model."""
-    teacher = getattr(method, "teacher", None)
-    return teacher if isinstance(teacher, nn.Module) else method.model
+    """The model a method serves its predictions from (:attr:`AdaptiveMethod.serving_model`:
+    CoTTA's mean teacher, else its model)."""
+    return method.serving_model
 
 
 def what_serves(method: AdaptiveMethod) -> str:
