@@ -8,8 +8,8 @@ the active ones given random labels. Phases: 1. interleaved timing rounds until 
 the job's share of ``--budget-s`` is spent; 2. after all timing, per variant: the peak memory
 while it is built and stepped ``--memory-steps`` times, and the host syncs of one step (CUDA's
 sync debug mode; ``torch.profiler``'s blocking runtime calls); 3. ``pytest -m gpu``, unless
-``--skip-tests``. bf16: a method with an ``autocast`` option is built with it, the others run
-inside ``torch.autocast``.
+``--skip-tests``. bf16: every method is built with its ``autocast`` option; the inference and
+the floors run inside ``torch.autocast``.
 
 The JSON, rewritten after every phase of every job (``"complete": false`` until the end; a failed
 job keeps its traceback and makes the exit status 1), holds the machine's facts, the
@@ -192,7 +192,7 @@ class Variant:
             name = name.removesuffix("-compiled")
         method = name.removesuffix("-approx")
         kw: dict[str, Any] = {"grad_mode": "approx"} if name == "eatta-approx" else {}
-        if bf16 and "autocast" in get_spec(method).keys:  # TENT has none: autocast around it
+        if bf16 and "autocast" in get_spec(method).keys:  # every method has the option
             kw["autocast"], self.via = True, "autocast=True"
         self.step = _timing.method_step(method, model, x, y, **kw)
 

@@ -143,7 +143,13 @@ def test_budget_state_round_trip_keeps_the_lifetime_count():
     b.reset()
     b.commit(1)
     state = b.state_dict()
-    assert state == {"labels_used": 1, "batches_seen": 1, "lifetime_used": 4}
+    assert state == {
+        "labels_used": 1,
+        "batches_seen": 1,
+        "lifetime_used": 4,
+        "asked": 1,  # since the reset, as labels_used (a plain commit: asked, answered = used)
+        "answered": 1,
+    }
     c = Budget(1, total=4)
     c.load_state_dict(state)
     assert (c.labels_used, c.batches_seen, c.lifetime_used, c.allowance()) == (1, 1, 4, 0)

@@ -1,5 +1,6 @@
-"""Every --help of eatta-bench and eatta-annotate reads as plain text, each default said once and
-true: the value the parser (or, where the parser leaves it unset, the library) really uses."""
+"""Every --help of eatta-bench, eatta-annotate and eatta-serve reads as plain text, each default
+said once and true: the value the parser (or, where the parser leaves it unset, the library)
+really uses."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from eatta.annotate.paced import DEFAULT_PATIENCE, PersonPace
 from eatta.bench import api, sweep
 from eatta.bench import cli as bench_cli
 from eatta.console import HelpFormatter, says_default
+from eatta.serve import cli as serve_cli
 
 #: reST a docstring may carry into a help text: ``literal``, :role:`x`, `x`, x: (a field list)
 _REST = re.compile(r"``|:(func|mod|class|meth|attr|data|ref|doc):|`[^`]+`|::")
@@ -37,6 +39,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     out |= {f"eatta-bench {k}": p for k, p in _subparsers(bench).items() if k != "sweep"}
     out["eatta-bench sweep"] = sweep.sweep_parser()
     out |= {f"eatta-annotate {k}": p for k, p in _subparsers(annotate).items()}
+    out["eatta-serve"] = serve_cli._parser()
     return out
 
 
@@ -52,7 +55,9 @@ def _wide(monkeypatch):
 def _help_text(command: str, capsys: pytest.CaptureFixture[str]) -> str:
     """What ``COMMAND --help`` prints, through the program's own entry point."""
     program, *sub = command.split()
-    main = bench_cli.main if program == "eatta-bench" else annotate_cli.main
+    main = {"eatta-bench": bench_cli.main, "eatta-annotate": annotate_cli.main}.get(
+        program, serve_cli.main
+    )
     with pytest.raises(SystemExit) as done:
         main([*sub, "--help"])
     assert done.value.code == 0
@@ -84,6 +89,7 @@ def test_every_command_is_checked():
         "eatta-annotate",
         "eatta-annotate serve",
         "eatta-annotate stats",
+        "eatta-serve",
     }
     assert all(p.formatter_class is HelpFormatter for p in PARSERS.values())
 

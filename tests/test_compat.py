@@ -78,3 +78,33 @@ def test_what_install_md_says_of_a_plain_import_is_true():
     out = run("import torchvision")
     if out.returncode != 0:
         assert "operator torchvision::nms does not exist" in out.stderr.splitlines()[-1]
+
+
+def test_user_code_imports_transformers_after_eatta_compat():
+    """Hugging Face vision models import torchvision: after the public call, they import and
+    build as docs/guide/huggingface.md writes it (a fresh interpreter, no download)."""
+    out = run(
+        """
+        from eatta.compat import import_transformers
+
+        import_transformers()
+        from transformers import ViTConfig, ViTForImageClassification
+
+        model = ViTForImageClassification(ViTConfig(image_size=32, patch_size=8, hidden_size=16,
+            num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=3))
+        print(type(model).__name__)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ViTForImageClassification"]
+
+
+def test_what_install_md_says_of_transformers_is_true():
+    """A plain ``from transformers import ViTForImageClassification`` works (a CPU torchvision)
+    or fails as the page says, and the page names the call that makes it work."""
+    page = " ".join(INSTALL.read_text(encoding="utf-8").split())
+    assert "`eatta.compat.import_transformers()`" in page
+    assert "Could not import module 'ViTForImageClassification'" in page
+    out = run("from transformers import ViTForImageClassification")
+    if out.returncode != 0:
+        assert "Could not import module 'ViTForImageClassification'" in out.stderr

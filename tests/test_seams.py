@@ -12,20 +12,21 @@ import torch
 from torch import Tensor, nn
 
 import eatta
+from _every_method import call, labelled_batches, method_kwargs
 from conftest import nested_equal
 from eatta.annotate import SimulatedAnnotator
 from eatta.annotate.base import QueuedAnnotator
-from eatta.methods.registry import get_spec
 from eatta.split import SplitNotFoundError
 
 
 class DictNet(nn.Module):
     """A ``features`` / ``classifier`` CNN whose forward returns a dict, as many a published
-    model does (its logits beside an auxiliary output)."""
+    model does (its logits beside an auxiliary output; under another key with ``key``)."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, key: str = "logits") -> None:
         super().__init__()
         torch.manual_seed(seed)
+        self.key = key
         self.features = nn.Sequential(
             nn.Conv2d(3, 8, 3, padding=1),
             nn.BatchNorm2d(8),
@@ -39,43 +40,56 @@ class DictNet(nn.Module):
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
         z = self.features(x)
-        return {"logits": self.classifier(z), "embedding": z}
+        return {self.key: self.classifier(z), "embedding": z}
+
+
+class TensorNet(DictNet):
+    """The same network returning its logits alone (the reference for DictNet)."""
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        return self.classifier(self.features(x))
 
 
 def _kw(name: str) -> dict[str, Any]:
-    kw: dict[str, Any] = {"oracle": eatta.GroundTruthOracle()} if get_spec(name).active else {}
-    if name == "eata":
-        kw["fisher_data"] = [torch.rand(8, 3, 8, 8)]
-    return kw
+    return method_kwargs(name)
 
 
 def _batches(n: int = 3, size: int = 16, seed: int = 0) -> list[tuple[Tensor, Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    return [
-        (torch.rand(size, 3, 8, 8, generator=g), torch.randint(0, 5, (size,), generator=g))
-        for _ in range(n)
-    ]
+    return labelled_batches(n, size, seed=seed)
 
 
-def _call(method: eatta.AdaptiveMethod, name: str, x: Tensor, y: Tensor) -> Tensor:
-    return method(x, labels=y) if get_spec(name).active else method(x)
+_call = call
 
 
 @pytest.mark.parametrize("name", eatta.available())
-def test_a_dict_output_is_refused_the_same_way_by_every_method(name: str) -> None:
-    model = DictNet()
+def test_a_dict_without_logits_is_refused_the_same_way_by_every_method(name: str) -> None:
+    model = DictNet(key="scores")
+    message = r"returned a dict \(keys 'scores', 'embedding'\).*split=\(backbone, model\.classifier"
     if name == "eata":  # its Fisher data are read when it is built: refused there, undone
         before = copy.deepcopy(model.state_dict())
-        with pytest.raises(SplitNotFoundError, match=r"split=\(backbone, head\)"):
+        with pytest.raises(SplitNotFoundError, match=message):
             eatta.create(name, model, **_kw(name))
         assert nested_equal(model.state_dict(), before)
         return
     method = eatta.create(name, model, **_kw(name))
     before = copy.deepcopy(method.state_dict())
     (x, y), *_ = _batches(1)
-    with pytest.raises(SplitNotFoundError, match=r"split=\(backbone, head\)"):
+    with pytest.raises(SplitNotFoundError, match=r"split=\(backbone, "):
         _call(method, name, x, y)
     assert nested_equal(method.state_dict(), before)  # refused before anything changed
+
+
+@pytest.mark.parametrize("name", eatta.available())
+def test_a_dict_with_logits_is_read_as_the_tensor_by_every_method(name: str) -> None:
+    """A model returning ``{"logits": ...}`` adapts exactly as the same model returning the
+    tensor, and the method returns the tensor."""
+    outs = []
+    for net in (DictNet(), TensorNet()):
+        method = eatta.create(name, net, **_kw(name))
+        outs.append([_call(method, name, x, y) for x, y in _batches()])
+    for got, want in zip(*outs, strict=True):
+        assert isinstance(got, Tensor) and got.shape == (16, 5)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", eatta.available())
@@ -106,8 +120,9 @@ def test_an_explicit_split_that_is_not_the_models_is_refused_on_the_first_batch(
     (x, y), *_ = _batches(1)
     cases = [
         (lambda m: (m.features, nn.Linear(8, 5)), "not the model's"),  # a head of its own
-        (lambda m: (m.features, TwiceHead(m.classifier)), "differs from the model's output"),
-        (lambda m: (nn.Identity(), m.classifier), r"returned|differs"),  # not the features
+        (lambda m: (m.features, TwiceHead(m.classifier)), "differs from the model's logits"),
+        (lambda m: (nn.Identity(), m.classifier), r"returned a tensor of shape \(16, 3, 8, 5\)"),
+        (lambda m: (m, m.classifier), r"backbone returned a dict \(keys 'logits', 'embedding'"),
     ]
     for split, message in cases:
         model = DictNet()

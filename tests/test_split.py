@@ -293,7 +293,7 @@ def test_discovered_split_gives_the_same_step_as_the_explicit_one():
 @pytest.mark.parametrize(
     "forward,why",
     [
-        (lambda m, z: m.fc(m.sq(z)) + m.fc2(z), "no nn.Linear produced its output"),
+        (lambda m, z: m.fc(m.sq(z)) + m.fc2(z), r"combine 2 nn.Linear heads \(model.fc, "),
         (lambda m, z: m.sq(m.sq(z)), "runs 2 times"),
         (lambda m, z: (m.fc(z), z), "returns a tuple"),
         (lambda m, z: 2 * m.fc(z), "no nn.Linear produced its output"),

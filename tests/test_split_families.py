@@ -251,21 +251,23 @@ def test_googlenet_and_inception_with_aux_heads_split_in_eval_mode():
         backbone, head = split_model(model.eval(), example=x)
         with torch.no_grad():
             assert torch.equal(head(backbone(x)), model(x))
-    # in train mode GoogLeNet returns (logits, aux2, aux1): a clear error
+    # in train mode GoogLeNet returns GoogLeNetOutputs(logits, aux_logits2, aux_logits1): its
+    # ``logits`` field is read, as a ModelOutput's is, and the split is the main head
     model = models.googlenet(num_classes=10, init_weights=False).train()
-    with pytest.raises(SplitNotFoundError, match=r"returns a GoogLeNetOutputs.*split=\(backbone"):
-        split_model(model, example=torch.randn(2, 3, 32, 32))
+    backbone, head = split_model(model, example=torch.randn(2, 3, 32, 32))
+    assert head is model.fc
 
 
 @pytest.mark.parametrize(
-    "source,build,size,why",
+    "source,build,size,why,when",
     [
-        ("torchvision", "squeezenet1_1", 64, "no nn.Linear"),
-        ("timm", "dla46_c", 32, "no nn.Linear"),  # a 1x1 convolution as classifier
-        ("timm", "deit_tiny_distilled_patch16_224", 32, "no nn.Linear produced its output"),
+        ("torchvision", "squeezenet1_1", 64, "no nn.Linear", "first batch"),
+        ("timm", "dla46_c", 32, "no nn.Linear", "first batch"),  # a 1x1 convolution classifier
+        # two heads, by its class: refused when the method is built, with no batch
+        ("timm", "deit_tiny_distilled_patch16_224", 32, r"combine 2 classifier heads", "built"),
     ],
 )
-def test_models_without_one_final_linear_get_a_clear_error(source, build, size, why):
+def test_models_without_one_final_linear_get_a_clear_error(source, build, size, why, when):
     if source == "torchvision":
         model = getattr(import_torchvision().models, build)(num_classes=10)
     else:
@@ -276,16 +278,25 @@ def test_models_without_one_final_linear_get_a_clear_error(source, build, size, 
     with pytest.raises(SplitNotFoundError, match=why + r".*split=\(backbone, head\)"):
         split_model(model, example=x)
 
-    # the method raises the same error on its first batch, before any state changes
+    # the method raises the same error when it is built or on its first batch, before any
+    # state changes
     params = eatta.configure(model, "all")
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    method = eatta.EATTA(
-        model,
-        torch.optim.SGD(params, lr=0.1),
-        oracle=lambda inputs, idx: torch.zeros(len(idx), dtype=torch.long),
-    )
-    with pytest.raises(SplitNotFoundError):
-        method(x)
-    assert method.labels_used == 0
+
+    def build() -> eatta.EATTA:
+        return eatta.EATTA(
+            model,
+            torch.optim.SGD(params, lr=0.1),
+            oracle=lambda inputs, idx: torch.zeros(len(idx), dtype=torch.long),
+        )
+
+    if when == "built":
+        with pytest.raises(SplitNotFoundError, match=why):
+            build()
+    else:
+        method = build()
+        with pytest.raises(SplitNotFoundError, match=why):
+            method(x)
+        assert method.labels_used == 0
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     assert not _has_hooks(model)

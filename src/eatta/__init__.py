@@ -21,6 +21,7 @@ from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.methods import EATTA, AdaptiveMethod, InvalidInputError
 from eatta.methods.registry import available, create, describe
+from eatta.outputs import OutputError
 from eatta.split import SplitNotFoundError, split_model
 from eatta.window import SmallBatchWarning
 
@@ -34,6 +35,7 @@ __all__ = [
     "GroundTruthOracle",
     "InvalidInputError",
     "OracleError",
+    "OutputError",
     "SmallBatchWarning",
     "SplitNotFoundError",
     "__version__",

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["TorchvisionOpsWarning", "import_timm", "import_torchvision"]
+__all__ = ["TorchvisionOpsWarning", "import_timm", "import_torchvision", "import_transformers"]
 
 _MISSING_OP = "operator torchvision::nms does not exist"
 _SCHEMA = "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
@@ -71,3 +71,13 @@ def import_timm() -> ModuleType:
     import timm
 
     return timm
+
+
+def import_transformers() -> ModuleType:
+    """Import Hugging Face ``transformers`` through :func:`import_torchvision`: its vision
+    models import torchvision when it is installed, so next to a CPU torch and PyPI's CUDA
+    torchvision ``from transformers import ViTForImageClassification`` fails otherwise."""
+    import_torchvision()
+    import transformers
+
+    return transformers

@@ -274,4 +274,9 @@ def make_balance(spec: str | ClassBalance | None) -> ClassBalance:
         return LastKClasses()
     if isinstance(spec, str):
         raise ValueError(f"unknown class balance {spec!r}; use 'reference', 'last-k' or 'none'")
+    if not isinstance(spec, ClassBalance):
+        raise TypeError(
+            "balance must be a name ('reference', 'last-k', 'none'), None or a ClassBalance, "
+            f"got {type(spec).__name__}"
+        )
     return spec

@@ -14,12 +14,16 @@ class Budget:
     ``total`` labels overall. ``Budget(1)`` is the paper's one label per batch (``*``),
     ``Budget(3)`` its ``†`` setting, ``Budget(1, every=3)`` one label per three batches.
 
-    Two counts: ``labels_used`` (since the last :meth:`reset`: what the method's
-    ``labels_used`` reports) and ``lifetime_used`` (every label this budget ever granted, which no
-    ``reset()`` clears). The ``total`` cap binds the lifetime count: a method's ``reset()``,
-    whether a guard's or your own, restarts the every-N schedule and ``labels_used`` but never
-    grants labels beyond ``total``. To spend a new total (a new stream you pay for again), call
-    ``reset(lifetime=True)`` on the budget or build a new one.
+    Two counts of what it granted: ``labels_used`` (since the last :meth:`reset`: what the
+    method's ``labels_used`` reports) and ``lifetime_used`` (every label this budget ever
+    granted, which no ``reset()`` clears). Beside them, since the last reset, what was asked of
+    the annotator and what it answered (``asked``, ``answered``: a method's ``labels_asked`` and
+    ``labels_answered``): with labels at once the budget is spent on answers, with a late
+    annotator on requests, so an answer can come long after the label it used. The ``total``
+    cap binds the lifetime count: a method's ``reset()``, whether a guard's or your own,
+    restarts the every-N schedule and ``labels_used`` but never grants labels beyond ``total``.
+    To spend a new total (a new stream you pay for again), call ``reset(lifetime=True)`` on the
+    budget or build a new one.
     """
 
     def __init__(self, per_batch: int = 1, every: int = 1, total: int | None = None) -> None:
@@ -36,6 +40,8 @@ class Budget:
         self.labels_used = 0
         self.batches_seen = 0
         self._lifetime = 0
+        self.asked = 0
+        self.answered = 0
 
     @property
     def lifetime_used(self) -> int:
@@ -56,13 +62,16 @@ class Budget:
             k = min(k, self.total - self._lifetime)
         return max(k, 0)
 
-    def commit(self, labels: int) -> None:
-        """Record a finished batch that used ``labels`` labels."""
+    def commit(self, labels: int, *, asked: int | None = None, answered: int | None = None) -> None:
+        """Record a finished batch that used ``labels`` labels, asked the annotator for ``asked``
+        samples and heard ``answered`` answers (each default: ``labels``)."""
         if labels > self.allowance():
             raise RuntimeError(f"{labels} labels exceed this batch's allowance {self.allowance()}")
         self.labels_used += labels
         self._lifetime += labels
         self.batches_seen += 1
+        self.asked += labels if asked is None else asked
+        self.answered += labels if answered is None else answered
 
     def reset(self, *, lifetime: bool = False) -> None:
         """Restart the schedule and ``labels_used``; ``lifetime=True`` also clears the lifetime
@@ -71,29 +80,34 @@ class Budget:
             raise TypeError(f"lifetime must be True or False, got {lifetime!r}")
         self.labels_used = 0
         self.batches_seen = 0
+        self.asked = self.answered = 0
         if lifetime:
             self._lifetime = 0
 
-    def snapshot(self) -> tuple[int, int, int]:
+    def snapshot(self) -> tuple[int, ...]:
         """A cheap token for :meth:`restore` (the method's per-step transaction)."""
-        return self.labels_used, self.batches_seen, self._lifetime
+        return self.labels_used, self.batches_seen, self._lifetime, self.asked, self.answered
 
-    def restore(self, token: tuple[int, int, int]) -> None:
-        self.labels_used, self.batches_seen, self._lifetime = token
+    def restore(self, token: tuple[int, ...]) -> None:
+        self.labels_used, self.batches_seen, self._lifetime, self.asked, self.answered = token
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "labels_used": self.labels_used,
             "batches_seen": self.batches_seen,
             "lifetime_used": self._lifetime,
+            "asked": self.asked,
+            "answered": self.answered,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s counts (a state saved before the lifetime count existed
-        takes ``labels_used`` as its lifetime count)."""
+        """Restore :meth:`state_dict`'s counts (a state saved before the lifetime, asked and
+        answered counts existed takes ``labels_used`` for each)."""
         self.labels_used = int(state["labels_used"])
         self.batches_seen = int(state["batches_seen"])
         self._lifetime = int(state.get("lifetime_used", self.labels_used))
+        self.asked = int(state.get("asked", self.labels_used))
+        self.answered = int(state.get("answered", self.labels_used))
 
     def __repr__(self) -> str:
         return f"Budget(per_batch={self.per_batch}, every={self.every}, total={self.total})"

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["LabelBuffer"]
+__all__ = ["LabelBuffer", "make_buffer"]
 
 
 class LabelBuffer:
@@ -131,3 +131,17 @@ class LabelBuffer:
         self.generator.set_state(state["rng"])
         if state["x"] is not None:
             self.add(state["x"], state["y"])
+
+
+def make_buffer(spec: LabelBuffer | int | None, *, seed: int = 0) -> LabelBuffer | None:
+    """A replay buffer from a capacity (an int; 0 or None: no buffer) or an instance (returned
+    as it is): ``buffer=`` takes either, in ``eatta.create`` and the class API."""
+    if spec is None or isinstance(spec, LabelBuffer):
+        return spec
+    if isinstance(spec, bool) or not isinstance(spec, int):
+        raise TypeError(
+            f"buffer must be a capacity (int), a LabelBuffer or None, got {type(spec).__name__}"
+        )
+    if spec < 0:
+        raise ValueError(f"buffer capacity must be >= 0, got {spec}")
+    return LabelBuffer(spec, seed=seed) if spec else None

@@ -82,14 +82,6 @@ def batch_counts(batches: int, cost: float) -> dict[str, int]:
     return {"adapted": adapted, "skipped": batches - adapted}
 
 
-def _serving_model(method: Any) -> nn.Module:
-    """The model a method serves its predictions from: CoTTA's mean teacher, else its model."""
-    from eatta.methods.cotta import CoTTA
-
-    model: nn.Module = method.teacher if isinstance(method, CoTTA) else method.model
-    return model
-
-
 @torch.no_grad()
 def serve_without_adapting(method: Any, x: Tensor) -> Tensor:
     """The logits a method's current model gives ``x`` without adapting or asking for labels.
@@ -101,7 +93,7 @@ def serve_without_adapting(method: Any, x: Tensor) -> Tensor:
     serves its teacher's plain prediction (its augmentation average draws from its generator,
     which a skipped batch leaves alone).
     """
-    model = _serving_model(method)
+    model: nn.Module = method.serving_model
     saved = [(b, b.clone()) for b in model.buffers()]
     try:
         out: Tensor = method.logits_of(model, x) if model is not method.model else method.logits(x)

@@ -7,15 +7,20 @@ model(x)`` with both sharing the model's parameters. :func:`split_model` tries, 
 2. precise rules by class: torchvision ResNet (ResNeXt, Wide ResNet) and ViT (features = the
    class token before the head), timm models with ``forward_features`` / ``forward_head`` and an
    ``nn.Linear`` from ``get_classifier()``, an ``nn.Sequential`` ending in ``nn.Linear``;
-3. discovery on an example batch (the methods pass their first batch): one forward pass, under
+3. discovery on an example batch (the methods pass their first batch, or an input built from
+   the model's own configuration at construction, :func:`example_input`): one forward pass, under
    ``torch.no_grad`` and with the model's state restored afterwards, observes which ``nn.Linear``
    produced the output. If that layer ran once and ``layer(its input)`` equals the output exactly,
    the head is that layer and the features are its input. The backbone is the model's direct
    child that produced that input, when there is one and it gives the same features run alone
    (a ``features`` / ``classifier`` model); else it runs the model and stops as the head is
-   entered (a hook lives on the head only during each backbone call). Models whose
-   output comes from a convolution, from several layers combined, from a layer run twice, or that
-   return a tuple get :class:`SplitNotFoundError`.
+   entered (a hook lives on the head only during each backbone call). The logits are read as
+   every method reads them (:mod:`eatta.outputs`: a tensor, or a mapping or Hugging Face
+   ``ModelOutput`` with ``logits``), so a ``transformers`` classifier (ViT, DeiT, BEiT, ResNet,
+   ConvNeXt, Swin, MobileViT, EfficientNet, ...) is split at its classifier, the features being
+   the tensor that enters it. Models whose logits come from a convolution, from several layers
+   combined (a distilled two-head DeiT or LeViT), from a layer run twice, or that return a tuple
+   get :class:`SplitNotFoundError`.
 
 Otherwise pass ``split=(backbone, head)`` to the method.
 
@@ -40,18 +45,18 @@ from typing import Any, NamedTuple, Protocol, TypeGuard
 import torch
 from torch import Tensor, nn
 
+from eatta.outputs import SplitNotFoundError, classifier_names, describe_output, logits_in
+
 __all__ = [
     "ModelSplit",
     "SplitNotFoundError",
     "backward_twice",
     "check_split",
+    "example_input",
+    "find_split",
     "is_compiled",
     "split_model",
 ]
-
-
-class SplitNotFoundError(TypeError):
-    """The backbone/head split of a model could not be found automatically."""
 
 
 class ModelSplit(NamedTuple):
@@ -216,19 +221,31 @@ class _LinearInputFeatures(nn.Module):
         return found[0]
 
 
+#: What to pass for a model whose logits combine two heads.
+_TWO_HEADS = (
+    "EATTA perturbs the features its head reads: give it one feature tensor and a head that "
+    "computes the logits from it (for a distilled model, both tokens concatenated and the mean "
+    "of both heads; docs/guide/huggingface.md)"
+)
+
+
+def _head_advice(model: nn.Module) -> str:
+    """``split=(...)`` spelled with the model's own classifier attribute, where it has one."""
+    heads = classifier_names(model)
+    if not heads:
+        return "split=(backbone, head)"
+    return f"split=(backbone, head), e.g. head=model.{heads[0]}"
+
+
 def _not_found(model: nn.Module, why: str) -> SplitNotFoundError:
     return SplitNotFoundError(
         f"cannot find the feature extractor / classifier head of {type(model).__name__}: {why}. "
-        "Automatic splits need the output to come from one final nn.Linear (see "
-        "eatta.split). Pass it explicitly: split=(backbone, head), two modules sharing the "
-        "model's parameters with head(backbone(x)) == model(x)."
+        "Automatic splits need the logits to come from one final nn.Linear applied to one "
+        f"feature tensor (see eatta.split). Pass it explicitly: {_head_advice(model)}, two "
+        "modules sharing the model's parameters, backbone(x) the tensor the head reads and "
+        "head(backbone(x)) the model's logits; or use a label-free method (it reads the logits "
+        "alone)."
     )
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
 
 
 @contextlib.contextmanager
@@ -295,17 +312,17 @@ def _discover(model: nn.Module, example: Tensor) -> ModelSplit:
         finally:
             for handle in handles:
                 handle.remove()
-        if not isinstance(out, Tensor) or out.dim() != 2:
-            raise _not_found(model, f"it returns {_describe(out)}, not [batch, classes] logits")
+        logits = logits_in(out)  # a tensor, or a mapping / ModelOutput's "logits"
+        if logits is None:
+            raise _not_found(
+                model, f"it returns {describe_output(out)}, not [batch, classes] logits"
+            )
+        out = logits
         match = next((c for c in reversed(calls) if c[2] is out), None)
         if match is None:  # the output passed through no-op modules (flatten, dropout in eval)
             match = next((c for c in reversed(calls) if _same_tensor(c[2], out)), None)
         if match is None:
-            raise _not_found(
-                model,
-                "no nn.Linear produced its output (a convolutional or functional head, several "
-                "layers' outputs combined, or the logits changed after the last nn.Linear)",
-            )
+            raise _not_found(model, _no_linear_output(model, calls, out))
         head, features, _ = match
         runs = sum(1 for c in calls if c[0] is head)
         if runs != 1:
@@ -320,6 +337,30 @@ def _discover(model: nn.Module, example: Tensor) -> ModelSplit:
             if isinstance(again, Tensor) and torch.equal(again, features):
                 return ModelSplit(child, head)
     return ModelSplit(_LinearInputFeatures(model, head), head)
+
+
+def _no_linear_output(
+    model: nn.Module, calls: list[tuple[nn.Module, Any, Any]], out: Tensor
+) -> str:
+    """Why no ``nn.Linear`` produced ``out``: several heads of its shape combined, or none."""
+    names = {id(m): name for name, m in model.named_modules()}
+    heads = list(
+        dict.fromkeys(
+            names.get(id(m), "?")
+            for m, _, o in calls
+            if isinstance(o, Tensor) and o.shape == out.shape
+        )
+    )
+    if len(heads) > 1:
+        listed = ", ".join(f"model.{h}" for h in heads)
+        return (
+            f"its logits combine {len(heads)} nn.Linear heads ({listed}), so they are not one "
+            f"linear map of one feature vector (a distilled two-head model). {_TWO_HEADS}"
+        )
+    return (
+        "no nn.Linear produced its output (a convolutional or functional head, several "
+        "layers' outputs combined, or the logits changed after the last nn.Linear)"
+    )
 
 
 def _normalized_example(wrapper: _NormalizedWrapper, example: Tensor | None) -> Tensor | None:
@@ -371,8 +412,12 @@ class _CompiledFeatures(nn.Module):
         from torch._functorch import config as functorch_config
 
         with functorch_config.patch(donated_buffer=False):
-            out: Tensor = self.compiled(x)
-        return out
+            out = self.compiled(x)
+        if isinstance(out, Tensor):
+            return out
+        features = logits_in(out)  # a model whose head is replaced: its "logits" are features
+        assert features is not None, "checked on the example when the split was made"
+        return features
 
 
 def _without_head(model: nn.Module, head: nn.Module) -> nn.Module | None:
@@ -406,7 +451,7 @@ def _compiled_split(model: nn.Module, inner: ModelSplit, example: Tensor | None)
             return inner
         with _state_restored(backbone.model), torch.no_grad(), _autocast_off(example.device):
             try:
-                same = _same_tensor(plain(example), backbone(example))
+                same = _same_tensor(logits_in(plain(example)), backbone(example))
             except Exception:  # the model's forward needs its head: keep the eager backbone
                 same = False
         if not same:
@@ -415,24 +460,86 @@ def _compiled_split(model: nn.Module, inner: ModelSplit, example: Tensor | None)
     return ModelSplit(_CompiledFeatures(backbone, model), inner.head)
 
 
+def _configured_shape(model: nn.Module) -> tuple[int, ...] | None:
+    """``(channels, height, width)`` of the images ``model`` says it takes in its own
+    configuration: a Hugging Face model's ``config.num_channels`` and ``config.image_size``
+    (224 where a convolutional model's config names none); None where it says nothing."""
+    config = getattr(model, "config", None)
+    channels = getattr(config, "num_channels", None)
+    if not isinstance(channels, int) or isinstance(channels, bool) or channels < 1:
+        return None
+    size = getattr(config, "image_size", 224)
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = (size, size)
+    if not isinstance(size, tuple | list) or len(size) != 2:
+        return None
+    if not all(isinstance(v, int) and v > 0 for v in size):
+        return None
+    return (channels, int(size[0]), int(size[1]))
+
+
+def example_input(model: nn.Module, batch: int = 2) -> Tensor | None:
+    """A batch of ``batch`` images in [0, 1] of the size the model's own configuration names
+    (:func:`_configured_shape`: Hugging Face ``transformers`` vision models), on the model's
+    device and in its floating dtype, drawn from a generator of its own (the global random
+    state is left alone); None where the model names no input size. It lets a split be found,
+    or refused, when a method is built, before the first batch."""
+    shape = _configured_shape(model)
+    if shape is None:
+        return None
+    ref = next((p for p in model.parameters() if p.is_floating_point()), None)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand((batch, *shape), generator=g)
+    return x if ref is None else x.to(device=ref.device, dtype=ref.dtype)
+
+
 def split_model(model: nn.Module, example: Tensor | None = None) -> ModelSplit:
     """Return ``(backbone, head)`` sharing ``model``'s parameters, or raise SplitNotFoundError.
 
     ``example`` (an input batch, e.g. the first batch of the stream) lets models that no rule by
-    class covers be split by observing one forward pass; the model's buffers, training flags and
+    class covers be split by observing one forward pass (without one, a model that names its
+    input size in its configuration, a Hugging Face one, is observed on
+    :func:`example_input`); the model's buffers, training flags and
     the random number generators are left as they were. Methods pass their first batch.
     A compiled model (``torch.compile``) is split on the module it wraps, its backbone compiled
     as the model was (see the module doc).
     """
+    found = find_split(model, example)
+    if found is None:
+        raise SplitNotFoundError(
+            f"cannot find the feature extractor / classifier head of {type(model).__name__} "
+            "without an example batch: rules by class cover torchvision ResNet/ViT, timm models "
+            "and nn.Sequential ending in nn.Linear; any model whose output comes from one final "
+            "nn.Linear is split on an example (split_model(model, example=x); the methods use "
+            "their first batch). Or pass it explicitly: split=(backbone, head), two modules "
+            "sharing the model's parameters with head(backbone(x)) == model(x)."
+        )
+    return found
+
+
+def find_split(model: nn.Module, example: Tensor | None = None) -> ModelSplit | None:
+    """:func:`split_model`, but None where only an example batch could tell (no rule by class
+    applies, the model names no input size and ``example`` is None); a model refused by a rule
+    or on an example raises :class:`SplitNotFoundError` as there. A method calls it when it is
+    built, so that a model it cannot split is refused then."""
     if is_compiled(model):
         inner_model: nn.Module = model._orig_mod  # type: ignore[assignment]  # OptimizedModule
-        return _compiled_split(model, split_model(inner_model, example), example)
+        inner = find_split(inner_model, example)
+        if inner is None:
+            return None
+        return _compiled_split(
+            model, inner, example_input(inner_model) if example is None else example
+        )
     if _is_normalized_wrapper(model):
-        inner = split_model(model.model, _normalized_example(model, example))
+        inner = find_split(model.model, _normalized_example(model, example))
+        if inner is None:
+            return None
         return ModelSplit(nn.Sequential(_Normalize(model), inner.backbone), inner.head)
     if _is_subset_wrapper(model):  # e.g. ImageNet-R/A: 200 of a 1000-class model's logits
-        inner = split_model(model.model, example)
-        return ModelSplit(inner.backbone, _SelectLogits(inner.head, model))
+        inner = find_split(model.model, example)
+        return (
+            None if inner is None else ModelSplit(inner.backbone, _SelectLogits(inner.head, model))
+        )
     resnet = _torchvision_class("ResNet")
     if resnet is not None and isinstance(model, resnet):
         return ModelSplit(_TorchvisionResNetFeatures(model), model.get_submodule("fc"))
@@ -441,20 +548,50 @@ def split_model(model: nn.Module, example: Tensor | None = None) -> ModelSplit:
         return ModelSplit(_TorchvisionViTFeatures(model), model.get_submodule("heads"))
     if _is_timm_model(model):
         classifier = model.get_classifier()
-        if isinstance(classifier, nn.Linear):  # a conv or tuple classifier: discovery decides
+        if isinstance(classifier, nn.Linear):  # a conv classifier: discovery decides
             return ModelSplit(_TimmFeatures(model), classifier)
+        if isinstance(classifier, tuple | list) and len(classifier) > 1:  # distilled: 2 heads
+            plain: nn.Module = model  # type: ignore[assignment]  # a timm model is a Module
+            names = {id(m): n for n, m in plain.named_modules()}
+            listed = ", ".join(f"model.{names.get(id(c), '?')}" for c in classifier)
+            raise _not_found(
+                plain,
+                f"its logits combine {len(classifier)} classifier heads ({listed}), so they are "
+                f"not one linear map of one feature vector (a distilled two-head model). "
+                f"{_TWO_HEADS}",
+            )
     if isinstance(model, nn.Sequential) and len(model) > 1 and isinstance(model[-1], nn.Linear):
         return ModelSplit(nn.Sequential(*list(model)[:-1]), model[-1])
+    if example is None:
+        example = example_input(model)
     if example is not None:
         return _discover(model, example)
-    raise SplitNotFoundError(
-        f"cannot find the feature extractor / classifier head of {type(model).__name__} without "
-        "an example batch: rules by class cover torchvision ResNet/ViT, timm models and "
-        "nn.Sequential ending in nn.Linear; any model whose output comes from one final "
-        "nn.Linear is split on an example (split_model(model, example=x); the methods use their "
-        "first batch). Or pass it explicitly: split=(backbone, head), two modules sharing the "
-        "model's parameters with head(backbone(x)) == model(x)."
+    return None
+
+
+def split_for_copy(split: ModelSplit, model: nn.Module, twin: nn.Module) -> ModelSplit:
+    """``split`` made to run ``twin``, a copy of ``model`` (the model as given, a method's
+    teacher): each of its modules, and each module, parameter and buffer of ``model`` it holds,
+    is replaced by the one at the same place in ``twin``; a module of the user's own (a wrapper
+    that calls parts of the model, not a submodule of it) is copied that way, so the copy reads
+    ``twin``'s values and nothing of ``model``. What has no place in ``twin`` is copied as it is."""
+    twin_modules = dict(twin.named_modules(remove_duplicate=False))
+    twin_tensors: dict[str, Tensor] = dict(twin.named_parameters(remove_duplicate=False))
+    twin_tensors.update(twin.named_buffers(remove_duplicate=False))
+    memo: dict[int, Any] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        if name in twin_modules:
+            memo.setdefault(id(m), twin_modules[name])
+    for name, t in [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]:
+        if name in twin_tensors:
+            memo.setdefault(id(t), twin_tensors[name])
+    backbone, head = (
+        memo[id(part)] if id(part) in memo else copy.deepcopy(part, memo) for part in split
     )
+    return ModelSplit(backbone, head)
 
 
 def _tensors(out: Any) -> list[Tensor]:
@@ -487,14 +624,32 @@ def check_split(model: nn.Module, split: ModelSplit, example: Tensor) -> None:
             )
     with _state_restored(model), torch.no_grad(), _autocast_off(example.device):
         out = model(example)
-        logits = split.head(split.backbone(example))
-    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != len(example):
+        z = split.backbone(example)
+        if not isinstance(z, Tensor):
+            raise ValueError(
+                f"split's backbone returned {describe_output(z)}, not a tensor of features: give "
+                "a module that returns the tensor the head reads (e.g. one that runs the model's "
+                "base and picks the pooled features or the class token out of its output)"
+            )
+        try:
+            raw = split.head(z)
+        except Exception as err:
+            raise ValueError(
+                f"split's head cannot read what the backbone returned ({describe_output(z)}): "
+                f"{type(err).__name__}: {err}"
+            ) from err
+    logits = logits_in(raw)
+    if logits is None or logits.shape[0] != len(example):
         raise ValueError(
-            f"split's head(backbone(x)) returned {_describe(logits)}, not [batch, classes] logits"
+            f"split's head(backbone(x)) returned {describe_output(raw)}, not [batch, classes] "
+            "logits"
         )
-    if not any(t.shape == logits.shape and torch.allclose(t, logits) for t in _tensors(out)):
+    model_logits = logits_in(out)
+    candidates = [model_logits] if model_logits is not None else _tensors(out)
+    if not any(t.shape == logits.shape and torch.allclose(t, logits) for t in candidates):
         raise ValueError(
             f"split's head(backbone(x)) (shape {tuple(logits.shape)}) differs from the model's "
-            f"output ({_describe(out)}): give the model's own feature extractor and classifier "
-            "head, whose composition is the model's logits"
+            f"logits ({describe_output(out if model_logits is None else model_logits)}): give "
+            "the model's own feature extractor and classifier head, whose composition is the "
+            "model's logits"
         )

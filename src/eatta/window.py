@@ -96,23 +96,16 @@ def small_batch_advice(window: str, off: str) -> Iterator[None]:
         _ADVICE.reset(token)
 
 
-def warn_small_batch(
-    method: HostMethod, x: Tensor, run: int | None, window_off: bool
-) -> int | None:
-    """Warn once (:class:`SmallBatchWarning`) when a method without a window adapts on small
-    batches: under :data:`SMALL_BATCH` samples on a BatchNorm model (:data:`SMALL_REQUEST` on
-    another), on the stream's first batch or on a second in a row later (one short batch, a
-    domain's remainder, is no small-batch stream). ``run``: the small batches in a row so far
-    (-1 before the first batch; None once warned); returns the new count."""
-    if run is None or window_off:
-        return run
+def warn_small_batch(method: HostMethod, x: Tensor, window_off: bool) -> bool:
+    """Warn (:class:`SmallBatchWarning`) when a method without a window adapts on a small batch
+    ``x``: under :data:`SMALL_BATCH` samples on a BatchNorm model (:data:`SMALL_REQUEST` on
+    another, LayerNorm or GroupNorm). Returns whether it warned: a method calls it on its first
+    such batch, whatever came before it, and warns once."""
+    if window_off:
+        return False
     batchnorm = method.has_batchnorm
     if x.shape[0] >= (SMALL_BATCH if batchnorm else SMALL_REQUEST):
-        return 0
-    first = run < 0
-    run = max(run, 0) + 1
-    if not first and run < 2:
-        return run
+        return False
     n, name = x.shape[0], type(method).__name__
     why = (
         f"{name} adapts a BatchNorm model on batches of {n} samples: their statistics are too "
@@ -128,7 +121,7 @@ def warn_small_batch(
         f"{why}. Adapt on a window of recent samples ({window}), or turn this warning off ({off})",
         SmallBatchWarning,
     )
-    return None
+    return True
 
 
 def check_window(size: object, every: object = None) -> tuple[int, int]:

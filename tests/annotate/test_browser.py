@@ -9,55 +9,19 @@ test fails under ``CI=true`` and is skipped elsewhere. ``EATTA_SCREENSHOT=1`` sa
 from __future__ import annotations
 
 import os
-import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from _annotate_helpers import make_request, serve_in_thread
 
+from _browser import browser_or_skip, chromium, wait_for
 from eatta.annotate import Answer, LabelQueue, LabelRequest
 
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "annotate-page.png"
 
 
-def _browser_or_skip() -> str:
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    missing = []
-    if binary is None:
-        missing.append("chromium")
-    if not os.path.exists(CHROMEDRIVER):
-        missing.append("chromium-driver")
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("selenium")
-    if missing:
-        why = f"the browser test needs {', '.join(missing)} (apt-get install chromium-driver)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(why)
-        pytest.skip(why)
-    assert binary is not None
-    return binary
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 15.0, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_a_person_labels_by_click_keyboard_and_yes_no(tmp_path: Path) -> None:
-    binary = _browser_or_skip()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    binary = browser_or_skip()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -78,15 +42,9 @@ def test_a_person_labels_by_click_keyboard_and_yes_no(tmp_path: Path) -> None:
         pass
     adapting.submit(requests)
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    options.add_argument("--window-size=1000,720")
     with serve_in_thread(path, order="oldest") as url:  # the requests in the order they were made
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver = chromium(binary)
         try:
-            driver.set_page_load_timeout(20)
             driver.get(url + "/")
 
             def shown() -> str:

@@ -377,3 +377,35 @@ def test_unknown_order_is_an_error_naming_it(path: Path) -> None:
         LabelQueue(path, order="lifo")  # type: ignore[arg-type]  # a bad value on purpose
     with LabelQueue(path) as q, pytest.raises(ValueError, match="'random'"):
         q.pending(order="random")  # type: ignore[arg-type]  # a bad value on purpose
+
+
+def test_a_request_names_its_origin_in_the_same_write(path: Path) -> None:
+    where = {"a": ("infer-7", 3), "b": None}
+    consumer = LabelQueue(path, origin=lambda r: where[r.id])
+    consumer.submit([req("a", 1), req("b", 2)])
+    listed = {p["id"]: (p["request_id"], p["row"]) for p in LabelQueue(path).pending()}
+    assert listed == {"a": ("infer-7", 3), "b": (None, None)}
+    where["c"] = ("x", -1)
+    with pytest.raises(ValueError, match="row >= 0"):
+        consumer.submit([req("c", 3)])
+    where["c"] = ("", 0)
+    with pytest.raises(ValueError, match="request id of 1-200"):
+        consumer.submit([req("c", 3)])
+    assert [p["id"] for p in consumer.pending()] == ["b", "a"]  # the refused submit wrote nothing
+
+
+def test_a_restored_consumer_expires_the_requests_it_never_waits_for(path: Path) -> None:
+    consumer = LabelQueue(path)
+    consumer.submit([req("a", 1)])
+    saved = consumer.state_dict()  # a checkpoint; then the run asks more, answered or not
+    consumer.submit([req("b", 2), req("c", 3)])
+    LabelQueue(path).answer(Answer("b", label=1))
+    restored = LabelQueue(path)
+    restored.load_state_dict(saved)
+    assert restored.expire_unawaited() == 1  # c: pending, and nobody waits for it
+    assert [p["id"] for p in restored.pending()] == ["a"]
+    with pytest.raises(AnswerRefused) as refused:
+        LabelQueue(path).answer(Answer("c", label=1))
+    assert refused.value.status == 410
+    assert [a["id"] for a in restored.answers()] == ["b"]  # the acknowledged answer stays
+    assert restored.expire_unawaited() == 0

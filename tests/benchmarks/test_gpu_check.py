@@ -96,7 +96,7 @@ def test_the_dry_run_measures_every_variant_of_both_models(dry_run):
                 via = row["bf16_via"]
                 if precision == "fp32":
                     assert via == "none"
-                elif name in ("inference", "tent") or name.startswith("floor-"):  # no option
+                elif name == "inference" or name.startswith("floor-"):  # no method: no option
                     assert via == "torch.autocast around the call"
                 else:
                     assert via == "autocast=True"

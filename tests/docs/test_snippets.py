@@ -4,10 +4,11 @@
   comment just before the block: ``<!-- snippet: setup=model -->`` (see :data:`SETUPS`). A block
   that cannot run here says why: ``<!-- skip: needs ImageNet-C data -->``; the reason is shown in
   the skip. Blocks on a page share nothing.
-* ``bash`` blocks and blocks without a language: each ``eatta-bench`` / ``eatta-annotate`` command
-  line is parsed by the real argument parser (and its method names and ``--hp`` keys checked, as
-  the command does before any work), ``python SCRIPT ARGS`` by the script's own parser,
-  ``pip install -e ".[extras]"`` against pyproject's extras. Nothing is executed.
+* ``bash`` blocks and blocks without a language: each ``eatta-bench`` / ``eatta-annotate`` /
+  ``eatta-serve`` command line is parsed by the real argument parser (and its method names and
+  ``--hp`` keys checked, as the command does before any work), ``python SCRIPT ARGS`` by the
+  script's own parser, ``pip install -e ".[extras]"`` against pyproject's extras. Nothing is
+  executed.
 * Every inline ``eatta.x.y`` name in the pages resolves to a module or attribute.
 """
 
@@ -187,6 +188,42 @@ def _setup_tiny_bench(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> No
     fake_digits_c(monkeypatch)
 
 
+def _setup_hf(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``from_pretrained`` of ``transformers``' image classifiers and image processors, as a
+    page writes them, without a download: the model is a tiny ViT of the same family (random
+    weights, 10 classes, 32 px), the processor turns images into its ``pixel_values``;
+    ``images``: a batch of 16 PIL images; ``y``: their labels, and ``oracle`` holding them."""
+    import PIL.Image
+
+    import eatta
+    from eatta.compat import import_transformers
+
+    transformers = import_transformers()
+
+    def pretrained_model(name: str, **kw: Any) -> torch.nn.Module:
+        config = transformers.ViTConfig(
+            image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=1,
+            num_attention_heads=2, intermediate_size=32, num_labels=10,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        return transformers.ViTForImageClassification(config).eval()
+
+    def pretrained_processor(name: str, **kw: Any) -> Any:
+        return transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+
+    auto = transformers.AutoModelForImageClassification
+    monkeypatch.setattr(auto, "from_pretrained", staticmethod(pretrained_model))
+    processor = transformers.AutoImageProcessor
+    monkeypatch.setattr(processor, "from_pretrained", staticmethod(pretrained_processor))
+    g = torch.Generator().manual_seed(0)
+    pixels = (torch.rand(16, 32, 32, 3, generator=g) * 255).to(torch.uint8).numpy()
+    images = [PIL.Image.fromarray(p) for p in pixels]
+    y = torch.randint(0, 10, (16,), generator=g)
+    oracle = eatta.GroundTruthOracle()
+    oracle.set_labels(y)
+    ns.update(images=images, y=y, oracle=oracle)
+
+
 #: the names a block may ask for with ``<!-- snippet: setup=NAME[,NAME] -->``
 SETUPS: dict[str, Callable[[dict[str, Any], pytest.MonkeyPatch], None]] = {
     "model": _setup_model,
@@ -194,6 +231,7 @@ SETUPS: dict[str, Callable[[dict[str, Any], pytest.MonkeyPatch], None]] = {
     "guard": _setup_guard,
     "stream": _setup_stream,
     "tiny_bench": _setup_tiny_bench,
+    "hf": _setup_hf,
 }
 
 
@@ -343,6 +381,11 @@ def check_command(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys) -> s
         from eatta.annotate import cli as annotate_cli
 
         annotate_cli._parser().parse_args(argv[1:])
+        return prog
+    if prog == "eatta-serve":
+        from eatta.serve import cli as serve_cli
+
+        serve_cli._parser().parse_args(argv[1:])
         return prog
     if prog in ("python", "python3") and argv[1:2] != ["-m"] and len(argv) > 1:
         script = REPO / argv[1]

@@ -742,6 +742,39 @@ def test_the_first_label_is_replayed_at_once(batch):
     torch.testing.assert_close(rec.loss_sup, own + replayed, rtol=1e-6, atol=1e-7)
 
 
+def _one_by_one_cnn() -> nn.Sequential:
+    """A BatchNorm CNN whose last BatchNorm sees 1x1 features at 8 px (as ResNet-18 at 32 px):
+    one sample alone cannot be normalized there."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Flatten(), nn.Linear(8, 5),
+    )  # fmt: skip
+    with torch.no_grad():
+        model[-1].weight.mul_(8.0)
+    return model
+
+
+def test_a_first_label_a_batchnorm_model_cannot_normalize_alone_is_replayed_with_the_batch(batch):
+    """Issue 66: ``buffer=300`` on a small input raised BatchNorm's "Expected more than 1 value
+    per channel" on the first labelled step; the sample now runs with the batch (its logits
+    read with the batch's statistics), later draws of several samples alone as before."""
+    x, y = batch
+    m = make(_one_by_one_cnn(), buffer=LabelBuffer(capacity=300, batch_size=32))
+    ref = copy.deepcopy(m.model)
+    m(x, labels=y)
+    rec = m.last_step
+    with torch.no_grad():
+        own = F.cross_entropy(ref(x)[rec.selected], y[rec.selected])
+        both = ref(torch.cat([x, x[rec.selected]]))[len(x) :]
+        replayed = F.cross_entropy(both, y[rec.selected])
+    torch.testing.assert_close(rec.loss_sup, own + replayed, rtol=1e-6, atol=1e-7)
+    for _ in range(3):  # two or more buffered samples replay alone, as the authors' code does
+        m(x, labels=y)
+    assert len(m.replay.buffer) == 4 and torch.isfinite(m.last_step.loss_sup)
+
+
 def with_spare_parameter() -> nn.Sequential:
     """A model whose optimizer also holds a parameter the forward pass never uses."""
     model = confident_cnn()

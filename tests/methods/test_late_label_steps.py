@@ -131,7 +131,7 @@ def _late_step(xs, ys, sample=None):
         entry.request.sample.copy_(sample(x))
     backbone, head = m.split
     with torch.no_grad():  # the batch and the late sample through the model before the step
-        z = m._features(backbone, torch.cat([x, entry.request.sample.unsqueeze(0)]))
+        z = m.features(backbone, torch.cat([x, entry.request.sample.unsqueeze(0)]))
         ce = F.cross_entropy(head(z[-1:]), label)
     w = float(typicality(z[-1:], z[:-1])[0])
     m(x, labels=ys[2])

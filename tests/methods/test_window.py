@@ -223,11 +223,25 @@ def test_small_batches_warn_once_unless_decided() -> None:
             warnings.simplefilter("error", SmallBatchWarning)
             for x in reqs:
                 method(x)
-    # one short batch (a domain's remainder) among full ones is no small-batch stream
-    method = _tent(None)
+
+
+@pytest.mark.parametrize("model", ["batchnorm", "layernorm"])
+def test_the_first_small_batch_warns_whatever_came_before(model: str) -> None:
+    """Full batches first, then small ones: the first small one warns (issue 66: it used to wait
+    for a second in a row), on a BatchNorm and a LayerNorm model alike, and only once."""
+    if model == "batchnorm":
+        method, full, small = _tent(None), 40, 4
+    else:
+        method, full, small = eatta.create("tent", _layernorm_mlp(), params="all"), 16, 1
     with warnings.catch_warnings():
         warnings.simplefilter("error", SmallBatchWarning)
-        for n in (40, 40, 4, 40, 4):
+        for _ in range(3):
+            method(torch.randn(full, 3, 8, 8))
+    with pytest.warns(SmallBatchWarning, match=rf"batch(es)? of {small} samples"):
+        method(torch.randn(small, 3, 8, 8))  # the first small batch
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallBatchWarning)
+        for n in (small, full, small):
             method(torch.randn(n, 3, 8, 8))
 
 

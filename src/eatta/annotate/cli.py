@@ -22,7 +22,7 @@ from eatta.annotate.paced import ORDERS, Order
 from eatta.annotate.queue import LabelQueue
 from eatta.console import HelpFormatter, UsageError, exit_on_user_error
 
-__all__ = ["main"]
+__all__ = ["bind", "main", "token_for"]
 
 _SERVE = (
     "Serve the labelling page and its JSON API for a label queue. On 127.0.0.1 (the default) a "
@@ -90,6 +90,26 @@ def token_for(host: str, token: str | None) -> str | None:
     return None if is_loopback(host) else secrets.token_urlsafe(24)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (0: a free port); a :class:`UsageError` when
+    the port is taken or the address is not this machine's.
+
+    The socket names its protocol (``IPPROTO_TCP``): asyncio turns Nagle's algorithm off
+    (``TCP_NODELAY``) only on such sockets, and with it on, a reply written as headers then body
+    waits for the client's delayed acknowledgement, about 40 ms a request on Linux.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:  # taken, or not an address of this machine
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
 def serve(queue: str, host: str, port: int, token: str | None, order: Order = "newest") -> None:
     """Bind, print the page's URL (with the token), and serve until interrupted."""
     try:
@@ -103,11 +123,7 @@ def serve(queue: str, host: str, port: int, token: str | None, order: Order = "n
         ) from None
     token = token_for(host, token)
     LabelQueue(queue).close()  # create the file and fail early on a bad path or schema
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        sock = socket.create_server((host, port), family=family)
-    except OSError as err:  # taken, or not an address of this machine
-        raise UsageError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    sock = bind(host, port)
     bound = sock.getsockname()[1]
     app = make_app(queue, token=token, order=order)
     config = uvicorn.Config(

@@ -24,6 +24,10 @@ Durability design (see ``docs/annotate.md``):
   diverged) closes the old one as ``superseded`` (its answer, if any, is never delivered) and is
   stored under a fresh key ``{id}.{n}``; under an id it does wait for it is a :class:`ValueError`.
 
+A request may name where its sample came from (``origin``: an inference request's id and the
+row in it, as ``eatta-serve`` sets it); :meth:`LabelQueue.pending` lists them as ``request_id``
+and ``row``, written in the same transaction as the request.
+
 Every SQL statement is parameterized; this module imports only the standard library and torch.
 """
 
@@ -91,6 +95,11 @@ CREATE TABLE IF NOT EXISTS answers (
     skip INTEGER NOT NULL,
     seconds REAL,
     created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS origins (
+    key TEXT PRIMARY KEY REFERENCES requests (key),
+    request_id TEXT NOT NULL,
+    row INTEGER NOT NULL
 );
 """
 
@@ -187,6 +196,9 @@ class LabelQueue:
         order: which pending request :meth:`pending` (and so the page) lists first:
             ``"newest"`` (the default: measured in docs/real-annotators.md, a person slower than
             the stream then answers about what the stream looks like now) or ``"oldest"``.
+        origin: ``request -> (request_id, row)`` or None: where a request's sample came from
+            (an inference request's id and the row in it; ``eatta-serve`` sets it), stored with
+            the request and listed by :meth:`pending`. Called inside :meth:`submit`.
 
     The adapting side calls ``submit``/``collect``/``cancel`` (the :class:`Annotator` protocol)
     and saves :meth:`state_dict` with the method's. The page's side calls :meth:`pending`,
@@ -203,8 +215,10 @@ class LabelQueue:
         to_image: Callable[[Tensor], bytes] | None = None,
         timeout: float = 30.0,
         order: Order = "newest",
+        origin: Callable[[LabelRequest], tuple[str, int] | None] | None = None,
     ) -> None:
         self.order: Order = check_order(order)
+        self.origin = origin
         self.path = os.fspath(path)
         self.feedback: Feedback = check_feedback(feedback)
         self.class_names = None if class_names is None else [str(c) for c in class_names]
@@ -304,6 +318,7 @@ class LabelQueue:
                     f"{self.feedback!r}"
                 )
             rows.append((r.id, self._row_for(r)))
+        origins = {r.id: self._origin_of(r) for r in requests}
         if len(rows) != len({rid for rid, _ in rows}):
             raise ValueError("a batch of requests repeats an id")
         now = time.time()
@@ -372,6 +387,12 @@ class LabelQueue:
                     ),
                 )
                 opened[rid] = key
+            db.executemany(
+                "INSERT INTO origins (key, request_id, row) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET request_id = excluded.request_id, "
+                "row = excluded.row",
+                [(opened[rid], *origin) for rid, origin in origins.items() if origin is not None],
+            )
             early = self._answers_for(known, up_to=self._cursor)
         with self._lock:
             self._open.update(opened)
@@ -380,6 +401,23 @@ class LabelQueue:
                 rid = by_key[key]
                 if self._open.pop(rid, None) is not None:
                     self._ready.append(_rename(answer, rid))
+
+    def _origin_of(self, r: LabelRequest) -> tuple[str, int] | None:
+        """``origin(r)`` checked: a non-empty string of at most :data:`MAX_ID` characters and a
+        row >= 0, or None."""
+        if self.origin is None:
+            return None
+        found = self.origin(r)
+        if found is None:
+            return None
+        rid, row = found
+        if not isinstance(rid, str) or not 0 < len(rid) <= MAX_ID:
+            raise ValueError(
+                f"origin of {r.id!r}: a request id of 1-{MAX_ID} characters, got {rid!r}"
+            )
+        if isinstance(row, bool) or not isinstance(row, int) or row < 0:
+            raise ValueError(f"origin of {r.id!r}: a row >= 0, got {row!r}")
+        return rid, row
 
     def _answers_for(self, keys: Sequence[str], up_to: int) -> list[tuple[str, Answer]]:
         """Answers with ``seq <= up_to`` to ``keys`` (answers the cursor has already passed)."""
@@ -434,6 +472,25 @@ class LabelQueue:
         with self._lock:
             self.cancel(list(self._open))
             self._ready = []
+
+    def expire_unawaited(self) -> int:
+        """Expire every pending request this consumer does not wait for, and return how many:
+        after a restart from a checkpoint, the requests the dead run made after it, whose answers
+        the restored method would never apply (the page then refuses them with 410). Only for a
+        queue file with one consumer: another consumer's requests would expire too."""
+        with self._lock:
+            waited = set(self._open.values())
+            rows = self._db.execute("SELECT key FROM requests WHERE status = 'pending'").fetchall()
+            orphans = [row[0] for row in rows if row[0] not in waited]
+            if orphans:
+                now = time.time()
+                with self._write() as db:
+                    db.executemany(
+                        "UPDATE requests SET status = 'expired', closed = ? "
+                        "WHERE key = ? AND status = 'pending'",
+                        [(now, k) for k in orphans],
+                    )
+            return len(orphans)
 
     @property
     def awaited(self) -> list[str]:
@@ -510,14 +567,16 @@ class LabelQueue:
     def pending(self, limit: int = 100, order: Order | None = None) -> list[dict[str, Any]]:
         """Pending requests in ``order`` (default: the queue's; ``"newest"`` or ``"oldest"``
         first): key (``id``), kind, prediction, confidence, class names, whether it has an image,
-        step, index and creation time (Unix seconds)."""
+        step, index, creation time (Unix seconds), and the sample's origin (``request_id`` and
+        ``row``: the inference request and the row in it, None when not given)."""
         direction = "DESC" if check_order(order or self.order) == "newest" else "ASC"
         limit = max(0, min(int(limit), 10000))
         with self._lock:
             rows = self._db.execute(
-                "SELECT key, kind, prediction, confidence, classes, image IS NOT NULL, step, idx, "
-                f"created FROM requests WHERE status = 'pending' ORDER BY rowid {direction} "
-                "LIMIT ?",
+                "SELECT r.key, r.kind, r.prediction, r.confidence, r.classes, r.image IS NOT NULL, "
+                "r.step, r.idx, r.created, o.request_id, o.row FROM requests r "
+                "LEFT JOIN origins o ON o.key = r.key WHERE r.status = 'pending' "
+                f"ORDER BY r.rowid {direction} LIMIT ?",
                 (limit,),
             ).fetchall()
         return [
@@ -531,6 +590,8 @@ class LabelQueue:
                 "step": int(r[6]),
                 "index": int(r[7]),
                 "created": float(r[8]),
+                "request_id": r[9],
+                "row": None if r[10] is None else int(r[10]),
             }
             for r in rows
         ]

@@ -11,6 +11,10 @@ wrong token when one is set (``Authorization: Bearer``, the cookie the page load
 another origin (``Origin``/``Referer`` checked against ``Host``) or whose body exceeds
 ``max_body`` bytes. Every error is a JSON ``{"error": message}`` with a 4xx status.
 
+:func:`guard` puts the same checks in front of any ASGI app (``eatta-serve`` puts them in front of
+the whole server, with :class:`BodyRule` for the bodies its other paths take), and
+:func:`make_page` is the page's app without them, to mount beside other routes.
+
 Starlette and uvicorn are imported only here (``pip install 'eatta[annotate]'``).
 """
 
@@ -19,8 +23,9 @@ from __future__ import annotations
 import hmac
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -41,7 +46,15 @@ from eatta.annotate.paced import Order, check_order
 from eatta.annotate.queue import ID_PATTERN, AnswerRefused, LabelQueue
 from eatta.annotate.requests import Answer, AnswerError
 
-__all__ = ["LOOPBACK_NAMES", "MAX_BODY", "is_loopback", "make_app"]
+__all__ = [
+    "LOOPBACK_NAMES",
+    "MAX_BODY",
+    "BodyRule",
+    "guard",
+    "is_loopback",
+    "make_app",
+    "make_page",
+]
 
 #: Largest request body accepted (bytes); an answer is well under 1 KiB.
 MAX_BODY = 16 * 1024
@@ -95,13 +108,39 @@ async def _error(send: Send, status: int, message: str, extra: list[Any] | None 
     await send({"type": "http.response.body", "body": body})
 
 
+@dataclass(frozen=True)
+class BodyRule:
+    """The POST bodies the paths under ``prefix`` take: at most ``max_body`` bytes, with a
+    ``Content-Type`` in ``content_types`` (``""``: none sent). Every other path takes JSON of at
+    most the guard's ``max_body``."""
+
+    prefix: str
+    max_body: int
+    content_types: frozenset[str]
+
+
+def _check_token(token: str | None) -> None:
+    if token is not None and (not isinstance(token, str) or len(token) < 8):
+        raise ValueError("a token must be a string of at least 8 characters")
+
+
 class _Guard:
     """Host, token, cross-site and body-size checks in front of the app (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, token: str | None, max_body: int) -> None:
+    def __init__(
+        self, app: ASGIApp, token: str | None, max_body: int, bodies: Sequence[BodyRule] = ()
+    ) -> None:
         self.app = app
         self.token = token
         self.max_body = max_body
+        self.bodies = tuple(bodies)
+
+    def _body_rule(self, path: str) -> tuple[int, frozenset[str]]:
+        """The largest body and the content types a POST to ``path`` may have."""
+        for rule in self.bodies:
+            if path.startswith(rule.prefix):
+                return rule.max_body, rule.content_types
+        return self.max_body, frozenset({"application/json"})
 
     def _token_ok(self, presented: str | None) -> bool:
         assert self.token is not None
@@ -161,9 +200,11 @@ class _Guard:
                 await secured({"type": "http.response.body", "body": b""})
                 return
         if method == "POST":
+            max_body, ctypes = self._body_rule(scope["path"])
             ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-            if ctype != "application/json":
-                await _error(secured, 415, "send the body as Content-Type: application/json")
+            if ctype not in ctypes:
+                named = " or ".join(sorted(c for c in ctypes if c)) or "no Content-Type"
+                await _error(secured, 415, f"send the body as Content-Type: {named}")
                 return
             origin = headers.get("origin")
             referer = headers.get("referer")
@@ -177,8 +218,8 @@ class _Guard:
                     await _error(secured, 403, "cross-site request refused (Referer)")
                     return
             declared = headers.get("content-length")
-            if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
-                await _error(secured, 413, f"request body over {self.max_body} bytes")
+            if declared is not None and (not declared.isdigit() or int(declared) > max_body):
+                await _error(secured, 413, f"request body over {max_body} bytes")
                 return
             body = bytearray()
             while True:
@@ -186,8 +227,8 @@ class _Guard:
                 if message["type"] == "http.disconnect":
                     return
                 body.extend(message.get("body", b""))
-                if len(body) > self.max_body:
-                    await _error(secured, 413, f"request body over {self.max_body} bytes")
+                if len(body) > max_body:
+                    await _error(secured, 413, f"request body over {max_body} bytes")
                     return
                 if not message.get("more_body", False):
                     break
@@ -300,6 +341,43 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
 
 
+def guard(
+    app: ASGIApp,
+    token: str | None = None,
+    *,
+    max_body: int = MAX_BODY,
+    bodies: Sequence[BodyRule] = (),
+) -> ASGIApp:
+    """``app`` behind the page's checks (see the module doc): without ``token`` only loopback
+    ``Host`` names are served, with one every request must carry it; POST bodies are JSON of at
+    most ``max_body`` bytes, except under the prefixes of ``bodies`` (the first that matches)."""
+    _check_token(token)
+    return _Guard(app, token, max_body, bodies)
+
+
+def make_page(
+    queue_path: str | os.PathLike[str], *, page_limit: int = 50, order: Order = "newest"
+) -> Starlette:
+    """The labelling page and its JSON API over the queue at ``queue_path``, without the checks
+    of :func:`guard` (put it behind them, as :func:`make_app` does). The queue is opened on
+    first use and closed by the app's lifespan."""
+    check_order(order)
+    r = _Routes(queue_path, order, page_limit)
+    return Starlette(
+        routes=[
+            Route("/", r.index, methods=["GET"]),
+            Route("/favicon.ico", r.favicon, methods=["GET"]),
+            Route("/static/{name}", r.static, methods=["GET"]),
+            Route("/api/pending", r.pending, methods=["GET"]),
+            Route("/api/stats", r.stats, methods=["GET"]),
+            Route("/api/images/{name}", r.image, methods=["GET"]),
+            Route("/api/answers", r.answers, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: _http_error},
+        lifespan=r.lifespan,
+    )
+
+
 def make_app(
     queue_path: str | os.PathLike[str],
     token: str | None = None,
@@ -316,20 +394,7 @@ def make_app(
     shows first, ``"newest"`` (default) or ``"oldest"`` (see :class:`LabelQueue`).
     """
     check_order(order)
-    if token is not None and (not isinstance(token, str) or len(token) < 8):
-        raise ValueError("a token must be a string of at least 8 characters")
-    r = _Routes(queue_path, order, page_limit)
-    app = Starlette(
-        routes=[
-            Route("/", r.index, methods=["GET"]),
-            Route("/favicon.ico", r.favicon, methods=["GET"]),
-            Route("/static/{name}", r.static, methods=["GET"]),
-            Route("/api/pending", r.pending, methods=["GET"]),
-            Route("/api/stats", r.stats, methods=["GET"]),
-            Route("/api/images/{name}", r.image, methods=["GET"]),
-            Route("/api/answers", r.answers, methods=["POST"]),
-        ],
-        exception_handlers={HTTPException: _http_error},
-        lifespan=r.lifespan,
+    _check_token(token)
+    return guard(
+        make_page(queue_path, page_limit=page_limit, order=order), token, max_body=max_body
     )
-    return _Guard(app, token, max_body)

@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -40,6 +41,7 @@ from eatta.data.stream import TestStream
 from eatta.methods import registry
 from eatta.methods.base import AdaptiveMethod
 from eatta.monitor import SourceFallback
+from eatta.window import SmallBatchWarning
 
 __all__ = ["RunOptions", "measure_costs", "run_cell", "run_grid"]
 
@@ -217,6 +219,10 @@ class _CellRun:
             served = rt.serve_without_adapting(method, x.to(self.device))
             return served.argmax(1).cpu() != y, 0
         period = self.stream_.round_of_batch(t)
+        if len(x) < self.options.batch_size:  # a domain's remainder, not a small-batch stream:
+            with warnings.catch_warnings():  # a stream of small batches warns on its first
+                warnings.simplefilter("ignore", SmallBatchWarning)
+                return _serve(method, x, y, period, self.device, annotators)
         return _serve(method, x, y, period, self.device, annotators)
 
     def _checkpoint(self, position: int) -> None:

@@ -21,10 +21,8 @@ from eatta.annotate.asking import DEFAULT_LABEL_EXPIRY, AnswerRecord, Asking
 from eatta.annotate.oracle import Oracle
 from eatta.balance import ClassBalance, Selection
 from eatta.budget import Budget
-from eatta.given import record
-from eatta.methods.base import AdaptiveMethod, Parts, unique_params
+from eatta.methods.base import AdaptiveMethod, Options, unique_params
 from eatta.selection.base import DeferredRead, SelectionContext, Selector
-from eatta.split import ModelSplit
 
 __all__ = ["ActiveMethod", "AnswerRecord"]
 
@@ -42,14 +40,12 @@ class ActiveMethod(AdaptiveMethod):
         budget: labels per batch (int) or a :class:`~eatta.budget.Budget`. With an asynchronous
             annotator it counts requests (the annotator's time is spent when asked).
         label_expiry: steps an asynchronous request waits for its answer before it expires.
-        split: ``(backbone, head)`` for models whose split is not found automatically.
-        check_finite: refuse batches with NaN or infinite values.
-        prepare: converts the model in place once the arguments are checked, before its
-            initial state is taken (EATTA's channels-last).
-        parts: the parts any method takes (:class:`~eatta.methods.base.Parts`).
+            options: what every method takes (:class:`~eatta.methods.base.Options`: the parts,
+            ``split``, ``check_finite``, ``autocast``, ``channels_last``).
     """
 
     optimizer: torch.optim.Optimizer  # required here (the base allows None)
+    needs_split = True  # the selector reads the features the classifier reads
     #: Whether the method learns from yes/no answers on its predictions.
     binary_feedback: ClassVar[bool] = False
     #: Whether the selector is consulted on every batch, even with no label to spend (CEMA's
@@ -64,20 +60,14 @@ class ActiveMethod(AdaptiveMethod):
         oracle: Oracle,
         budget: int | Budget = 1,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        prepare: Callable[[nn.Module], None] | None = None,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         name = type(self).__name__
         if optimizer is None:
             raise TypeError(f"{name} needs an optimizer over the parameters to adapt")
         asking = Asking(oracle, name, binary=self.binary_feedback, label_expiry=label_expiry)
         budget = Budget.coerce(budget)
-        if prepare is not None:
-            record(model)  # the memory formats as given
-            prepare(model)
-        super().__init__(model, optimizer, split=split, check_finite=check_finite, **parts)
+        super().__init__(model, optimizer, **options)
         self.oracle = oracle
         self.asking = asking
         self.budget = budget
@@ -88,8 +78,31 @@ class ActiveMethod(AdaptiveMethod):
     # -- what the annotator did ----------------------------------------------------------------
     @property
     def labels_used(self) -> int:
-        """Labels (requests, with an asynchronous annotator) spent since the last reset."""
+        """Labels of the budget spent since the last reset: answers, with labels at once;
+        requests, with an asynchronous annotator (its time is spent when asked)."""
         return self.budget.labels_used
+
+    @property
+    def labels_asked(self) -> int:
+        """Samples the annotator was asked to label since the last reset."""
+        return self.budget.asked
+
+    @property
+    def labels_answered(self) -> int:
+        """Answers heard since the last reset (classes and yes/no; late ones when they land)."""
+        return self.budget.answered
+
+    def stats(self) -> dict[str, int]:
+        """The label counts since the last reset: ``labels_used`` (the budget spent),
+        ``labels_asked``, ``labels_answered``, and ``labels_pending`` (asked, not answered yet,
+        with an asynchronous annotator)."""
+        pending = self.asking.pending
+        return {
+            "labels_used": self.labels_used,
+            "labels_asked": self.labels_asked,
+            "labels_answered": self.labels_answered,
+            "labels_pending": 0 if pending is None else len(pending),
+        }
 
     @property
     def annotation_stats(self) -> dict[str, int]:
@@ -140,9 +153,21 @@ class ActiveMethod(AdaptiveMethod):
         return record
 
     def charge(self, answers: AnswerRecord) -> None:
-        """Spend the budget: the labels answered (synchronous) or the requests sent."""
-        sent = answers.requested if self.asking.pending is not None else len(answers.indices)
-        self.budget.commit(sent)
+        """Spend the budget: the labels answered (synchronous) or the requests sent; count what
+        was asked and what was answered (:attr:`labels_asked`, :attr:`labels_answered`)."""
+        asked, answered = self.counts(answers)
+        spent = asked if self.asking.pending is not None else len(answers.indices)
+        self.budget.commit(spent, asked=asked, answered=answered)
+
+    def counts(self, answers: AnswerRecord) -> tuple[int, int]:
+        """``(asked, answered)`` in one step: samples sent to the annotator, and answers heard
+        (with labels at once, the classes and "no"s to them; with a late annotator, every
+        answer that arrived, to this step's requests or earlier ones)."""
+        if self.asking.pending is not None:
+            return answers.requested, len(answers.arrived)
+        selection = answers.selection
+        asked = len(answers.indices) if selection is None else len(selection.indices)
+        return asked, len(answers.indices) + len(answers.negatives)
 
     def asking_parts(self) -> dict[str, Any]:
         """The state parts of this layer (merge into :meth:`state_parts`)."""

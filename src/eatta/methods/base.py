@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -24,7 +25,8 @@ from eatta.anchor import WeightAnchor, check_alpha
 from eatta.given import AsGiven, forget, record, recorded
 from eatta.hooks import Batch, Hook
 from eatta.normalization import has_batchnorm
-from eatta.split import ModelSplit, SplitNotFoundError, check_split, split_model
+from eatta.outputs import read_logits
+from eatta.split import ModelSplit, check_split, find_split, split_for_copy, split_model
 from eatta.window import (
     SMALL_BATCH,
     SMALL_REQUEST,
@@ -37,6 +39,7 @@ from eatta.window import (
 __all__ = [
     "AdaptiveMethod",
     "InvalidInputError",
+    "Options",
     "Parts",
     "check_parts",
     "is_finite",
@@ -67,6 +70,22 @@ class Parts(TypedDict, total=False):
     fallback: Hook | None
     #: audited accuracy and a guard (:class:`eatta.monitor.AccuracyMonitor`)
     monitor: Hook | None
+
+
+class Options(Parts, total=False):
+    """What every method's constructor takes beside its own arguments (``eatta.create`` takes
+    them too): the parts (:class:`Parts`) and how the model is read and run."""
+
+    #: ``(backbone, head)``: two modules sharing the model's parameters, ``backbone(x)`` the
+    #: tensor the head reads and ``head(backbone(x))`` the logits (None: found automatically)
+    split: ModelSplit | tuple[nn.Module, nn.Module] | None
+    #: refuse batches with NaN or infinite values (True)
+    check_finite: bool
+    #: run the model's forward passes under bfloat16 autocast on its device (the feature
+    #: extractor only where the method splits the model); logits and losses in the input's dtype
+    autocast: bool
+    #: convert the model (in place, undone by ``unwrap()``) and each batch to channels-last
+    channels_last: bool
 
 
 #: The order parts run in: the anchor's pull before the window folds the statistics in; the
@@ -111,6 +130,10 @@ class AdaptiveMethod(nn.Module):
 
     #: Whether forward updates the model (False: predictions only, fine under inference_mode).
     adapts: ClassVar[bool] = True
+    #: Whether the step reads the features the classifier reads (the split): found, or refused,
+    #: when the method is built where the model's class or configuration tells
+    #: (:func:`eatta.split.find_split`), else on the first batch.
+    needs_split: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -119,11 +142,18 @@ class AdaptiveMethod(nn.Module):
         *,
         split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
         check_finite: bool = True,
+        autocast: bool = False,
+        channels_last: bool = False,
         **parts: Unpack[Parts],
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        for name, flag in (("check_finite", check_finite), ("autocast", autocast)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        if not isinstance(channels_last, bool):
+            raise TypeError(f"channels_last must be True or False, got {channels_last!r}")
         if optimizer is not None:
             owned = {id(p) for p in model.parameters()}
             foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in owned]
@@ -131,18 +161,26 @@ class AdaptiveMethod(nn.Module):
                 raise ValueError(
                     f"the optimizer holds {len(foreign)} parameter(s) that are not the model's"
                 )
+        if split is not None:
+            split = _checked_split_modules(split)
         self._given_record = record(model)  # modes: taken when configured
         self._as_given: AsGiven = self._given_record.with_values()  # values: as wrapped
+        if channels_last:  # memory formats as given are in the record: unwrap() restores them
+            model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch omits it
         self.model = model
         self.optimizer = optimizer
         self.check_finite = check_finite
+        self.autocast, self.channels_last = autocast, channels_last
         self._split = ModelSplit(*split) if split is not None else None
         self._split_given = split is not None  # read through, and checked on the first batch
         self._split_checked = split is None
         self._has_batchnorm = has_batchnorm(model)
         self._rank, self._channels = _expected_input(model)
         self._given: nn.Module | None = None  # the frozen copy of the model as given, on demand
-        self._twin_splits: dict[int, Any] = {}  # the explicit split's modules in each model copy
+        #: the explicit split's modules made to read each model copy's parameters
+        self._twin_splits: weakref.WeakKeyDictionary[nn.Module, ModelSplit] = (
+            weakref.WeakKeyDictionary()
+        )
         #: the input's finiteness read at the step's host synchronisation on an accelerator
         #: (a method that reads it there sets it; :class:`~eatta._finite.DeferredFiniteCheck`)
         self._deferred: DeferredFiniteCheck | None = None
@@ -153,19 +191,22 @@ class AdaptiveMethod(nn.Module):
         self.batch: Batch | None = None  # the request in progress
         self.hooks: list[Hook] = _build_parts(self, parts)
         self._window_off = parts.get("window") is False
-        self._small_run: int | None = -1  # small batches in a row (-1: none yet; None: warned)
+        self._small_warned = False  # SmallBatchWarning given (once per method)
         self._initial_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self._initial_optimizer = (
             copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
         )
+        if self.needs_split and self._split is None:  # by its class, or on an input its
+            self._split = find_split(model)  # configuration names; else on the first batch
 
     # -- structure ---------------------------------------------------------------------------
     @property
     def split(self) -> ModelSplit:
         """The model's feature extractor and head (found automatically unless given).
 
-        Found on first use, on the batch in progress when there is one (see
-        :func:`eatta.split.split_model`), and kept.
+        Found when the method is built where the method reads features and the model's class
+        or configuration tells (:func:`eatta.split.find_split`), else on first use, on the
+        batch in progress when there is one (see :func:`eatta.split.split_model`), and kept.
         """
         if self._split is None:
             example = None if self.batch is None else self.batch.step_x
@@ -196,6 +237,11 @@ class AdaptiveMethod(nn.Module):
         :class:`eatta.methods.active.ActiveMethod`)."""
         return 0
 
+    def stats(self) -> dict[str, int]:
+        """Counts of the stream since the last reset: the labels used, asked, answered and
+        pending (all 0 for a label-free method; see :class:`eatta.methods.active.ActiveMethod`)."""
+        return {"labels_used": 0, "labels_asked": 0, "labels_answered": 0, "labels_pending": 0}
+
     def part(self, name: str) -> Any:
         """The part given as ``name`` (a key of :class:`Parts`), or None."""
         return next((h for h in self.hooks if h.name == name), None)
@@ -222,6 +268,13 @@ class AdaptiveMethod(nn.Module):
         """The pull back toward the given weights after each step; None: no pull."""
         return self.part("weight_anchor")
 
+    @property
+    def serving_model(self) -> nn.Module:
+        """The model whose predictions the method serves: its model (CoTTA: its mean teacher).
+        A server predicts from a copy of it between steps (:mod:`eatta.realtime`,
+        :mod:`eatta.serve`)."""
+        return self.model
+
     # -- the model as given ------------------------------------------------------------------
     @property
     def given(self) -> nn.Module:
@@ -244,15 +297,38 @@ class AdaptiveMethod(nn.Module):
 
     def logits_of(self, twin: nn.Module, x: Tensor) -> Tensor:
         """The logits of ``twin``, a copy of the model (the given one, a method's teacher), for
-        ``x``, read as the model's are: through the same split's modules when one was given."""
+        ``x``, read as the model's are: through the same split when one was given (its modules
+        made to read ``twin``'s parameters, whether or not they are the model's submodules:
+        :func:`eatta.split.split_for_copy`), under the same autocast."""
         if self._split_given and self._split is not None:
-            split = self._twin_splits.get(id(twin))
+            split = self._twin_splits.get(twin)
             if split is None:
-                split = self._twin_splits[id(twin)] = _same_modules(self.model, twin, self._split)
-            if split is not False:
-                backbone, head = split  # type: ignore[misc]  # a ModelSplit
-                return read_logits(head(backbone(x)), twin, what="the split's head")
-        return read_logits(twin(x), twin)
+                split = self._twin_splits[twin] = split_for_copy(self._split, self.model, twin)
+            backbone, head = split
+            z = self.features(backbone, x)
+            return read_logits(head(z), twin, what="the split's head")
+        return self._whole(twin, x)
+
+    def _whole(self, model: nn.Module, x: Tensor) -> Tensor:
+        """``model(x)``'s logits (:func:`eatta.outputs.read_logits`), the forward under autocast
+        when asked, the logits in ``x``'s dtype."""
+        if not self.autocast:
+            return read_logits(model(x), model)
+        with self._autocast(x):
+            out = read_logits(model(x), model)
+        return out.to(x.dtype)
+
+    def _autocast(self, x: Tensor) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(device_type=x.device.type, dtype=torch.bfloat16)
+
+    def features(self, backbone: nn.Module, x: Tensor) -> Tensor:
+        """``backbone(x)``: the features, computed under autocast when asked (returned in
+        ``x``'s dtype, so the head, the scores and the losses run in it)."""
+        if not self.autocast:
+            return backbone(x)
+        with self._autocast(x):
+            z = backbone(x)
+        return z.to(x.dtype)
 
     def unwrap(self) -> nn.Module:
         """The model exactly as it was given (modes, modules, parameters, buffers, memory format,
@@ -351,11 +427,9 @@ class AdaptiveMethod(nn.Module):
             self._split_checked = True
         for hook in self.hooks:
             hook.check(self, batch)
-        if self._small_run is not None and self.adapts and self.window is None:
-            if x.shape[0] < (SMALL_BATCH if self._has_batchnorm else SMALL_REQUEST):
-                self._small_run = warn_small_batch(self, x, self._small_run, self._window_off)
-            else:
-                self._small_run = 0
+        small = x.shape[0] < (SMALL_BATCH if self._has_batchnorm else SMALL_REQUEST)
+        if small and not self._small_warned and self.adapts and self.window is None:
+            self._small_warned = warn_small_batch(self, x, self._window_off)
         oracle = getattr(self, "oracle", None)
         if labels is not None and hasattr(oracle, "set_labels"):
             oracle.set_labels(labels)  # type: ignore[union-attr]  # checked just above
@@ -365,6 +439,8 @@ class AdaptiveMethod(nn.Module):
     def step(self, x: Tensor) -> Tensor:
         """One step on ``x`` (a batch, or a window's samples) as one transaction, gradients on:
         :meth:`forward_and_adapt`'s logits. Call ``method(x)`` to serve a request."""
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         with self.transaction(), torch.enable_grad():
             return self.forward_and_adapt(x)
 
@@ -415,20 +491,23 @@ class AdaptiveMethod(nn.Module):
     # -- reading the model -----------------------------------------------------------------
     def logits(self, x: Tensor) -> Tensor:
         """The model's ``[batch, classes]`` logits for ``x``: through the split when one was
-        given, else the model's output, which must then be a tensor (a dict or a tuple is
-        refused with a message naming ``split=``)."""
+        given, else the model's output read by :func:`eatta.outputs.read_logits` (a tensor, or a
+        mapping or ``ModelOutput`` with ``logits``; anything else is refused in a message naming
+        ``split=``); under autocast when asked."""
         if self._split_given:
             assert self._split is not None
             backbone, head = self._split
-            return read_logits(head(backbone(x)), self.model, what="the split's head")
-        return read_logits(self.model(x), self.model)
+            return read_logits(
+                head(self.features(backbone, x)), self.model, what="the split's head"
+            )
+        return self._whole(self.model, x)
 
     def features_and_logits(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(z, o)``: the backbone's features and the head's ``[batch, classes]`` logits."""
         if self._split is None:
             self._split = split_model(self.model, example=x)
         backbone, head = self._split
-        z = backbone(x)
+        z = self.features(backbone, x)
         return z, read_logits(head(z), self.model, what="the head")
 
     def check_input(self, x: Tensor, *, finite: bool | None = None) -> None:
@@ -602,30 +681,6 @@ def check_parts(parts: Mapping[str, Any]) -> None:
             )
 
 
-def read_logits(out: Any, model: nn.Module, *, what: str = "the model") -> Tensor:
-    """``out`` if it is ``[batch, classes]`` logits; else a :class:`SplitNotFoundError` saying
-    what ``what`` returned and how to pass ``split=`` (the one place every method reads a model's
-    output, so a dict or a tuple is refused the same way everywhere)."""
-    if isinstance(out, Tensor) and out.dim() == 2:
-        return out
-    if isinstance(out, dict):
-        keys = ", ".join(repr(k) for k in out)
-        got = f"a dict (keys {keys})"
-    elif isinstance(out, tuple | list):
-        got = f"a {type(out).__name__} of {len(out)}"
-    else:
-        got = (
-            f"a {type(out).__name__}"
-            if not isinstance(out, Tensor)
-            else f"shape {tuple(out.shape)}"
-        )
-    raise SplitNotFoundError(
-        f"{what} ({type(model).__name__}) returned {got}, not [batch, classes] logits: pass "
-        "split=(backbone, head), two modules sharing the model's parameters whose "
-        "head(backbone(x)) is the logits, e.g. split=(model.backbone, model.classifier)"
-    )
-
-
 def is_finite(x: Tensor) -> bool:
     """``bool(all_finite(x))``, read now (it syncs the device): on the CPU the two extremes are
     read as Python floats, which spares the small tensor ops that dominate a request of one
@@ -636,15 +691,17 @@ def is_finite(x: Tensor) -> bool:
     return math.isfinite(lo.item()) and math.isfinite(hi.item())
 
 
-def _same_modules(model: nn.Module, twin: nn.Module, split: ModelSplit) -> ModelSplit | bool:
-    """``split``'s modules (submodules of ``model``) as they are in ``twin``, a copy of
-    ``model`` (False when they are not ``model``'s submodules)."""
-    names = {id(m): name for name, m in model.named_modules()}
-    found = [names.get(id(part)) for part in split]
-    if any(name is None for name in found):
-        return False
-    backbone, head = (twin.get_submodule(name) for name in found)  # type: ignore[arg-type]
-    return ModelSplit(backbone, head)
+def _checked_split_modules(split: object) -> ModelSplit:
+    """``split`` as a :class:`ModelSplit` of two modules, or a :class:`TypeError` saying what it
+    is (checked against the model on the first batch: :func:`eatta.split.check_split`)."""
+    if not isinstance(split, tuple | list) or len(split) != 2:
+        raise TypeError(
+            f"split must be a pair (backbone, head) of nn.Modules, got {type(split).__name__}"
+        )
+    for name, part in zip(("backbone", "head"), split, strict=True):
+        if not isinstance(part, nn.Module):
+            raise TypeError(f"split's {name} must be an nn.Module, got {type(part).__name__}")
+    return ModelSplit(*split)
 
 
 def _build_parts(method: AdaptiveMethod, parts: Parts) -> list[Hook]:

@@ -24,13 +24,12 @@ from eatta.budget import Budget
 from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.debias import GradNormDebiaser
-from eatta.methods.base import AdaptiveMethod, Parts
+from eatta.methods.base import AdaptiveMethod, Options
 from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.eatta import EATTA
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.selection.uncertainty import RandomSelector
-from eatta.split import ModelSplit
 
 __all__ = ["BaselineConfig", "baseline"]
 
@@ -45,9 +44,7 @@ def baseline(
     buffer: LabelBuffer | int | None = None,
     entropy_margin: float | None = None,
     label_expiry: int = DEFAULT_LABEL_EXPIRY,
-    split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-    check_finite: bool = True,
-    **parts: Unpack[Parts],
+    **options: Unpack[Options],
 ) -> EATTA:
     """The Baseline: EATTA's step with uniformly random selection (``seed``), no class
     balancing and weights 1, 1; the other arguments as :class:`~eatta.methods.eatta.EATTA`'s
@@ -63,9 +60,7 @@ def baseline(
         buffer=buffer,
         entropy_margin=entropy_margin,
         label_expiry=label_expiry,
-        split=split,
-        check_finite=check_finite,
-        **parts,
+        **options,
     )
 
 
@@ -93,7 +88,7 @@ def _build_baseline(
         seed=cfg.seed,
         buffer=LabelBuffer(cfg.buffer, seed=cfg.seed) if cfg.buffer else None,
         entropy_margin=cfg.entropy_margin,
-        split=cfg.split,
+        **cfg.options(),
         label_expiry=cfg.label_expiry,
         **parts,
     )

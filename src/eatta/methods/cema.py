@@ -42,13 +42,12 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import configure
 from eatta.losses import entropy
 from eatta.methods.active import ActiveMethod
-from eatta.methods.base import AdaptiveMethod, Parts
+from eatta.methods.base import AdaptiveMethod, Options
 from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.replay import late_samples
 from eatta.selection.dynamic_margin import DynamicMarginSelector
-from eatta.split import ModelSplit
 
 __all__ = ["CEMA", "CEMARecord"]
 
@@ -86,10 +85,8 @@ class CEMA(ActiveMethod):
         alpha, beta, gamma: CEMA's loss weights (3, 3, 1 in its public configuration).
         entropy_margin: ``E_max`` of the entropy weights; default ``0.4 ln C``.
         label_expiry: steps an asynchronous request waits for its answer before it expires.
-        split: ``(backbone, head)`` for models whose split is not found automatically.
-        check_finite: refuse batches with NaN or infinite values.
-        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
-            (:class:`~eatta.methods.base.Parts`), attached once the method is built.
+        options: what every method takes (:class:`~eatta.methods.base.Options`: the parts,
+            ``split``, ``check_finite``, ``autocast``, ``channels_last``).
     """
 
     selects_every_batch = True
@@ -108,9 +105,7 @@ class CEMA(ActiveMethod):
         gamma: float = 1.0,
         entropy_margin: float | None = None,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
             if not value >= 0:
@@ -123,9 +118,7 @@ class CEMA(ActiveMethod):
             oracle=oracle,
             budget=budget,
             label_expiry=label_expiry,
-            split=split,
-            check_finite=check_finite,
-            **parts,
+            **options,
         )
         self.selector = selector if selector is not None else DynamicMarginSelector(strict=True)
         self.balance = NoClassBalance()
@@ -286,7 +279,7 @@ def _build_cema(
         beta=cfg.beta,
         gamma=cfg.gamma,
         entropy_margin=cfg.entropy_margin,
-        split=cfg.split,
+        **cfg.options(),
         label_expiry=cfg.label_expiry,
         **parts,
     )

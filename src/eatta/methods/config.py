@@ -181,6 +181,14 @@ class MethodConfig:
     split: ModelSplit | tuple[nn.Module, nn.Module] | None = hparam(
         None, "(backbone, head) for models whose split is not found automatically"
     )
+    check_finite: bool = hparam(True, "refuse batches with NaN or infinite values")
+    autocast: bool = hparam(
+        False, "bf16 autocast of the model's forward passes (the feature extractor, if split)"
+    )
+    channels_last: bool = hparam(False, "channels-last memory format (model and batches)")
+
+    #: The keys every method's constructor takes as they are (``eatta.methods.base.Options``).
+    OPTIONS: ClassVar[tuple[str, ...]] = ("split", "check_finite", "autocast", "channels_last")
 
     #: Keys another key expands into (``{key: {value: {key: value, ...}}}``), e.g. a preset.
     EXPANSIONS: ClassVar[Mapping[str, Mapping[Any, Mapping[str, Any]]]] = {}
@@ -249,6 +257,11 @@ class MethodConfig:
     def to_dict(self) -> dict[str, Any]:
         """Every key and its value (values are not copied)."""
         return {k: getattr(self, k) for k in self.keys()}
+
+    def options(self) -> dict[str, Any]:
+        """The keys every method's constructor takes as they are (:data:`OPTIONS`): a builder
+        passes them on, ``Method(model, optimizer, ..., **cfg.options(), **parts)``."""
+        return {k: getattr(self, k) for k in self.OPTIONS}
 
 
 def _check_bounds(method: str, key: str, value: Any, low: Any, high: Any) -> None:

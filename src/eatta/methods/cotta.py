@@ -49,12 +49,11 @@ from eatta._compat import import_torchvision
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import batch_statistics_of, configure
-from eatta.methods.base import AdaptiveMethod, Parts
+from eatta.methods.base import AdaptiveMethod, Options
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
-from eatta.split import ModelSplit
 
 __all__ = ["CoTTA", "CoTTARecord", "TTAAugment", "cotta_param_filter", "symmetric_cross_entropy"]
 
@@ -174,7 +173,7 @@ class CoTTA(AdaptiveMethod):
         num_augmentations: augmented copies averaged by the teacher (32).
         augment: the augmentation, ``augment(x, generator) -> x'``; default :class:`TTAAugment`.
         seed: seeds the generator of the augmentations and the restore masks.
-        split: unused; accepted for a uniform constructor.
+        options: what every method takes (:class:`~eatta.methods.base.Options`).
 
     Submodules ``teacher`` and ``anchor`` are deep copies of the model at creation; the teacher is
     saved in ``state_dict()`` and reset with the model.
@@ -193,9 +192,7 @@ class CoTTA(AdaptiveMethod):
         num_augmentations: int = 32,
         augment: Any = None,
         seed: int = 0,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         if not 0.0 <= ema_momentum <= 1.0:
             raise ValueError(f"ema_momentum must be in [0, 1], got {ema_momentum!r}")
@@ -203,7 +200,7 @@ class CoTTA(AdaptiveMethod):
             raise ValueError(f"restore_prob must be in [0, 1], got {restore_prob!r}")
         if not isinstance(num_augmentations, int) or num_augmentations < 1:
             raise ValueError(f"num_augmentations must be an integer >= 1, got {num_augmentations}")
-        super().__init__(model, optimizer, split=split, check_finite=check_finite, **parts)
+        super().__init__(model, optimizer, **options)
         self._train = trainable(optimizer, "CoTTA")
         self.teacher = copy.deepcopy(model).requires_grad_(False)  # the mean teacher (EMA)
         self.ema_momentum = float(ema_momentum)
@@ -222,6 +219,11 @@ class CoTTA(AdaptiveMethod):
         """The frozen source model whose confidence decides the augmentation: the method's copy
         of the model as given, read on the batch's statistics as the adapted model is."""
         return self.given
+
+    @property
+    def serving_model(self) -> nn.Module:
+        """The mean teacher: CoTTA serves its predictions."""
+        return self.teacher
 
     # -- the step ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -326,7 +328,7 @@ def _build_cotta(
         num_augmentations=cfg.num_augmentations,
         augment=cfg.augment,
         seed=cfg.seed,
-        split=cfg.split,
+        **cfg.options(),
         **parts,
     )
 

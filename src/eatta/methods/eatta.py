@@ -37,19 +37,19 @@ from eatta.annotate.asking import DEFAULT_LABEL_EXPIRY, AnswerRecord
 from eatta.annotate.oracle import Oracle
 from eatta.balance import ClassBalance, make_balance
 from eatta.budget import Budget
-from eatta.buffer import LabelBuffer
-from eatta.debias import GradNormDebiaser, LossWeights
+from eatta.buffer import LabelBuffer, make_buffer
+from eatta.debias import GradNormDebiaser, LossWeights, make_debiaser
 from eatta.gradients import GradMode, check_gradient, make_gradient
 from eatta.gradients.approx import ProxyName
 from eatta.losses import default_entropy_margin, entropy, masked_mean
 from eatta.methods.active import ActiveMethod
-from eatta.methods.base import InvalidInputError, Parts, read_logits, unique_params
+from eatta.methods.base import InvalidInputError, Options, read_logits, unique_params
 from eatta.methods.late_labels import LateLabels
 from eatta.methods.replay import Replay, commit_late
 from eatta.methods.step_record import StepRecord, late_answers
+from eatta.selection import make_selector
 from eatta.selection.base import Selector
-from eatta.selection.perturbation import PerturbationSelector
-from eatta.split import ModelSplit, backward_twice, is_compiled
+from eatta.split import backward_twice, is_compiled
 
 __all__ = ["EATTA", "StepRecord"]
 
@@ -57,19 +57,20 @@ __all__ = ["EATTA", "StepRecord"]
 class EATTA(ActiveMethod):
     """Wraps a classifier; ``forward(x)`` predicts, labels at most ``budget`` samples, adapts.
 
-    Args (beyond :class:`~eatta.methods.active.ActiveMethod`'s):
-        selector: sample selector; default :class:`PerturbationSelector` (σ = 0.01).
+    Args (beyond :class:`~eatta.methods.active.ActiveMethod`'s); a component is given by name
+    (built with its defaults) or as an instance, the same values ``eatta.create`` takes:
+        selector: sample selector, a name of :data:`eatta.selection.SELECTORS` or a
+            :class:`~eatta.selection.base.Selector`; default ``"perturbation"`` (σ = 0.01).
         balance: ``"reference"`` (the authors' code, default), ``"last-k"`` (the paper's text),
-            ``None``, or a :class:`~eatta.balance.ClassBalance`.
-        debiaser: loss weighting; default :class:`GradNormDebiaser` (α = 0.8).
+            ``"none"`` or ``None``, or a :class:`~eatta.balance.ClassBalance`.
+        debiaser: loss weighting, ``"gradnorm"`` (default, α = 0.8), ``"bounded"``
+            (``eatta-stable``'s), ``"none"`` (weights 1, 1), or a :class:`GradNormDebiaser`.
         buffer: a :class:`LabelBuffer`, or an int capacity (the paper's BFS = 300), or None.
         entropy_margin: confidence threshold; default ``0.4 ln C``.
         steps: optimization steps per batch, each re-selecting (2 in the reference preset).
         grad_norm_params: what the two norms are measured over, if not the optimizer's (kept).
         grad_mode, approx_proxy, approx_refresh: how the update's gradient is computed
             (:func:`eatta.gradients.make_gradient`; ``docs/approx-step.md``).
-        autocast: bf16 autocast of the feature extractor (head, scores and losses in float32).
-        channels_last: channels-last memory format for the model (in place) and the batch.
         late_labels: how late answers count (:class:`~eatta.methods.late_labels.LateLabels`).
 
     ``eatta.create("eatta", ...)`` builds it with SGD and Nesterov momentum (the authors' code).
@@ -84,23 +85,19 @@ class EATTA(ActiveMethod):
         *,
         oracle: Oracle,
         budget: int | Budget = 1,
-        selector: Selector | None = None,
+        selector: str | Selector | None = None,
         balance: str | ClassBalance | None = "reference",
-        debiaser: GradNormDebiaser | None = None,
+        debiaser: str | GradNormDebiaser | None = None,
         buffer: LabelBuffer | int | None = None,
         entropy_margin: float | None = None,
         steps: int = 1,
         grad_norm_params: Sequence[nn.Parameter] | None = None,
         grad_mode: GradMode = "auto",
-        autocast: bool = False,
-        channels_last: bool = False,
         approx_proxy: ProxyName = "auto",
         approx_refresh: int | None = None,
         late_labels: LateLabels | None = None,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
@@ -108,15 +105,14 @@ class EATTA(ActiveMethod):
         owned = {id(p) for p in model.parameters()}
         if grad_norm_params is not None and any(id(p) not in owned for p in grad_norm_params):
             raise ValueError("grad_norm_params must be parameters of the model")
-        prepare = _channels_last if channels_last else None
-        super().__init__(
-            model, optimizer, oracle=oracle, budget=budget, label_expiry=label_expiry,
-            split=split, check_finite=check_finite, prepare=prepare, **parts,
-        )  # fmt: skip
-        self.autocast, self.channels_last = bool(autocast), bool(channels_last)
-        self.selector = selector if selector is not None else PerturbationSelector()
+        # the components, by name or instance, before anything of the model changes
+        self.selector = make_selector("perturbation" if selector is None else selector)
         self.balance = make_balance(balance)
-        self.debiaser = debiaser if debiaser is not None else GradNormDebiaser()
+        self.debiaser: GradNormDebiaser = make_debiaser(debiaser)
+        buffer = make_buffer(buffer)
+        super().__init__(
+            model, optimizer, oracle=oracle, budget=budget, label_expiry=label_expiry, **options
+        )
         self.entropy_margin = entropy_margin
         self.steps, self.skipped_steps = steps, 0  # skipped: for non-finite gradients
         self._finite = self._deferred = DeferredFiniteCheck()
@@ -129,24 +125,14 @@ class EATTA(ActiveMethod):
             proxy=approx_proxy, refresh=approx_refresh, backbone=lambda: self.split.backbone,
         )  # fmt: skip
         self.grad_mode: GradMode = grad_mode
-        buffer = LabelBuffer(buffer) if isinstance(buffer, int) else buffer
         late = late_labels if self.asynchronous else None  # None: no buffer, no late answer
         self.replay = None if buffer is None and not self.asynchronous else Replay(
-            buffer=buffer, late=late, features=self._features, batchnorm=self._has_batchnorm
+            buffer=buffer, late=late, features=self.features, batchnorm=self._has_batchnorm
         )  # fmt: skip
         self._compiled = is_compiled(model)
         self.last_step: StepRecord | None = None
 
-    def _features(self, backbone: nn.Module, x: Tensor) -> Tensor:
-        """``backbone(x)``, under bfloat16 autocast if asked (returned as float32)."""
-        if not self.autocast:
-            return backbone(x)
-        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
-            return backbone(x).float()
-
     def forward_and_adapt(self, x: Tensor) -> Tensor:
-        if self.channels_last and x.dim() == 4:
-            x = x.contiguous(memory_format=torch.channels_last)
         twice = backward_twice(self.model) if self._compiled else contextlib.nullcontext()
         with twice:  # a compiled backbone: its backward runs twice
             logits = self._step(x)
@@ -157,7 +143,7 @@ class EATTA(ActiveMethod):
 
     def _step(self, x: Tensor) -> Tensor:
         backbone, head = split = self._split or self.split
-        z = self._features(backbone, x)  # f(x)
+        z = self.features(backbone, x)  # f(x)
         o = read_logits(head(z), self.model, what="the head")  # h(f(x))
         record = StepRecord(logits=o.detach(), pseudo_labels=o.detach().argmax(1))
         k, grad = self.budget.allowance(), self.gradient
@@ -258,6 +244,7 @@ class EATTA(ActiveMethod):
         r.selected, r.labels, r.negatives = lab.indices, lab.targets, lab.negatives
         r.requested = lab.indices if lab.selection is None else lab.selection.indices
         r.late, r.late_answers = len(lab.late), late_answers(lab.late) if lab.late else []
+        r.asked, r.answered = self.counts(lab)
         r.class_history = list(getattr(self.balance, "classes", []))
         r.loss_unsup, r.weights = loss_unsup.detach(), w
         r.loss_sup = None if loss_sup is None else loss_sup.detach()
@@ -292,7 +279,3 @@ class EATTA(ActiveMethod):
     def reset_method_state(self) -> None:
         super().reset_method_state()
         self.skipped_steps = 0
-
-
-def _channels_last(model: nn.Module) -> None:
-    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch omits it

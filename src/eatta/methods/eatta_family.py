@@ -29,9 +29,9 @@ from torch import nn
 from eatta.annotate.oracle import Oracle
 from eatta.balance import ClassBalance
 from eatta.budget import Budget
-from eatta.buffer import LabelBuffer
+from eatta.buffer import LabelBuffer, make_buffer
 from eatta.configure import collect_params, configure
-from eatta.debias import GradNormDebiaser
+from eatta.debias import DebiaserName, GradNormDebiaser, make_debiaser
 from eatta.debias.bounded import BoundedGradNormDebiaser
 from eatta.gradients import GradMode
 from eatta.gradients.approx import ProxyName
@@ -53,6 +53,7 @@ __all__ = [
     "EATTASafeConfig",
     "EATTAStableConfig",
     "SelectorName",
+    "config_debiaser",
     "config_selector",
 ]
 
@@ -96,10 +97,17 @@ class EATTAConfig(ActiveConfig):
     noise_std: float = hparam(0.01, "std of the perturbation selector's feature noise", min=0.0)
     seed: int = hparam(0, "seed of the selector's and the buffer's random draws")
     balance: BalanceName | ClassBalance | None = hparam("reference", "class balance")
+    debiaser: DebiaserName | GradNormDebiaser | None = hparam(
+        None,
+        "loss weighting, by name or instance (None: built from gnd, ema, ema_alpha; "
+        "eatta-stable's bounded one from its bounds)",
+    )
     ema_alpha: float = hparam(0.8, "EMA factor of the gradient-norm debiaser", min=0.0, max=1.0)
     gnd: bool = hparam(True, "weight the losses by gradient norm (GND)")
     ema: bool = hparam(True, "smooth the gradient norms with an EMA")
-    buffer: int | None = hparam(None, "replay buffer size (None or 0: no buffer)", min=0)
+    buffer: int | LabelBuffer | None = hparam(
+        None, "replay buffer, a capacity or a LabelBuffer (None or 0: no buffer)", min=0
+    )
     entropy_margin: float | None = hparam(None, "entropy filter (None: 0.4 ln C)", min=0.0)
     steps: int = hparam(1, "optimizer steps per batch", min=1)
     grad_mode: GradMode = hparam(
@@ -113,8 +121,6 @@ class EATTAConfig(ActiveConfig):
     approx_refresh: int | None = hparam(
         None, "grad_mode='approx': exact norms every this many steps (None: never)", min=1
     )
-    autocast: bool = hparam(False, "bf16 autocast of the feature extractor")
-    channels_last: bool = hparam(False, "channels-last memory format")
 
 
 def config_selector(cfg: EATTAConfig) -> Selector:
@@ -127,6 +133,14 @@ def config_selector(cfg: EATTAConfig) -> Selector:
     if selector == "perturbation":
         kw.setdefault("std", cfg.noise_std)
     return make_selector(selector, seed=cfg.seed, **kw)
+
+
+def config_debiaser(cfg: EATTAConfig) -> GradNormDebiaser:
+    """The config's debiaser: an instance as given, one made from its name (with ``ema_alpha``
+    and ``ema``), or, with none named, the faithful one from ``gnd``, ``ema`` and ``ema_alpha``."""
+    if cfg.debiaser is None:
+        return GradNormDebiaser(alpha=cfg.ema_alpha, normalize=cfg.gnd, ema=cfg.ema)
+    return make_debiaser(cfg.debiaser, alpha=cfg.ema_alpha, ema=cfg.ema)
 
 
 def _build_eatta(
@@ -144,6 +158,8 @@ def _build_eatta(
     variants) beside the parts every method takes."""
     selector = parts.pop("selector") if "selector" in parts else config_selector(cfg)
     balance = parts.pop("balance") if "balance" in parts else cfg.balance
+    debiaser = config_debiaser(cfg) if debiaser is None else debiaser
+    buffer = make_buffer(cfg.buffer, seed=cfg.seed)
     params = configure(model, cfg.params)
     norm_params = None
     if cfg.params == "reference":
@@ -156,21 +172,17 @@ def _build_eatta(
         budget=budget,
         selector=selector,
         balance=balance,
-        debiaser=debiaser
-        if debiaser is not None
-        else GradNormDebiaser(alpha=cfg.ema_alpha, normalize=cfg.gnd, ema=cfg.ema),
-        buffer=LabelBuffer(cfg.buffer, seed=cfg.seed) if cfg.buffer else None,
+        debiaser=debiaser,
+        buffer=buffer,
         entropy_margin=cfg.entropy_margin,
         steps=cfg.steps,
         grad_norm_params=norm_params,
-        split=cfg.split,
         grad_mode=cfg.grad_mode,
-        autocast=cfg.autocast,
-        channels_last=cfg.channels_last,
         approx_proxy=cfg.approx_proxy,
         approx_refresh=cfg.approx_refresh,
         label_expiry=cfg.label_expiry,
         late_labels=late_labels,
+        **cfg.options(),
         **parts,
     )
 
@@ -225,8 +237,8 @@ def _build_eatta_stable(
     budget: Budget,
     **parts: Any,
 ) -> AdaptiveMethod:
-    debiaser = None
-    if cfg.gnd:  # built (and so checked) before the model is configured
+    debiaser = None  # built (and so checked) before the model is configured
+    if cfg.debiaser == "bounded" or (cfg.debiaser is None and cfg.gnd):
         debiaser = BoundedGradNormDebiaser(
             alpha=cfg.ema_alpha, ema=cfg.ema, sup_floor=cfg.sup_floor, unsup_cap=cfg.unsup_cap
         )

@@ -36,7 +36,7 @@ from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import default_entropy_margin, entropy
-from eatta.methods.base import AdaptiveMethod, InvalidInputError, Parts, is_finite, read_logits
+from eatta.methods.base import AdaptiveMethod, InvalidInputError, Options, is_finite, read_logits
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
@@ -71,7 +71,7 @@ class ETA(AdaptiveMethod):
         entropy_margin: ``E0``; default ``0.4 ln C`` with ``C`` read from the logits.
         d_margin: cosine-similarity threshold of the redundancy filter (0.05).
         prob_momentum: momentum of the moving average of kept samples' probabilities (0.9).
-        split: unused; accepted for a uniform constructor.
+        options: what every method takes (:class:`~eatta.methods.base.Options`).
 
     Attributes ``num_reliable`` and ``num_kept`` count, since the last reset, the samples that
     passed the first filter and both filters.
@@ -87,15 +87,13 @@ class ETA(AdaptiveMethod):
         entropy_margin: float | None = None,
         d_margin: float = 0.05,
         prob_momentum: float = 0.9,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         if entropy_margin is not None and not entropy_margin > 0:
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin!r}")
         if not 0.0 <= prob_momentum <= 1.0:
             raise ValueError(f"prob_momentum must be in [0, 1], got {prob_momentum!r}")
-        super().__init__(model, optimizer, split=split, check_finite=check_finite, **parts)
+        super().__init__(model, optimizer, **options)
         self.entropy_margin = entropy_margin
         self.d_margin = float(d_margin)
         self.prob_momentum = float(prob_momentum)
@@ -280,9 +278,7 @@ class EATAFisher(ETA):
         entropy_margin: float | None = None,
         d_margin: float = 0.05,
         prob_momentum: float = 0.9,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         if not math.isfinite(fisher_alpha) or fisher_alpha < 0:
             raise ValueError(f"fisher_alpha must be finite and >= 0, got {fisher_alpha!r}")
@@ -292,9 +288,7 @@ class EATAFisher(ETA):
             entropy_margin=entropy_margin,
             d_margin=d_margin,
             prob_momentum=prob_momentum,
-            split=split,
-            check_finite=check_finite,
-            **parts,
+            **options,
         )
         self.fisher_alpha = float(fisher_alpha)
         self._named = dict(model.named_parameters())
@@ -368,7 +362,7 @@ def _eta_kwargs(cfg: ETAConfig) -> dict[str, Any]:
         "entropy_margin": cfg.entropy_margin,
         "d_margin": cfg.d_margin,
         "prob_momentum": cfg.prob_momentum,
-        "split": cfg.split,
+        **cfg.options(),
     }
 
 

@@ -84,7 +84,7 @@ from eatta.balance import NoClassBalance
 from eatta.budget import Budget
 from eatta.configure import batch_statistics_of, configure
 from eatta.methods.active import ActiveMethod
-from eatta.methods.base import AdaptiveMethod, Parts, read_logits
+from eatta.methods.base import AdaptiveMethod, Options, read_logits
 from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.eta import ETA
 from eatta.methods.presets import DATASET_PRESETS
@@ -92,7 +92,6 @@ from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.sar import SAM, SAR, sar_params
 from eatta.methods.tent import Tent
 from eatta.selection.kmargin import KMarginSelector
-from eatta.split import ModelSplit
 
 __all__ = ["DEFAULT_GRIDS", "HILTTA", "HILTTARecord", "min_max", "smooth"]
 
@@ -172,13 +171,14 @@ class HILTTA(ActiveMethod):
             over all of the model's parameters, as ``main.py``).
         active_lr: its learning rate when it is built here (1e-5).
         score_momentum: momentum of the score average (0.5).
-        split: ``(backbone, head)`` for models whose split is not found automatically.
         label_expiry: steps an asynchronous request waits before it expires.
         sar_momentum: SAR base only, the base optimizer's state after a choice: ``"last"``
             (the authors' loop: the momentum buffers stay as the last candidate's step left
             them, only the chosen rate is set) or ``"chosen"`` (the chosen candidate's
             momentum, saved with its copy). TENT and ETA always get the chosen candidate's, as
             the authors' ``deepcopy`` of the whole method does.
+        options: what every method takes (:class:`~eatta.methods.base.Options`); give the base
+            the same ``split``, ``autocast`` and ``channels_last`` (``create`` does).
     """
 
     optimizer: torch.optim.Optimizer  # the base's
@@ -199,11 +199,9 @@ class HILTTA(ActiveMethod):
         active_optimizer: torch.optim.Optimizer | None = None,
         active_lr: float = 1e-5,
         score_momentum: float = 0.5,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
         sar_momentum: str = "last",
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         name = _BASES.get(type(base))
         if name is None:
@@ -236,7 +234,7 @@ class HILTTA(ActiveMethod):
             raise TypeError("HILTTA's base method needs an optimizer (its lr is tuned)")
         super().__init__(
             model, base.optimizer, oracle=oracle, budget=budget, label_expiry=label_expiry,
-            split=split, check_finite=check_finite, **parts,
+            **options,
         )  # fmt: skip
         object.__setattr__(self, "_base", base)  # not a submodule: its model is ours
         self.base_name, self.tune, self.candidates = name, tune, grid
@@ -500,16 +498,13 @@ def _build_base(model: nn.Module, cfg: HILTTAConfig) -> AdaptiveMethod:
     params = sar_params(model) if cfg.params == "sar" else configure(model, cfg.params)
     opt = make_optimizer(params, cfg)
     if cfg.base == "tent":
-        return Tent(model, opt, split=cfg.split)
+        return Tent(model, opt, **cfg.options())
     if cfg.base == "eta":
-        return ETA(model, opt, entropy_margin=margin, d_margin=d_margin, split=cfg.split)
+        return ETA(model, opt, entropy_margin=margin, d_margin=d_margin, **cfg.options())
     return SAR(
-        model,
-        SAM(opt, rho=rho),
-        entropy_margin=margin,
-        reset_constant=reset_constant,
-        split=cfg.split,
-    )
+        model, SAM(opt, rho=rho), entropy_margin=margin, reset_constant=reset_constant,
+        **cfg.options(),
+    )  # fmt: skip
 
 
 def _build_hiltta(
@@ -541,7 +536,7 @@ def _build_hiltta(
         anchor_stats=cfg.anchor_stats,
         active_lr=cfg.active_lr,
         score_momentum=cfg.score_momentum,
-        split=cfg.split,
+        **cfg.options(),
         label_expiry=cfg.label_expiry,
         sar_momentum=cfg.sar_momentum,
         **parts,

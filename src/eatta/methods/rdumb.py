@@ -30,12 +30,11 @@ from typing_extensions import Unpack
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
-from eatta.methods.base import AdaptiveMethod, Parts
+from eatta.methods.base import AdaptiveMethod, Options
 from eatta.methods.config import hparam
 from eatta.methods.eta import ETA, ETAConfig, _eta_kwargs
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.split import ModelSplit
 
 __all__ = ["RDumb", "RDumbConfig"]
 
@@ -72,9 +71,7 @@ class RDumb(ETA):
         entropy_margin: float | None = None,
         d_margin: float = 0.05,
         prob_momentum: float = 0.9,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         interval = _check_interval(reset_every)  # before anything is built or changed
         super().__init__(
@@ -83,9 +80,7 @@ class RDumb(ETA):
             entropy_margin=entropy_margin,
             d_margin=d_margin,
             prob_momentum=prob_momentum,
-            split=split,
-            check_finite=check_finite,
-            **parts,
+            **options,
         )
         self.reset_every = interval
         self.num_steps = 0

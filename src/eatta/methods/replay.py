@@ -11,7 +11,10 @@ and of what is replayed, with the entropy term of a step that falls back:
   them when the step commits (:func:`commit_late`);
 - the kept labelled samples nearest the batch, in a step without a fresh answer
   (:class:`~eatta.methods.nearest_replay.NearestReplay`);
-- a mini-batch from the replay buffer (:class:`~eatta.buffer.LabelBuffer`);
+- a mini-batch from the replay buffer (:class:`~eatta.buffer.LabelBuffer`), run alone as in the
+  authors' code; one sample (the buffer's first, with one label a batch) that a BatchNorm model
+  cannot normalize alone (its features 1x1: a small input, where their code fails) runs with the
+  batch instead, as late answers do;
 - in a step whose labels weigh too little (``LateLabels.anchor``), the entropy term is ETA's
   filtered one instead of Eq. 1's.
 
@@ -38,6 +41,9 @@ from eatta.methods.nearest_replay import NearestReplay
 from eatta.selection.base import SelectionContext, Selector
 
 __all__ = ["Replay", "ReplayTerms", "answer_terms", "commit_late", "late_samples"]
+
+#: torch's refusal of BatchNorm over one value per channel (``F.batch_norm``, training mode).
+_ONE_VALUE = "Expected more than 1 value per channel"
 
 
 @dataclass
@@ -104,7 +110,7 @@ class Replay:
         backbone, head = split
         if self.buffer is not None and len(self.buffer) > 0:
             bx, by = self.buffer.sample()
-            out.terms.append(F.cross_entropy(head(self.features(backbone, bx)), by))
+            out.terms.append(F.cross_entropy(head(self._replayed(backbone, x, bx)), by))
         late = self.late
         if late is not None and not len(lab.indices) and not len(lab.negatives):
             if late.filters(lab.late_weight):  # labels weigh too little: ETA's entropy term
@@ -158,6 +164,17 @@ class Replay:
                 backbone=backbone,
             )
         return terms
+
+    def _replayed(self, backbone: nn.Module, x: Tensor, bx: Tensor) -> Tensor:
+        """The buffer's mini-batch ``bx`` through ``backbone``, alone as the authors' code runs
+        it; one sample that BatchNorm cannot normalize alone (1x1 features: a small input) runs
+        with the batch ``x`` instead, as a late answer's does."""
+        try:
+            return self.features(backbone, bx)
+        except ValueError as err:
+            if not (self.batchnorm and bx.shape[0] == 1 and _ONE_VALUE in str(err)):
+                raise
+        return self.features(backbone, torch.cat([x, bx]))[x.shape[0] :]
 
     def _nearest(
         self, x: Tensor, lab: AnswerRecord, split: tuple[nn.Module, nn.Module]

@@ -39,12 +39,11 @@ from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import NORM_TYPES, configure
 from eatta.losses import default_entropy_margin, entropy, masked_mean
-from eatta.methods.base import AdaptiveMethod, Parts
+from eatta.methods.base import AdaptiveMethod, Options
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.tent import set_grads, trainable
-from eatta.split import ModelSplit
 
 __all__ = ["SAM", "SAR", "SARRecord", "sar_param_filter", "sar_params"]
 
@@ -209,7 +208,7 @@ class SAR(AdaptiveMethod):
         reset_constant: recover when the loss EMA falls below it (0.2).
         ema_momentum: momentum of the loss EMA (0.9).
         rho: SAM radius when ``optimizer`` is not already a :class:`SAM` (0.05).
-        split: unused; accepted for a uniform constructor.
+        options: what every method takes (:class:`~eatta.methods.base.Options`).
 
     ``num_recoveries`` counts model recoveries since the last :meth:`reset`.
     """
@@ -223,9 +222,7 @@ class SAR(AdaptiveMethod):
         reset_constant: float = 0.2,
         ema_momentum: float = 0.9,
         rho: float = 0.05,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         if entropy_margin is not None and not entropy_margin > 0:
             raise ValueError(f"entropy_margin must be > 0, got {entropy_margin!r}")
@@ -234,7 +231,7 @@ class SAR(AdaptiveMethod):
         if optimizer is None:
             raise TypeError("SAR needs an optimizer (a SAM, or a base optimizer to wrap)")
         sam = optimizer if isinstance(optimizer, SAM) else SAM(optimizer, rho=rho)
-        super().__init__(model, sam, split=split, check_finite=check_finite, **parts)
+        super().__init__(model, sam, **options)
         self.sam = sam
         self.entropy_margin = entropy_margin
         self.reset_constant = float(reset_constant)
@@ -336,7 +333,7 @@ def _build_sar(
         entropy_margin=cfg.entropy_margin,
         reset_constant=cfg.reset_constant,
         ema_momentum=cfg.ema_momentum,
-        split=cfg.split,
+        **cfg.options(),
         **parts,
     )
 

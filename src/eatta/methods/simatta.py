@@ -41,14 +41,13 @@ from eatta.buffer import LabelBuffer
 from eatta.configure import batch_statistics_of, configure
 from eatta.losses import default_entropy_margin, entropy
 from eatta.methods.active import ActiveMethod
-from eatta.methods.base import AdaptiveMethod, Parts
+from eatta.methods.base import AdaptiveMethod, Options
 from eatta.methods.config import ActiveConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
 from eatta.methods.replay import commit_late, late_samples
 from eatta.selection.base import SelectionContext
 from eatta.selection.clustering import IncrementalClusteringSelector
-from eatta.split import ModelSplit
 
 __all__ = ["SimATTA", "SimATTARecord"]
 
@@ -89,10 +88,8 @@ class SimATTA(ActiveMethod):
         refresh_anchors: recompute the anchors' features after each update.
         seed: seed of the buffers' sampling.
         label_expiry: steps an asynchronous request waits for its answer before it expires.
-        split: ``(backbone, head)`` for models whose split is not found automatically.
-        check_finite: refuse batches with NaN or infinite values.
-        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
-            (:class:`~eatta.methods.base.Parts`), attached once the method is built.
+        options: what every method takes (:class:`~eatta.methods.base.Options`: the parts,
+            ``split``, ``check_finite``, ``autocast``, ``channels_last``).
     """
 
     def __init__(
@@ -114,9 +111,7 @@ class SimATTA(ActiveMethod):
         refresh_anchors: bool = True,
         seed: int = 0,
         label_expiry: int = DEFAULT_LABEL_EXPIRY,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         for name, value, low in (
             ("steps", steps, 0),
@@ -134,9 +129,7 @@ class SimATTA(ActiveMethod):
             oracle=oracle,
             budget=budget,
             label_expiry=label_expiry,
-            split=split,
-            check_finite=check_finite,
-            **parts,
+            **options,
         )
         self.selector = IncrementalClusteringSelector(
             max_anchors, entropy_bound=high_entropy_bound, keep_inputs=refresh_anchors
@@ -192,7 +185,7 @@ class SimATTA(ActiveMethod):
         self._fine_tune(record)
         backbone = self.split.backbone
         if self.refresh_anchors and (self.selector.num_anchors > 1 or not self.has_batchnorm):
-            self.selector.refresh(backbone)
+            self.selector.refresh(lambda inputs: self.features(backbone, inputs))
         self.last_step = record
         return o.detach()
 
@@ -206,7 +199,7 @@ class SimATTA(ActiveMethod):
         ys = torch.tensor([a.label for a in late], dtype=torch.long, device=x.device)
         backbone, head = self.split
         with torch.no_grad():
-            zl = backbone(torch.cat([x, xs]))[x.shape[0] :]
+            zl = self.features(backbone, torch.cat([x, xs]))[x.shape[0] :]
             ctx = SelectionContext(inputs=xs, features=zl, logits=head(zl), head=head)
         commit_late(self.balance, self.selector, late, ctx)
         self.labelled.add(xs, ys)
@@ -322,7 +315,7 @@ def _build_simatta(
         use_teacher=cfg.use_teacher,
         refresh_anchors=cfg.refresh_anchors,
         seed=cfg.seed,
-        split=cfg.split,
+        **cfg.options(),
         label_expiry=cfg.label_expiry,
         **parts,
     )

@@ -10,10 +10,9 @@ from typing_extensions import Unpack
 
 from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
-from eatta.methods.base import AdaptiveMethod, Parts
+from eatta.methods.base import AdaptiveMethod, Options
 from eatta.methods.config import MethodConfig
 from eatta.methods.registry import MethodSpec, register
-from eatta.split import ModelSplit
 
 __all__ = ["Source"]
 
@@ -26,12 +25,9 @@ class Source(AdaptiveMethod):
     def __init__(
         self,
         model: nn.Module,
-        *,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
-        super().__init__(model.eval(), None, split=split, check_finite=check_finite, **parts)
+        super().__init__(model.eval(), None, **options)
 
     @torch.no_grad()
     def forward_and_adapt(self, x: Tensor) -> Tensor:
@@ -41,7 +37,7 @@ class Source(AdaptiveMethod):
 def _build_source(
     model: nn.Module, cfg: MethodConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
-    return Source(model, split=cfg.split, **parts)
+    return Source(model, **cfg.options(), **parts)
 
 
 register(MethodSpec("source", _build_source, summary="no adaptation", adapts=False))

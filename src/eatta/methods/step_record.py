@@ -30,7 +30,9 @@ class StepRecord:
     ``requested``: this batch's samples sent to the annotator; ``selected``/``labels``: those
     answered with a class in this step (with a late annotator, empty until the answer lands:
     ``late`` counts the earlier requests answered in this step, ``late_answers`` lists them as
-    ``(step asked, sample, answer)``).
+    ``(step asked, sample, answer)``). ``asked`` and ``answered`` count them: samples sent to the
+    annotator in this step, and answers heard in it (classes and "no"s, late ones included),
+    what the method's ``labels_asked`` and ``labels_answered`` add up.
     ``negatives``: this batch's samples answered "no". ``skipped``: the gradients were not
     finite, so no update was applied and no state changed. ``grad_norms_approx``: the norms are
     the approximate step's estimates. Printed, it is a short summary; the tensors are its fields.
@@ -55,6 +57,8 @@ class StepRecord:
     late: int = 0
     late_answers: list[tuple[int, int, str]] = field(default_factory=list)
     grad_norms_approx: bool = False
+    asked: int = 0
+    answered: int = 0
 
     def __repr__(self) -> str:
         if self.skipped:

@@ -20,11 +20,10 @@ from eatta.annotate.oracle import Oracle
 from eatta.budget import Budget
 from eatta.configure import configure
 from eatta.losses import entropy
-from eatta.methods.base import AdaptiveMethod, Parts, unique_params
+from eatta.methods.base import AdaptiveMethod, Options, unique_params
 from eatta.methods.config import OptimizerConfig, ParamSelection, hparam
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
-from eatta.split import ModelSplit
 
 __all__ = ["Tent", "set_grads"]
 
@@ -61,9 +60,8 @@ class Tent(AdaptiveMethod):
         steps: optimizer steps per batch (1 in the paper). With more than one, the returned logits
             are still those of the first forward pass (the official code returns the last pass's);
             this keeps every method's output "before this batch's update".
-        split: unused by TENT; accepted for a uniform constructor.
-        parts: ``window``, ``fallback``, ``monitor``, ``weight_anchor``
-            (:class:`~eatta.methods.base.Parts`), attached once the method is built.
+        options: what every method takes (:class:`~eatta.methods.base.Options`: the parts,
+            ``split``, ``check_finite``, ``autocast``, ``channels_last``).
     """
 
     optimizer: torch.optim.Optimizer  # required here (the base allows None)
@@ -74,13 +72,11 @@ class Tent(AdaptiveMethod):
         optimizer: torch.optim.Optimizer,
         *,
         steps: int = 1,
-        split: ModelSplit | tuple[nn.Module, nn.Module] | None = None,
-        check_finite: bool = True,
-        **parts: Unpack[Parts],
+        **options: Unpack[Options],
     ) -> None:
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-        super().__init__(model, optimizer, split=split, check_finite=check_finite, **parts)
+        super().__init__(model, optimizer, **options)
         self.steps = steps
         self._train = trainable(optimizer, "TENT")
 
@@ -114,7 +110,7 @@ def _build_tent(
     model: nn.Module, cfg: TentConfig, oracle: Oracle | None, budget: Budget, **parts: Any
 ) -> AdaptiveMethod:
     params = configure(model, cfg.params)
-    return Tent(model, make_optimizer(params, cfg), steps=cfg.steps, split=cfg.split, **parts)
+    return Tent(model, make_optimizer(params, cfg), steps=cfg.steps, **cfg.options(), **parts)
 
 
 register(

@@ -55,15 +55,24 @@ SELECTORS: dict[str, type] = {
 _SEEDED = frozenset({"perturbation", "random", "plpd"})
 
 
-def make_selector(name: str, *, seed: int | None = None, **kwargs: Any) -> Selector:
-    """A selector by name, constructed with ``kwargs``.
+def make_selector(spec: str | Selector, *, seed: int | None = None, **kwargs: Any) -> Selector:
+    """A selector by name of :data:`SELECTORS`, constructed with ``kwargs``; an instance is
+    returned as it is (``selector=`` takes either, in ``eatta.create`` and the class API).
 
     ``seed`` goes to the selectors that draw random numbers (``perturbation``, ``random``,
     ``plpd``) and is ignored by the deterministic ones, so callers can always pass it.
     """
-    key = name.lower()
+    if isinstance(spec, Selector):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(
+            f"selector must be a name ({', '.join(SELECTORS)}) or a Selector, "
+            f"got {type(spec).__name__}"
+        )
+    key = spec.lower()
     if key not in SELECTORS:
-        raise ValueError(f"unknown selector {name!r}; choose one of {', '.join(SELECTORS)}")
+        raise ValueError(f"unknown selector {spec!r}; choose one of {', '.join(SELECTORS)}")
     if seed is not None and key in _SEEDED:
         kwargs["seed"] = seed
-    return SELECTORS[key](**kwargs)
+    made: Selector = SELECTORS[key](**kwargs)
+    return made

@@ -19,10 +19,11 @@ setting), the oldest evicted first; they are added in :meth:`commit`, never in :
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from eatta.annotate.oracle import ABSTAIN
 from eatta.balance import ClassBalance, Selection
@@ -234,8 +235,9 @@ class IncrementalClusteringSelector(ScoreSelector):
                 self.inputs = self.inputs[extra:].clone()
 
     @torch.no_grad()
-    def refresh(self, backbone: nn.Module) -> None:
-        """Recompute the anchors' features with ``backbone`` (all anchors in one batch)."""
+    def refresh(self, backbone: Callable[[Tensor], Tensor]) -> None:
+        """Recompute the anchors' features with ``backbone`` (all anchors in one batch): the
+        feature extractor, or the method's call of it (under its autocast)."""
         if self.inputs is None:
             if self.num_anchors and not self.keep_inputs:
                 raise RuntimeError("refresh needs the anchors' inputs: create with keep_inputs")
