@@ -41,7 +41,21 @@ RATIOS = (
     ("eatta-safe / tent", "eatta-safe", "tent"),
     ("exact step / tent", "eatta-safe (exact step)", "tent"),
     ("source forward on 16 / tent", "source forward on 16", "tent"),
+    ("promise, both models / tent", "eatta-safe (promise, both models)", "tent"),
+    ("promise, adapted alone / tent", "eatta-safe (promise, adapted alone)", "tent"),
 )
+
+
+def _pinned(step: Any, alone: bool) -> Any:
+    """``step``'s eatta-safe held in one regime of its promise: the adapted model alone (its
+    certified bound pinned far below 0: the given model on a subset) or both models (never
+    alone)."""
+    promise = step.func.fallback.promise
+    if alone:
+        promise.reserve = -1e9  # certified better by far, and kept so for every round
+    else:
+        promise.adapted_alone = lambda n: False
+    return step
 
 
 def source_model(name: str) -> nn.Module:
@@ -71,6 +85,8 @@ def _variants(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Any]:
         "eatta-safe (measure only)": make("eatta-safe", fallback_acts=False),
         "eatta-safe (exact step)": make("eatta-safe", fallback_start="adapted", grad_mode="auto"),
         "source forward on 16": partial(kept.given_logits, x[:sample]),
+        "eatta-safe (promise, both models)": _pinned(make("eatta-safe"), alone=False),
+        "eatta-safe (promise, adapted alone)": _pinned(make("eatta-safe"), alone=True),
     }
 
 

@@ -255,8 +255,8 @@ def _summary(results: Sequence[Any]) -> dict[str, Any]:
         for r in results
         if r.fallback and r.online
     ]
-    blend = [
-        r.fallback["stats"]["served"]["blend"] / len(r.online)
+    blend = [  # in part: the promise's part of the disagreements, or the lean rule's blend
+        sum(r.fallback["stats"]["served"].get(k, 0) for k in ("blend", "part")) / len(r.online)
         for r in results
         if r.fallback and r.online
     ]
@@ -345,7 +345,7 @@ def render(name: str, entry: dict[str, Any]) -> str:
     lines = [
         f"\n{name}: the model as given {_fmt(given)}, best label-free {_fmt(entry['label-free'])}",
         "| annotator | eatta-stable | eatta-safe | safe - given | never worse | worse domains "
-        "| served given | served blend |",
+        "| served given | served in part |",
         "|---|---:|---:|---:|---|---|---:|---:|",
     ]
     for label, safe in entry["safe"].items():

@@ -33,14 +33,27 @@ def test_the_backbone_reaches_every_run_and_the_study(safety, tmp_path, monkeypa
     monkeypatch.setattr(safety, "run_part", run_part)
     plan = [("references", "mixed"), ("annotators", "mnist"), ("references", "deployed")]
     data = safety.study(tmp_path, [0], plan, ["instant"], [64], backbone="digits-vit")
-    assert [s["part"] for s in seen] == ["references", "ann-instant", "references"]
-    assert [s["dataset"] for s in seen] == ["digits-c", "mnist", "digits-deployed"]
+    parts = ["references", "given-64", "ann-instant", "ann-instant-blend", "references"]
+    assert [s["part"] for s in seen] == parts  # the default's rule and the lean rule beside it
+    datasets = ["digits-c", "mnist", "mnist", "mnist", "digits-deployed"]
+    assert [s["dataset"] for s in seen] == datasets
+    assert seen[3]["hparams"]["eatta-safe"] == {"fallback_start": "blend"}
     assert all(s["backbone"] == "digits-vit" for s in seen)
     assert data["backbone"] == "digits-vit"
     saved = json.loads((tmp_path / "study.json").read_text())
     assert saved["backbone"] == "digits-vit"
     no_runs = {**data, "streams": {}}  # the fake parts ran nothing to report
     assert "(the packaged `digits-vit` on digits-C," in safety.report(no_runs)
+
+
+def test_the_running_excess_is_read_batch_by_batch_against_the_given_model(safety):
+    served = [[64, 10, 1], [64, 2, 1], [32, 9, 1]]
+    given = [[64, 8, 0], [64, 8, 0], [32, 4, 0]]
+    worst, last = safety.running_excess(served, given)
+    assert worst == pytest.approx(100 * 2 / 64)  # +2 after the first batch, then -4, then +1
+    assert last == pytest.approx(100 * 1 / 160)
+    with pytest.raises(ValueError, match="differ"):
+        safety.running_excess(served, [[64, 8, 0], [32, 8, 0], [64, 4, 0]])
 
 
 def _study(folder: Path, **settings: Any) -> None:

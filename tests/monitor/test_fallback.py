@@ -427,3 +427,37 @@ def test_an_adapted_model_found_worse_while_the_source_serves_can_still_be_trust
             break
     assert fb.serving == "adapted" and fb.events[-1].kind == "serve adapted"
     assert fb.events[-1].step - 60 <= 60  # within 60 answers of turning better (35 here)
+
+
+def test_with_an_auditor_the_promise_measures_what_served_and_holds():
+    """A label-free method with audits under the promise: a better adapted model comes to serve
+    whole batches once the audits (drawn where what served differs) certify it; a worse one
+    never costs more than the tolerance, at any batch."""
+    better, _ = guarded(RIGHT, HALF_WRONG, start="promise", tolerance=5.0)
+    fb = better.fallback
+    assert isinstance(fb, SourceFallback) and fb.promise is not None
+    served = [served_by_promise(better, x, better(x, labels=y)) for x, y in batches(80)]
+    # 5 points of 12 samples: 0.6 aside a batch; the second batch may serve one sample
+    assert served[:2] == ["source", "part"]
+    assert served[-10:] == ["adapted"] * 10
+    assert fb.bound is not None and fb.bound < 0 and fb.promise.charged == 0.0
+    worse, _ = guarded(HALF_WRONG, RIGHT, start="promise", tolerance=5.0)
+    errors = seen = 0
+    for x, y in batches(80):
+        out = worse(x, labels=y).argmax(1)
+        errors += int((out != y).sum())  # the given model (RIGHT) makes none
+        seen += len(y)
+        assert 100 * errors / seen <= 5.0
+
+
+def served_by_promise(method: Fixed, x: torch.Tensor, out: torch.Tensor) -> str:
+    """``"adapted"``, ``"source"`` or ``"part"`` (some rows of each)."""
+    adapted, given = method.fixed(x), method.given_logits(x)
+    if torch.equal(out, adapted):
+        return "adapted"
+    if torch.equal(out, given):
+        return "source"
+    pairs = zip(out, adapted, given, strict=True)
+    rows = [torch.equal(o, a) or torch.equal(o, g) for o, a, g in pairs]
+    assert all(rows)
+    return "part"

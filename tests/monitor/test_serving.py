@@ -111,8 +111,8 @@ def test_every_served_batch_is_recorded_with_its_reason_and_restored_from_state(
     want.append(("adapted", "evidence"))
     assert rule.history() == want
     assert rule.tally() == {
-        "served": {"adapted": 1, "source": 2, "blend": 1},
-        "why": {"evidence": 1, "default": 2, "sign": 0, "lean": 1},
+        "served": {"adapted": 1, "source": 2, "blend": 1, "part": 0},
+        "why": {"evidence": 1, "default": 2, "sign": 0, "lean": 1, "promise": 0, "bound": 0},
     }
     auto = ServingRule("auto")  # the label-free signs choose, recorded as such
     auto.refresh(signs_at(0.5), math.nan)
@@ -147,7 +147,14 @@ def test_a_fallback_starting_on_the_blend_serves_the_given_model_until_answers_l
     method = Fixed(linear(HALF_WRONG), linear(RIGHT), fallback=fallback)
     for x, _ in batches(5):
         assert torch.equal(method(x), method.given_logits(x))
-    assert fallback.stats()["why"] == {"evidence": 0, "default": 5, "sign": 0, "lean": 0}
+    assert fallback.stats()["why"] == {
+        "evidence": 0,
+        "default": 5,
+        "sign": 0,
+        "lean": 0,
+        "promise": 0,
+        "bound": 0,
+    }
 
     from test_fallback import guarded
 

@@ -104,6 +104,31 @@ def test_disagreements_are_drawn_most_of_the_time():
     assert hits / 500 == pytest.approx(0.9 + 0.1 * 0.2, abs=0.05)
 
 
+def test_a_focus_replaces_the_disagreements_and_the_bound_follows_it():
+    """The focus (the fallback's, under the promise) names samples 3 and 4: the rest of the
+    draw goes there, not to the disagreements (0, 1), and the bound is over the focus."""
+    seen = []
+
+    def focus(ctx: SelectionContext) -> torch.Tensor:
+        seen.append(ctx)
+        return torch.tensor([False, False, False, True, True, False])
+
+    draw = DisagreementDraw(FixedScores(torch.ones(6)), explore=0.25, seed=0, focus=focus)
+    ctx = context([0] * 6, given=[1, 1, 0, 0, 0, 0])
+    sel = draw.select(ctx, 1, NoClassBalance())
+    assert seen == [ctx]
+    rec = sel.update["draw"]
+    assert rec.disagreements == 2
+    q_focus = 0.25 / 6 + 0.75 / 2
+    assert rec.bound == pytest.approx(1 / (6 * q_focus))
+    hits = sum(int(draw.select(ctx, 1, NoClassBalance()).indices[0]) in (3, 4) for _ in range(400))
+    assert hits / 400 == pytest.approx(0.75 + 0.25 * 2 / 6, abs=0.06)
+    none = DisagreementDraw(FixedScores(torch.ones(6)), explore=0.25, seed=0, focus=lambda c: None)
+    assert none.select(ctx, 1, NoClassBalance()).update["draw"].bound == pytest.approx(
+        1 / (6 * q_focus)
+    )  # None: the disagreements (0 and 1, two of them too)
+
+
 @pytest.mark.parametrize("bad", [0, 0.0, -0.1, 1.5, float("nan"), True, "0.2"])
 def test_bad_explore_is_refused(bad):
     with pytest.raises((ValueError, TypeError), match="explore"):

@@ -31,6 +31,10 @@ def _never_serve(monkeypatch) -> None:
         (["--model", "eatta.serve.model:DEMO_SHAPE"], "is not callable"),
         (["--input-shape", "1,32,32"], "does not take inputs of shape [N, 1, 32, 32]"),
         (["--max-batch", "64", "--max-queue", "8"], "--max-queue (8) must be >= --max-batch"),
+        (["--hp", "tolerance"], "--hp expects KEY=VALUE, got 'tolerance'"),
+        (["--hp", "nope=1"], "has no hyperparameter 'nope'"),
+        (["--hp", "tolerance='x'"], "'tolerance' of method 'eatta-safe' must be float"),
+        (["--hp", "window=8"], "give window with --window"),
     ],
 )
 def test_a_mistake_is_one_line_and_status_2(tmp_path: Path, capsys, args, message: str) -> None:
@@ -52,3 +56,19 @@ def test_bad_flags_are_argparse_errors(tmp_path: Path, capsys) -> None:
             cli.main(["--state", str(tmp_path / "s"), *args])
         assert done.value.code == 2
     assert "expected >= 2" in capsys.readouterr().err
+
+
+def test_a_refused_setting_leaves_the_state_folder_untouched(tmp_path: Path) -> None:
+    assert cli.main(["--state", str(tmp_path / "s"), "--port", "0", "--hp", "nope=1"]) == 2
+    assert not (tmp_path / "s").exists() or not any((tmp_path / "s").iterdir())
+
+
+def test_settings_reach_the_method_and_are_part_of_the_state(tmp_path: Path, capsys) -> None:
+    settings = cli.method_settings("eatta-safe", ["tolerance=1", "fallback_start=blend"])
+    assert settings == {"tolerance": 1.0, "fallback_start": "blend"}
+    saved = Options(model="eatta.serve.model:digits", hparams=settings).durable()
+    StateDir(tmp_path / "s").claim(saved)  # a server with settings of its own ran there
+    assert cli.main(["--state", str(tmp_path / "s"), "--port", "0"]) == 2
+    assert "started with hparams {'fallback_start': 'blend', 'tolerance': 1.0}, not None" in (
+        capsys.readouterr().err
+    )

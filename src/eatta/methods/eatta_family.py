@@ -42,6 +42,7 @@ from eatta.methods.late_labels import LateLabels
 from eatta.methods.nearest_replay import NearestReplay
 from eatta.methods.presets import DATASET_PRESETS
 from eatta.methods.registry import MethodSpec, make_optimizer, register
+from eatta.monitor.confseq import check_level
 from eatta.monitor.fallback import START, safe_parts
 from eatta.selection import SELECTORS, make_selector
 from eatta.selection.base import Selector
@@ -283,14 +284,33 @@ class EATTASafeConfig(EATTAStableConfig):
         True, "the fallback acts on evidence (False: it only measures; the adapted model serves)"
     )
     fallback_recent: int = hparam(16, "answers the fallback's bets are sized from", min=1)
-    fallback_level: float = hparam(
-        0.05, "error level of each of the fallback's decisions", min=0.0, max=1.0
+    tolerance: float = hparam(
+        0.5,
+        "the promise: points of error the served predictions may exceed the given model's by, "
+        "at every batch (fallback_start='promise')",
+        min=0.0,
+        max=100.0,
     )
-    fallback_start: Literal["blend", "source", "adapted", "auto"] = hparam(
-        "blend",
-        "served before the first decision: blend (the given model until the answers lean to the "
-        "adapted one, then the two models' mean probabilities), source (the given model), "
-        "adapted, auto (label-free signs: misled on the safety study's mnist-far)",
+    level: float = hparam(
+        0.05,
+        "the promise: the chance it may fail (fallback_start='promise'; docs/safety.md)",
+        min=0.0,
+        max=1.0,
+    )
+    fallback_level: float = hparam(
+        0.05,
+        "error level of each of the fallback's decisions (the starts other than 'promise')",
+        min=0.0,
+        max=1.0,
+    )
+    fallback_start: Literal["promise", "blend", "source", "adapted", "auto"] = hparam(
+        "promise",
+        "what serves: promise (the first of the adapted model, the blend, the adapted model on "
+        "part of its disagreements and the given model that keeps the promise set by tolerance "
+        "and level), or, until a decision of the test: blend "
+        "(the given model until the answers lean to the adapted one, then the two models' mean "
+        "probabilities: measured, not guaranteed), source (the given model), adapted, auto "
+        "(label-free signs: misled on the safety study's mnist-far)",
     )
     fallback_reset: bool = hparam(False, "reset the adapted model when it is found worse")
     grad_mode: GradMode = hparam(
@@ -311,15 +331,19 @@ def _build_eatta_safe(
     if parts.get("fallback") is not None:
         raise TypeError("eatta-safe builds its own fallback: set its fallback_* keys instead")
     assert cfg.fallback_start in START
+    promised = cfg.fallback_start == "promise"
+    check_level(cfg.fallback_level, "fallback level")  # the decision test's, read or not
+    check_level(cfg.level, "level")
     safe = safe_parts(
         config_selector(cfg),
         explore=cfg.explore,
         seed=cfg.seed,
         recent=cfg.fallback_recent,
-        level=cfg.fallback_level,
+        level=cfg.level if promised else cfg.fallback_level,
         start=cfg.fallback_start,
         reset=cfg.fallback_reset,
         act=cfg.fallback_acts,
+        **({"tolerance": cfg.tolerance} if promised else {}),
     )
     return _build_eatta_stable(model, cfg, oracle, budget, **safe, **parts)
 

@@ -71,11 +71,13 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from eatta.annotate.oracle import ABSTAIN, OracleError
 from eatta.annotate.requests import Answer
 from eatta.monitor.confseq import check_level
+from eatta.monitor.promise import Cover, Promise, excess
 from eatta.selection.drawn import Draw
 
 __all__ = [
@@ -219,6 +221,14 @@ class Asked:
     period: int
     epoch: int
     step: int
+    pool: int = 0  # samples the draw was made among
+    disagreements: int = 0  # of them, where the two models disagreed
+    served: int = -1  # the promise: what served the sample (-1: the answer measures nothing)
+    share: float = 0.0  # of its batch's charge, per draw
+    per: float = 0.0  # the estimate per unit of h (n / (m q k))
+    cap: float = 0.0  # the estimate's bound
+    reach: float = 0.0  # the measured excess's bound
+    spread: float = 0.0  # a subset's variance factor
 
 
 def drawn_weight(draw: Draw | None, index: int) -> tuple[float, int] | None:
@@ -232,10 +242,32 @@ def drawn_weight(draw: Draw | None, index: int) -> tuple[float, int] | None:
     return 1.0 / (draw.n * float(draw.q[j])), int(draw.counts[j])
 
 
+def measure(cover: Cover | None, draw: Draw, weight: float, served: int, n: int) -> dict[str, Any]:
+    """What an answer to a draw of ``draw`` (Horvitz-Thompson weight ``weight = 1 / (m q)``)
+    measures for the promise, given the step's ``cover`` over its ``n`` samples: the served
+    class, the share of the charge each draw releases, the estimate per unit of ``h``, its bound
+    (``n`` times the draw's, over the focus), the measured excess's and the subset's spread, per
+    draw of ``k``. Nothing (``served`` -1) without a charge, or for a subset's draw of more than
+    one request."""
+    k = draw.k
+    if cover is None or cover.charge <= 0 or k < 1 or (cover.single and k != 1):
+        return {"served": -1}
+    return {
+        "served": served,
+        "share": cover.charge / k,
+        "per": cover.scale * weight * draw.n / k,
+        # no sample of the pool served differently: every estimate is 0 (any bound holds)
+        "cap": (n * draw.bound if cover.focus is not None else 1.0) / k,
+        "reach": cover.reach / k,
+        "spread": cover.spread / (k * k),
+    }
+
+
 class AnswerBook:
     """Requests waiting, answers heard in the step, and their observations (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, promise: Promise | None = None) -> None:
+        self.promise = promise  # the promise reads every answer too (what it measured)
         self.clear()
 
     def clear(self) -> None:
@@ -257,24 +289,32 @@ class AnswerBook:
         period: int,
         epoch: int,
         step: int,
+        cover: Cover | None = None,
     ) -> None:
         """A method's own drawn answers of one step (``records``: its
         :class:`~eatta.annotate.asking.AnswerRecord`, the draw in each selection): those given at
-        once are scored against this step's predictions (``adapted``, ``given``); asynchronous
-        requests are kept until their answers arrive, then scored against the predictions of
-        the step that asked; the answers that arrived now are scored."""
+        once are scored against this step's predictions (``adapted``, ``given``; ``cover``: what
+        they measure for the promise); asynchronous requests are kept until their answers
+        arrive, then scored against the predictions of the step that asked; the answers that
+        arrived now are scored."""
         for lab in records:
             draw: Draw | None = None if lab.selection is None else lab.selection.update.get("draw")
             if lab.labels is not None and not lab.requests and lab.selection is not None:
                 asked = lab.selection.indices  # answered at once
-                self.score_labels(test, asked, lab.labels, draw, adapted, given, period)
-            for r in lab.requests:
+                self.score_labels(test, asked, lab.labels, draw, adapted, given, period, cover)
+            if not lab.requests or draw is None:
+                continue
+            where = torch.tensor([r.index for r in lab.requests])
+            served = given if cover is None else cover.served
+            rows = torch.stack([given[where], served[where]]).tolist()  # one read for them all
+            for j, r in enumerate(lab.requests):
                 hit = drawn_weight(draw, r.index)
-                if hit is not None and draw is not None:
-                    g = int(given[r.index])
+                if hit is not None:
                     self.pending[r.id] = Asked(
-                        hit[0], draw.bound, hit[1], r.prediction, g, period, epoch, step
-                    )
+                        hit[0], draw.bound, hit[1], r.prediction, rows[0][j], period, epoch, step,
+                        draw.n, draw.disagreements,
+                        **measure(cover, draw, hit[0], rows[1][j], given.shape[0]),
+                    )  # fmt: skip
             self._answered.extend(a.answer for a in lab.arrived)
         self.score_answers(test, epoch)
 
@@ -332,16 +372,22 @@ class AnswerBook:
         adapted: Tensor,
         given: Tensor,
         period: int,
+        cover: Cover | None = None,
     ) -> None:
-        """Labels answered at once for the drawn ``indices`` of this step's batch."""
+        """Labels answered at once for the drawn ``indices`` of this step's batch (``cover``:
+        what they measure for the promise)."""
         if draw is None:
             return
+        served = given if cover is None else cover.served
         for j, i in enumerate(indices.tolist()):
             y, hit = int(got[j]), drawn_weight(draw, i)
             if y == ABSTAIN or hit is None:
                 continue
-            a, g = paired(y, None, int(adapted[i]), int(given[i]))
+            # one read of the three predictions
+            a_i, g_i, s_i = torch.stack([adapted[i], given[i], served[i]]).tolist()
+            a, g = paired(y, None, a_i, g_i)
             self.add(test, hit[0] * (a - g), draw.bound, hit[1], period)
+            self._certify(y, None, a_i, g_i, hit[1], measure(cover, draw, hit[0], s_i, len(given)))
 
     def _score_answer(self, test: SignTest, ans: Answer, epoch: int) -> None:
         asked = self.pending.pop(ans.id, None)
@@ -350,6 +396,30 @@ class AnswerBook:
         a, g = paired(ans.label, ans.correct, asked.adapted, asked.given)
         if asked.epoch == epoch:
             self.add(test, asked.weight * (a - g), asked.bound, asked.count, asked.period)
+        fields = {k: getattr(asked, k) for k in ("served", "share", "per", "cap", "reach")}
+        fields["spread"] = asked.spread
+        self._certify(ans.label, ans.correct, asked.adapted, asked.given, asked.count, fields)
+
+    def _certify(
+        self,
+        label: int | None,
+        correct: bool | None,
+        adapted: int,
+        given: int,
+        count: int,
+        fields: dict[str, Any],
+    ) -> None:
+        """One answer to the promise (``count`` draws of its sample, ``fields`` from
+        :func:`measure`): each draw takes its share of the batch's charge out and adds its
+        estimate."""
+        if self.promise is None or fields["served"] < 0 or label == ABSTAIN:
+            return
+        h = excess(label, correct, fields["served"], given, adapted)
+        for _ in range(count):
+            self.promise.answer(
+                fields["share"], h * fields["per"], fields["cap"], fields["reach"],
+                fields["spread"],
+            )  # fmt: skip
 
     def add(self, test: SignTest, value: float, bound: float, count: int, period: int) -> None:
         """One answer: ``count`` draws of the same sample, each an observation ``value`` in
@@ -358,7 +428,8 @@ class AnswerBook:
         tally = self._periods.setdefault(period, [0.0, 0.0])
         tally[0] += count
         tally[1] += value * count
-        test.add(value, bound, count)
+        if self.promise is None:  # under the promise no test decides (and the draw's range is
+            test.add(value, bound, count)  # that of where it measures, not the disagreements)
 
     def period_gain(self, period: int) -> tuple[int, float]:
         """Answers and mean estimated paired difference (adapted - given accuracy) in a period."""

@@ -11,7 +11,10 @@ where ``s`` is the wrapped selector's score (the perturbation difference by defa
 little uniform mass so that every sample can be asked, and ``D`` the samples on which the adapted
 model and the reference model (the model as the user gave it, whose predictions the method's
 fallback puts in the selection context, ``ctx.reference``) predict different classes. With
-``D`` empty, or no reference, the whole draw follows the scores.
+``D`` empty, or no reference, the whole draw follows the scores. A ``focus`` (given by the
+fallback that keeps a promise, :func:`eatta.monitor.safe_parts`) replaces ``D`` by the samples it
+names: where what serves the batch differs from the given model, so that the
+answer measures what served.
 
 The reference may have predicted on only some of the batch, a uniformly drawn subset ``S`` of
 ``m`` samples (``ctx.candidates``; its forward pass then costs ``m / n`` of a full one): the
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,13 +123,21 @@ class DisagreementDraw:
             :class:`~eatta.selection.base.ScoreSelector`; default: the perturbation selector).
         explore: share of each draw that follows the scores, in (0, 1].
         seed: the draw's generator seed (its state is part of :meth:`state_dict`).
+        focus: called with the selection context before each draw: a bool mask of the batch's
+            samples the rest of the draw goes to instead of the disagreements (None: the
+            disagreements).
 
     It takes no class balance (the balance would change which sample is asked after the draw,
     and the inclusion probabilities with it): give the method ``balance=None``.
     """
 
     def __init__(
-        self, base: ScoreSelector | None = None, *, explore: float = 0.25, seed: int = 0
+        self,
+        base: ScoreSelector | None = None,
+        *,
+        explore: float = 0.25,
+        seed: int = 0,
+        focus: Callable[[SelectionContext], Tensor | None] | None = None,
     ) -> None:
         if base is None:
             base = PerturbationSelector()
@@ -138,6 +150,7 @@ class DisagreementDraw:
         self.draws = True
         self.explore = check_explore(explore)
         self.seed = int(seed)
+        self.focus = focus
         self._gen = torch.Generator().manual_seed(self.seed)
 
     def select(self, ctx: SelectionContext, k: int, balance: ClassBalance) -> Selection:
@@ -157,6 +170,10 @@ class DisagreementDraw:
                     f"{tuple(ctx.pseudo_labels.shape)}"
                 )
             disagree = ref != ctx.pseudo_labels
+        if self.focus is not None:
+            aim = self.focus(ctx)
+            if aim is not None:
+                disagree = aim.to(ctx.pseudo_labels.device)
         sub_scores, sub_dis = scores.detach(), disagree  # the whole batch: no gather
         if ctx.candidates is None:
             pool = torch.arange(n)

@@ -11,6 +11,7 @@ The Open Inference Protocol (KServe v2, Triton) over REST at ``/v2/...``, the la
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 from collections.abc import Sequence
@@ -104,9 +105,45 @@ def _parser() -> argparse.ArgumentParser:
         help="samples a step adapts on: requests join a window of this many, and a step comes "
         "every as many samples",
     )
+    p.add_argument(
+        "--hp",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the method's settings (a Python literal), as eatta.create takes it, e.g. "
+        "--hp tolerance=1.0 for eatta-safe; repeat for more",
+    )
     _serving_options(p)
     _running_options(p)
     return p
+
+
+#: Settings with flags of their own (--hp may not give them twice).
+_OWN_FLAGS = ("dataset", "window", "budget", "oracle")
+
+
+def method_settings(method: str, items: Sequence[str]) -> dict[str, Any]:
+    """``--hp`` items as the method's checked settings (a :class:`UsageError` for a malformed
+    item, a key the method does not have, a value of the wrong type, or a key with its own
+    flag), before the state folder is touched."""
+    from eatta.methods.registry import merge_overrides
+
+    raw: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--hp expects KEY=VALUE, got {item!r}")
+        if key in _OWN_FLAGS:
+            raise UsageError(f"--hp {item!r}: give {key} with --{key}")
+        try:
+            raw[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raw[key] = text  # a bare word, such as blend
+    try:
+        return merge_overrides([method], {}, {method: raw})[method]
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"--hp: {err}") from None
 
 
 def _serving_options(p: argparse.ArgumentParser) -> None:
@@ -196,6 +233,7 @@ def serve(args: argparse.Namespace, token: str | None) -> None:
     from eatta.annotate.cli import token_for
     from eatta.serve.state import StateDir
 
+    hparams = method_settings(args.method, args.hp)
     if args.max_queue < args.max_batch:
         raise UsageError(
             f"--max-queue ({args.max_queue}) must be >= --max-batch ({args.max_batch})"
@@ -213,12 +251,14 @@ def serve(args: argparse.Namespace, token: str | None) -> None:
     except RuntimeError as err:
         raise UsageError(str(err)) from None
     try:
-        _serve_locked(args, token, state, device)
+        _serve_locked(args, token, state, device, hparams)
     finally:
         state.unlock()
 
 
-def _serve_locked(args: argparse.Namespace, token: str | None, state: Any, device: Any) -> None:
+def _serve_locked(
+    args: argparse.Namespace, token: str | None, state: Any, device: Any, hparams: dict[str, Any]
+) -> None:
     """:func:`serve` once the state folder is this process's."""
     import uvicorn
 
@@ -234,6 +274,7 @@ def _serve_locked(args: argparse.Namespace, token: str | None, state: Any, devic
         max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
         checkpoint_s=args.checkpoint_s, device=str(device), order=args.order,
         adapter=args.adapter, adapter_nice=args.adapter_nice, threads=args.threads,
+        hparams=hparams,
     )  # fmt: skip
     try:
         service = Service(load_model(args.model), options, state)

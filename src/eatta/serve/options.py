@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["ADAPTERS", "Options"]
@@ -32,11 +32,11 @@ class Options:
     adapter: str = "process"
     adapter_nice: int = 5
     threads: int | None = None
+    #: The method's own settings (``eatta.create``'s keywords, e.g. eatta-safe's ``tolerance``).
+    hparams: dict[str, Any] = field(default_factory=dict)
 
     def durable(self) -> dict[str, Any]:
         """The options a checkpoint must have been written with to be loaded."""
-        return {
-            k: v
-            for k, v in asdict(self).items()
-            if k in ("model", "method", "dataset", "input_shape", "window", "budget")
-        }
+        keys = ("model", "method", "dataset", "input_shape", "window", "budget", "hparams")
+        # a state written without settings of its own has no "hparams" (older states neither)
+        return {k: v for k, v in asdict(self).items() if k in keys and (k != "hparams" or v)}

@@ -53,7 +53,7 @@ class Service:
         self.adapter_pid: int | None = None
         backend: ThreadBackend | ProcessBackend | None = None
         if not get_spec(options.method).adapts:
-            method = eatta.create(options.method, model, dataset=options.dataset)
+            method = eatta.create(options.method, model, dataset=options.dataset, **options.hparams)
             self.snapshots = Snapshots.of_method(method, self.device)
             self.resumed_steps: int | None = None
             self.orphans = 0

@@ -128,10 +128,9 @@ class StateDir:
 
 
 def _compare(saved: Mapping[str, Any], mine: Mapping[str, Any], path: Path) -> None:
-    for key, value in mine.items():
-        theirs = saved.get(key)
-        if isinstance(theirs, list | tuple) and isinstance(value, list | tuple):
-            theirs, value = list(theirs), list(value)
+    saved, mine = (json.loads(json.dumps(dict(m))) for m in (saved, mine))  # tuples as lists
+    for key in [*mine, *(k for k in saved if k not in mine)]:
+        theirs, value = saved.get(key), mine.get(key)
         if theirs != value:
             raise StateMismatch(
                 f"--state {str(path)!r} holds a server started with {key} {theirs!r}, not "

@@ -46,7 +46,7 @@ class Stepper:
             labels = {"oracle": self.queue, "budget": options.budget}
         parts: dict[str, Any] = {} if window is None else {"window": window}
         self.method = eatta.create(
-            options.method, model, dataset=options.dataset, **labels, **parts
+            options.method, model, dataset=options.dataset, **options.hparams, **labels, **parts
         )
         self.steps = self.errors = self.checkpoints = self.checkpoint_bytes = 0
         self.checkpoint_time = self.checkpoint_seconds = 0.0
