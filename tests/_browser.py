@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from _threaded import wait_until
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 
@@ -39,13 +40,7 @@ def browser_or_skip() -> str:
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 15.0, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(condition, timeout, what, every=0.05)
 
 
 def chromium(binary: str) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _threaded import uvicorn_thread
 from eatta.annotate import LabelRequest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -36,28 +37,12 @@ def serve_in_thread(
     queue_path: Path, token: str | None = None, order: str = "newest"
 ) -> Iterator[str]:
     """The page's app under uvicorn in a thread on a free loopback port; yields its base URL."""
-    uvicorn = pytest.importorskip("uvicorn")
-    from eatta.annotate.cli import bind
+    pytest.importorskip("uvicorn")
     from eatta.annotate.server import make_app
 
-    sock = bind("127.0.0.1", 0)  # TCP_NODELAY: no 40 ms wait a request
-    port = sock.getsockname()[1]
     app = make_app(queue_path, token=token, order=order)  # type: ignore[arg-type]  # checked there
-    config = uvicorn.Config(app, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the page server did not start")
-        time.sleep(0.02)
-    try:
+    with uvicorn_thread(app) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def subprocess_env() -> dict[str, str]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from _threaded import uvicorn_thread
 from conftest import tiny_cnn
 from eatta.serve.service import Options, Service
 from eatta.serve.state import StateDir
@@ -41,38 +42,10 @@ def batches(n: int, rows: int, seed: int = 0) -> list[torch.Tensor]:
 @contextmanager
 def running(service: Service, token: str | None = None) -> Iterator[str]:
     """The whole server over ``service`` on a free loopback port; yields ``host:port``."""
-    import uvicorn
-
-    from eatta.annotate.cli import bind
     from eatta.serve.app import make_server_app
 
-    sock = bind("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(make_server_app(service, token), log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.01)
-    try:
+    with uvicorn_thread(make_server_app(service, token), access_log=False) as port:
         yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
-
-
-def wait_until(condition: Any, timeout: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class ServeProcess:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from _serve_helpers import batches, make_service, wait_until
+from _serve_helpers import batches, make_service
 
 from _state_checks import differences, exact_state
+from _threaded import wait_until
 from eatta.annotate import LabelRequest
 
 pytestmark = pytest.mark.small_batches

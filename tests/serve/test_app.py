@@ -10,7 +10,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from _serve_helpers import SHAPE, batches, make_service, running, wait_until
+from _serve_helpers import SHAPE, batches, make_service, running
+
+from _threaded import wait_until
 
 pytestmark = pytest.mark.small_batches
 http = pytest.importorskip("tritonclient.http")

@@ -14,9 +14,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from _serve_helpers import ServeProcess, wait_until
+from _serve_helpers import ServeProcess
 from test_app import _metrics
 
+from _threaded import wait_until
 from eatta.annotate import LabelQueue
 
 http = pytest.importorskip("tritonclient.http")

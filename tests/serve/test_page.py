@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _serve_helpers import batches, make_service, running, wait_until
+from _serve_helpers import batches, make_service, running
 
 from _browser import browser_or_skip, chromium, wait_for
+from _threaded import wait_until
 
 pytestmark = pytest.mark.small_batches
 
