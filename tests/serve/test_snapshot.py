@@ -14,7 +14,7 @@ import eatta
 from conftest import tiny_cnn
 from eatta.annotate import LabelQueue
 from eatta.realtime import serve_without_adapting
-from eatta.serve.snapshot import Snapshots, fill, serving_model, what_serves
+from eatta.serve.snapshot import Snapshots, fill, what_serves
 
 pytestmark = pytest.mark.small_batches
 
@@ -23,7 +23,7 @@ def publish(snapshots: Snapshots, method: eatta.AdaptiveMethod, version: int) ->
     """What the adapter does after a step: write a spare copy, then swap it in."""
     spare = snapshots.reserve()
     assert spare is not None
-    fill(snapshots.copies()[spare], serving_model(method))
+    fill(snapshots.copies()[spare], method.serving_model)
     snapshots.swap_in(spare, what_serves(method), version)
 
 

@@ -11,7 +11,6 @@ The Open Inference Protocol (KServe v2, Triton) over REST at ``/v2/...``, the la
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import sys
 from collections.abc import Sequence
@@ -123,27 +122,21 @@ _OWN_FLAGS = ("dataset", "window", "budget", "oracle")
 
 
 def method_settings(method: str, items: Sequence[str]) -> dict[str, Any]:
-    """``--hp`` items as the method's checked settings (a :class:`UsageError` for a malformed
-    item, a key the method does not have, a value of the wrong type, or a key with its own
-    flag), before the state folder is touched."""
-    from eatta.methods.registry import merge_overrides
+    """``--hp`` items as the method's checked settings, parsed as ``eatta-bench --hp`` parses
+    them (a :class:`UsageError` for a malformed item, a key the method does not have, a value of
+    the wrong type, or a key with its own flag), before the state folder is touched."""
+    from eatta.bench.commands import parse_hparams
 
-    raw: dict[str, Any] = {}
     for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():
             raise UsageError(f"--hp expects KEY=VALUE, got {item!r}")
-        if key in _OWN_FLAGS:
-            raise UsageError(f"--hp {item!r}: give {key} with --{key}")
-        try:
-            raw[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            raw[key] = text  # a bare word, such as blend
-    try:
-        return merge_overrides([method], {}, {method: raw})[method]
-    except (TypeError, ValueError) as err:
-        raise UsageError(f"--hp: {err}") from None
+        if key.strip() in _OWN_FLAGS:
+            raise UsageError(f"--hp {item!r}: give {key.strip()} with --{key.strip()}")
+    try:  # each key the one method's own (METHOD.KEY), so an unknown one is named as such
+        return parse_hparams([f"{method}.{item.strip()}" for item in items], [method])[method]
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _serving_options(p: argparse.ArgumentParser) -> None:

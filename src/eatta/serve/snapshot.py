@@ -25,16 +25,10 @@ from torch import Tensor, nn
 from eatta.methods.base import AdaptiveMethod, read_logits
 from eatta.monitor.serving import SERVED, blend_logits
 
-__all__ = ["COPIES", "Snapshot", "Snapshots", "fill", "frozen_copy", "serving_model", "what_serves"]
+__all__ = ["COPIES", "Snapshot", "Snapshots", "fill", "frozen_copy", "what_serves"]
 
 #: Copies of the serving model: published, still read by a request, written by a step.
 COPIES = 3
-
-
-def serving_model(method: AdaptiveMethod) -> nn.Module:
-    """The model a method serves its predictions from (:attr:`AdaptiveMethod.serving_model`:
-    CoTTA's mean teacher, else its model)."""
-    return method.serving_model
 
 
 def what_serves(method: AdaptiveMethod) -> str:
@@ -116,7 +110,7 @@ class Snapshots:
         a fallback may serve it."""
         if not method.adapts:
             return cls([method.model], None, "source", version, device)
-        live = serving_model(method)
+        live = method.serving_model
         given = None
         if method.fallback is not None:
             given = frozen_copy(method.given).to(device)

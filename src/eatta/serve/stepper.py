@@ -23,7 +23,7 @@ from eatta.annotate.queue import LabelQueue
 from eatta.methods.registry import get_spec
 from eatta.serve.options import Options
 from eatta.serve.origins import Origins
-from eatta.serve.snapshot import fill, serving_model, what_serves
+from eatta.serve.snapshot import fill, what_serves
 from eatta.serve.state import StateDir
 
 __all__ = ["Stepper"]
@@ -78,7 +78,7 @@ class Stepper:
         self.steps += 1
         self.unsaved += 1
         if into is not None:
-            fill(into, serving_model(method))
+            fill(into, method.serving_model)
         return True
 
     def checkpoint_due(self) -> bool:
